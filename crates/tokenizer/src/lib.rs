@@ -1,1 +1,21 @@
+//! Byte-level BPE tokenizer for GGUF models (Qwen3-MoE first), chat templates and reasoning split.
+//!
+//! The model crate turns `tokenizer.ggml.*` metadata into a [`TokenizerSpec`]; this crate never
+//! reads GGUF itself. Behaviour mirrors Hugging Face transformers' GGUF tokenizer loader (our
+//! correctness oracle, see `tools/tokenizer_parity`), which agrees with llama.cpp on Qwen3 files.
 
+mod bytes;
+mod chat;
+mod error;
+mod spec;
+mod stream;
+mod synthetic;
+mod tokenizer;
+
+pub use bytes::{byte_to_unicode, unicode_to_byte};
+pub use chat::{split_reasoning, ChatMessage, ChatTemplate, QWEN3_CHAT_TEMPLATE};
+pub use error::TokenizerError;
+pub use spec::{TokenType, TokenizerSpec};
+pub use stream::StreamDecoder;
+pub use synthetic::{synthetic_spec, QWEN3_ADDED_TOKENS, QWEN3_BPE_TOKENS, QWEN3_VOCAB_SIZE};
+pub use tokenizer::Tokenizer;

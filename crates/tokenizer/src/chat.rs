@@ -1,0 +1,163 @@
+//! Chat templates (minijinja, configured like transformers' Jinja environment) and the
+//! `<think>` reasoning split.
+
+use minijinja::value::Kwargs;
+use minijinja::{context, Environment, Error, ErrorKind, State, Value};
+use serde::{Deserialize, Serialize};
+
+use crate::TokenizerError;
+
+/// Qwen3's chat template (Qwen3-30B-A3B `tokenizer_config.json`): tools, `<think>` handling of past
+/// assistant turns, and `enable_thinking=false` opening an empty think block.
+pub const QWEN3_CHAT_TEMPLATE: &str = include_str!("qwen3_chat_template.jinja");
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+    /// An assistant turn's reasoning, rendered inside `<think>` by templates that support it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into(), reasoning_content: None }
+    }
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new("system", content)
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new("user", content)
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new("assistant", content)
+    }
+}
+
+/// A chat template compiled once; rendering is cheap.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+}
+
+const NAME: &str = "chat";
+
+impl ChatTemplate {
+    pub fn new(source: &str) -> Result<Self, TokenizerError> {
+        let mut env = Environment::new();
+        // transformers renders with trim_blocks + lstrip_blocks; templates are written for that.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(python_str_methods);
+        env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(NAME, source.to_string())?;
+        Ok(Self { env })
+    }
+
+    /// Renders `messages`; `enable_thinking: None` leaves the variable undefined (template default).
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, TokenizerError> {
+        let tmpl = self.env.get_template(NAME)?;
+        let ctx = match enable_thinking {
+            Some(on) => context! { messages, add_generation_prompt, enable_thinking => on },
+            None => context! { messages, add_generation_prompt },
+        };
+        Ok(tmpl.render(ctx)?)
+    }
+}
+
+fn raise_exception(msg: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+/// Python's `json.dumps` (transformers' `tojson`): no HTML escaping, ", " and ": " separators.
+fn tojson(value: Value, _kw: Kwargs) -> Result<Value, Error> {
+    let json: serde_json::Value =
+        serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    write_py_json(&json, &mut out);
+    Ok(Value::from_safe_string(out))
+}
+
+fn write_py_json(v: &serde_json::Value, out: &mut String) {
+    match v {
+        serde_json::Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                out.push_str(if i == 0 { "" } else { ", " });
+                write_py_json(item, out);
+            }
+            out.push(']');
+        }
+        serde_json::Value::Object(map) => {
+            out.push('{');
+            for (i, (k, item)) in map.iter().enumerate() {
+                out.push_str(if i == 0 { "" } else { ", " });
+                out.push_str(&serde_json::Value::from(k.as_str()).to_string());
+                out.push_str(": ");
+                write_py_json(item, out);
+            }
+            out.push('}');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// The Python `str` methods chat templates call (`startswith`, `split`, `strip`, ...), which
+/// minijinja does not provide natively.
+fn python_str_methods(_: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
+    let Some(s) = value.as_str() else {
+        return Err(Error::from(ErrorKind::UnknownMethod));
+    };
+    let arg = |i: usize| args.get(i).and_then(Value::as_str);
+    let chars = |i: usize| arg(i).map(|c| c.chars().collect::<Vec<char>>());
+    let strip = |s: &str, i: usize, left: bool, right: bool| -> String {
+        let set = chars(i);
+        let pred = |c: char| set.as_ref().map_or(c.is_whitespace(), |set| set.contains(&c));
+        let s = if left { s.trim_start_matches(pred) } else { s };
+        let s = if right { s.trim_end_matches(pred) } else { s };
+        s.to_string()
+    };
+    Ok(match method {
+        "startswith" => Value::from(arg(0).is_some_and(|p| s.starts_with(p))),
+        "endswith" => Value::from(arg(0).is_some_and(|p| s.ends_with(p))),
+        "strip" => Value::from(strip(s, 0, true, true)),
+        "lstrip" => Value::from(strip(s, 0, true, false)),
+        "rstrip" => Value::from(strip(s, 0, false, true)),
+        "lower" => Value::from(s.to_lowercase()),
+        "upper" => Value::from(s.to_uppercase()),
+        "replace" => match (arg(0), arg(1)) {
+            (Some(from), Some(to)) => Value::from(s.replace(from, to)),
+            _ => return Err(Error::new(ErrorKind::InvalidOperation, "replace needs two strings")),
+        },
+        "split" => match arg(0) {
+            Some(sep) if !sep.is_empty() => Value::from(s.split(sep).map(String::from).collect::<Vec<_>>()),
+            _ => Value::from(s.split_whitespace().map(String::from).collect::<Vec<_>>()),
+        },
+        _ => return Err(Error::from(ErrorKind::UnknownMethod)),
+    })
+}
+
+/// Splits generated text into `(reasoning, content)` at `</think>`. Handles a leading `<think>` in
+/// the text and a `<think>` already opened by the generation prompt (text starts inside the block).
+/// Without `</think>`: a text starting with `<think>` is all (unfinished) reasoning, anything else
+/// is all content. Empty reasoning (`enable_thinking=false`'s empty block) gives `None`.
+pub fn split_reasoning(text: &str) -> (Option<String>, String) {
+    let nonempty = |r: &str| {
+        let r = r.trim_matches('\n');
+        (!r.trim().is_empty()).then(|| r.to_string())
+    };
+    if let Some((before, after)) = text.split_once("</think>") {
+        let reasoning = before.rsplit_once("<think>").map_or(before, |(_, r)| r);
+        return (nonempty(reasoning), after.trim_start_matches('\n').to_string());
+    }
+    match text.trim_start().strip_prefix("<think>") {
+        Some(reasoning) => (nonempty(reasoning), String::new()),
+        None => (None, text.to_string()),
+    }
+}
