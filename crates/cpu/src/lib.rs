@@ -1,1 +1,154 @@
+//! CPU backend: the reference Qwen3-MoE forward pass, computing directly on the quantised
+//! weights (each row is dequantised block by block inside the dot product), threaded with rayon.
 
+mod forward;
+mod kv;
+mod ops;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use q4moe_model::backend::{
+    Backend, BackendError, BackendInfo, BackendResult, DecodeRequest, DecodeStats, Flow, PhaseTimes, SessionId, TokenEvent,
+};
+use q4moe_model::sampling::Sampler;
+use q4moe_model::{Config, Model};
+
+pub use forward::Scratch;
+pub use kv::KvCache;
+
+pub struct CpuBackend {
+    model: Arc<Model>,
+    weights: forward::HostWeights,
+    kv_capacity: usize,
+    sessions: HashMap<SessionId, KvCache>,
+    scratch: Scratch,
+}
+
+impl CpuBackend {
+    /// `kv_capacity`: positions a session may hold (at most the model's context length).
+    pub fn new(model: Arc<Model>, kv_capacity: usize) -> Self {
+        let kv_capacity = kv_capacity.min(model.config.context_length).max(1);
+        let weights = forward::HostWeights::new(&model);
+        let scratch = Scratch::new(&model.config);
+        CpuBackend { model, weights, kv_capacity, sessions: HashMap::new(), scratch }
+    }
+
+    fn check_room(&self, session: SessionId, extra: usize) -> BackendResult<()> {
+        let needed = self.kv_len(session) + extra;
+        if needed > self.kv_capacity {
+            return Err(BackendError::ContextFull { session, needed, capacity: self.kv_capacity });
+        }
+        Ok(())
+    }
+
+    fn check_token(&self, token: u32) -> BackendResult<()> {
+        let vocab = self.model.config.vocab_size;
+        if token as usize >= vocab {
+            return Err(BackendError::BadToken { token, vocab });
+        }
+        Ok(())
+    }
+
+    /// Runs one token and leaves the logits in the scratch.
+    fn step(&mut self, session: SessionId, token: u32) -> &[f32] {
+        let c = &self.model.config;
+        let kv = self.sessions.entry(session).or_insert_with(|| KvCache::new(c));
+        forward::token_logits(&self.model, &self.weights, kv, token, &mut self.scratch)
+    }
+}
+
+fn cpu_description() -> String {
+    let threads = rayon::current_num_threads();
+    let simd = if cfg!(target_arch = "x86_64") {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                "avx512f"
+            } else if std::arch::is_x86_feature_detected!("avx2") {
+                "avx2"
+            } else {
+                "scalar"
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        "scalar"
+    } else {
+        "scalar"
+    };
+    format!("{threads} threads, {simd}")
+}
+
+impl Backend for CpuBackend {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            kind: "cpu".into(),
+            device: cpu_description(),
+            resident_bytes: self.model.weight_bytes(),
+            kv_capacity: self.kv_capacity,
+        }
+    }
+
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn prefill(&mut self, session: SessionId, tokens: &[u32], all_logits: bool) -> BackendResult<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(BackendError::Invalid("prefill needs at least one token".into()));
+        }
+        self.check_room(session, tokens.len())?;
+        tokens.iter().try_for_each(|&t| self.check_token(t))?;
+        let vocab = self.model.config.vocab_size;
+        let mut out = Vec::with_capacity(if all_logits { tokens.len() * vocab } else { vocab });
+        for (i, &t) in tokens.iter().enumerate() {
+            let logits = self.step(session, t);
+            if all_logits || i + 1 == tokens.len() {
+                out.extend_from_slice(logits);
+            }
+        }
+        Ok(out)
+    }
+
+    fn decode(
+        &mut self,
+        req: &DecodeRequest<'_>,
+        on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
+    ) -> BackendResult<DecodeStats> {
+        self.check_token(req.first_token)?;
+        let mut sampler = Sampler::new(req.sampling.clone(), req.history);
+        let mut stats = DecodeStats::default();
+        let mut token = req.first_token;
+        let mut logits = Vec::new();
+        for _ in 0..req.max_tokens {
+            self.check_room(req.session, 1)?;
+            let t0 = Instant::now();
+            logits.clear();
+            logits.extend_from_slice(self.step(req.session, token));
+            let t1 = Instant::now();
+            let event_logits = req.want_logits.then(|| logits.clone());
+            token = sampler.sample(&mut logits);
+            let flow = on_token(TokenEvent { token, logits: event_logits.as_deref() });
+            stats.phases.push(PhaseTimes { wait: t1 - t0, tail: t1.elapsed(), ..Default::default() });
+            if flow == Flow::Stop {
+                break;
+            }
+        }
+        Ok(stats)
+    }
+
+    fn kv_len(&self, session: SessionId) -> usize {
+        self.sessions.get(&session).map_or(0, KvCache::len)
+    }
+
+    fn truncate(&mut self, session: SessionId, len: usize) {
+        if let Some(kv) = self.sessions.get_mut(&session) {
+            kv.truncate(len);
+        }
+    }
+
+    fn drop_session(&mut self, session: SessionId) {
+        self.sessions.remove(&session);
+    }
+}

@@ -1,0 +1,78 @@
+//! Small vector operations of the forward pass, in f32 as the reference computes them.
+
+pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let scale = 1.0 / (ms + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
+
+/// In-place RMSNorm of each `head_dim` slice (Qwen3's q_norm / k_norm).
+pub fn rmsnorm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
+    let hd = weight.len();
+    let mut tmp = vec![0f32; hd];
+    for head in x.chunks_exact_mut(hd) {
+        rmsnorm(head, weight, eps, &mut tmp);
+        head.copy_from_slice(&tmp);
+    }
+}
+
+/// Rotate-half (NeoX) RoPE on each head, angles as Hugging Face computes them in f32.
+pub fn rope_neox(x: &mut [f32], head_dim: usize, pos: usize, theta: f32) {
+    let half = head_dim / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            let inv_freq = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
+            let angle = pos as f32 * inv_freq;
+            let (sin, cos) = angle.sin_cos();
+            let (a, b) = (head[i], head[i + half]);
+            head[i] = a * cos - b * sin;
+            head[i + half] = b * cos + a * sin;
+        }
+    }
+}
+
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    x.iter_mut().for_each(|v| *v /= sum);
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Indices of the `k` largest values, largest first (lowest index first on ties).
+pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..x.len()).collect();
+    idx.sort_by(|&a, &b| x[b].total_cmp(&x[a]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm() {
+        let x: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin() + 0.1).collect();
+        let mut y = x.clone();
+        rope_neox(&mut y, 8, 0, 1e6);
+        assert_eq!(x, y);
+        rope_neox(&mut y, 8, 17, 1e4);
+        let n = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+        assert!((n(&x) - n(&y)).abs() < 1e-4);
+        assert_ne!(x, y);
+    }
+
+    #[test]
+    fn top_k_orders_and_breaks_ties_by_index() {
+        assert_eq!(top_k(&[0.1, 0.5, 0.5, 0.9, -1.0], 3), vec![3, 1, 2]);
+    }
+}

@@ -1,0 +1,111 @@
+//! The contract every backend implements and the engine drives. Session state (KV caches,
+//! setup caches) lives inside the backend, keyed by `SessionId`; the model stays immutable.
+
+use std::time::Duration;
+
+use crate::sampling::SamplingParams;
+use crate::{Config, ModelError};
+
+/// A conversation's KV cache identity inside a backend.
+pub type SessionId = u64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("session {session}: {needed} positions exceed the context capacity of {capacity}")]
+    ContextFull { session: SessionId, needed: usize, capacity: usize },
+    #[error("token id {token} is outside the vocabulary of {vocab}")]
+    BadToken { token: u32, vocab: usize },
+    #[error("device: {0}")]
+    Device(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type BackendResult<T> = std::result::Result<T, BackendError>;
+
+/// What a backend is and holds, for summaries and benchmark records.
+#[derive(Debug, Clone, Default)]
+pub struct BackendInfo {
+    /// "cpu" or "cuda".
+    pub kind: String,
+    /// Human-readable device, e.g. "NVIDIA H200" or "2 threads, avx512f".
+    pub device: String,
+    /// Bytes of weights resident where the backend computes.
+    pub resident_bytes: u64,
+    /// Positions each session may hold.
+    pub kv_capacity: usize,
+}
+
+/// One decode run: feed `first_token` at the session's current length, then keep sampling and
+/// feeding back until `on_token` says stop or `max_tokens` tokens were produced.
+pub struct DecodeRequest<'a> {
+    pub session: SessionId,
+    pub first_token: u32,
+    pub max_tokens: usize,
+    pub sampling: &'a SamplingParams,
+    /// Tokens already in the context, for repetition/presence/frequency penalties.
+    pub history: &'a [u32],
+    /// Hand each step's logits to `on_token` (slower on devices: they are copied back).
+    pub want_logits: bool,
+}
+
+/// One sampled token, and the logits it was sampled from when asked for.
+pub struct TokenEvent<'a> {
+    pub token: u32,
+    pub logits: Option<&'a [f32]>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+/// Host wall-clock split of one decode step (DESIGN.md section 4) and its GPU time if known.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PhaseTimes {
+    pub setup: Duration,
+    pub submit: Duration,
+    pub wait: Duration,
+    pub tail: Duration,
+    pub gpu: Option<Duration>,
+}
+
+impl PhaseTimes {
+    pub fn total(&self) -> Duration {
+        self.setup + self.submit + self.wait + self.tail
+    }
+}
+
+/// Per-token phase times of a decode run, in token order.
+#[derive(Debug, Clone, Default)]
+pub struct DecodeStats {
+    pub phases: Vec<PhaseTimes>,
+}
+
+pub trait Backend: Send {
+    fn info(&self) -> BackendInfo;
+    fn config(&self) -> &Config;
+
+    /// Runs `tokens` at positions `kv_len(session)..`, appending to the session's KV (creating
+    /// the session if new). Returns the last position's logits `[vocab]`, or every position's
+    /// `[tokens.len(), vocab]` when `all_logits`.
+    fn prefill(&mut self, session: SessionId, tokens: &[u32], all_logits: bool) -> BackendResult<Vec<f32>>;
+
+    /// Generates tokens (see `DecodeRequest`). On return the session's KV holds `first_token`
+    /// and every token handed to `on_token` except the last, whatever was computed ahead.
+    fn decode(
+        &mut self,
+        req: &DecodeRequest<'_>,
+        on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
+    ) -> BackendResult<DecodeStats>;
+
+    /// Positions the session's KV holds (0 for an unknown session).
+    fn kv_len(&self, session: SessionId) -> usize;
+    /// Keeps the first `len` positions (for prefix reuse); no-op if already shorter.
+    fn truncate(&mut self, session: SessionId, len: usize);
+    /// Frees the session's KV and any setup cached for it.
+    fn drop_session(&mut self, session: SessionId);
+}

@@ -1,0 +1,17 @@
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] q4moe_gguf::GgufError),
+    #[error("{file}: metadata key {key}: {msg}")]
+    Key { file: String, key: String, msg: String },
+    #[error("{file}: tensor {tensor}: {msg}")]
+    Tensor { file: String, tensor: String, msg: String },
+    #[error("{file}: {msg}")]
+    Unsupported { file: String, msg: String },
+    #[error(transparent)]
+    Tokenizer(#[from] q4moe_tokenizer::TokenizerError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}

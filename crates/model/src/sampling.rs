@@ -1,0 +1,219 @@
+//! Sampling parameters and the host sampler (the reference every device sampler matches).
+
+use std::collections::HashMap;
+
+/// Temperature 0 means greedy (argmax, lowest id on ties).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1.0 = off.
+    pub top_p: f32,
+    /// 0.0 = off.
+    pub min_p: f32,
+    /// 1.0 = off (llama.cpp/CTRL style: divide positive logits, multiply negative ones).
+    pub repetition_penalty: f32,
+    /// OpenAI-style additive penalties; 0.0 = off.
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+    /// Names the first out-of-range field.
+    pub fn validate(&self) -> Result<(), String> {
+        let checks = [
+            ("temperature", self.temperature.is_finite() && self.temperature >= 0.0),
+            ("top_p", self.top_p > 0.0 && self.top_p <= 1.0),
+            ("min_p", (0.0..=1.0).contains(&self.min_p)),
+            ("repetition_penalty", self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0),
+            ("presence_penalty", (-2.0..=2.0).contains(&self.presence_penalty)),
+            ("frequency_penalty", (-2.0..=2.0).contains(&self.frequency_penalty)),
+        ];
+        match checks.iter().find(|(_, ok)| !ok) {
+            Some((name, _)) => Err(format!("{name} is out of range")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Deterministic PRNG (SplitMix64): the same on every platform, cheap to mirror on a device.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+/// Index of the largest value; the lowest index wins ties. NaN never wins.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] || logits[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Host sampler: penalties over the context, then temperature, top-k, top-p, min-p.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    counts: HashMap<u32, u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, history: &[u32]) -> Self {
+        let mut s = Sampler { rng: Rng::new(params.seed), params, counts: HashMap::new() };
+        history.iter().for_each(|&t| s.observe(t));
+        s
+    }
+
+    pub fn observe(&mut self, token: u32) {
+        *self.counts.entry(token).or_insert(0) += 1;
+    }
+
+    /// Samples a token and records it in the history. `logits` is modified (penalties).
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.apply_penalties(logits);
+        let token = if self.params.is_greedy() { argmax(logits) } else { self.sample_stochastic(logits) };
+        self.observe(token);
+        token
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if !p.has_penalties() {
+            return;
+        }
+        for (&tok, &n) in &self.counts {
+            let Some(l) = logits.get_mut(tok as usize) else { continue };
+            if p.repetition_penalty != 1.0 {
+                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+            }
+            *l -= p.presence_penalty + p.frequency_penalty * n as f32;
+        }
+    }
+
+    fn sample_stochastic(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        let mut cand: Vec<(u32, f32)> =
+            logits.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, &v)| (i as u32, v / p.temperature)).collect();
+        if cand.is_empty() {
+            return argmax(logits);
+        }
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 {
+            cand.truncate(p.top_k);
+        }
+        let max = cand[0].1;
+        let mut probs: Vec<f32> = cand.iter().map(|&(_, v)| (v - max).exp()).collect();
+        let sum: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= sum);
+        let mut keep = probs.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            keep = probs.iter().position(|&q| {
+                acc += q;
+                acc >= p.top_p
+            }).map_or(keep, |i| i + 1);
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p;
+            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
+        }
+        let total: f32 = probs[..keep].iter().sum();
+        let mut r = self.rng.next_f32() * total;
+        for (i, &q) in probs[..keep].iter().enumerate() {
+            r -= q;
+            if r < 0.0 {
+                return cand[i].0;
+            }
+        }
+        cand[keep - 1].0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_prefers_lowest_index_on_ties_and_skips_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 0.5, 0.25]), 1);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_seed_is_deterministic() {
+        let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
+        let p = SamplingParams { temperature: 0.8, top_k: 1, seed: 7, ..Default::default() };
+        assert_eq!(Sampler::new(p, &[]).sample(&mut logits.clone()), argmax(&logits));
+        let p = SamplingParams { temperature: 1.0, top_p: 0.9, seed: 42, ..Default::default() };
+        let a: Vec<u32> = { let mut s = Sampler::new(p.clone(), &[]); (0..20).map(|_| s.sample(&mut logits.clone())).collect() };
+        let b: Vec<u32> = { let mut s = Sampler::new(p, &[]); (0..20).map(|_| s.sample(&mut logits.clone())).collect() };
+        assert_eq!(a, b);
+        assert!(a.iter().any(|&t| t != a[0]), "sampling at temperature 1 should vary: {a:?}");
+    }
+
+    #[test]
+    fn min_p_and_top_p_exclude_unlikely_tokens() {
+        let mut logits = vec![-10.0f32; 50];
+        logits[3] = 5.0;
+        logits[9] = 4.5;
+        let p = SamplingParams { temperature: 1.0, min_p: 0.05, seed: 1, ..Default::default() };
+        let mut s = Sampler::new(p, &[]);
+        for _ in 0..200 {
+            let t = s.sample(&mut logits.clone());
+            assert!(t == 3 || t == 9, "sampled {t}");
+        }
+    }
+
+    #[test]
+    fn repetition_penalty_lowers_seen_tokens() {
+        let p = SamplingParams { repetition_penalty: 2.0, ..Default::default() };
+        let mut s = Sampler::new(p, &[0]);
+        let mut logits = vec![4.0, 3.0, -1.0];
+        assert_eq!(s.sample(&mut logits), 1);
+        assert_eq!(logits[0], 2.0);
+    }
+}
