@@ -1,1 +1,287 @@
+//! Quantised block formats: scalar reference kernels beside SIMD ones, one file per family.
+//!
+//! Block layouts (all little-endian, byte-aligned, bit-exact with ggml and `gguf.quants`):
+//!
+//! | type | bytes / weights | layout | weight |
+//! |------|-----------------|--------|--------|
+//! | Q4_0 | 18 / 32  | `d: f16, qs: [u8; 16]` | `w[j] = d*((qs[j] & 15) - 8)`, `w[j+16] = d*((qs[j] >> 4) - 8)` |
+//! | Q8_0 | 34 / 32  | `d: f16, qs: [i8; 32]` | `w[j] = d*qs[j]` |
+//! | Q4_K | 144 / 256 | `d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]` | 8 sub-blocks of 32 with 6-bit scale `sc[s]` and min `m[s]` packed in `scales`; `w = d*sc[s]*q - dmin*m[s]`; 64-weight chunk `c` reads `qs[32c..32c+32]`: low nibbles are sub-block `2c`, high nibbles `2c+1` |
+//! | Q6_K | 210 / 256 | `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16` | 16 sub-blocks of 16; `w = d*scales[s]*(q - 32)` with the 6-bit `q` split as 4 low bits in `ql` and 2 high bits in `qh` (see `q6_k.rs`) |
+//! | Q8_K | 292 / 256 | `d: f32, qs: [i8; 256], bsums: [i16; 16]` | activations only: `x = d*qs`, `bsums[g]` = sum of `qs[16g..16g+16]` |
+//!
+//! Every struct is `#[repr(C)]` with alignment 1 (multi-byte fields are byte arrays), so a
+//! tensor's bytes in the mmap can be viewed as a block slice without copying.
+//!
+//! Two dot-product paths exist for weights times activations:
+//! - `vec_dot`: f32 activations, each block dequantised in registers (exact f32 math).
+//! - `vec_dot_q8`: activations quantised once per token by `quantize_activation_q8` (Q8_0 for
+//!   Q4_0/Q8_0 weights, Q8_K for Q4_K/Q6_K), then integer dot products as in llama.cpp.
 
+mod float;
+mod q4_0;
+mod q4_k;
+mod q6_k;
+mod q8_0;
+mod q8_k;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_q8;
+
+use crate::{GgmlType, GgufError, Result};
+
+pub use q4_0::BlockQ4_0;
+pub use q4_k::BlockQ4K;
+pub use q6_k::BlockQ6K;
+pub use q8_0::BlockQ8_0;
+pub use q8_k::BlockQ8K;
+
+/// Weights per K-quant super-block.
+pub const QK_K: usize = 256;
+
+/// A quantised block: plain bytes, alignment 1, every bit pattern valid.
+pub(crate) trait Block: Copy {}
+
+/// Views bytes as blocks. Callers guarantee `bytes.len()` is a multiple of the block size.
+#[inline]
+pub(crate) fn blocks<B: Block>(bytes: &[u8]) -> &[B] {
+    debug_assert_eq!(std::mem::align_of::<B>(), 1);
+    debug_assert_eq!(bytes.len() % std::mem::size_of::<B>(), 0);
+    let n = bytes.len() / std::mem::size_of::<B>();
+    // SAFETY: B is repr(C) of byte arrays (alignment 1, no padding, any bit pattern valid), and
+    // n blocks fit in `bytes`.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<B>(), n) }
+}
+
+/// Appends blocks to a byte vector.
+pub(crate) fn push_blocks<B: Block>(out: &mut Vec<u8>, bs: &[B]) {
+    // SAFETY: as in `blocks`: B is plain bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(bs.as_ptr().cast::<u8>(), std::mem::size_of_val(bs)) };
+    out.extend_from_slice(bytes);
+}
+
+#[inline]
+pub(crate) fn f16_to_f32(b: [u8; 2]) -> f32 {
+    half::f16::from_le_bytes(b).to_f32()
+}
+
+#[inline]
+pub(crate) fn f32_to_f16(x: f32) -> [u8; 2] {
+    half::f16::from_f32(x).to_le_bytes()
+}
+
+/// ggml's `nearest_int`: round half to even.
+#[inline]
+pub(crate) fn nearest_int(x: f32) -> i32 {
+    x.round_ties_even() as i32
+}
+
+/// The instruction sets the fast kernels can use, best first. Detected once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA (+ F16C for F16 rows).
+    Avx2,
+    /// AVX2 kernels with 256-bit `vpdpbusd` from AVX-VNNI.
+    AvxVnni,
+    /// AVX2 kernels with 256-bit `vpdpbusd` from AVX512-VNNI + AVX512VL.
+    Avx512Vnni,
+}
+
+/// The best `Isa` this CPU supports.
+pub fn detected_isa() -> Isa {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static CACHE: AtomicU8 = AtomicU8::new(u8::MAX);
+    const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni];
+    let c = CACHE.load(Ordering::Relaxed);
+    if let Some(&isa) = ALL.get(c as usize) {
+        return isa;
+    }
+    let isa = detect();
+    CACHE.store(ALL.iter().position(|&i| i == isa).unwrap() as u8, Ordering::Relaxed);
+    isa
+}
+
+fn detect() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+            return Isa::Scalar;
+        }
+        if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+            return Isa::Avx512Vnni;
+        }
+        if is_x86_feature_detected!("avxvnni") {
+            return Isa::AvxVnni;
+        }
+        Isa::Avx2
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    Isa::Scalar
+}
+
+/// The ISAs usable on this CPU (for tests and benchmarks that compare them).
+pub fn available_isas() -> Vec<Isa> {
+    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni].into_iter().filter(|&i| isa_available(i)).collect()
+}
+
+/// Whether the kernels of `isa` can run on this CPU.
+pub fn isa_available(isa: Isa) -> bool {
+    let best = detected_isa();
+    match isa {
+        Isa::Scalar => true,
+        Isa::Avx2 => best >= Isa::Avx2,
+        Isa::Avx512Vnni => best == Isa::Avx512Vnni,
+        Isa::AvxVnni => best >= Isa::AvxVnni && has_avxvnni(),
+    }
+}
+
+fn has_avxvnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return is_x86_feature_detected!("avxvnni");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+fn check_len(ty: GgmlType, what: &str, bytes: usize, n: usize) -> Result<()> {
+    if !ty.is_supported() {
+        return Err(GgufError::Other(format!("{what}: type {ty} is not supported")));
+    }
+    match ty.row_bytes(n) {
+        Some(b) if b == bytes => Ok(()),
+        Some(b) => Err(GgufError::Other(format!("{what}: {n} {ty} elements need {b} bytes, got {bytes}"))),
+        None => Err(GgufError::Other(format!(
+            "{what}: {n} elements is not a multiple of the {ty} block size {}",
+            ty.block_size()
+        ))),
+    }
+}
+
+/// Decodes `out.len()` elements of type `ty` from `src` (exactly their bytes). Scalar reference,
+/// bit-exact with `gguf.quants.dequantize`.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()> {
+    check_len(ty, "dequantize_row", src.len(), out.len())?;
+    match ty {
+        GgmlType::F32 => float::dequantize_f32(src, out),
+        GgmlType::F16 => float::dequantize_f16(src, out),
+        GgmlType::BF16 => float::dequantize_bf16(src, out),
+        GgmlType::Q8_0 => q8_0::dequantize(blocks(src), out),
+        GgmlType::Q4_0 => q4_0::dequantize(blocks(src), out),
+        GgmlType::Q4_K => q4_k::dequantize(blocks(src), out),
+        GgmlType::Q6_K => q6_k::dequantize(blocks(src), out),
+        _ => unreachable!("check_len rejects unsupported types"),
+    }
+    Ok(())
+}
+
+/// Encodes `src` as type `ty`, appending to `out`. Q4_0/Q8_0/F16/BF16 are bit-exact with
+/// `gguf.quants.quantize`; Q4_K/Q6_K follow ggml's reference quantisers.
+pub fn quantize_row(ty: GgmlType, src: &[f32], out: &mut Vec<u8>) -> Result<()> {
+    let n_bytes = ty.row_bytes(src.len()).unwrap_or(0);
+    check_len(ty, "quantize_row", n_bytes, src.len())?;
+    out.reserve(n_bytes);
+    match ty {
+        GgmlType::F32 => float::quantize_f32(src, out),
+        GgmlType::F16 => float::quantize_f16(src, out),
+        GgmlType::BF16 => float::quantize_bf16(src, out),
+        GgmlType::Q8_0 => q8_0::quantize(src, out),
+        GgmlType::Q4_0 => q4_0::quantize(src, out),
+        GgmlType::Q4_K => q4_k::quantize(src, out),
+        GgmlType::Q6_K => q6_k::quantize(src, out),
+        _ => unreachable!("check_len rejects unsupported types"),
+    }
+    Ok(())
+}
+
+/// Scalar reference dot product of one row of type `ty` with `x` (`x.len()` elements).
+pub fn vec_dot_ref(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    debug_assert_eq!(ty.row_bytes(x.len()), Some(row.len()), "vec_dot_ref: {ty} row/x length mismatch");
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float::vec_dot_ref(ty, row, x),
+        GgmlType::Q8_0 => q8_0::vec_dot_ref(blocks(row), x),
+        GgmlType::Q4_0 => q4_0::vec_dot_ref(blocks(row), x),
+        GgmlType::Q4_K => q4_k::vec_dot_ref(blocks(row), x),
+        GgmlType::Q6_K => q6_k::vec_dot_ref(blocks(row), x),
+        _ => panic!("vec_dot_ref: type {ty} is not supported"),
+    }
+}
+
+/// Fast dot product of one row of type `ty` with `x`; same math as `vec_dot_ref` up to f32
+/// summation order. The CPU backend's hot loop for f32 activations.
+#[inline]
+pub fn vec_dot(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    vec_dot_isa(detected_isa(), ty, row, x)
+}
+
+/// `vec_dot` with an explicit ISA (must be one of `available_isas()`).
+pub fn vec_dot_isa(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    debug_assert_eq!(ty.row_bytes(x.len()), Some(row.len()), "vec_dot: {ty} row/x length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        assert!(detected_isa() >= Isa::Avx2, "AVX2 kernels requested on a CPU without AVX2");
+        // SAFETY: AVX2, FMA and F16C were detected at run time.
+        return unsafe { x86::vec_dot_f32(ty, row, x) };
+    }
+    let _ = isa;
+    vec_dot_ref(ty, row, x)
+}
+
+/// The block type activations are quantised to for a dot with weights of type `ty`.
+pub fn activation_type(ty: GgmlType) -> GgmlType {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_K | GgmlType::Q6_K => GgmlType::Q8_K,
+        _ => panic!("no integer dot product for {ty} weights"),
+    }
+}
+
+/// Quantises activations `x` for `vec_dot_q8` against weights of type `ty_of_weights`, appending
+/// Q8_0 blocks (Q4_0/Q8_0 weights) or Q8_K blocks (Q4_K/Q6_K weights) to `out`.
+pub fn quantize_activation_q8(ty_of_weights: GgmlType, x: &[f32], out: &mut Vec<u8>) {
+    match activation_type(ty_of_weights) {
+        GgmlType::Q8_0 => q8_0::quantize(x, out),
+        _ => q8_k::quantize(x, out),
+    }
+}
+
+/// Scalar reference of `vec_dot_q8`: exact integer sums per block, f32 scaling.
+pub fn vec_dot_q8_ref(ty: GgmlType, row: &[u8], xq: &[u8]) -> f32 {
+    debug_assert_q8_lengths(ty, row, xq);
+    match ty {
+        GgmlType::Q8_0 => q8_0::vec_dot_q8_ref(blocks(row), blocks(xq)),
+        GgmlType::Q4_0 => q4_0::vec_dot_q8_ref(blocks(row), blocks(xq)),
+        GgmlType::Q4_K => q4_k::vec_dot_q8_ref(blocks(row), blocks(xq)),
+        GgmlType::Q6_K => q6_k::vec_dot_q8_ref(blocks(row), blocks(xq)),
+        _ => panic!("vec_dot_q8: type {ty} has no integer dot product"),
+    }
+}
+
+/// Integer dot product of one quantised row with activations from `quantize_activation_q8`.
+#[inline]
+pub fn vec_dot_q8(ty: GgmlType, row: &[u8], xq: &[u8]) -> f32 {
+    vec_dot_q8_isa(detected_isa(), ty, row, xq)
+}
+
+/// `vec_dot_q8` with an explicit ISA (must be one of `available_isas()`).
+pub fn vec_dot_q8_isa(isa: Isa, ty: GgmlType, row: &[u8], xq: &[u8]) -> f32 {
+    debug_assert_q8_lengths(ty, row, xq);
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        assert!(isa_available(isa), "{isa:?} kernels requested on a CPU without them");
+        // SAFETY: the features of `isa` were detected at run time (asserted above).
+        return unsafe { x86::vec_dot_q8(isa, ty, row, xq) };
+    }
+    let _ = isa;
+    vec_dot_q8_ref(ty, row, xq)
+}
+
+fn debug_assert_q8_lengths(ty: GgmlType, row: &[u8], xq: &[u8]) {
+    if cfg!(debug_assertions) {
+        let act = activation_type(ty);
+        let n_blocks = row.len() / ty.type_size();
+        assert_eq!(row.len() % ty.type_size(), 0, "vec_dot_q8: {ty} row is not whole blocks");
+        let n = n_blocks * ty.block_size();
+        assert_eq!(act.row_bytes(n), Some(xq.len()), "vec_dot_q8: {ty} row and {act} activations differ in length");
+    }
+}

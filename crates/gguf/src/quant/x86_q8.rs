@@ -1,0 +1,184 @@
+//! Integer dot products against quantised activations (llama.cpp's q4_0_q8_0, q8_0_q8_0,
+//! q4_K_q8_K, q6_K_q8_K). The i8 pair-sum primitive is the only ISA-specific piece, so the
+//! kernels are stamped out per ISA by a macro: `vpmaddubsw`+`vpmaddwd` on AVX2, one `vpdpbusd`
+//! with VNNI. Q4_K/Q6_K fold their sub-block scales into `vpmaddwd`, where VNNI saves nothing,
+//! so they run the AVX2 kernel on every ISA.
+
+use std::arch::x86_64::*;
+
+use super::x86::{f16, hsum};
+use super::{blocks, BlockQ4K, BlockQ4_0, BlockQ6K, BlockQ8K, BlockQ8_0, Isa};
+use crate::GgmlType;
+
+/// # Safety
+/// The CPU must support `isa` (and AVX2, FMA, F16C).
+pub(crate) unsafe fn vec_dot_q8(isa: Isa, ty: GgmlType, row: &[u8], xq: &[u8]) -> f32 {
+    match (ty, isa) {
+        (GgmlType::Q4_0, Isa::Avx512Vnni) => vnni512::q4_0(blocks(row), blocks(xq)),
+        (GgmlType::Q4_0, Isa::AvxVnni) => avxvnni::q4_0(blocks(row), blocks(xq)),
+        (GgmlType::Q4_0, _) => avx2::q4_0(blocks(row), blocks(xq)),
+        (GgmlType::Q8_0, Isa::Avx512Vnni) => vnni512::q8_0(blocks(row), blocks(xq)),
+        (GgmlType::Q8_0, Isa::AvxVnni) => avxvnni::q8_0(blocks(row), blocks(xq)),
+        (GgmlType::Q8_0, _) => avx2::q8_0(blocks(row), blocks(xq)),
+        (GgmlType::Q4_K, _) => q4_k(blocks(row), blocks(xq)),
+        (GgmlType::Q6_K, _) => q6_k(blocks(row), blocks(xq)),
+        _ => panic!("vec_dot_q8: type {ty} has no integer dot product"),
+    }
+}
+
+/// Sum of u8*i8 products in groups of 4 bytes, added to i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_u8i8_avx2(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn dot_u8i8_avxvnni(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(acc, a, b)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+unsafe fn dot_u8i8_vnni512(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(acc, a, b)
+}
+
+/// The 32 nibbles of a Q4_0 block in weight order, minus 8, as i8.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q4_0_bytes(qs: &[u8; 16]) -> __m256i {
+    let t = _mm_loadu_si128(qs.as_ptr().cast());
+    let v = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(15)), _mm256_set1_epi8(8))
+}
+
+macro_rules! q8_0_kernels {
+    ($name:ident, $features:literal, $dot:ident) => {
+        mod $name {
+            use super::*;
+
+            /// Signed i8 x i8 via |a| * (b with a's sign): the u8*i8 form `dot` needs.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn dot_i8(a: __m256i, b: __m256i) -> __m256 {
+                let s = $dot(_mm256_setzero_si256(), _mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+                _mm256_cvtepi32_ps(s)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn q4_0(bs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
+                let mut acc = _mm256_setzero_ps();
+                for (b, y) in bs.iter().zip(ys) {
+                    let d = _mm256_set1_ps(f16(b.d) * f16(y.d));
+                    let p = dot_i8(q4_0_bytes(&b.qs), _mm256_loadu_si256(y.qs.as_ptr().cast()));
+                    acc = _mm256_fmadd_ps(d, p, acc);
+                }
+                hsum(acc)
+            }
+
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn q8_0(bs: &[BlockQ8_0], ys: &[BlockQ8_0]) -> f32 {
+                let mut acc = _mm256_setzero_ps();
+                for (b, y) in bs.iter().zip(ys) {
+                    let d = _mm256_set1_ps(f16(b.d) * f16(y.d));
+                    let x = _mm256_loadu_si256(b.qs.as_ptr().cast());
+                    let p = dot_i8(x, _mm256_loadu_si256(y.qs.as_ptr().cast()));
+                    acc = _mm256_fmadd_ps(d, p, acc);
+                }
+                hsum(acc)
+            }
+        }
+    };
+}
+
+q8_0_kernels!(avx2, "avx2,fma,f16c", dot_u8i8_avx2);
+q8_0_kernels!(avxvnni, "avx2,fma,f16c,avxvnni", dot_u8i8_avxvnni);
+q8_0_kernels!(vnni512, "avx2,fma,f16c,avx512vnni,avx512vl", dot_u8i8_vnni512);
+
+/// Q4_K x Q8_K: per 64-weight chunk two `vpmaddubsw` (nibbles are unsigned, activations
+/// |q| <= 127, so no saturation) scaled by `vpmaddwd`; the min term comes from `bsums`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k(bs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
+    let m4 = _mm256_set1_epi8(15);
+    let mut acc = _mm256_setzero_ps();
+    let mut acc_m = 0f32;
+    for (b, y) in bs.iter().zip(ys) {
+        let dy = y.d();
+        let mut sumi = _mm256_setzero_si256();
+        let mut summ = 0i32;
+        for c in 0..4 {
+            let (sc0, m0) = b.scale_min(2 * c);
+            let (sc1, m1) = b.scale_min(2 * c + 1);
+            summ += m0 as i32 * (y.bsum(4 * c) + y.bsum(4 * c + 1)) + m1 as i32 * (y.bsum(4 * c + 2) + y.bsum(4 * c + 3));
+            let q4 = _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast());
+            let lo = _mm256_and_si256(q4, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            let q8 = y.qs.as_ptr().add(64 * c);
+            let pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(q8.cast()));
+            let ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(q8.add(32).cast()));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sc0 as i16)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sc1 as i16)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(b.d) * dy), _mm256_cvtepi32_ps(sumi), acc);
+        acc_m += f16(b.dmin) * dy * summ as f32;
+    }
+    hsum(acc) - acc_m
+}
+
+/// For Q6_K scale pair `p` (0..8): bytes selecting scales 2p (low 8) and 2p+1 (high 8).
+static Q6_SCALE_SHUFFLE: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut p = 0;
+    while p < 8 {
+        let mut i = 0;
+        while i < 16 {
+            t[p][i] = (2 * p + i / 8) as u8;
+            i += 1;
+        }
+        p += 1;
+    }
+    t
+};
+
+/// Q6_K x Q8_K: 6-bit values as unsigned (0..63) for `vpmaddubsw`, minus 32*q8 via a second
+/// `vpmaddubsw`; each 32-weight group spans two scales, one per 128-bit lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k(bs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
+    let (m4, m2, m32) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
+    let mut acc = _mm256_setzero_ps();
+    for (b, y) in bs.iter().zip(ys) {
+        let scales = _mm_loadu_si128(b.scales.as_ptr().cast());
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast());
+            let ql1 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast());
+            let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast());
+            let high = |shift: i32| {
+                let v = match shift {
+                    0 => qh,
+                    2 => _mm256_srli_epi16(qh, 2),
+                    4 => _mm256_srli_epi16(qh, 4),
+                    _ => _mm256_srli_epi16(qh, 6),
+                };
+                _mm256_slli_epi16(_mm256_and_si256(v, m2), 4)
+            };
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+            ];
+            for (k, q) in q.into_iter().enumerate() {
+                let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(128 * h + 32 * k).cast());
+                let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, q8), _mm256_maddubs_epi16(m32, q8));
+                let shuf = _mm_loadu_si128(Q6_SCALE_SHUFFLE[4 * h + k].as_ptr().cast());
+                let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(b.d) * y.d()), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum(acc)
+}
