@@ -1,1 +1,76 @@
+//! CUDA backend: NVRTC-compiled kernels (kernels/*.cu), weights resident as 4-bit blocks, the
+//! whole decode step on the device (greedy token choice included), a session-keyed setup cache
+//! that replays a captured CUDA graph, pipelined decode and a per-phase / per-kernel profiler.
+//!
+//! The crate builds and runs without CUDA: `cuda_available()` probes libcuda and libnvrtc
+//! before any cudarc call (cudarc panics on first use when they are absent).
 
+mod backend;
+mod device;
+mod graph;
+mod params;
+mod step;
+mod weights;
+#[doc(hidden)]
+pub mod testing;
+
+use std::time::Duration;
+
+pub use backend::CudaBackend;
+
+/// Options of the CUDA backend.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CudaOptions {
+    /// Keep offset tables, argument buffers and the captured step graph per session.
+    pub setup_cache: bool,
+    /// Decode steps submitted before the oldest token is read back.
+    pub in_flight: usize,
+    /// Positions each session's KV cache holds.
+    pub kv_capacity: usize,
+    /// Time every kernel with events (eager path only; slows decoding).
+    pub profile_kernels: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions { setup_cache: true, in_flight: 2, kv_capacity: 4096, profile_kernels: false }
+    }
+}
+
+/// GPU time of one kernel family, to set against the weight bytes it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelTime {
+    pub name: String,
+    pub calls: u64,
+    pub total: Duration,
+    pub bytes_read: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("CUDA is not available: {0}")]
+    Unavailable(String),
+    #[error("CUDA driver call failed: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    #[error("NVRTC failed to compile the kernels:\n{0}")]
+    Compile(String),
+    #[error("not enough device memory: need {need} bytes, {free} free")]
+    OutOfMemory { need: usize, free: usize },
+    #[error("unsupported by the CUDA backend: {0}")]
+    Unsupported(String),
+}
+
+pub type Result<T> = std::result::Result<T, CudaError>;
+
+impl From<CudaError> for q4moe_model::backend::BackendError {
+    fn from(e: CudaError) -> Self {
+        q4moe_model::backend::BackendError::Device(e.to_string())
+    }
+}
+
+/// The first GPU's name, or why CUDA cannot be used here.
+pub fn cuda_available() -> std::result::Result<String, String> {
+    device::probe()?;
+    let ctx = cudarc::driver::CudaContext::new(0).map_err(|e| format!("cannot create a CUDA context: {e}"))?;
+    ctx.name().map_err(|e| format!("cannot read the device name: {e}"))
+}

@@ -1,0 +1,275 @@
+// Shared by every kernel family: integer types, f16 decode, warp reductions and the quantised
+// row dot products. NVRTC compiles all .cu files as one program with this file in front.
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// ggml type ids (GgmlType discriminants).
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q8_0 8
+#define T_Q4_K 12
+#define T_Q6_K 14
+
+// A weight matrix on the device. Q4_0 is repacked at load: `data` = [blocks][16] nibbles,
+// `scales` = [blocks] f16 d, so a lane loads one block's nibbles with a single 16-byte load.
+// Every other type keeps ggml's block bytes at `data` (rows contiguous), `scales` unused.
+struct QW {
+    u64 data;
+    u64 scales;
+    int type;
+    int k;  // row length (elements)
+};
+
+// Per-token values, advanced by the step's own kernels so a replayed graph needs no upload.
+struct StepState {
+    u32 token;  // token fed to the next step
+    u32 pos;    // position it is written at
+};
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+// Activations live in shared memory in groups of 32 floats padded to 33, so lanes reading
+// different 32-weight blocks hit different banks.
+__device__ __forceinline__ int pad_idx(int i) { return (i >> 5) * 33 + (i & 31); }
+__device__ __forceinline__ int padded_len(int n) { return (n >> 5) * 33 + 33; }
+
+// Block-wide sum in a fixed order (deterministic): warp butterflies, then warp 0 over warps.
+__device__ float block_sum(float v, float* red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float t = 0.f;
+    if (w == 0) {
+        t = lane < nw ? red[lane] : 0.f;
+        t = warp_sum(t);
+        if (lane == 0) red[32] = t;
+    }
+    __syncthreads();
+    return red[32];
+}
+
+// Loads n floats of `src` into padded shared memory; with `norm` set, applies RMSNorm:
+// x * rsqrt(mean(x^2) + eps) * norm. Every block computes the same sum in the same order.
+__device__ void load_x(float* xs, const float* src, int n, const float* norm, float eps, float* red) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = src[i];
+        xs[pad_idx(i)] = v;
+        ss += v * v;
+    }
+    if (norm) {
+        float tot = block_sum(ss, red);
+        float r = rsqrtf(tot / (float)n + eps);
+        for (int i = threadIdx.x; i < n; i += blockDim.x) xs[pad_idx(i)] = xs[pad_idx(i)] * r * norm[i];
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ u64 row_bytes(int type, int k) {
+    switch (type) {
+        case T_F32: return (u64)k * 4;
+        case T_F16: return (u64)k * 2;
+        case T_Q8_0: return (u64)(k / 32) * 34;
+        case T_Q4_K: return (u64)(k / 256) * 144;
+        case T_Q6_K: return (u64)(k / 256) * 210;
+        default: return (u64)(k / 32) * 18;
+    }
+}
+
+// Q4_0: lane per 32-weight block; nibble j holds weights j (low) and j+16 (high).
+__device__ float dot_q4_0(const QW& w, u64 row, const float* xs, int lane) {
+    int nb = w.k >> 5;
+    u64 b0 = row * (u64)nb;
+    const uint4* qs = (const uint4*)w.data;
+    const u16* ds = (const u16*)w.scales;
+    float acc = 0.f;
+    for (int b = lane; b < nb; b += 32) {
+        uint4 q = qs[b0 + b];
+        float d = h2f(ds[b0 + b]);
+        const float* x = xs + b * 33;
+        u32 words[4] = {q.x, q.y, q.z, q.w};
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u32 byte = (words[j >> 2] >> ((j & 3) * 8)) & 0xff;
+            s += (float)((int)(byte & 15) - 8) * x[j] + (float)((int)(byte >> 4) - 8) * x[j + 16];
+        }
+        acc += d * s;
+    }
+    return acc;
+}
+
+__device__ float dot_q8_0(const QW& w, u64 row, const float* xs, int lane) {
+    int nb = w.k >> 5;
+    const u8* base = (const u8*)w.data + row * (u64)nb * 34;
+    float acc = 0.f;
+    for (int b = lane; b < nb; b += 32) {
+        const u16* p = (const u16*)(base + (u64)b * 34);
+        float d = h2f(p[0]);
+        const float* x = xs + b * 33;
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u16 two = p[1 + j];
+            s += (float)(signed char)(two & 0xff) * x[2 * j] + (float)(signed char)(two >> 8) * x[2 * j + 1];
+        }
+        acc += d * s;
+    }
+    return acc;
+}
+
+// Q4_K: four lanes per 256-weight super-block; lane quarter c reads the 32 bytes of chunk c
+// (sub-block 2c in the low nibbles, 2c+1 in the high ones).
+__device__ float dot_q4_k(const QW& w, u64 row, const float* xs, int lane) {
+    int nsb = w.k >> 8;
+    const u8* base = (const u8*)w.data + row * (u64)nsb * 144;
+    int c = lane & 3;
+    float acc = 0.f;
+    for (int sb = lane >> 2; sb < nsb; sb += 8) {
+        const u8* bp = base + (u64)sb * 144;
+        uint4 hdr = *(const uint4*)bp;
+        uint4 q0 = *(const uint4*)(bp + 16 + 32 * c);
+        uint4 q1 = *(const uint4*)(bp + 32 + 32 * c);
+        float d = h2f((u16)(hdr.x & 0xffff)), dmin = h2f((u16)(hdr.x >> 16));
+        u8 sc[12];
+        u32 hw[3] = {hdr.y, hdr.z, hdr.w};
+#pragma unroll
+        for (int i = 0; i < 12; i++) sc[i] = (hw[i >> 2] >> ((i & 3) * 8)) & 0xff;
+        int j0 = 2 * c, j1 = 2 * c + 1;
+        u32 s0, m0, s1, m1;
+        if (j0 < 4) { s0 = sc[j0] & 63; m0 = sc[j0 + 4] & 63; }
+        else { s0 = (sc[j0 + 4] & 0xF) | ((sc[j0 - 4] >> 6) << 4); m0 = (sc[j0 + 4] >> 4) | ((sc[j0] >> 6) << 4); }
+        if (j1 < 4) { s1 = sc[j1] & 63; m1 = sc[j1 + 4] & 63; }
+        else { s1 = (sc[j1 + 4] & 0xF) | ((sc[j1 - 4] >> 6) << 4); m1 = (sc[j1 + 4] >> 4) | ((sc[j1] >> 6) << 4); }
+        const float* x0 = xs + (sb * 8 + j0) * 33;
+        const float* x1 = xs + (sb * 8 + j1) * 33;
+        u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        float d0 = 0.f, d1 = 0.f, sx0 = 0.f, sx1 = 0.f;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            u32 byte = (words[l >> 2] >> ((l & 3) * 8)) & 0xff;
+            d0 += (float)(byte & 15) * x0[l];
+            d1 += (float)(byte >> 4) * x1[l];
+            sx0 += x0[l];
+            sx1 += x1[l];
+        }
+        acc += d * (float)s0 * d0 - dmin * (float)m0 * sx0 + d * (float)s1 * d1 - dmin * (float)m1 * sx1;
+    }
+    return acc;
+}
+
+// Q6_K: four lanes per super-block; quarter qd covers weights 64qd..64qd+63 (half h = qd/2,
+// quants k = 2(qd&1) and k+1).
+__device__ float dot_q6_k(const QW& w, u64 row, const float* xs, int lane) {
+    int nsb = w.k >> 8;
+    const u8* base = (const u8*)w.data + row * (u64)nsb * 210;
+    int qd = lane & 3, h = qd >> 1, k0 = 2 * (qd & 1);
+    float acc = 0.f;
+    for (int sb = lane >> 2; sb < nsb; sb += 8) {
+        const u8* bp = base + (u64)sb * 210;
+        const u8* ql = bp + 64 * h;
+        const u8* qh = bp + 128 + 32 * h;
+        const signed char* scl = (const signed char*)(bp + 192);
+        float d = h2f((u16)bp[208] | ((u16)bp[209] << 8));
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            int k = k0 + kk;
+            const float* x = xs + (sb * 8 + h * 4 + k) * 33;
+            float s[2] = {0.f, 0.f};
+#pragma unroll 8
+            for (int l = 0; l < 32; l++) {
+                u32 lo = ql[l + 32 * (k & 1)];
+                lo = k < 2 ? (lo & 15) : (lo >> 4);
+                int q = (int)(lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+                s[l >> 4] += (float)q * x[l];
+            }
+            acc += d * ((float)scl[8 * h + 2 * k] * s[0] + (float)scl[8 * h + 2 * k + 1] * s[1]);
+        }
+    }
+    return acc;
+}
+
+__device__ float dot_f32(const QW& w, u64 row, const float* xs, int lane) {
+    const float* p = (const float*)w.data + row * (u64)w.k;
+    float acc = 0.f;
+    for (int i = lane; i < w.k; i += 32) acc += p[i] * xs[pad_idx(i)];
+    return acc;
+}
+
+__device__ float dot_f16(const QW& w, u64 row, const float* xs, int lane) {
+    const u16* p = (const u16*)w.data + row * (u64)w.k;
+    float acc = 0.f;
+    for (int i = lane; i < w.k; i += 32) acc += h2f(p[i]) * xs[pad_idx(i)];
+    return acc;
+}
+
+// Full dot product of row `row` with the padded activations; every lane gets the total.
+__device__ __forceinline__ float row_dot(const QW& w, u64 row, const float* xs, int lane) {
+    float a;
+    switch (w.type) {
+        case T_Q4_0: a = dot_q4_0(w, row, xs, lane); break;
+        case T_Q4_K: a = dot_q4_k(w, row, xs, lane); break;
+        case T_Q6_K: a = dot_q6_k(w, row, xs, lane); break;
+        case T_Q8_0: a = dot_q8_0(w, row, xs, lane); break;
+        case T_F16: a = dot_f16(w, row, xs, lane); break;
+        default: a = dot_f32(w, row, xs, lane); break;
+    }
+    return warp_sum(a);
+}
+
+// One weight of a row (embedding look-up); slow but touches one row per token.
+__device__ float weight_at(const QW& w, u64 row, int i) {
+    const u8* base = (const u8*)w.data + row * row_bytes(w.type, w.k);
+    switch (w.type) {
+        case T_Q4_0: {
+            u64 b = row * (u64)(w.k >> 5) + (i >> 5);
+            const u8* q = (const u8*)w.data + b * 16;
+            int j = i & 31;
+            u32 byte = q[j & 15];
+            int v = j < 16 ? (byte & 15) : (byte >> 4);
+            return h2f(((const u16*)w.scales)[b]) * (float)(v - 8);
+        }
+        case T_Q8_0: {
+            const u8* bp = base + (u64)(i >> 5) * 34;
+            return h2f((u16)bp[0] | ((u16)bp[1] << 8)) * (float)(signed char)bp[2 + (i & 31)];
+        }
+        case T_Q4_K: {
+            const u8* bp = base + (u64)(i >> 8) * 144;
+            int r = i & 255, j = r >> 5, c = r >> 6, l = r & 31;
+            const u8* sc = bp + 4;
+            u32 s, m;
+            if (j < 4) { s = sc[j] & 63; m = sc[j + 4] & 63; }
+            else { s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4); m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4); }
+            u32 byte = bp[16 + 32 * c + l];
+            u32 q = (r & 63) < 32 ? (byte & 15) : (byte >> 4);
+            float d = h2f((u16)bp[0] | ((u16)bp[1] << 8)), dmin = h2f((u16)bp[2] | ((u16)bp[3] << 8));
+            return d * (float)s * (float)q - dmin * (float)m;
+        }
+        case T_Q6_K: {
+            const u8* bp = base + (u64)(i >> 8) * 210;
+            int r = i & 255, h = r >> 7, k = (r & 127) >> 5, l = r & 31;
+            u32 lo = bp[64 * h + l + 32 * (k & 1)];
+            lo = k < 2 ? (lo & 15) : (lo >> 4);
+            int q = (int)(lo | (((bp[128 + 32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
+            float d = h2f((u16)bp[208] | ((u16)bp[209] << 8));
+            return d * (float)((const signed char*)bp)[192 + (r >> 4)] * (float)q;
+        }
+        case T_F16: return h2f(((const u16*)base)[i]);
+        default: return ((const float*)base)[i];
+    }
+}

@@ -1,0 +1,429 @@
+//! `CudaBackend`: sessions (KV pool + setup cache), prefill, pipelined decode, profiling.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{result, sys};
+use q4moe_model::backend::{
+    Backend, BackendError, BackendInfo, BackendResult, DecodeRequest, DecodeStats, Flow, PhaseTimes, SessionId, TokenEvent,
+};
+use q4moe_model::sampling::Sampler;
+use q4moe_model::{Config, Model};
+
+use crate::device::{DevBuf, Device, Launch};
+use crate::graph::Graph;
+use crate::params::StepState;
+use crate::step::{self, Kv, Scratch};
+use crate::weights::{self, Weights};
+use crate::{CudaOptions, KernelTime, Result};
+
+/// Steps whose token can be in flight at once (pinned read-back slots, event pairs).
+const RING: usize = 8;
+
+/// What a cached setup is valid for (DESIGN.md section 4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SessionKey {
+    session: SessionId,
+    geometry: String,
+    batch: usize,
+    kv_capacity: usize,
+}
+
+/// The setup cache entry: resolved launches and the graph captured from them.
+struct StepCache {
+    key: SessionKey,
+    _launches: Vec<Launch>,
+    graph: Graph,
+}
+
+struct Session {
+    kv: Kv,
+    len: usize,
+    cache: Option<StepCache>,
+}
+
+/// Pinned host memory for asynchronous read-back of the step state.
+struct Pinned {
+    ptr: *mut StepState,
+}
+
+impl Pinned {
+    fn slot(&mut self, i: usize) -> &mut [StepState] {
+        // SAFETY: RING slots allocated in `new`, freed in Drop.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i % RING), 1) }
+    }
+}
+
+pub struct CudaBackend {
+    model: Arc<Model>,
+    opts: CudaOptions,
+    sessions: HashMap<SessionId, Session>,
+    scratch: Scratch,
+    w: Weights,
+    pinned: Pinned,
+    /// Per-slot (start, end) events timing each step's GPU work.
+    events: Vec<(sys::CUevent, sys::CUevent)>,
+    /// Per-launch event pairs of the profiled eager path.
+    prof_events: Vec<(sys::CUevent, sys::CUevent)>,
+    profile: HashMap<&'static str, (u64, f64, u64)>,
+    dev: Device,
+}
+
+// SAFETY: raw handles are only used through &mut self after binding the context.
+unsafe impl Send for CudaBackend {}
+
+fn ev() -> Result<sys::CUevent> {
+    Ok(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?)
+}
+
+impl CudaBackend {
+    pub fn new(model: Arc<Model>, opts: CudaOptions) -> std::result::Result<Self, BackendError> {
+        Ok(Self::build(model, opts)?)
+    }
+
+    fn build(model: Arc<Model>, mut opts: CudaOptions) -> Result<Self> {
+        let c = model.config.clone();
+        weights::check_config(&c)?;
+        opts.kv_capacity = opts.kv_capacity.min(c.context_length).max(1);
+        opts.in_flight = opts.in_flight.clamp(1, RING - 1);
+        let dev = Device::new()?;
+        let kv_bytes = 2 * c.n_layer * opts.kv_capacity * c.kv_dim() * 4;
+        let w = weights::upload(&dev, &model, kv_bytes + Scratch::bytes(&c, opts.kv_capacity))?;
+        let scratch = Scratch::new(&dev, &c, opts.kv_capacity)?;
+        // SAFETY: pinned allocation of RING states.
+        let ptr = unsafe { result::malloc_host(RING * std::mem::size_of::<StepState>(), 0)? } as *mut StepState;
+        let events = (0..RING).map(|_| Ok((ev()?, ev()?))).collect::<Result<Vec<_>>>()?;
+        Ok(CudaBackend {
+            model,
+            opts,
+            sessions: HashMap::new(),
+            scratch,
+            w,
+            pinned: Pinned { ptr },
+            events,
+            prof_events: Vec::new(),
+            profile: HashMap::new(),
+            dev,
+        })
+    }
+
+    pub fn set_setup_cache(&mut self, on: bool) {
+        self.opts.setup_cache = on;
+    }
+
+    pub fn set_in_flight(&mut self, n: usize) {
+        self.opts.in_flight = n.clamp(1, RING - 1);
+    }
+
+    pub fn options(&self) -> &CudaOptions {
+        &self.opts
+    }
+
+    /// Per-kernel GPU times gathered on the eager path with `profile_kernels` on.
+    pub fn kernel_profile(&self) -> Vec<KernelTime> {
+        let mut v: Vec<KernelTime> = self
+            .profile
+            .iter()
+            .map(|(n, &(calls, secs, bytes))| KernelTime { name: n.to_string(), calls, total: Duration::from_secs_f64(secs), bytes_read: bytes })
+            .collect();
+        v.sort_by(|a, b| b.total.cmp(&a.total));
+        v
+    }
+
+    pub fn reset_kernel_profile(&mut self) {
+        self.profile.clear();
+    }
+
+    pub fn set_profile_kernels(&mut self, on: bool) {
+        self.opts.profile_kernels = on;
+    }
+
+    /// GB/s of a large device-to-device copy, counting bytes read and written.
+    pub fn measure_copy_bandwidth(&self) -> f64 {
+        self.copy_bandwidth().unwrap_or(0.0)
+    }
+
+    fn copy_bandwidth(&self) -> Result<f64> {
+        self.dev.bind()?;
+        let (free, _) = self.dev.free_mem()?;
+        let bytes = (1usize << 30).min(free / 4).max(1 << 20);
+        let (a, b) = (DevBuf::new(&self.dev, bytes)?, DevBuf::new(&self.dev, bytes)?);
+        a.fill(&self.dev, 1)?;
+        let (e0, e1) = (ev()?, ev()?);
+        let reps = 10;
+        // SAFETY: both buffers hold `bytes`; events are ours.
+        let ms = unsafe {
+            result::memcpy_dtod_async(b.ptr, a.ptr, bytes, self.dev.stream)?;
+            result::event::record(e0, self.dev.stream)?;
+            for _ in 0..reps {
+                result::memcpy_dtod_async(b.ptr, a.ptr, bytes, self.dev.stream)?;
+            }
+            result::event::record(e1, self.dev.stream)?;
+            result::event::synchronize(e1)?;
+            let ms = result::event::elapsed(e0, e1)?;
+            let _ = result::event::destroy(e0);
+            let _ = result::event::destroy(e1);
+            ms
+        };
+        Ok(2.0 * bytes as f64 * reps as f64 / (ms as f64 * 1e-3) / 1e9)
+    }
+
+    fn key(&self, session: SessionId) -> SessionKey {
+        SessionKey { session, geometry: format!("{:?}", self.model.config), batch: 1, kv_capacity: self.opts.kv_capacity }
+    }
+
+    fn session(&mut self, id: SessionId) -> Result<&mut Session> {
+        if !self.sessions.contains_key(&id) {
+            let kv = Kv::new(&self.dev, &self.model.config, self.opts.kv_capacity)?;
+            self.sessions.insert(id, Session { kv, len: 0, cache: None });
+        }
+        Ok(self.sessions.get_mut(&id).expect("inserted"))
+    }
+
+    /// Host setup for one step: a cache hit costs a key comparison; a miss (or the cache off)
+    /// resolves every launch again from the weights' tables.
+    fn setup(&mut self, id: SessionId) -> Result<Option<Vec<Launch>>> {
+        let key = self.key(id);
+        let cfg = self.model.config.clone();
+        self.session(id)?;
+        let (dev, w, s) = (&self.dev, &self.w, &self.scratch);
+        let sess = self.sessions.get_mut(&id).expect("created");
+        if !self.opts.setup_cache {
+            return Ok(Some(step::build(&cfg, w, s, &sess.kv)));
+        }
+        if sess.cache.as_ref().map(|c| &c.key) != Some(&key) {
+            sess.cache = None;
+            let launches = step::build(&cfg, w, s, &sess.kv);
+            let graph = Graph::capture(dev, &launches)?;
+            sess.cache = Some(StepCache { key, _launches: launches, graph });
+        }
+        Ok(None)
+    }
+
+    /// Submits one step (graph replay or eager launches), then the state read-back into pinned
+    /// slot `slot`, bracketed by the slot's events.
+    fn submit(&mut self, id: SessionId, eager: Option<Vec<Launch>>, slot: usize) -> Result<()> {
+        let (e0, e1) = self.events[slot % RING];
+        unsafe { result::event::record(e0, self.dev.stream)? };
+        match eager {
+            None => self.sessions[&id].cache.as_ref().expect("setup ran").graph.launch(&self.dev)?,
+            Some(ls) if self.opts.profile_kernels => self.launch_profiled(&ls)?,
+            Some(ls) => ls.iter().try_for_each(|l| self.dev.launch(l))?,
+        }
+        let st = self.scratch.state.ptr;
+        // SAFETY: pinned slot of one StepState; copied in stream order after the step.
+        unsafe {
+            result::memcpy_dtoh_async(self.pinned.slot(slot), st, self.dev.stream)?;
+            result::event::record(e1, self.dev.stream)?;
+        }
+        Ok(())
+    }
+
+    fn launch_profiled(&mut self, ls: &[Launch]) -> Result<()> {
+        while self.prof_events.len() < ls.len() {
+            self.prof_events.push((ev()?, ev()?));
+        }
+        for (l, &(a, b)) in ls.iter().zip(&self.prof_events) {
+            unsafe { result::event::record(a, self.dev.stream)? };
+            self.dev.launch(l)?;
+            unsafe { result::event::record(b, self.dev.stream)? };
+        }
+        self.dev.sync()?;
+        for (l, &(a, b)) in ls.iter().zip(&self.prof_events) {
+            let ms = unsafe { result::event::elapsed(a, b)? };
+            let e = self.profile.entry(l.name).or_insert((0, 0.0, 0));
+            e.0 += 1;
+            e.1 += ms as f64 * 1e-3;
+            e.2 += l.bytes_read;
+        }
+        Ok(())
+    }
+
+    /// Waits for slot `slot`; returns the state it read back and the step's GPU time.
+    fn wait(&mut self, slot: usize) -> Result<(StepState, Duration)> {
+        let (e0, e1) = self.events[slot % RING];
+        let ms = unsafe {
+            result::event::synchronize(e1)?;
+            result::event::elapsed(e0, e1)?
+        };
+        Ok((self.pinned.slot(slot)[0], Duration::from_secs_f64(ms as f64 * 1e-3)))
+    }
+
+    fn set_state(&mut self, st: StepState) -> Result<()> {
+        self.scratch.state.upload(&self.dev, 0, std::slice::from_ref(&st))
+    }
+
+    /// Runs one full step synchronously at `pos` with `token` (prefill, host sampling).
+    fn step_sync(&mut self, id: SessionId, token: u32, pos: usize) -> Result<Duration> {
+        self.set_state(StepState { token, pos: pos as u32 })?;
+        let eager = self.setup(id)?;
+        self.submit(id, eager, 0)?;
+        Ok(self.wait(0)?.1)
+    }
+
+    fn logits(&mut self) -> Result<Vec<f32>> {
+        let mut v = vec![0f32; self.model.config.vocab_size];
+        self.scratch.logits.download(&self.dev, 0, &mut v)?;
+        Ok(v)
+    }
+
+    fn check_token(&self, token: u32) -> BackendResult<()> {
+        let vocab = self.model.config.vocab_size;
+        if token as usize >= vocab {
+            return Err(BackendError::BadToken { token, vocab });
+        }
+        Ok(())
+    }
+
+    fn room(&self, id: SessionId, extra: usize) -> BackendResult<()> {
+        let needed = self.kv_len(id) + extra;
+        if needed > self.opts.kv_capacity {
+            return Err(BackendError::ContextFull { session: id, needed, capacity: self.opts.kv_capacity });
+        }
+        Ok(())
+    }
+
+    fn decode_device(&mut self, req: &DecodeRequest<'_>, on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow) -> Result<(DecodeStats, usize, bool)> {
+        let id = req.session;
+        let len0 = self.kv_len(id);
+        let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
+        let f = self.opts.in_flight;
+        self.set_state(StepState { token: req.first_token, pos: len0 as u32 })?;
+        let mut phases = vec![PhaseTimes::default(); steps];
+        let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
+        while handed < steps && !stopped {
+            while submitted < steps && submitted < handed + f {
+                let t0 = Instant::now();
+                let eager = self.setup(id)?;
+                let t1 = Instant::now();
+                self.submit(id, eager, submitted)?;
+                phases[submitted].setup = t1 - t0;
+                phases[submitted].submit = t1.elapsed();
+                submitted += 1;
+            }
+            let t0 = Instant::now();
+            let (st, gpu) = self.wait(handed)?;
+            let t1 = Instant::now();
+            stopped = on_token(TokenEvent { token: st.token, logits: None }) == Flow::Stop;
+            let p = &mut phases[handed];
+            (p.wait, p.gpu, p.tail) = (t1 - t0, Some(gpu), t1.elapsed());
+            handed += 1;
+        }
+        // Steps computed ahead are discarded: the KV length below ignores what they wrote.
+        self.dev.sync()?;
+        phases.truncate(handed);
+        Ok((DecodeStats { phases }, handed, !stopped && handed < req.max_tokens))
+    }
+
+    fn decode_host(&mut self, req: &DecodeRequest<'_>, on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow) -> Result<(DecodeStats, usize, bool)> {
+        let id = req.session;
+        let len0 = self.kv_len(id);
+        let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
+        let mut sampler = Sampler::new(req.sampling.clone(), req.history);
+        let mut stats = DecodeStats::default();
+        let (mut token, mut handed) = (req.first_token, 0);
+        while handed < steps {
+            let t0 = Instant::now();
+            let gpu = self.step_sync(id, token, len0 + handed)?;
+            let t1 = Instant::now();
+            let mut logits = self.logits()?;
+            let shown = req.want_logits.then(|| logits.clone());
+            token = sampler.sample(&mut logits);
+            let flow = on_token(TokenEvent { token, logits: shown.as_deref() });
+            stats.phases.push(PhaseTimes { wait: t1 - t0, tail: t1.elapsed(), gpu: Some(gpu), ..Default::default() });
+            handed += 1;
+            if flow == Flow::Stop {
+                return Ok((stats, handed, false));
+            }
+        }
+        Ok((stats, handed, handed < req.max_tokens))
+    }
+}
+
+impl Backend for CudaBackend {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            kind: "cuda".into(),
+            device: self.dev.name.clone(),
+            resident_bytes: self.w.buf.bytes as u64,
+            kv_capacity: self.opts.kv_capacity,
+        }
+    }
+
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn prefill(&mut self, session: SessionId, tokens: &[u32], all_logits: bool) -> BackendResult<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(BackendError::Invalid("prefill needs at least one token".into()));
+        }
+        self.room(session, tokens.len())?;
+        tokens.iter().try_for_each(|&t| self.check_token(t))?;
+        self.dev.bind()?;
+        let vocab = self.model.config.vocab_size;
+        let mut out = Vec::with_capacity(if all_logits { tokens.len() * vocab } else { vocab });
+        let len0 = self.kv_len(session);
+        for (i, &t) in tokens.iter().enumerate() {
+            self.step_sync(session, t, len0 + i)?;
+            self.session(session)?.len = len0 + i + 1;
+            if all_logits || i + 1 == tokens.len() {
+                out.extend(self.logits()?);
+            }
+        }
+        Ok(out)
+    }
+
+    fn decode(&mut self, req: &DecodeRequest<'_>, on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow) -> BackendResult<DecodeStats> {
+        self.check_token(req.first_token)?;
+        req.sampling.validate().map_err(BackendError::Invalid)?;
+        if req.max_tokens == 0 {
+            return Ok(DecodeStats::default());
+        }
+        self.room(req.session, 1)?;
+        self.dev.bind()?;
+        let len0 = self.kv_len(req.session);
+        self.session(req.session)?;
+        let host = req.want_logits || !req.sampling.is_greedy() || req.sampling.has_penalties();
+        let (stats, handed, full) =
+            if host { self.decode_host(req, on_token)? } else { self.decode_device(req, on_token)? };
+        // The KV holds first_token and every handed token but the last.
+        self.session(req.session)?.len = len0 + handed;
+        if full {
+            return Err(BackendError::ContextFull { session: req.session, needed: len0 + handed + 1, capacity: self.opts.kv_capacity });
+        }
+        Ok(stats)
+    }
+
+    fn kv_len(&self, session: SessionId) -> usize {
+        self.sessions.get(&session).map_or(0, |s| s.len)
+    }
+
+    fn truncate(&mut self, session: SessionId, len: usize) {
+        if let Some(s) = self.sessions.get_mut(&session) {
+            s.len = s.len.min(len);
+        }
+    }
+
+    fn drop_session(&mut self, session: SessionId) {
+        let _ = self.dev.bind();
+        self.sessions.remove(&session);
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        let _ = self.dev.bind();
+        let _ = self.dev.sync();
+        self.sessions.clear();
+        // SAFETY: events and pinned memory were created in `build` and are freed once.
+        unsafe {
+            for &(a, b) in self.events.iter().chain(&self.prof_events) {
+                let _ = result::event::destroy(a);
+                let _ = result::event::destroy(b);
+            }
+            let _ = result::free_host(self.pinned.ptr as *mut _);
+        }
+    }
+}

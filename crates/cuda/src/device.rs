@@ -1,0 +1,274 @@
+//! The device: context, one stream, the NVRTC-compiled module (cached on disk), raw device
+//! buffers and kernel launches with one `#[repr(C)]` params struct per kernel.
+
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext};
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+
+use crate::{CudaError, Result};
+
+/// Every kernel the step uses, in one place so lookups happen once at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    Matvec,
+    Embed,
+    QkNormRope,
+    AttnSplit,
+    AttnCombine,
+    MoeTopk,
+    MoeGateUp,
+    MoeDown,
+    ArgmaxPartial,
+    ArgmaxFinal,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 10] = [
+        Kernel::Matvec,
+        Kernel::Embed,
+        Kernel::QkNormRope,
+        Kernel::AttnSplit,
+        Kernel::AttnCombine,
+        Kernel::MoeTopk,
+        Kernel::MoeGateUp,
+        Kernel::MoeDown,
+        Kernel::ArgmaxPartial,
+        Kernel::ArgmaxFinal,
+    ];
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Kernel::Matvec => "matvec",
+            Kernel::Embed => "embed",
+            Kernel::QkNormRope => "qk_norm_rope",
+            Kernel::AttnSplit => "attn_split",
+            Kernel::AttnCombine => "attn_combine",
+            Kernel::MoeTopk => "moe_topk",
+            Kernel::MoeGateUp => "moe_gate_up",
+            Kernel::MoeDown => "moe_down",
+            Kernel::ArgmaxPartial => "argmax_partial",
+            Kernel::ArgmaxFinal => "argmax_final",
+        }
+    }
+}
+
+/// Kernel sources, one file per op family; compiled as one program behind `common.cuh`.
+const SOURCES: [(&str, &str); 5] = [
+    ("common.cuh", include_str!("../kernels/common.cuh")),
+    ("matvec.cu", include_str!("../kernels/matvec.cu")),
+    ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("moe.cu", include_str!("../kernels/moe.cu")),
+    ("sample.cu", include_str!("../kernels/sample.cu")),
+];
+
+/// Probes the libraries before any cudarc call (cudarc panics when libcuda is missing).
+pub fn probe() -> std::result::Result<(), String> {
+    // SAFETY: these only try to dlopen the libraries.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("libcuda (the NVIDIA driver library) was not found".into());
+    }
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("libnvrtc (the CUDA runtime compiler) was not found".into());
+    }
+    let n = CudaContext::device_count().map_err(|e| format!("cuInit/device count failed: {e}"))?;
+    if n < 1 {
+        return Err("no CUDA device is visible".into());
+    }
+    Ok(())
+}
+
+pub struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub stream: sys::CUstream,
+    funcs: Vec<sys::CUfunction>,
+    _module: sys::CUmodule,
+    pub name: String,
+}
+
+// SAFETY: the raw handles belong to `ctx`, which every entry point binds to its thread first.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+impl Device {
+    pub fn new() -> Result<Device> {
+        probe().map_err(CudaError::Unavailable)?;
+        let ctx = CudaContext::new(0)?;
+        ctx.bind_to_thread()?;
+        let name = ctx.name()?;
+        let (maj, min) = ctx.compute_capability()?;
+        let image = compiled_module(maj, min)?;
+        // SAFETY: `image` is a cubin NVRTC produced for this device; the handles stay in ctx.
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void)? };
+        let funcs = Kernel::ALL
+            .iter()
+            .map(|k| unsafe { result::module::get_function(module, std::ffi::CString::new(k.symbol()).unwrap()) })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
+        for (k, f) in Kernel::ALL.iter().zip(&funcs) {
+            if matches!(k, Kernel::Matvec | Kernel::MoeGateUp | Kernel::MoeDown) {
+                // Large activations (d_ff * n_used floats) need more than the default 48 KB.
+                unsafe {
+                    result::function::set_function_attribute(
+                        *f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        200 * 1024,
+                    )?
+                };
+            }
+        }
+        Ok(Device { ctx, stream, funcs, _module: module, name })
+    }
+
+    pub fn bind(&self) -> Result<()> {
+        Ok(self.ctx.bind_to_thread()?)
+    }
+
+    /// Launches `k` with one params struct passed by value.
+    pub fn launch(&self, l: &Launch) -> Result<()> {
+        let f = self.funcs[Kernel::ALL.iter().position(|x| *x == l.kernel).unwrap()];
+        let mut args = [l.params.as_ptr() as *mut c_void];
+        // SAFETY: the params bytes mirror the kernel's struct; every pointer in them is a live
+        // device allocation owned by the backend for as long as launches may run.
+        unsafe { result::launch_kernel(f, l.grid, (l.block, 1, 1), l.smem, self.stream, &mut args)? };
+        Ok(())
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        unsafe { result::stream::synchronize(self.stream)? };
+        Ok(())
+    }
+
+    pub fn free_mem(&self) -> Result<(usize, usize)> {
+        Ok(result::mem_get_info()?)
+    }
+}
+
+/// One kernel launch, fully resolved: what the setup cache keeps and the eager path rebuilds.
+#[derive(Clone)]
+pub struct Launch {
+    pub kernel: Kernel,
+    pub name: &'static str,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: u32,
+    /// The kernel's params struct as bytes (8-byte aligned storage).
+    pub params: Vec<u64>,
+    /// Weight bytes the launch reads (for the per-kernel profile).
+    pub bytes_read: u64,
+}
+
+impl Launch {
+    pub fn new<P: Copy>(kernel: Kernel, name: &'static str, grid: (u32, u32, u32), block: u32, smem: u32, p: &P, bytes_read: u64) -> Launch {
+        let n = std::mem::size_of::<P>().div_ceil(8);
+        let mut params = vec![0u64; n];
+        // SAFETY: P is a plain #[repr(C)] struct of integers, floats and u64 pointers.
+        unsafe { std::ptr::copy_nonoverlapping(p as *const P as *const u8, params.as_mut_ptr() as *mut u8, std::mem::size_of::<P>()) };
+        Launch { kernel, name, grid, block, smem, params, bytes_read }
+    }
+}
+
+/// A raw device allocation, freed on drop.
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DevBuf {
+    pub fn new(dev: &Device, bytes: usize) -> Result<DevBuf> {
+        dev.bind()?;
+        // SAFETY: plain allocation; size is at least one byte.
+        let ptr = unsafe { result::malloc_sync(bytes.max(256))? };
+        Ok(DevBuf { ptr, bytes, ctx: dev.ctx.clone() })
+    }
+    pub fn upload<T: Copy>(&self, dev: &Device, off: usize, data: &[T]) -> Result<()> {
+        assert!(off + std::mem::size_of_val(data) <= self.bytes.max(256), "upload past the buffer");
+        unsafe { result::memcpy_htod_async(self.ptr + off as u64, data, dev.stream)? };
+        dev.sync()
+    }
+    pub fn download<T: Copy>(&self, dev: &Device, off: usize, out: &mut [T]) -> Result<()> {
+        unsafe { result::memcpy_dtoh_async(out, self.ptr + off as u64, dev.stream)? };
+        dev.sync()
+    }
+    /// Fills with a byte pattern (tests poison outputs with 0xff = NaN floats).
+    pub fn fill(&self, dev: &Device, byte: u8) -> Result<()> {
+        unsafe { result::memset_d8_async(self.ptr, byte, self.bytes, dev.stream)? };
+        dev.sync()
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by malloc_sync and freed once.
+        unsafe {
+            let _ = result::free_sync(self.ptr);
+        }
+    }
+}
+
+/// Options every compile uses; part of the cache key.
+fn compile_options(maj: i32, min: i32) -> Vec<String> {
+    vec![format!("--gpu-architecture=sm_{maj}{min}"), "-default-device".into(), "--std=c++17".into(), "-lineinfo".into()]
+}
+
+fn cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("q4moe").join("kernels")
+}
+
+/// FNV-1a over sources, architecture and options: a cubin is reused only for the same inputs.
+fn source_hash(opts: &[String]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |b: &[u8]| b.iter().for_each(|&x| h = (h ^ x as u64).wrapping_mul(0x100_0000_01b3));
+    SOURCES.iter().for_each(|(n, s)| {
+        eat(n.as_bytes());
+        eat(s.as_bytes());
+    });
+    opts.iter().for_each(|o| eat(o.as_bytes()));
+    h
+}
+
+/// The cubin for this device: from the disk cache, else compiled by NVRTC and stored.
+fn compiled_module(maj: i32, min: i32) -> Result<Vec<u8>> {
+    let opts = compile_options(maj, min);
+    let path = cache_dir().join(format!("q4moe-{:016x}-sm{maj}{min}.cubin", source_hash(&opts)));
+    if let Ok(bytes) = std::fs::read(&path) {
+        return Ok(bytes);
+    }
+    let cubin = nvrtc_compile(&opts)?;
+    if std::fs::create_dir_all(path.parent().unwrap()).is_ok() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &cubin).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok(cubin)
+}
+
+fn nvrtc_compile(opts: &[String]) -> Result<Vec<u8>> {
+    let src: String = SOURCES.iter().map(|(n, s)| format!("// ---- {n}\n{s}\n")).collect();
+    let c_src = std::ffi::CString::new(src).unwrap();
+    let name = std::ffi::CString::new("q4moe_kernels.cu").unwrap();
+    let prog = nvrtc::create_program(&c_src, Some(&name)).map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+    // SAFETY: `prog` is live until destroyed below.
+    unsafe {
+        let res = nvrtc::compile_program(prog, opts);
+        if res.is_err() {
+            let log = nvrtc::get_program_log(prog).map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>());
+            let _ = nvrtc::destroy_program(prog);
+            return Err(CudaError::Compile(log.unwrap_or_default()));
+        }
+        let mut size = 0usize;
+        nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size).result().map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+        let mut buf = vec![0u8; size];
+        nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _).result().map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+        let _ = nvrtc::destroy_program(prog);
+        Ok(buf)
+    }
+}

@@ -1,0 +1,129 @@
+//! Kernel params structs, mirrored field for field from `kernels/*.cu` (`#[repr(C)]`; sizes
+//! checked at compile time so a field added on one side only fails the build).
+
+/// `QW`: a weight matrix on the device (see common.cuh).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Qw {
+    pub data: u64,
+    pub scales: u64,
+    pub ty: i32,
+    pub k: i32,
+}
+const _: () = assert!(std::mem::size_of::<Qw>() == 24);
+
+/// `StepState`: per-token values the step's kernels advance.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepState {
+    pub token: u32,
+    pub pos: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MatvecParams {
+    pub w: [Qw; 3],
+    pub out: [u64; 3],
+    pub input: u64,
+    pub norm: u64,
+    pub xn_out: u64,
+    pub rows: [i32; 3],
+    pub n_w: i32,
+    pub k: i32,
+    pub accumulate: i32,
+    pub rows_per_warp: i32,
+    pub eps: f32,
+}
+const _: () = assert!(std::mem::size_of::<MatvecParams>() == 152);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EmbedParams {
+    pub w: Qw,
+    pub state: u64,
+    pub x: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RopeParams {
+    pub qkv: u64,
+    pub q_out: u64,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub state: u64,
+    pub n_head: i32,
+    pub n_kv_head: i32,
+    pub head_dim: i32,
+    pub eps: f32,
+    pub theta: f32,
+}
+
+/// Positions per attention chunk (`ATT_CHUNK` in attention.cu).
+pub const ATT_CHUNK: usize = 256;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnParams {
+    pub q: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub part: u64,
+    pub out: u64,
+    pub state: u64,
+    pub n_head: i32,
+    pub n_kv_head: i32,
+    pub head_dim: i32,
+    pub n_split: i32,
+    pub scale: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TopkParams {
+    pub logits: u64,
+    pub ids: u64,
+    pub weights: u64,
+    pub n_expert: i32,
+    pub n_used: i32,
+    pub norm_topk: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GateUpParams {
+    pub gate: Qw,
+    pub up: Qw,
+    pub xn: u64,
+    pub ids: u64,
+    pub h: u64,
+    pub d_ff: i32,
+    pub rows_per_warp: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DownParams {
+    pub down: Qw,
+    pub h: u64,
+    pub ids: u64,
+    pub weights: u64,
+    pub x: u64,
+    pub d_model: i32,
+    pub n_used: i32,
+    pub rows_per_warp: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ArgmaxParams {
+    pub logits: u64,
+    pub part_v: u64,
+    pub part_i: u64,
+    pub state: u64,
+    pub n: i32,
+    pub n_blocks: i32,
+}

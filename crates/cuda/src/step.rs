@@ -1,0 +1,218 @@
+//! One decode step as a list of resolved launches. The setup cache keeps this list (and the
+//! graph captured from it) per session; the eager path rebuilds it every token.
+
+use q4moe_model::Config;
+
+use crate::device::{DevBuf, Device, Kernel, Launch};
+use crate::params::*;
+use crate::weights::Weights;
+use crate::Result;
+
+const THREADS: u32 = 256;
+const WARPS: u32 = THREADS / 32;
+/// Blocks of the arg-max's first stage.
+pub const ARGMAX_BLOCKS: usize = 128;
+
+/// Activations shared by every session (one stream runs one step at a time).
+pub struct Scratch {
+    /// StepState
+    pub state: DevBuf,
+    /// [d_model] residual stream
+    pub x: DevBuf,
+    /// [d_model] normalised input of the FFN
+    pub xn: DevBuf,
+    /// [q_dim + 2 kv_dim]
+    pub qkv: DevBuf,
+    /// [q_dim] roped queries
+    pub q: DevBuf,
+    /// [n_head, n_split, head_dim + 2]
+    pub part: DevBuf,
+    /// [q_dim]
+    pub attn: DevBuf,
+    /// [n_expert]
+    pub router: DevBuf,
+    /// [n_used] i32 and [n_used] f32
+    pub ids: DevBuf,
+    pub topw: DevBuf,
+    /// [n_used, d_ff]
+    pub h: DevBuf,
+    /// [vocab]
+    pub logits: DevBuf,
+    /// [ARGMAX_BLOCKS] f32 and i32
+    pub am_v: DevBuf,
+    pub am_i: DevBuf,
+    pub n_split: usize,
+}
+
+impl Scratch {
+    pub fn new(dev: &Device, c: &Config, kv_capacity: usize) -> Result<Scratch> {
+        let f = |n: usize| DevBuf::new(dev, n * 4);
+        let n_split = kv_capacity.div_ceil(ATT_CHUNK);
+        Ok(Scratch {
+            state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
+            x: f(c.d_model)?,
+            xn: f(c.d_model)?,
+            qkv: f(c.q_dim() + 2 * c.kv_dim())?,
+            q: f(c.q_dim())?,
+            part: f(c.n_head * n_split * (c.head_dim + 2))?,
+            attn: f(c.q_dim())?,
+            router: f(c.n_expert)?,
+            ids: f(c.n_expert_used)?,
+            topw: f(c.n_expert_used)?,
+            h: f(c.n_expert_used * c.d_ff_expert)?,
+            logits: f(c.vocab_size)?,
+            am_v: f(ARGMAX_BLOCKS)?,
+            am_i: f(ARGMAX_BLOCKS)?,
+            n_split,
+        })
+    }
+
+    pub fn bytes(c: &Config, kv_capacity: usize) -> usize {
+        let n_split = kv_capacity.div_ceil(ATT_CHUNK);
+        4 * (3 * c.d_model + 3 * c.q_dim() + 2 * c.kv_dim() + c.n_head * n_split * (c.head_dim + 2) + c.vocab_size + c.n_expert * 4)
+    }
+}
+
+/// A session's KV cache: [n_layer, capacity, kv_dim] f32 for K and for V.
+pub struct Kv {
+    pub k: DevBuf,
+    pub v: DevBuf,
+    pub capacity: usize,
+}
+
+impl Kv {
+    pub fn new(dev: &Device, c: &Config, capacity: usize) -> Result<Kv> {
+        let bytes = c.n_layer * capacity * c.kv_dim() * 4;
+        Ok(Kv { k: DevBuf::new(dev, bytes)?, v: DevBuf::new(dev, bytes)?, capacity })
+    }
+    fn layer(&self, c: &Config, l: usize) -> (u64, u64) {
+        let off = (l * self.capacity * c.kv_dim() * 4) as u64;
+        (self.k.ptr + off, self.v.ptr + off)
+    }
+}
+
+fn smem_x(k: usize) -> u32 {
+    (((k / 32) * 33 + 33 + 33) * 4) as u32
+}
+
+fn weight_bytes(w: &Qw, rows: usize) -> u64 {
+    let ty = q4moe_gguf::GgmlType::from_id(w.ty as u32).expect("valid type");
+    (ty.row_bytes(w.k as usize).unwrap_or(0) * rows) as u64
+}
+
+/// Rows each warp computes: enough blocks to fill the GPU (132 SMs) without re-loading the
+/// activations into shared memory more often than needed.
+fn rows_per_warp(rows: usize) -> usize {
+    if rows >= 8192 {
+        4
+    } else if rows >= 2048 {
+        2
+    } else {
+        1
+    }
+}
+
+fn matvec(name: &'static str, ws: &[(Qw, u64, usize)], input: u64, k: usize, norm: u64, xn_out: u64, accumulate: bool, eps: f32) -> Launch {
+    let mut p = MatvecParams { input, norm, xn_out, k: k as i32, accumulate: accumulate as i32, eps, n_w: ws.len() as i32, ..Default::default() };
+    let mut total = 0;
+    for (i, (w, out, rows)) in ws.iter().enumerate() {
+        p.w[i] = *w;
+        p.out[i] = *out;
+        p.rows[i] = *rows as i32;
+        total += rows;
+    }
+    let rpw = rows_per_warp(total);
+    p.rows_per_warp = rpw as i32;
+    let blocks = total.div_ceil(rpw * WARPS as usize) as u32;
+    let bytes = ws.iter().map(|(w, _, r)| weight_bytes(w, *r)).sum();
+    Launch::new(Kernel::Matvec, name, (blocks, 1, 1), THREADS, smem_x(k), &p, bytes)
+}
+
+/// The whole step for a session's KV: embedding, every layer, head, arg-max.
+pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
+    let mut out = Vec::with_capacity(8 * c.n_layer + 4);
+    let e = EmbedParams { w: w.embd, state: s.state.ptr, x: s.x.ptr };
+    out.push(Launch::new(Kernel::Embed, "embed", ((c.d_model as u32).div_ceil(THREADS), 1, 1), THREADS, 0, &e, weight_bytes(&w.embd, 1)));
+    for l in 0..c.n_layer {
+        layer(c, w, s, kv, l, &mut out);
+    }
+    out.push(matvec("head", &[(w.output, s.logits.ptr, c.vocab_size)], s.x.ptr, c.d_model, w.output_norm, 0, false, c.rms_eps));
+    let am = ArgmaxParams {
+        logits: s.logits.ptr,
+        part_v: s.am_v.ptr,
+        part_i: s.am_i.ptr,
+        state: s.state.ptr,
+        n: c.vocab_size as i32,
+        n_blocks: ARGMAX_BLOCKS as i32,
+    };
+    out.push(Launch::new(Kernel::ArgmaxPartial, "argmax", (ARGMAX_BLOCKS as u32, 1, 1), THREADS, 0, &am, 0));
+    out.push(Launch::new(Kernel::ArgmaxFinal, "argmax", (1, 1, 1), 128, 0, &am, 0));
+    out
+}
+
+fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<Launch>) {
+    let lw = &w.layers[l];
+    let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+    let qkv = [(lw.q, s.qkv.ptr, q_dim), (lw.k, s.qkv.ptr + 4 * q_dim as u64, kv_dim), (lw.v, s.qkv.ptr + 4 * (q_dim + kv_dim) as u64, kv_dim)];
+    out.push(matvec("qkv", &qkv, s.x.ptr, c.d_model, lw.attn_norm, 0, false, c.rms_eps));
+    let (kc, vc) = kv.layer(c, l);
+    let r = RopeParams {
+        qkv: s.qkv.ptr,
+        q_out: s.q.ptr,
+        q_norm: lw.q_norm,
+        k_norm: lw.k_norm,
+        k_cache: kc,
+        v_cache: vc,
+        state: s.state.ptr,
+        n_head: c.n_head as i32,
+        n_kv_head: c.n_kv_head as i32,
+        head_dim: c.head_dim as i32,
+        eps: c.rms_eps,
+        theta: c.rope_theta,
+    };
+    out.push(Launch::new(Kernel::QkNormRope, "qk_norm_rope", ((c.n_head + c.n_kv_head) as u32, 1, 1), c.head_dim as u32, 0, &r, 0));
+    let a = AttnParams {
+        q: s.q.ptr,
+        k_cache: kc,
+        v_cache: vc,
+        part: s.part.ptr,
+        out: s.attn.ptr,
+        state: s.state.ptr,
+        n_head: c.n_head as i32,
+        n_kv_head: c.n_kv_head as i32,
+        head_dim: c.head_dim as i32,
+        n_split: s.n_split as i32,
+        scale: 1.0 / (c.head_dim as f32).sqrt(),
+    };
+    out.push(Launch::new(Kernel::AttnSplit, "attn_split", (c.n_head as u32, s.n_split as u32, 1), 128, 0, &a, 0));
+    out.push(Launch::new(Kernel::AttnCombine, "attn_combine", (c.n_head as u32, 1, 1), c.head_dim as u32, 0, &a, 0));
+    out.push(matvec("o_proj", &[(lw.o, s.x.ptr, c.d_model)], s.attn.ptr, q_dim, 0, 0, true, c.rms_eps));
+    out.push(matvec("router", &[(lw.router, s.router.ptr, c.n_expert)], s.x.ptr, c.d_model, lw.ffn_norm, s.xn.ptr, false, c.rms_eps));
+    let t = TopkParams {
+        logits: s.router.ptr,
+        ids: s.ids.ptr,
+        weights: s.topw.ptr,
+        n_expert: c.n_expert as i32,
+        n_used: c.n_expert_used as i32,
+        norm_topk: c.norm_topk_prob as i32,
+    };
+    out.push(Launch::new(Kernel::MoeTopk, "moe_topk", (1, 1, 1), 32, 0, &t, 0));
+    let rpw = 1;
+    let g = GateUpParams { gate: lw.gate, up: lw.up, xn: s.xn.ptr, ids: s.ids.ptr, h: s.h.ptr, d_ff: c.d_ff_expert as i32, rows_per_warp: rpw };
+    let used = c.n_expert_used as u64;
+    let grid = ((c.d_ff_expert as u32).div_ceil(WARPS * rpw as u32), c.n_expert_used as u32, 1);
+    out.push(Launch::new(Kernel::MoeGateUp, "moe_gate_up", grid, THREADS, smem_x(c.d_model), &g, used * (lw.slab[0] + lw.slab[1])));
+    let d = DownParams {
+        down: lw.down,
+        h: s.h.ptr,
+        ids: s.ids.ptr,
+        weights: s.topw.ptr,
+        x: s.x.ptr,
+        d_model: c.d_model as i32,
+        n_used: c.n_expert_used as i32,
+        rows_per_warp: rpw,
+    };
+    let smem = (c.n_expert_used * (c.d_ff_expert / 32) * 33 * 4) as u32;
+    let grid = ((c.d_model as u32).div_ceil(WARPS * rpw as u32), 1, 1);
+    out.push(Launch::new(Kernel::MoeDown, "moe_down", grid, THREADS, smem, &d, used * lw.slab[2]));
+}

@@ -1,0 +1,93 @@
+//! Single-kernel entry points for the unit tests (each kernel against a scalar host reference).
+//! Not part of the stable API.
+
+use q4moe_gguf::GgmlType;
+
+use crate::device::{DevBuf, Device, Kernel, Launch};
+use crate::params::*;
+use crate::Result;
+
+pub struct TestDevice {
+    dev: Device,
+}
+
+impl TestDevice {
+    pub fn new() -> Result<TestDevice> {
+        Ok(TestDevice { dev: Device::new()? })
+    }
+
+    fn upload<T: Copy>(&self, data: &[T]) -> Result<DevBuf> {
+        let b = DevBuf::new(&self.dev, std::mem::size_of_val(data))?;
+        b.upload(&self.dev, 0, data)?;
+        Ok(b)
+    }
+
+    /// A poisoned (NaN-filled) output buffer of n floats.
+    fn poisoned(&self, n: usize) -> Result<DevBuf> {
+        let b = DevBuf::new(&self.dev, n * 4)?;
+        b.fill(&self.dev, 0xff)?;
+        Ok(b)
+    }
+
+    fn read(&self, b: &DevBuf, n: usize) -> Result<Vec<f32>> {
+        let mut v = vec![0f32; n];
+        b.download(&self.dev, 0, &mut v)?;
+        Ok(v)
+    }
+
+    /// Uploads a matrix of `rows` rows of `k` elements in its ggml bytes, as the backend does.
+    fn weight(&self, ty: GgmlType, bytes: &[u8], k: usize) -> Result<(Qw, Vec<DevBuf>)> {
+        if ty == GgmlType::Q4_0 {
+            let qs: Vec<u8> = bytes.chunks_exact(18).flat_map(|b| b[2..18].to_vec()).collect();
+            let d: Vec<u8> = bytes.chunks_exact(18).flat_map(|b| b[0..2].to_vec()).collect();
+            let (a, b) = (self.upload(&qs)?, self.upload(&d)?);
+            return Ok((Qw { data: a.ptr, scales: b.ptr, ty: ty.id() as i32, k: k as i32 }, vec![a, b]));
+        }
+        let a = self.upload(bytes)?;
+        Ok((Qw { data: a.ptr, scales: 0, ty: ty.id() as i32, k: k as i32 }, vec![a]))
+    }
+
+    /// y = W x (with optional fused RMSNorm of x), through the `matvec` kernel.
+    pub fn matvec(&self, ty: GgmlType, bytes: &[u8], rows: usize, k: usize, x: &[f32], norm: Option<(&[f32], f32)>) -> Result<Vec<f32>> {
+        let (w, _keep) = self.weight(ty, bytes, k)?;
+        let xb = self.upload(x)?;
+        let nb = norm.map(|(n, _)| self.upload(n)).transpose()?;
+        let out = self.poisoned(rows)?;
+        let mut p = MatvecParams { input: xb.ptr, k: k as i32, n_w: 1, rows_per_warp: 2, eps: norm.map_or(0.0, |n| n.1), ..Default::default() };
+        p.w[0] = w;
+        p.out[0] = out.ptr;
+        p.rows[0] = rows as i32;
+        p.norm = nb.as_ref().map_or(0, |b| b.ptr);
+        let smem = ((k / 32) * 33 + 66) * 4;
+        let l = Launch::new(Kernel::Matvec, "matvec", (rows.div_ceil(16) as u32, 1, 1), 256, smem as u32, &p, 0);
+        self.dev.launch(&l)?;
+        self.dev.sync()?;
+        self.read(&out, rows)
+    }
+
+    /// Router softmax + top-k (+ renormalisation): returns (ids, weights).
+    pub fn topk(&self, logits: &[f32], n_used: usize, norm: bool) -> Result<(Vec<i32>, Vec<f32>)> {
+        let lb = self.upload(logits)?;
+        let (ids, ws) = (self.poisoned(n_used)?, self.poisoned(n_used)?);
+        let p = TopkParams { logits: lb.ptr, ids: ids.ptr, weights: ws.ptr, n_expert: logits.len() as i32, n_used: n_used as i32, norm_topk: norm as i32 };
+        self.dev.launch(&Launch::new(Kernel::MoeTopk, "moe_topk", (1, 1, 1), 32, 0, &p, 0))?;
+        self.dev.sync()?;
+        let mut iv = vec![0i32; n_used];
+        ids.download(&self.dev, 0, &mut iv)?;
+        Ok((iv, self.read(&ws, n_used)?))
+    }
+
+    /// Greedy choice over `logits` through both arg-max stages.
+    pub fn argmax(&self, logits: &[f32]) -> Result<u32> {
+        let lb = self.upload(logits)?;
+        let (pv, pi) = (self.poisoned(128)?, self.poisoned(128)?);
+        let st = self.upload(&[StepState { token: 12345, pos: 7 }])?;
+        let p = ArgmaxParams { logits: lb.ptr, part_v: pv.ptr, part_i: pi.ptr, state: st.ptr, n: logits.len() as i32, n_blocks: 128 };
+        self.dev.launch(&Launch::new(Kernel::ArgmaxPartial, "argmax", (128, 1, 1), 256, 0, &p, 0))?;
+        self.dev.launch(&Launch::new(Kernel::ArgmaxFinal, "argmax", (1, 1, 1), 128, 0, &p, 0))?;
+        let mut s = [StepState::default()];
+        st.download(&self.dev, 0, &mut s)?;
+        assert_eq!(s[0].pos, 8, "arg-max advances the position");
+        Ok(s[0].token)
+    }
+}

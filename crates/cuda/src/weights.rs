@@ -1,0 +1,180 @@
+//! Resident weights: every matrix stays in its 4-bit (or 6/8-bit) blocks on the device. Q4_0
+//! is repacked at load into a 16-byte-aligned nibble array and a separate f16 scale array so
+//! a lane reads one block's nibbles with a single 16-byte load; other types keep ggml's block
+//! bytes (Q4_K super-blocks are 144 bytes, already 16-byte aligned). Norms go up as f32.
+
+use std::ops::Range;
+
+use q4moe_gguf::GgmlType;
+use q4moe_model::{Config, Model, QTensor};
+
+use crate::device::{DevBuf, Device};
+use crate::params::Qw;
+use crate::{CudaError, Result};
+
+const ALIGN: usize = 256;
+
+/// One layer's weights as kernel descriptors and norm pointers.
+#[derive(Clone, Debug)]
+pub struct LayerW {
+    pub attn_norm: u64,
+    pub q: Qw,
+    pub k: Qw,
+    pub v: Qw,
+    pub o: Qw,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub ffn_norm: u64,
+    pub router: Qw,
+    pub gate: Qw,
+    pub up: Qw,
+    pub down: Qw,
+    /// Bytes per expert slab of gate, up, down (for the profile's bytes-read).
+    pub slab: [u64; 3],
+}
+
+pub struct Weights {
+    pub buf: DevBuf,
+    pub embd: Qw,
+    pub output_norm: u64,
+    pub output: Qw,
+    pub layers: Vec<LayerW>,
+}
+
+/// Where one tensor goes in the single device allocation.
+struct Place {
+    tensor: QTensor,
+    /// Data region; for repacked Q4_0 the nibbles, followed by `scales`.
+    at: Range<usize>,
+    scales: usize,
+    norm: bool,
+}
+
+fn kernel_type(t: &QTensor) -> Result<()> {
+    match t.ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K => Ok(()),
+        other => Err(CudaError::Unsupported(format!("tensor {} has type {other:?}, which the CUDA kernels do not read", t.name))),
+    }
+}
+
+fn plan(model: &Model) -> Result<(Vec<Place>, usize)> {
+    let mut all: Vec<(QTensor, bool)> = vec![(model.token_embd.clone(), false), (model.output_norm.clone(), true)];
+    if model.output.range != model.token_embd.range {
+        all.push((model.output.clone(), false));
+    }
+    for l in &model.layers {
+        let norms = [&l.attn_norm, &l.attn_q_norm, &l.attn_k_norm, &l.ffn_norm];
+        all.extend(norms.iter().map(|t| ((*t).clone(), true)));
+        let mats = [&l.attn_q, &l.attn_k, &l.attn_v, &l.attn_output, &l.ffn_gate_inp, &l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps];
+        all.extend(mats.iter().map(|t| ((*t).clone(), false)));
+    }
+    let mut off = 0usize;
+    let mut places = Vec::with_capacity(all.len());
+    for (t, norm) in all {
+        let n_el: usize = t.dims.iter().product();
+        let (len, scales) = if norm {
+            (n_el * 4, 0)
+        } else {
+            kernel_type(&t)?;
+            if t.ty == GgmlType::Q4_0 {
+                let nb = n_el / 32;
+                (nb * 16 + (nb * 2).next_multiple_of(ALIGN) + ALIGN, off + nb * 16)
+            } else {
+                (t.n_bytes(), 0)
+            }
+        };
+        let scales = if scales > 0 { scales.next_multiple_of(ALIGN) } else { 0 };
+        places.push(Place { tensor: t, at: off..off + len, scales, norm });
+        off = (off + len).next_multiple_of(ALIGN);
+    }
+    Ok((places, off))
+}
+
+/// Host image of one tensor as the device holds it.
+fn device_bytes(model: &Model, p: &Place) -> Vec<u8> {
+    let src = model.data(&p.tensor);
+    if p.norm {
+        return model.vector_f32(&p.tensor).iter().flat_map(|v| v.to_le_bytes()).collect();
+    }
+    if p.tensor.ty != GgmlType::Q4_0 {
+        return src.to_vec();
+    }
+    let nb = src.len() / 18;
+    let mut out = vec![0u8; p.at.len()];
+    let s0 = p.scales - p.at.start;
+    for (b, blk) in src.chunks_exact(18).enumerate() {
+        out[b * 16..b * 16 + 16].copy_from_slice(&blk[2..18]);
+        out[s0 + 2 * b..s0 + 2 * b + 2].copy_from_slice(&blk[0..2]);
+    }
+    debug_assert!(s0 + 2 * nb <= out.len());
+    out
+}
+
+/// Checks that weights, KV and scratch fit, then uploads every tensor with a progress bar.
+pub fn upload(dev: &Device, model: &Model, extra_bytes: usize) -> Result<Weights> {
+    let (places, total) = plan(model)?;
+    let (free, _) = dev.free_mem()?;
+    let need = total + extra_bytes + (256 << 20);
+    if need > free {
+        return Err(CudaError::OutOfMemory { need, free });
+    }
+    let buf = DevBuf::new(dev, total)?;
+    let bar = if std::env::var_os("Q4MOE_NO_PROGRESS").is_none() && total > (64 << 20) {
+        indicatif::ProgressBar::new(total as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("uploading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    for p in &places {
+        let img = device_bytes(model, p);
+        buf.upload(dev, p.at.start, &img)?;
+        bar.inc(p.at.len() as u64);
+    }
+    bar.finish_and_clear();
+    let find = |t: &QTensor| places.iter().find(|p| p.tensor.range == t.range && p.tensor.name == t.name).expect("planned");
+    let qw = |t: &QTensor| {
+        let p = find(t);
+        Qw { data: buf.ptr + p.at.start as u64, scales: buf.ptr + p.scales as u64, ty: t.ty.id() as i32, k: t.row_len() as i32 }
+    };
+    let ptr = |t: &QTensor| buf.ptr + find(t).at.start as u64;
+    let out_t = if model.output.range != model.token_embd.range { &model.output } else { &model.token_embd };
+    let layers = model
+        .layers
+        .iter()
+        .map(|l| LayerW {
+            attn_norm: ptr(&l.attn_norm),
+            q: qw(&l.attn_q),
+            k: qw(&l.attn_k),
+            v: qw(&l.attn_v),
+            o: qw(&l.attn_output),
+            q_norm: ptr(&l.attn_q_norm),
+            k_norm: ptr(&l.attn_k_norm),
+            ffn_norm: ptr(&l.ffn_norm),
+            router: qw(&l.ffn_gate_inp),
+            gate: qw(&l.ffn_gate_exps),
+            up: qw(&l.ffn_up_exps),
+            down: qw(&l.ffn_down_exps),
+            slab: [l.ffn_gate_exps.slab_bytes() as u64, l.ffn_up_exps.slab_bytes() as u64, l.ffn_down_exps.slab_bytes() as u64],
+        })
+        .collect();
+    let (embd, output_norm, output) = (qw(&model.token_embd), ptr(&model.output_norm), qw(out_t));
+    Ok(Weights { buf, embd, output_norm, output, layers })
+}
+
+/// Checks the geometry limits the kernels assume.
+pub fn check_config(c: &Config) -> Result<()> {
+    let bad = |m: String| Err(CudaError::Unsupported(m));
+    if c.head_dim > 512 || c.head_dim % 32 != 0 {
+        return bad(format!("head_dim {} (the kernels need a multiple of 32, at most 512)", c.head_dim));
+    }
+    if c.n_expert > 4096 || c.n_expert_used > 32 {
+        return bad(format!("{} experts, {} used (at most 4096 and 32)", c.n_expert, c.n_expert_used));
+    }
+    if c.d_model % 32 != 0 || c.d_ff_expert % 32 != 0 {
+        return bad("d_model and d_ff_expert must be multiples of 32".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! Every kernel against a scalar host reference on random inputs (outputs poisoned first).
+//! Skips, with the reason printed, where no GPU is usable.
+
+use q4moe_cuda::testing::TestDevice;
+use q4moe_gguf::quant::{dequantize_row, quantize_row};
+use q4moe_gguf::GgmlType;
+use q4moe_model::sampling::{argmax, Rng};
+
+fn device() -> Option<TestDevice> {
+    match q4moe_cuda::cuda_available() {
+        Ok(_) => Some(TestDevice::new().expect("CUDA is available but the device did not start")),
+        Err(why) => {
+            eprintln!("skipping CUDA kernel test: {why}");
+            None
+        }
+    }
+}
+
+fn randn(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| (rng.next_f32() * 2.0 - 1.0) * scale + 0.01).collect()
+}
+
+fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let r = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps).sqrt();
+    x.iter().zip(w).map(|(v, w)| v * r * w).collect()
+}
+
+fn check_matvec(dev: &TestDevice, ty: GgmlType, rows: usize, k: usize, fused_norm: bool) {
+    let mut rng = Rng::new(ty.id() as u64 * 1000 + rows as u64 + k as u64);
+    let wf = randn(&mut rng, rows * k, 1.0);
+    let mut bytes = Vec::new();
+    quantize_row(ty, &wf, &mut bytes).unwrap();
+    let x = randn(&mut rng, k, 1.0);
+    let nw = randn(&mut rng, k, 1.0);
+    let xin = if fused_norm { rmsnorm(&x, &nw, 1e-6) } else { x.clone() };
+    let rb = bytes.len() / rows;
+    let want: Vec<f32> = (0..rows)
+        .map(|r| {
+            let mut w = vec![0f32; k];
+            dequantize_row(ty, &bytes[r * rb..(r + 1) * rb], &mut w).unwrap();
+            w.iter().zip(&xin).map(|(a, b)| (*a as f64) * (*b as f64)).sum::<f64>() as f32
+        })
+        .collect();
+    let got = dev.matvec(ty, &bytes, rows, k, &x, fused_norm.then_some((&nw[..], 1e-6))).unwrap();
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-4 * scale.max(1.0), "{ty:?} {rows}x{k} row {r}: got {g}, want {w}");
+    }
+}
+
+#[test]
+fn matvec_every_type_matches_host() {
+    let Some(dev) = device() else { return };
+    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F32, GgmlType::F16] {
+        for (rows, k) in [(37, 256), (130, 768), (64, 2048), (9, 4096)] {
+            check_matvec(&dev, ty, rows, k, false);
+        }
+        check_matvec(&dev, ty, 50, 1024, true);
+    }
+}
+
+#[test]
+fn topk_matches_host() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(5);
+    for (n, k) in [(8, 2), (32, 4), (128, 8)] {
+        let mut lg = randn(&mut rng, n, 3.0);
+        lg[n / 2] = lg[1]; // a tie: the lower index must win
+        let m = lg.iter().fold(f32::MIN, |a, &b| a.max(b));
+        let p: Vec<f32> = lg.iter().map(|v| (v - m).exp()).collect();
+        let s: f32 = p.iter().sum();
+        let mut idx: Vec<usize> = (0..n).collect();
+        idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+        let top = &idx[..k];
+        let tsum: f32 = top.iter().map(|&i| p[i] / s).sum();
+        let (ids, ws) = dev.topk(&lg, k, true).unwrap();
+        assert_eq!(ids, top.iter().map(|&i| i as i32).collect::<Vec<_>>());
+        for (j, &i) in top.iter().enumerate() {
+            assert!((ws[j] - p[i] / s / tsum).abs() < 1e-5, "weight {j}: {} vs {}", ws[j], p[i] / s / tsum);
+        }
+    }
+}
+
+#[test]
+fn argmax_matches_host_with_ties_and_nan() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(9);
+    for n in [1000, 151936] {
+        let mut lg = randn(&mut rng, n, 5.0);
+        lg[n / 3] = 100.0;
+        lg[n - 5] = 100.0;
+        lg[7] = f32::NAN;
+        assert_eq!(dev.argmax(&lg).unwrap(), argmax(&lg));
+    }
+    assert_eq!(dev.argmax(&[f32::NEG_INFINITY; 64]).unwrap(), 0);
+}
