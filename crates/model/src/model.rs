@@ -203,3 +203,29 @@ impl Binder<'_> {
         })
     }
 }
+
+impl Model {
+    /// Touches every page of the mapping (in parallel) so the first tokens do not pay for disk
+    /// reads; shows a progress bar for large files.
+    pub fn prefault(&self, progress: bool) {
+        use rayon::prelude::*;
+        const CHUNK: usize = 64 << 20;
+        let bytes = self.file.bytes();
+        let bar = if progress && bytes.len() > 1 << 30 {
+            let b = indicatif::ProgressBar::new(bytes.len() as u64);
+            b.set_style(indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes}").expect("static template"));
+            b
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        bytes.par_chunks(CHUNK).for_each(|c| {
+            let mut acc = 0u8;
+            for page in c.chunks(4096) {
+                acc ^= page[0];
+            }
+            std::hint::black_box(acc);
+            bar.inc(c.len() as u64);
+        });
+        bar.finish_and_clear();
+    }
+}

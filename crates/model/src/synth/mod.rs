@@ -13,6 +13,7 @@ use crate::sampling::Rng;
 use crate::{Config, ModelError, Result};
 
 /// Quantisation recipes, named as llama.cpp names the file types.
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SynthQuant {
     Q4_0,

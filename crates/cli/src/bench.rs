@@ -1,0 +1,260 @@
+//! `q4moe bench`: the isolated decode benchmark (DESIGN.md section 8). Drives a backend through
+//! the `Backend` trait with random prompt tokens, greedy decode, several runs per configuration.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use q4moe_engine::{Backend, Device, Flow, PhaseTimes, SamplingParams};
+use q4moe_model::backend::DecodeRequest;
+use q4moe_model::sampling::{argmax, Rng};
+use q4moe_model::synth::{self, SynthQuant};
+use q4moe_model::{Config, Model};
+use serde_json::{json, Value};
+
+mod report;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// A GGUF to benchmark; without it a synthetic model is written to the temp dir.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Geometry of the synthetic model (tiny, mid, qwen3-30b-a3b).
+    #[arg(long, default_value = "mid")]
+    geometry: String,
+    #[arg(long, default_value = "q4_0")]
+    quant: String,
+    #[arg(long, default_value = "auto")]
+    device: String,
+    #[arg(long, default_value_t = 128)]
+    prompt_len: usize,
+    #[arg(long, default_value_t = 256)]
+    decode_len: usize,
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// GPU: setup cache configurations to measure.
+    #[arg(long, default_value = "both", value_parser = ["on", "off", "both"])]
+    setup_cache: String,
+    /// GPU: in-flight depths to measure with the cache on.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    in_flight: Vec<usize>,
+    /// Also decode after this many positions of context (0 = skip).
+    #[arg(long, default_value_t = 0)]
+    long_context: usize,
+    /// `kernels`: per-kernel GPU times (on the eager path).
+    #[arg(long)]
+    profile: Option<String>,
+    /// Write the JSON record here (a directory gets a dated file name).
+    #[arg(long)]
+    json_out: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// One measured configuration of the backend.
+#[derive(Clone, Debug)]
+struct Variant {
+    name: String,
+    setup_cache: bool,
+    in_flight: usize,
+}
+
+/// What one run measured.
+struct RunResult {
+    steady_tok_s: f64,
+    prefill_tok_s: f64,
+    phases: PhaseTimes,
+    tokens: Vec<u32>,
+}
+
+enum AnyBackend {
+    Cpu(q4moe_cpu::CpuBackend),
+    Cuda(Box<q4moe_cuda::CudaBackend>),
+}
+
+impl AnyBackend {
+    fn get(&mut self) -> &mut dyn Backend {
+        match self {
+            AnyBackend::Cpu(b) => b,
+            AnyBackend::Cuda(b) => b.as_mut(),
+        }
+    }
+
+    fn configure(&mut self, v: &Variant) {
+        if let AnyBackend::Cuda(b) = self {
+            b.set_setup_cache(v.setup_cache);
+            b.set_in_flight(v.in_flight);
+        }
+    }
+}
+
+fn load_model(a: &BenchArgs) -> anyhow::Result<(Arc<Model>, String)> {
+    let (path, label) = match &a.model {
+        Some(p) => (p.clone(), p.display().to_string()),
+        None => {
+            let cfg = Config::geometry(&a.geometry)?;
+            let p = std::env::temp_dir().join(format!("q4moe-bench-{}-{}-{}.gguf", a.geometry, a.quant, a.seed));
+            if !p.exists() {
+                eprintln!("writing synthetic {} {} model to {}", a.geometry, a.quant, p.display());
+                synth::write(&p, &cfg, SynthQuant::parse(&a.quant)?, a.seed, true)?;
+            }
+            (p, format!("synthetic {} {}", a.geometry, a.quant))
+        }
+    };
+    let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    Ok((model, label))
+}
+
+fn open(model: &Arc<Model>, a: &BenchArgs, ctx: usize) -> anyhow::Result<AnyBackend> {
+    let want_cuda = match Device::parse(&a.device)? {
+        Device::Cpu => false,
+        Device::Cuda => {
+            q4moe_cuda::cuda_available().map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?;
+            true
+        }
+        Device::Auto => q4moe_cuda::cuda_available().is_ok(),
+    };
+    if !want_cuda {
+        model.prefault(true);
+        return Ok(AnyBackend::Cpu(q4moe_cpu::CpuBackend::new(model.clone(), ctx)));
+    }
+    let opts = q4moe_cuda::CudaOptions {
+        kv_capacity: ctx,
+        profile_kernels: a.profile.as_deref() == Some("kernels"),
+        ..Default::default()
+    };
+    Ok(AnyBackend::Cuda(Box::new(q4moe_cuda::CudaBackend::new(model.clone(), opts)?)))
+}
+
+fn variants(a: &BenchArgs, backend: &AnyBackend) -> Vec<Variant> {
+    if matches!(backend, AnyBackend::Cpu(_)) {
+        return vec![Variant { name: "cpu".into(), setup_cache: false, in_flight: 1 }];
+    }
+    let mut v = Vec::new();
+    if a.setup_cache != "on" {
+        v.push(Variant { name: "cache off, in-flight 1".into(), setup_cache: false, in_flight: 1 });
+    }
+    if a.setup_cache != "off" {
+        for &n in &a.in_flight {
+            v.push(Variant { name: format!("cache on, in-flight {n}"), setup_cache: true, in_flight: n.max(1) });
+        }
+    }
+    v
+}
+
+fn random_prompt(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = Rng::new(seed ^ 0x5EED);
+    // Stay clear of the special tokens at the top of the vocabulary.
+    let hi = (vocab * 9 / 10).max(1) as u64;
+    (0..len).map(|_| (rng.next_u64() % hi) as u32).collect()
+}
+
+/// Prefill `prompt` in `session`, then decode `n` greedy tokens, timing every token.
+fn one_run(b: &mut dyn Backend, session: u64, prompt: &[u32], n: usize) -> anyhow::Result<RunResult> {
+    let t0 = Instant::now();
+    let logits = b.prefill(session, prompt, false)?;
+    let prefill = t0.elapsed();
+    let first = argmax(&logits);
+    let sampling = SamplingParams::greedy();
+    let req = DecodeRequest { session, first_token: first, max_tokens: n, sampling: &sampling, history: prompt, want_logits: false };
+    let mut stamps = Vec::with_capacity(n);
+    let mut tokens = vec![first];
+    let stats = b.decode(&req, &mut |ev| {
+        stamps.push(Instant::now());
+        tokens.push(ev.token);
+        Flow::Continue
+    })?;
+    anyhow::ensure!(stamps.len() >= 2, "decode produced {} tokens; need at least 2", stamps.len());
+    // Steady state: the first decode step (graph capture, warm-up) is excluded.
+    let steady = stamps[stamps.len() - 1] - stamps[0];
+    let steady_phases = &stats.phases[1.min(stats.phases.len())..];
+    Ok(RunResult {
+        steady_tok_s: (stamps.len() - 1) as f64 / steady.as_secs_f64(),
+        prefill_tok_s: prompt.len() as f64 / prefill.as_secs_f64(),
+        phases: mean_phases(steady_phases),
+        tokens,
+    })
+}
+
+fn mean_phases(p: &[PhaseTimes]) -> PhaseTimes {
+    let n = p.len().max(1) as u32;
+    let sum = |f: fn(&PhaseTimes) -> Duration| p.iter().map(f).sum::<Duration>() / n;
+    let gpu: Vec<Duration> = p.iter().filter_map(|x| x.gpu).collect();
+    PhaseTimes {
+        setup: sum(|x| x.setup),
+        submit: sum(|x| x.submit),
+        wait: sum(|x| x.wait),
+        tail: sum(|x| x.tail),
+        gpu: (!gpu.is_empty()).then(|| gpu.iter().sum::<Duration>() / gpu.len() as u32),
+    }
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.runs >= 1 && a.decode_len >= 2 && a.prompt_len >= 1, "need runs >= 1, decode-len >= 2, prompt-len >= 1");
+    let (model, label) = load_model(&a)?;
+    let ctx = (a.prompt_len.max(a.long_context) + a.decode_len + 8).min(model.config.context_length);
+    let mut backend = open(&model, &a, ctx)?;
+    let info = backend.get().info();
+    let prompt = random_prompt(a.prompt_len, model.config.vocab_size, a.seed);
+    let mut results = Vec::new();
+    let mut session = 1u64;
+    for v in variants(&a, &backend) {
+        backend.configure(&v);
+        let mut runs = Vec::new();
+        for _ in 0..a.runs {
+            runs.push(one_run(backend.get(), session, &prompt, a.decode_len)?);
+            backend.get().drop_session(session);
+            session += 1;
+        }
+        eprintln!("  {:<24} median {:.1} tok/s", v.name, report::median(&runs.iter().map(|r| r.steady_tok_s).collect::<Vec<_>>()));
+        results.push((v, runs));
+    }
+    let long = if a.long_context > 0 { Some(long_context_run(&mut backend, &a, model.config.vocab_size, &mut session)?) } else { None };
+    let extras = match &backend {
+        AnyBackend::Cuda(b) => report::CudaExtras { copy_gbs: Some(b.measure_copy_bandwidth()), kernels: b.kernel_profile() },
+        AnyBackend::Cpu(_) => report::CudaExtras { copy_gbs: None, kernels: Vec::new() },
+    };
+    let record = report::build(&a, &label, &model, &info, &results, long.as_ref(), &extras);
+    report::print_table(&record);
+    if let Some(out) = &a.json_out {
+        let path = report::write_json(out, &record)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// Decode steady tok/s after `long_context` positions, the prefill done once and the KV
+/// truncated back to it between runs.
+fn long_context_run(b: &mut AnyBackend, a: &BenchArgs, vocab: usize, session: &mut u64) -> anyhow::Result<Value> {
+    let v = Variant { name: "long".into(), setup_cache: true, in_flight: *a.in_flight.iter().max().unwrap_or(&1) };
+    b.configure(&v);
+    let ctx_prompt = random_prompt(a.long_context, vocab, a.seed ^ 1);
+    let s = *session;
+    *session += 1;
+    let t0 = Instant::now();
+    let logits = b.get().prefill(s, &ctx_prompt, false)?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let mut tok_s = Vec::new();
+    for _ in 0..a.runs {
+        let first = argmax(&logits);
+        let sampling = SamplingParams::greedy();
+        let req = DecodeRequest { session: s, first_token: first, max_tokens: a.decode_len, sampling: &sampling, history: &[], want_logits: false };
+        let mut stamps = Vec::new();
+        b.get().decode(&req, &mut |_| {
+            stamps.push(Instant::now());
+            Flow::Continue
+        })?;
+        tok_s.push((stamps.len() - 1) as f64 / (stamps[stamps.len() - 1] - stamps[0]).as_secs_f64());
+        b.get().truncate(s, a.long_context);
+    }
+    b.get().drop_session(s);
+    Ok(json!({
+        "context": a.long_context,
+        "decode_tokens": a.decode_len,
+        "prefill_seconds": prefill_s,
+        "config": v.name,
+        "tok_s": report::stats(&tok_s),
+    }))
+}

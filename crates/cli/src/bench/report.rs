@@ -1,0 +1,138 @@
+//! The benchmark record: JSON with its conditions, and the printed table.
+
+use std::path::{Path, PathBuf};
+
+use q4moe_engine::BackendInfo;
+use q4moe_model::Model;
+use serde_json::{json, Value};
+
+use super::{BenchArgs, RunResult, Variant};
+
+pub struct CudaExtras {
+    pub copy_gbs: Option<f64>,
+    pub kernels: Vec<q4moe_cuda::KernelTime>,
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
+}
+
+pub fn stats(v: &[f64]) -> Value {
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    json!({ "median": median(v), "min": min, "max": max, "runs": v })
+}
+
+fn quant_summary(m: &Model) -> Value {
+    let mut counts = std::collections::BTreeMap::<String, u64>::new();
+    for t in m.file.tensors() {
+        *counts.entry(t.ggml_type.name().to_string()).or_default() += t.n_bytes().unwrap_or(0);
+    }
+    json!(counts)
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn variant_json(v: &Variant, runs: &[RunResult], bytes_per_token: u64, copy_gbs: Option<f64>, reference: &[u32]) -> Value {
+    let tok_s: Vec<f64> = runs.iter().map(|r| r.steady_tok_s).collect();
+    let med = median(&tok_s);
+    let p = super::mean_phases(&runs.iter().map(|r| r.phases).collect::<Vec<_>>());
+    let total = ms(p.total()).max(1e-12);
+    let gbs = bytes_per_token as f64 * med / 1e9;
+    let identical = runs.iter().all(|r| r.tokens == reference);
+    json!({
+        "name": v.name,
+        "setup_cache": v.setup_cache,
+        "in_flight": v.in_flight,
+        "decode_tok_s": stats(&tok_s),
+        "prefill_tok_s": stats(&runs.iter().map(|r| r.prefill_tok_s).collect::<Vec<_>>()),
+        "ms_per_token": 1e3 / med,
+        "phases_ms": {
+            "setup": ms(p.setup), "submit": ms(p.submit), "wait": ms(p.wait), "tail": ms(p.tail),
+            "gpu": p.gpu.map(ms),
+            "setup_pct_of_wall": 100.0 * ms(p.setup) / total,
+        },
+        "achieved_gb_s": gbs,
+        "pct_of_copy_bandwidth": copy_gbs.map(|c| 100.0 * gbs / c),
+        "greedy_tokens_identical_to_first_variant": identical,
+    })
+}
+
+pub fn build(
+    a: &BenchArgs,
+    label: &str,
+    m: &Model,
+    info: &BackendInfo,
+    results: &[(Variant, Vec<RunResult>)],
+    long: Option<&Value>,
+    extras: &CudaExtras,
+) -> Value {
+    let bpt = m.bytes_per_token();
+    let reference = &results[0].1[0].tokens;
+    let variants: Vec<Value> = results.iter().map(|(v, r)| variant_json(v, r, bpt, extras.copy_gbs, reference)).collect();
+    let parity = variants.iter().all(|v| v["greedy_tokens_identical_to_first_variant"] == json!(true));
+    let kernels: Vec<Value> = extras
+        .kernels
+        .iter()
+        .map(|k| {
+            let s = k.total.as_secs_f64();
+            json!({ "name": k.name, "calls": k.calls, "total_ms": s * 1e3, "bytes_read": k.bytes_read,
+                    "gb_s": if s > 0.0 { k.bytes_read as f64 / s / 1e9 } else { 0.0 } })
+        })
+        .collect();
+    json!({
+        "kind": "q4moe-bench",
+        "commit": crate::COMMIT,
+        "date_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        "model": label,
+        "geometry": format!("{:?}", m.config),
+        "quant_bytes_by_type": quant_summary(m),
+        "backend": info.kind, "device": info.device,
+        "resident_bytes": info.resident_bytes,
+        "prompt_len": a.prompt_len, "decode_len": a.decode_len, "runs": a.runs, "batch": 1,
+        "bytes_read_per_token": bpt,
+        "copy_bandwidth_gb_s": extras.copy_gbs,
+        "variants": variants,
+        "parity_all_variants_identical": parity,
+        "long_context": long,
+        "kernel_profile": kernels,
+        "note": "steady decode excludes the first decode step; tok/s from token arrival times on the host",
+    })
+}
+
+pub fn print_table(r: &Value) {
+    println!("\nq4moe bench | {} | {} | {} | commit {}", r["model"].as_str().unwrap_or(""), r["backend"], r["device"], r["commit"]);
+    println!("prompt {} tok, decode {} tok, {} runs, {:.3} GB read per token", r["prompt_len"], r["decode_len"], r["runs"], r["bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e9);
+    println!("{:<24} {:>10} {:>10} {:>10} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}", "variant", "tok/s", "min", "max", "ms/tok", "setup%", "submit", "wait", "tail", "GB/s", "%copy");
+    for v in r["variants"].as_array().into_iter().flatten() {
+        let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
+        let p = &v["phases_ms"];
+        println!(
+            "{:<24} {:>10.1} {:>10.1} {:>10.1} {:>9.3} {:>8.2} {:>8.3} {:>8.3} {:>8.3} {:>8.0} {:>7.1}",
+            v["name"].as_str().unwrap_or(""),
+            f(&v["decode_tok_s"]["median"]), f(&v["decode_tok_s"]["min"]), f(&v["decode_tok_s"]["max"]),
+            f(&v["ms_per_token"]), f(&p["setup_pct_of_wall"]), f(&p["submit"]), f(&p["wait"]), f(&p["tail"]),
+            f(&v["achieved_gb_s"]), f(&v["pct_of_copy_bandwidth"]),
+        );
+    }
+    if let Some(l) = r.get("long_context").filter(|l| !l.is_null()) {
+        println!("decode at {} context: median {:.1} tok/s", l["context"], l["tok_s"]["median"].as_f64().unwrap_or(0.0));
+    }
+    println!("parity (greedy tokens identical across variants): {}", r["parity_all_variants_identical"]);
+}
+
+pub fn write_json(out: &Path, record: &Value) -> anyhow::Result<PathBuf> {
+    let path = if out.is_dir() || out.extension().is_none() {
+        std::fs::create_dir_all(out)?;
+        out.join(format!("bench-{}-{}.json", record["backend"].as_str().unwrap_or("x"), record["date_unix"]))
+    } else {
+        out.to_path_buf()
+    };
+    std::fs::write(&path, serde_json::to_string_pretty(record)?)?;
+    Ok(path)
+}

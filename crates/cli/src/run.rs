@@ -1,0 +1,120 @@
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use q4moe_engine::{ChatMessage, Engine, Flow, GenerateRequest, SamplingParams};
+
+use crate::DeviceArgs;
+
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..SamplingParams::default()
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[arg(long, short)]
+    pub model: PathBuf,
+    #[arg(long, short)]
+    pub prompt: String,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Wrap the prompt in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    #[arg(long)]
+    pub system: Option<String>,
+    /// With --chat: Qwen3's thinking switch (on/off); default is the template's.
+    #[arg(long, value_parser = ["on", "off"])]
+    pub think: Option<String>,
+    /// Stop when this string is generated (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Write each step's logits as float32 [steps, vocab] to this .npy file.
+    #[arg(long)]
+    pub logits_out: Option<PathBuf>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+fn prompt_text(engine: &Engine, a: &RunArgs) -> anyhow::Result<String> {
+    if !a.chat {
+        return Ok(a.prompt.clone());
+    }
+    let mut msgs = Vec::new();
+    if let Some(s) = &a.system {
+        msgs.push(ChatMessage::system(s.clone()));
+    }
+    msgs.push(ChatMessage::user(a.prompt.clone()));
+    Ok(engine.render_chat(&msgs, a.think.as_deref().map(|t| t == "on"))?)
+}
+
+pub fn run(a: RunArgs) -> anyhow::Result<()> {
+    let engine_opts = a.device.engine_options()?;
+    let model = std::sync::Arc::new(q4moe_model::Model::load(&a.model)?);
+    if engine_opts.device != q4moe_engine::Device::Cuda {
+        model.prefault(true);
+    }
+    let mut engine = Engine::from_model(model, &engine_opts)?;
+    let prompt = engine.encode_prompt(&prompt_text(&engine, &a)?)?;
+    let mut req = GenerateRequest::new(prompt, a.max_tokens);
+    req.sampling = a.sampling.params();
+    req.stop = a.stop.clone();
+    req.stop_at_eos = !a.ignore_eos;
+    req.want_logits = a.logits_out.is_some();
+    let mut stdout = std::io::stdout();
+    let out = engine.generate(&req, &mut |text| {
+        let _ = stdout.write_all(text.as_bytes());
+        let _ = stdout.flush();
+        Flow::Continue
+    })?;
+    println!();
+    if let Some(path) = &a.logits_out {
+        crate::npy::write_f32_matrix(path, &out.logits, engine.model.config.vocab_size)?;
+    }
+    let decoded = out.tokens.len().saturating_sub(1);
+    eprintln!(
+        "[{}] prompt {} tok in {:.2} s ({:.1} tok/s) | decode {} tok in {:.2} s ({:.1} tok/s) | finish {:?}",
+        engine.backend().info().device,
+        out.prompt_tokens,
+        out.prefill_time.as_secs_f64(),
+        out.prompt_tokens as f64 / out.prefill_time.as_secs_f64(),
+        decoded,
+        out.decode_time.as_secs_f64(),
+        decoded as f64 / out.decode_time.as_secs_f64().max(1e-9),
+        out.finish,
+    );
+    Ok(())
+}

@@ -1,0 +1,83 @@
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use q4moe_model::synth::{self, SynthQuant};
+use q4moe_model::Config;
+
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// tiny (tests), mid, or qwen3-30b-a3b (full size, ~17 GB at q4_0)
+    #[arg(long, default_value = "tiny")]
+    geometry: String,
+    /// q4_0, q4_k, q4_k_m (llama.cpp's mix) or q8_0
+    #[arg(long, default_value = "q4_0")]
+    quant: String,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    dims: DimOverrides,
+}
+
+/// Any dimension of the named geometry can be overridden.
+#[derive(Args, Debug, Default)]
+pub struct DimOverrides {
+    #[arg(long)]
+    layers: Option<usize>,
+    #[arg(long)]
+    d_model: Option<usize>,
+    #[arg(long)]
+    heads: Option<usize>,
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    #[arg(long)]
+    head_dim: Option<usize>,
+    #[arg(long)]
+    experts: Option<usize>,
+    #[arg(long)]
+    experts_used: Option<usize>,
+    #[arg(long)]
+    expert_ff: Option<usize>,
+    #[arg(long)]
+    vocab: Option<usize>,
+    #[arg(long)]
+    context: Option<usize>,
+}
+
+impl DimOverrides {
+    pub fn apply(&self, c: &mut Config) {
+        let set = |dst: &mut usize, v: Option<usize>| {
+            if let Some(v) = v {
+                *dst = v;
+            }
+        };
+        set(&mut c.n_layer, self.layers);
+        set(&mut c.d_model, self.d_model);
+        set(&mut c.n_head, self.heads);
+        set(&mut c.n_kv_head, self.kv_heads);
+        set(&mut c.head_dim, self.head_dim);
+        set(&mut c.n_expert, self.experts);
+        set(&mut c.n_expert_used, self.experts_used);
+        set(&mut c.d_ff_expert, self.expert_ff);
+        set(&mut c.vocab_size, self.vocab);
+        set(&mut c.context_length, self.context);
+    }
+}
+
+pub fn run(a: SynthArgs) -> anyhow::Result<()> {
+    let mut cfg = Config::geometry(&a.geometry)?;
+    a.dims.apply(&mut cfg);
+    let quant = SynthQuant::parse(&a.quant)?;
+    let t = Instant::now();
+    let report = synth::write(&a.out, &cfg, quant, a.seed, true)?;
+    eprintln!(
+        "wrote {} ({} tensors, {:.2} GB) in {:.1} s",
+        a.out.display(),
+        report.tensors,
+        report.bytes as f64 / 1e9,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

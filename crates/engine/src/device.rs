@@ -1,0 +1,74 @@
+use std::sync::Arc;
+
+use q4moe_cpu::CpuBackend;
+use q4moe_cuda::{CudaBackend, CudaOptions};
+use q4moe_model::backend::Backend;
+use q4moe_model::Model;
+
+use crate::{EngineError, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// The GPU when one is usable, else the CPU.
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl Device {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda),
+            other => Err(EngineError::Invalid(format!("unknown device '{other}' (auto, cpu, cuda)"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub device: Device,
+    /// Positions each session may hold (clamped to the model's context length).
+    pub kv_capacity: usize,
+    pub setup_cache: bool,
+    pub in_flight: usize,
+    pub profile_kernels: bool,
+    /// Bound on positions kept across all cached sessions (LRU beyond it).
+    pub max_cached_positions: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        let cuda = CudaOptions::default();
+        EngineOptions {
+            device: Device::Auto,
+            kv_capacity: 4096,
+            setup_cache: cuda.setup_cache,
+            in_flight: cuda.in_flight,
+            profile_kernels: false,
+            max_cached_positions: 64 * 1024,
+        }
+    }
+}
+
+pub fn open_backend(model: Arc<Model>, opts: &EngineOptions) -> Result<Box<dyn Backend>> {
+    let kv_capacity = opts.kv_capacity.min(model.config.context_length);
+    let cuda_opts = || CudaOptions {
+        setup_cache: opts.setup_cache,
+        in_flight: opts.in_flight.max(1),
+        kv_capacity,
+        profile_kernels: opts.profile_kernels,
+    };
+    match opts.device {
+        Device::Cpu => Ok(Box::new(CpuBackend::new(model, kv_capacity))),
+        Device::Cuda => match q4moe_cuda::cuda_available() {
+            Ok(_) => Ok(Box::new(CudaBackend::new(model, cuda_opts())?)),
+            Err(why) => Err(EngineError::Invalid(format!("--device cuda was asked for but CUDA is not usable: {why}"))),
+        },
+        Device::Auto => match q4moe_cuda::cuda_available() {
+            Ok(_) => Ok(Box::new(CudaBackend::new(model, cuda_opts())?)),
+            Err(_) => Ok(Box::new(CpuBackend::new(model, kv_capacity))),
+        },
+    }
+}

@@ -1,0 +1,212 @@
+//! The generation loop: prefill (reusing a cached prefix), first token on the host, then the
+//! backend's decode loop with stop ids, stop strings and streaming text.
+
+use std::time::{Duration, Instant};
+
+use q4moe_model::backend::{DecodeRequest, DecodeStats, Flow, TokenEvent};
+use q4moe_model::sampling::{SamplingParams, Sampler};
+
+use crate::stop::StopMatcher;
+use crate::{Engine, EngineError, Result};
+
+/// A prompt as text (special tokens parsed) or as token ids.
+#[derive(Debug, Clone)]
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most (clamped to the room left in the context).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Stop at the tokenizer's end-of-sequence / end-of-turn tokens.
+    pub stop_at_eos: bool,
+    /// Keep each step's logits (for `--logits-out`).
+    pub want_logits: bool,
+    /// Reuse a cached session whose KV shares a prefix with the prompt.
+    pub reuse_prefix: bool,
+}
+
+impl GenerateRequest {
+    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        GenerateRequest {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            stop: Vec::new(),
+            stop_at_eos: true,
+            want_logits: false,
+            reuse_prefix: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// End-of-sequence token or stop string.
+    Stop,
+    /// `max_tokens` or the context ran out.
+    Length,
+    /// The caller's text sink asked to stop (e.g. a client went away).
+    Cancelled,
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateOutput {
+    /// Generated tokens (a final end-of-sequence token included).
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish: Finish,
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV was reused rather than recomputed.
+    pub cached_tokens: usize,
+    pub prefill_time: Duration,
+    /// From the first decode step to the end (the first token comes from prefill).
+    pub decode_time: Duration,
+    pub stats: DecodeStats,
+    /// With `want_logits`: the logits each generated token was chosen from, `[steps][vocab]`.
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// Per-token bookkeeping shared by the first (host-sampled) token and the decode loop.
+struct Collector<'a, 't> {
+    stop_ids: Vec<u32>,
+    stop_at_eos: bool,
+    decoder: q4moe_tokenizer::StreamDecoder<'t>,
+    matcher: StopMatcher,
+    on_text: &'a mut dyn FnMut(&str) -> Flow,
+    tokens: Vec<u32>,
+    text: String,
+    logits: Vec<Vec<f32>>,
+    finish: Option<crate::Finish>,
+}
+
+impl Collector<'_, '_> {
+    fn accept(&mut self, token: u32, logits: Option<&[f32]>) -> Flow {
+        self.tokens.push(token);
+        if let Some(l) = logits {
+            self.logits.push(l.to_vec());
+        }
+        if self.stop_at_eos && self.stop_ids.contains(&token) {
+            self.finish = Some(Finish::Stop);
+            return Flow::Stop;
+        }
+        let piece = self.decoder.push(token).unwrap_or_default();
+        let (out, hit) = self.matcher.push(&piece);
+        self.emit(&out);
+        if hit {
+            self.finish = Some(Finish::Stop);
+        }
+        if self.finish.is_some() {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    }
+
+    fn emit(&mut self, s: &str) {
+        if s.is_empty() || self.finish.is_some() {
+            return;
+        }
+        self.text.push_str(s);
+        if (self.on_text)(s) == Flow::Stop {
+            self.finish = Some(Finish::Cancelled);
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.finish.is_none() {
+            let tail = self.decoder.finish();
+            let (out, _) = self.matcher.push(&tail);
+            self.emit(&out);
+            let held = self.matcher.finish();
+            self.emit(&held);
+        }
+    }
+}
+
+impl Engine {
+    /// Generates a completion, streaming text through `on_text` (return `Flow::Stop` to cancel).
+    pub fn generate(&mut self, req: &GenerateRequest, on_text: &mut dyn FnMut(&str) -> Flow) -> Result<GenerateOutput> {
+        let capacity = self.context_capacity();
+        if req.prompt.is_empty() {
+            return Err(EngineError::Invalid("the prompt is empty".into()));
+        }
+        if req.prompt.len() >= capacity {
+            return Err(EngineError::PromptTooLong { prompt: req.prompt.len(), context: capacity });
+        }
+        req.sampling.validate().map_err(EngineError::Invalid)?;
+        let max_tokens = req.max_tokens.min(capacity - req.prompt.len());
+        let (session, cached) = self.sessions.acquire(self.backend.as_mut(), &req.prompt, req.reuse_prefix);
+        let result = self.run_session(req, session, cached, max_tokens, on_text);
+        match &result {
+            Ok(out) => {
+                let mut in_kv = req.prompt.clone();
+                in_kv.extend_from_slice(&out.tokens[..out.tokens.len().saturating_sub(1)]);
+                self.sessions.release(self.backend.as_mut(), session, in_kv);
+            }
+            Err(_) => self.sessions.discard(self.backend.as_mut(), session),
+        }
+        result
+    }
+
+    fn run_session(
+        &mut self,
+        req: &GenerateRequest,
+        session: u64,
+        cached: usize,
+        max_tokens: usize,
+        on_text: &mut dyn FnMut(&str) -> Flow,
+    ) -> Result<GenerateOutput> {
+        let t0 = Instant::now();
+        let mut logits = self.backend.prefill(session, &req.prompt[cached..], false)?;
+        let prefill_time = t0.elapsed();
+        let mut c = Collector {
+            stop_ids: self.tokenizer.stop_ids(),
+            stop_at_eos: req.stop_at_eos,
+            decoder: self.tokenizer.stream_decoder(true),
+            matcher: StopMatcher::new(&req.stop),
+            on_text,
+            tokens: Vec::new(),
+            text: String::new(),
+            logits: Vec::new(),
+            finish: None,
+        };
+        let mut stats = DecodeStats::default();
+        let t1 = Instant::now();
+        if max_tokens > 0 {
+            let want = req.want_logits.then(|| logits.clone());
+            let first = Sampler::new(req.sampling.clone(), &req.prompt).sample(&mut logits);
+            if c.accept(first, want.as_deref()) == Flow::Continue && max_tokens > 1 {
+                let mut history = req.prompt.clone();
+                history.push(first);
+                let dreq = DecodeRequest {
+                    session,
+                    first_token: first,
+                    max_tokens: max_tokens - 1,
+                    sampling: &req.sampling,
+                    history: &history,
+                    want_logits: req.want_logits,
+                };
+                stats = self.backend.decode(&dreq, &mut |ev: TokenEvent<'_>| c.accept(ev.token, ev.logits))?;
+            }
+        }
+        let decode_time = t1.elapsed();
+        c.flush();
+        Ok(GenerateOutput {
+            finish: c.finish.unwrap_or(Finish::Length),
+            tokens: c.tokens,
+            text: c.text,
+            prompt_tokens: req.prompt.len(),
+            cached_tokens: cached,
+            prefill_time,
+            decode_time,
+            stats,
+            logits: c.logits,
+        })
+    }
+}

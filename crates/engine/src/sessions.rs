@@ -1,0 +1,88 @@
+//! Which tokens each backend session's KV holds, for prefix reuse across requests, with LRU
+//! eviction under a bound on the positions kept.
+
+use std::collections::HashMap;
+
+use q4moe_model::backend::{Backend, SessionId};
+
+struct Entry {
+    /// Tokens whose keys and values are in the session's KV, in order.
+    tokens: Vec<u32>,
+    last_used: u64,
+}
+
+pub struct SessionStore {
+    entries: HashMap<SessionId, Entry>,
+    clock: u64,
+    next_id: SessionId,
+    max_positions: usize,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl SessionStore {
+    pub fn new(max_positions: usize) -> Self {
+        SessionStore { entries: HashMap::new(), clock: 0, next_id: 1, max_positions }
+    }
+
+    /// Takes the session to run `prompt` in: with `reuse`, the cached one sharing the longest
+    /// prefix, truncated to it (always leaving one prompt token to run, for its logits); else a
+    /// new one. Returns the session and how many prompt tokens its KV already holds.
+    pub fn acquire(&mut self, backend: &mut dyn Backend, prompt: &[u32], reuse: bool) -> (SessionId, usize) {
+        let best = reuse
+            .then(|| {
+                self.entries
+                    .iter()
+                    .map(|(&id, e)| (id, common_prefix(&e.tokens, prompt).min(prompt.len().saturating_sub(1))))
+                    .filter(|&(_, n)| n > 0)
+                    .max_by_key(|&(id, n)| (n, std::cmp::Reverse(id)))
+            })
+            .flatten();
+        match best {
+            Some((id, n)) => {
+                self.entries.remove(&id);
+                backend.truncate(id, n);
+                (id, n)
+            }
+            None => {
+                let id = self.next_id;
+                self.next_id += 1;
+                (id, 0)
+            }
+        }
+    }
+
+    /// Returns a session after use, recording what its KV holds; evicts least recently used
+    /// sessions beyond the position bound.
+    pub fn release(&mut self, backend: &mut dyn Backend, session: SessionId, tokens: Vec<u32>) {
+        self.clock += 1;
+        self.entries.insert(session, Entry { tokens, last_used: self.clock });
+        while self.entries.values().map(|e| e.tokens.len()).sum::<usize>() > self.max_positions {
+            let Some((&oldest, _)) = self.entries.iter().min_by_key(|(_, e)| e.last_used) else { break };
+            self.entries.remove(&oldest);
+            backend.drop_session(oldest);
+        }
+    }
+
+    /// Drops a session that failed mid-way (its KV is in an unknown state).
+    pub fn discard(&mut self, backend: &mut dyn Backend, session: SessionId) {
+        self.entries.remove(&session);
+        backend.drop_session(session);
+    }
+
+    pub fn clear(&mut self, backend: &mut dyn Backend) {
+        for (id, _) in self.entries.drain() {
+            backend.drop_session(id);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
