@@ -52,6 +52,9 @@ pub const QWEN3_ADDED_TOKENS: [(&str, i32); 26] = [
 const SAMPLE: &str = include_str!("sample.txt");
 /// Leaves room for a few dozen merges after the bytes and the added tokens.
 const MIN_VOCAB: usize = 256 + QWEN3_ADDED_TOKENS.len() + 32;
+const SYLLABLES: &str = "ing ed er es ly al ion tion sion ment ness able ible ic ous ive ize ure ity ant ent ist ism \
+    an en in on or ar at it le re ra ro la li lo ma mi mo na ne ni no ta te ti to co de di pa pe po se si so \
+    ve vi ber ter der ger ther ture ate ite ine ance ence ful less ward ure age ery ory ary ical ual";
 /// Grown pieces stay word-sized.
 const MAX_PIECE_CHARS: usize = 16;
 
@@ -191,6 +194,13 @@ fn add_base_pieces(v: &mut VocabBuilder, n_bpe: usize) {
             pairs.push((unit.repeat(n - 1), unit.to_string()));
         }
     }
+    // Common English syllables, built left to right, feed `grow` with plausible continuations.
+    for syl in SYLLABLES.split(' ') {
+        let chars: Vec<String> = syl.chars().map(String::from).collect();
+        for k in 1..chars.len() {
+            pairs.push((chars[..k].concat(), chars[k].clone()));
+        }
+    }
     pairs.push(("Ċ".into(), "ĠĠĠ".into()));
     pairs.push(("Ċ".into(), "ĠĠĠĠĠĠĠ".into()));
     for (a, b) in pairs {
@@ -203,36 +213,51 @@ fn add_base_pieces(v: &mut VocabBuilder, n_bpe: usize) {
     }
 }
 
-/// Seeded growth: join a word-start piece ("Ġth", "in") with a lowercase continuation ("ing"),
-/// preferring early (frequent) pieces, until the budget is reached.
+/// Seeded growth: join a word-start piece ("Ġth", "in") with a lowercase syllable ("ing"),
+/// preferring early (frequent) pieces and keeping the result pronounceable, until the budget.
 fn grow(v: &mut VocabBuilder, n_bpe: usize, seed: u64) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let is_lower = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_lowercase());
+    let is_cont = |s: &str| (2..=4).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_lowercase());
     let is_start = |s: &str| {
         let rest = s.strip_prefix('Ġ').unwrap_or(s);
-        !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_alphabetic())
+        !rest.is_empty() && rest.len() <= 10 && rest.bytes().all(|b| b.is_ascii_alphabetic())
     };
-    let mut starts: Vec<u32> = (0..v.tokens.len() as u32).filter(|&i| is_start(&v.tokens[i as usize])).collect();
-    let mut conts: Vec<u32> = (0..v.tokens.len() as u32)
-        .filter(|&i| is_lower(&v.tokens[i as usize]) && v.tokens[i as usize].len() <= 4)
-        .collect();
+    let filter = |v: &VocabBuilder, f: &dyn Fn(&str) -> bool| -> Vec<u32> {
+        (0..v.tokens.len() as u32).filter(|&i| f(&v.tokens[i as usize])).collect()
+    };
+    let mut starts = filter(v, &is_start);
+    let conts = filter(v, &is_cont);
     let mut misses = 0u32;
     while v.tokens.len() < n_bpe {
         // Squaring a uniform draw favours low ids; after repeated misses fall back to uniform.
         let skew = if misses > 32 { 1 } else { 2 };
         let mut pick = |pool: &[u32]| pool[(rng.gen::<f64>().powi(skew) * pool.len() as f64) as usize];
         let (a, b) = (pick(&starts), pick(&conts));
-        let len = v.tokens[a as usize].chars().count() + v.tokens[b as usize].chars().count();
-        let new = if len <= MAX_PIECE_CHARS { v.merge(a, b) } else { None };
-        let Some(id) = new else {
-            misses += 1;
-            continue;
-        };
-        misses = 0;
-        starts.push(id);
-        let piece = &v.tokens[id as usize];
-        if is_lower(piece) && piece.len() <= 4 {
-            conts.push(id);
+        let joined = format!("{}{}", v.tokens[a as usize], v.tokens[b as usize]);
+        let ok = joined.chars().count() <= MAX_PIECE_CHARS && pronounceable(&joined);
+        match ok.then(|| v.merge(a, b)).flatten() {
+            Some(id) => {
+                misses = 0;
+                if is_start(&v.tokens[id as usize]) {
+                    starts.push(id);
+                }
+            }
+            None => misses += 1,
         }
     }
+}
+
+/// No more than three consonants or two vowels in a row (y counts as both).
+fn pronounceable(piece: &str) -> bool {
+    let (mut cons, mut vows) = (0, 0);
+    for c in piece.trim_start_matches('Ġ').chars().map(|c| c.to_ascii_lowercase()) {
+        let vowel = "aeiouy".contains(c);
+        let consonant = c != 'a' && c != 'e' && c != 'i' && c != 'o' && c != 'u';
+        cons = if consonant { cons + 1 } else { 0 };
+        vows = if vowel { vows + 1 } else { 0 };
+        if cons > 3 || vows > 2 {
+            return false;
+        }
+    }
+    true
 }
