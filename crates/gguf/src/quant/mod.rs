@@ -123,7 +123,10 @@ fn detect() -> Isa {
 
 /// The ISAs usable on this CPU (for tests and benchmarks that compare them).
 pub fn available_isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni].into_iter().filter(|&i| isa_available(i)).collect()
+    [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512Vnni]
+        .into_iter()
+        .filter(|&i| isa_available(i))
+        .collect()
 }
 
 /// Whether the kernels of `isa` can run on this CPU.
@@ -150,7 +153,9 @@ fn check_len(ty: GgmlType, what: &str, bytes: usize, n: usize) -> Result<()> {
     }
     match ty.row_bytes(n) {
         Some(b) if b == bytes => Ok(()),
-        Some(b) => Err(GgufError::Other(format!("{what}: {n} {ty} elements need {b} bytes, got {bytes}"))),
+        Some(b) => Err(GgufError::Other(format!(
+            "{what}: {n} {ty} elements need {b} bytes, got {bytes}"
+        ))),
         None => Err(GgufError::Other(format!(
             "{what}: {n} elements is not a multiple of the {ty} block size {}",
             ty.block_size()
@@ -196,7 +201,11 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], out: &mut Vec<u8>) -> Result<()> 
 
 /// Scalar reference dot product of one row of type `ty` with `x` (`x.len()` elements).
 pub fn vec_dot_ref(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    debug_assert_eq!(ty.row_bytes(x.len()), Some(row.len()), "vec_dot_ref: {ty} row/x length mismatch");
+    debug_assert_eq!(
+        ty.row_bytes(x.len()),
+        Some(row.len()),
+        "vec_dot_ref: {ty} row/x length mismatch"
+    );
     match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => float::vec_dot_ref(ty, row, x),
         GgmlType::Q8_0 => q8_0::vec_dot_ref(blocks(row), x),
@@ -216,10 +225,17 @@ pub fn vec_dot(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
 
 /// `vec_dot` with an explicit ISA (must be one of `available_isas()`).
 pub fn vec_dot_isa(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    debug_assert_eq!(ty.row_bytes(x.len()), Some(row.len()), "vec_dot: {ty} row/x length mismatch");
+    debug_assert_eq!(
+        ty.row_bytes(x.len()),
+        Some(row.len()),
+        "vec_dot: {ty} row/x length mismatch"
+    );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        assert!(detected_isa() >= Isa::Avx2, "AVX2 kernels requested on a CPU without AVX2");
+        assert!(
+            detected_isa() >= Isa::Avx2,
+            "AVX2 kernels requested on a CPU without AVX2"
+        );
         // SAFETY: AVX2, FMA and F16C were detected at run time.
         return unsafe { x86::vec_dot_f32(ty, row, x) };
     }
@@ -280,8 +296,16 @@ fn debug_assert_q8_lengths(ty: GgmlType, row: &[u8], xq: &[u8]) {
     if cfg!(debug_assertions) {
         let act = activation_type(ty);
         let n_blocks = row.len() / ty.type_size();
-        assert_eq!(row.len() % ty.type_size(), 0, "vec_dot_q8: {ty} row is not whole blocks");
+        assert_eq!(
+            row.len() % ty.type_size(),
+            0,
+            "vec_dot_q8: {ty} row is not whole blocks"
+        );
         let n = n_blocks * ty.block_size();
-        assert_eq!(act.row_bytes(n), Some(xq.len()), "vec_dot_q8: {ty} row and {act} activations differ in length");
+        assert_eq!(
+            act.row_bytes(n),
+            Some(xq.len()),
+            "vec_dot_q8: {ty} row and {act} activations differ in length"
+        );
     }
 }

@@ -71,7 +71,12 @@ pub(crate) fn vec_dot_ref(bs: &[BlockQ4_0], x: &[f32]) -> f32 {
 pub(crate) fn vec_dot_q8_ref(bs: &[BlockQ4_0], xq: &[BlockQ8_0]) -> f32 {
     let mut sum = 0f32;
     for (b, y) in bs.iter().zip(xq) {
-        let s: i32 = b.values().iter().zip(&y.qs).map(|(&q, &y)| q as i32 * y as i8 as i32).sum();
+        let s: i32 = b
+            .values()
+            .iter()
+            .zip(&y.qs)
+            .map(|(&q, &y)| q as i32 * y as i8 as i32)
+            .sum();
         sum += f16_to_f32(b.d) * f16_to_f32(y.d) * s as f32;
     }
     sum

@@ -25,7 +25,10 @@ impl BlockQ4K {
         if j < 4 {
             (q[j] & 63, q[j + 4] & 63)
         } else {
-            ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+            (
+                (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+                (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+            )
         }
     }
 
@@ -104,7 +107,12 @@ fn quantize_block(x: &[f32]) -> BlockQ4K {
     let max_min = mins.iter().fold(0f32, |a, &b| a.max(b));
     let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-    let mut b = BlockQ4K { d: f32_to_f16(max_scale / 63.0), dmin: f32_to_f16(max_min / 63.0), scales: [0; 12], qs: [0; 128] };
+    let mut b = BlockQ4K {
+        d: f32_to_f16(max_scale / 63.0),
+        dmin: f32_to_f16(max_min / 63.0),
+        scales: [0; 12],
+        qs: [0; 128],
+    };
     for j in 0..8 {
         let ls = nearest_int(inv_scale * scales[j]).clamp(0, 63) as u8;
         let lm = nearest_int(inv_min * mins[j]).clamp(0, 63) as u8;
@@ -182,10 +190,12 @@ fn make_qkx2_quants(nmax: i32, x: &[f32], w: &[f32], l: &mut [u8], rmin: f32, rd
             this_min = 0.0;
             this_scale = sum_xl / sum_l2;
         }
-        let err: f32 = (0..n).map(|i| {
-            let diff = this_scale * laux[i] as f32 + this_min - x[i];
-            w[i] * diff * diff
-        }).sum();
+        let err: f32 = (0..n)
+            .map(|i| {
+                let diff = this_scale * laux[i] as f32 + this_min - x[i];
+                w[i] * diff * diff
+            })
+            .sum();
         if err < best_err {
             l.copy_from_slice(&laux[..n]);
             best_err = err;

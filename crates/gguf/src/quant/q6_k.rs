@@ -64,7 +64,9 @@ pub(crate) fn vec_dot_q8_ref(bs: &[BlockQ6K], xq: &[BlockQ8K]) -> f32 {
     for (b, y) in bs.iter().zip(xq) {
         let mut sumi = 0i32;
         for s in 0..16 {
-            let dot: i32 = (16 * s..16 * s + 16).map(|i| (b.q(i) as i32 - 32) * y.qs[i] as i32).sum();
+            let dot: i32 = (16 * s..16 * s + 16)
+                .map(|i| (b.q(i) as i32 - 32) * y.qs[i] as i32)
+                .sum();
             sumi += b.scale(s) as i32 * dot;
         }
         sum += f16_to_f32(b.d) * y.d() * sumi as f32;
@@ -90,7 +92,12 @@ fn quantize_block(x: &[f32]) -> BlockQ6K {
             max_scale = scales[s];
         }
     }
-    let mut b = BlockQ6K { ql: [0; 128], qh: [0; 64], scales: [0; 16], d: [0; 2] };
+    let mut b = BlockQ6K {
+        ql: [0; 128],
+        qh: [0; 64],
+        scales: [0; 16],
+        d: [0; 2],
+    };
     if max_abs < 1e-15 {
         return b;
     }

@@ -29,7 +29,10 @@ pub(crate) fn quantize(src: &[f32], out: &mut Vec<u8>) {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut b = BlockQ8_0 { d: f32_to_f16(d), qs: [0; 32] };
+        let mut b = BlockQ8_0 {
+            d: f32_to_f16(d),
+            qs: [0; 32],
+        };
         for (q, &v) in b.qs.iter_mut().zip(x) {
             *q = (v * id).round() as i8 as u8;
         }
@@ -49,7 +52,11 @@ pub(crate) fn vec_dot_ref(bs: &[BlockQ8_0], x: &[f32]) -> f32 {
 pub(crate) fn vec_dot_q8_ref(bs: &[BlockQ8_0], xq: &[BlockQ8_0]) -> f32 {
     let mut sum = 0f32;
     for (b, y) in bs.iter().zip(xq) {
-        let s: i32 = b.qs.iter().zip(&y.qs).map(|(&q, &y)| q as i8 as i32 * y as i8 as i32).sum();
+        let s: i32 =
+            b.qs.iter()
+                .zip(&y.qs)
+                .map(|(&q, &y)| q as i8 as i32 * y as i8 as i32)
+                .sum();
         sum += f16_to_f32(b.d) * f16_to_f32(y.d) * s as f32;
     }
     sum

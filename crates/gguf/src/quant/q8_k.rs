@@ -32,7 +32,11 @@ pub(crate) fn quantize(src: &[f32], out: &mut Vec<u8>) {
     debug_assert_eq!(src.len() % QK_K, 0);
     for x in src.chunks_exact(QK_K) {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let mut b = BlockQ8K { d: [0; 4], qs: [0; QK_K], bsums: [[0; 2]; 16] };
+        let mut b = BlockQ8K {
+            d: [0; 4],
+            qs: [0; QK_K],
+            bsums: [[0; 2]; 16],
+        };
         if amax > 0.0 {
             let iscale = 127.0 / amax;
             for (q, &v) in b.qs.iter_mut().zip(x) {
