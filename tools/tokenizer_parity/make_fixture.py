@@ -82,6 +82,30 @@ def test_strings(seed):
     return out
 
 
+def chat_cases(tok):
+    """Qwen3 template renders through transformers' own Jinja environment (apply_chat_template)."""
+    user = {"role": "user", "content": "Hello! What is 2+2?"}
+    sys_ = {"role": "system", "content": "You are a helpful assistant."}
+    convs = [
+        ([user], True, None), ([user], True, False), ([user], True, True), ([user], False, None),
+        ([sys_, user, {"role": "assistant", "content": "It is 4."}, {"role": "user", "content": "And 3+3?"}], True, None),
+        ([sys_, user, {"role": "assistant", "content": "<think>\nadd them\n</think>\n\nIt is 4."},
+          {"role": "user", "content": "Thanks"}], True, False),
+        ([user, {"role": "assistant", "content": "It is 4.", "reasoning_content": "2 plus 2"}], False, None),
+        ([user, {"role": "assistant", "content": "<think>\nsimple\n</think>\n\n4"}], False, None),
+        ([sys_, user, {"role": "assistant", "content": "checking"}, {"role": "tool", "content": "{\"ok\": true}"},
+          {"role": "tool", "content": "second"}], True, None),
+        ([{"role": "user", "content": "中文 😀 <think> in text"}], True, None),
+    ]
+    out = []
+    for messages, gen, thinking in convs:
+        kwargs = {} if thinking is None else {"enable_thinking": thinking}
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **kwargs)
+        ids = tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+        out.append({"messages": messages, "add_generation_prompt": gen, "enable_thinking": thinking, "rendered": text, "ids": ids})
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab-size", type=int, default=4096)
@@ -118,6 +142,7 @@ def main():
         "seed": args.seed,
         "oracle": f"transformers {transformers.__version__} ({type(tok).__name__}) via gguf {getattr(gguf, '__version__', '?')}",
         "cases": cases,
+        "chat": chat_cases(tok),
     }
     out = args.out or os.path.join(REPO, "tests", "fixtures", "tokenizer", f"parity_{args.vocab_size}_seed{args.seed}.json")
     with open(out, "w") as f:

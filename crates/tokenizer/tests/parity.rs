@@ -2,7 +2,7 @@
 //! tests/fixtures/tokenizer were written by tools/tokenizer_parity/make_fixture.py from the same
 //! deterministic `synthetic_spec`, so this test regenerates the spec instead of storing it.
 
-use q4moe_tokenizer::{synthetic_spec, Tokenizer};
+use q4moe_tokenizer::{synthetic_spec, ChatMessage, ChatTemplate, Tokenizer};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -11,6 +11,17 @@ struct Fixture {
     vocab_size: usize,
     seed: u64,
     cases: Vec<Case>,
+    chat: Vec<ChatCase>,
+}
+
+/// `apply_chat_template(messages, add_generation_prompt, enable_thinking)` in transformers.
+#[derive(Deserialize)]
+struct ChatCase {
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+    enable_thinking: Option<bool>,
+    rendered: String,
+    ids: Vec<u32>,
 }
 
 #[derive(Deserialize)]
@@ -46,6 +57,14 @@ fn check(path: &std::path::Path) -> usize {
         if ids != c.ids || plain != c.ids_no_special || dec != c.decoded || dec_skip != c.decoded_skip_special {
             failures.push(format!("{:?}: ids {:?} vs hf {:?}; plain {:?} vs {:?}; dec {:?} vs {:?}; skip {:?} vs {:?}",
                 c.text, ids, c.ids, plain, c.ids_no_special, dec, c.decoded, dec_skip, c.decoded_skip_special));
+        }
+    }
+    let template = ChatTemplate::new(tok.chat_template().unwrap()).unwrap();
+    for c in &fx.chat {
+        let text = template.render(&c.messages, c.add_generation_prompt, c.enable_thinking).unwrap();
+        let ids = tok.encode(&text, true).unwrap();
+        if text != c.rendered || ids != c.ids {
+            failures.push(format!("chat {:?}: rendered {text:?} vs hf {:?}", c.messages, c.rendered));
         }
     }
     assert!(failures.is_empty(), "{}: {} of {} cases differ:\n{}", path.display(), failures.len(), fx.cases.len(), failures.join("\n"));

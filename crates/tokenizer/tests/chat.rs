@@ -1,0 +1,60 @@
+//! Qwen3 chat template rendering and the `<think>` split.
+
+use q4moe_tokenizer::{split_reasoning, ChatMessage, ChatTemplate, QWEN3_CHAT_TEMPLATE};
+
+fn qwen3() -> ChatTemplate {
+    ChatTemplate::new(QWEN3_CHAT_TEMPLATE).unwrap()
+}
+
+#[test]
+fn multi_turn_qwen3_format() {
+    let msgs = [
+        ChatMessage::system("Be brief."),
+        ChatMessage::user("Hi"),
+        ChatMessage::assistant("<think>\ngreet\n</think>\n\nHello!"),
+        ChatMessage::user("Bye"),
+    ];
+    let text = qwen3().render(&msgs, true, None).unwrap();
+    // Past turns lose their reasoning; the generation prompt opens the assistant turn.
+    let want = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+                <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(text, want);
+    let no_gen = qwen3().render(&msgs, false, None).unwrap();
+    assert_eq!(no_gen, want.strip_suffix("<|im_start|>assistant\n").unwrap());
+}
+
+#[test]
+fn enable_thinking_false_adds_empty_think_block() {
+    let msgs = [ChatMessage::user("2+2?")];
+    let base = "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(qwen3().render(&msgs, true, Some(false)).unwrap(), format!("{base}<think>\n\n</think>\n\n"));
+    assert_eq!(qwen3().render(&msgs, true, Some(true)).unwrap(), base);
+    assert_eq!(qwen3().render(&msgs, true, None).unwrap(), base);
+}
+
+#[test]
+fn reasoning_content_of_the_last_turn_is_kept() {
+    let mut a = ChatMessage::assistant("4");
+    a.reasoning_content = Some("add".into());
+    let text = qwen3().render(&[ChatMessage::user("2+2?"), a], false, None).unwrap();
+    assert!(text.ends_with("<|im_start|>assistant\n<think>\nadd\n</think>\n\n4<|im_end|>\n"), "{text:?}");
+}
+
+#[test]
+fn template_errors_are_reported() {
+    assert!(ChatTemplate::new("{% if %}").is_err());
+    let t = ChatTemplate::new("{{ raise_exception('no system role') }}").unwrap();
+    let err = t.render(&[], false, None).unwrap_err().to_string();
+    assert!(err.contains("no system role"), "{err}");
+}
+
+#[test]
+fn split_reasoning_cases() {
+    let s = |t: &str| split_reasoning(t);
+    assert_eq!(s("<think>\nplan\n</think>\n\nanswer"), (Some("plan".into()), "answer".into()));
+    // The generation prompt already opened <think>: the text starts inside the block.
+    assert_eq!(s("plan\n</think>\n\nanswer"), (Some("plan".into()), "answer".into()));
+    assert_eq!(s("<think>\n\n</think>\n\nanswer"), (None, "answer".into()));
+    assert_eq!(s("<think>\nstill thinking"), (Some("still thinking".into()), String::new()));
+    assert_eq!(s("just an answer"), (None, "just an answer".into()));
+}
