@@ -1,1 +1,111 @@
+//! OpenAI-compatible HTTP server over the engine: `/v1/chat/completions`, `/v1/completions`
+//! (streaming or not), `/v1/models`, `/health`, `/metrics`. One engine worker serves a bounded
+//! FIFO queue, one request at a time (no batched step yet).
 
+pub mod errors;
+pub mod metrics;
+pub mod openai;
+pub mod reasoning;
+mod routes;
+pub mod scheduler;
+mod sse;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+
+pub use scheduler::EngineHandle;
+
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub host: String,
+    pub port: u16,
+    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// The id `/v1/models` lists and requests must name (or leave out).
+    pub model_name: String,
+    pub max_body_bytes: usize,
+    /// Requests that may wait for the engine; beyond it new ones get 503.
+    pub queue_capacity: usize,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            api_key: None,
+            model_name: "q4moe".into(),
+            max_body_bytes: 4 << 20,
+            queue_capacity: 64,
+        }
+    }
+}
+
+/// The application over an engine worker (tests bind it to their own listener).
+pub fn router(handle: EngineHandle, cfg: &ServeConfig) -> Router {
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let app = Arc::new(routes::AppState {
+        engine: handle,
+        model_name: cfg.model_name.clone(),
+        api_key: cfg.api_key.clone().filter(|k| !k.is_empty()),
+        created,
+    });
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(routes::chat_completions))
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/models", get(routes::models))
+        .route_layer(axum::middleware::from_fn_with_state(app.clone(), routes::require_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .fallback(routes::not_found)
+        .layer(axum::middleware::from_fn_with_state(app.clone(), routes::observe))
+        .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
+        .with_state(app)
+}
+
+/// Serves until Ctrl-C (or SIGTERM), letting requests in flight finish.
+pub async fn serve(engine: q4moe_engine::Engine, cfg: ServeConfig) -> anyhow::Result<()> {
+    let listener = TcpListener::bind((cfg.host.as_str(), cfg.port))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}:{}: {e}", cfg.host, cfg.port))?;
+    serve_on(listener, engine, cfg, shutdown_signal()).await
+}
+
+/// `serve` on a listener already bound, until `shutdown` resolves.
+pub async fn serve_on(
+    listener: TcpListener,
+    engine: q4moe_engine::Engine,
+    cfg: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let handle = EngineHandle::spawn(engine, cfg.queue_capacity);
+    tracing::info!("serving '{}' on http://{}", cfg.model_name, listener.local_addr()?);
+    axum::serve(listener, router(handle, &cfg)).with_graceful_shutdown(shutdown).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down: finishing requests in flight");
+}

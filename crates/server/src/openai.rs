@@ -1,0 +1,339 @@
+//! OpenAI request parsing and response shapes. Requests are read field by field from a JSON value
+//! (not derived with serde) so that every rejection names the field the client got wrong.
+
+use q4moe_engine::{ChatMessage, SamplingParams};
+use serde_json::{json, Map, Value};
+
+use crate::errors::ApiError;
+
+/// Generation settings shared by both endpoints.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    /// `None`: as many as the context leaves.
+    pub max_tokens: Option<usize>,
+    /// The name `max_tokens` came under, for errors about it.
+    pub max_tokens_param: &'static str,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Extension (as vLLM): keep going past end-of-sequence, for benchmarks.
+    pub ignore_eos: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<ChatMessage>,
+    pub enable_thinking: Option<bool>,
+    pub gen: GenParams,
+}
+
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Clone)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    pub gen: GenParams,
+}
+
+type Obj = Map<String, Value>;
+
+/// Parses a body: UTF-8, then JSON, then a JSON object.
+pub fn parse_body(body: &[u8]) -> Result<Obj, ApiError> {
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::bad_body(format!("the request body is not valid UTF-8 ({e})")))?;
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(ApiError::bad_body("the request body must be a JSON object")),
+        Err(e) => Err(ApiError::bad_body(format!("the request body is not valid JSON: {e}"))),
+    }
+}
+
+fn present<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
+    o.get(name).filter(|v| !v.is_null())
+}
+
+fn opt_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
+    present(o, name)
+        .map(|v| v.as_f64().map(|x| x as f32).ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a number"))))
+        .transpose()
+}
+
+fn opt_uint(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
+    present(o, name)
+        .map(|v| v.as_u64().ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a non-negative integer"))))
+        .transpose()
+}
+
+fn opt_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
+    present(o, name)
+        .map(|v| v.as_bool().ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a boolean"))))
+        .transpose()
+}
+
+fn opt_str(o: &Obj, name: &str) -> Result<Option<String>, ApiError> {
+    present(o, name)
+        .map(|v| v.as_str().map(String::from).ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a string"))))
+        .transpose()
+}
+
+fn in_range(name: &str, v: f32, lo: f32, hi: f32, lo_open: bool) -> Result<f32, ApiError> {
+    let ok = v.is_finite() && v <= hi && if lo_open { v > lo } else { v >= lo };
+    let bound = if lo_open { format!("({lo}, {hi}]") } else { format!("[{lo}, {hi}]") };
+    ok.then_some(v).ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be in {bound}, got {v}")))
+}
+
+fn sampling(o: &Obj) -> Result<SamplingParams, ApiError> {
+    let d = SamplingParams::default();
+    let f = |name, default: f32, lo, hi, open| -> Result<f32, ApiError> {
+        opt_f32(o, name)?.map_or(Ok(default), |v| in_range(name, v, lo, hi, open))
+    };
+    // OpenAI's default temperature is 1; without a seed each request draws its own.
+    let seed = match present(o, "seed") {
+        None => fresh_seed(),
+        Some(v) => v
+            .as_u64()
+            .or_else(|| v.as_i64().map(|i| i as u64))
+            .ok_or_else(|| ApiError::invalid("seed", "'seed' must be an integer"))?,
+    };
+    Ok(SamplingParams {
+        temperature: f("temperature", 1.0, 0.0, 2.0, false)?,
+        top_p: f("top_p", d.top_p, 0.0, 1.0, true)?,
+        top_k: opt_uint(o, "top_k")?.map_or(d.top_k, |k| k as usize),
+        min_p: f("min_p", d.min_p, 0.0, 1.0, false)?,
+        repetition_penalty: f("repetition_penalty", d.repetition_penalty, 0.0, 10.0, true)?,
+        presence_penalty: f("presence_penalty", d.presence_penalty, -2.0, 2.0, false)?,
+        frequency_penalty: f("frequency_penalty", d.frequency_penalty, -2.0, 2.0, false)?,
+        seed,
+    })
+}
+
+fn fresh_seed() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn stop_list(o: &Obj) -> Result<Vec<String>, ApiError> {
+    let bad = || ApiError::invalid("stop", "'stop' must be a string or an array of at most 16 strings");
+    match present(o, "stop") {
+        None => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(items)) if items.len() <= 16 => {
+            items.iter().map(|v| v.as_str().map(String::from).ok_or_else(bad)).collect()
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
+    if let Some(n) = present(o, "n") {
+        if n.as_u64() != Some(1) {
+            return Err(ApiError::invalid("n", "only n=1 is supported"));
+        }
+    }
+    // `max_completion_tokens` is the newer name; it wins when both are sent.
+    let (name, max) = match opt_uint(o, "max_completion_tokens")? {
+        Some(m) => ("max_completion_tokens", Some(m)),
+        None => ("max_tokens", opt_uint(o, "max_tokens")?),
+    };
+    if max == Some(0) {
+        return Err(ApiError::invalid(name, format!("'{name}' must be at least 1")));
+    }
+    let include_usage = match present(o, "stream_options") {
+        None => false,
+        Some(Value::Object(so)) => opt_bool(so, "include_usage").map_err(|_| {
+            ApiError::invalid("stream_options.include_usage", "'stream_options.include_usage' must be a boolean")
+        })?
+        .unwrap_or(false),
+        Some(_) => return Err(ApiError::invalid("stream_options", "'stream_options' must be an object")),
+    };
+    Ok(GenParams {
+        max_tokens: max.map(|m| m.min(usize::MAX as u64) as usize),
+        max_tokens_param: name,
+        sampling: sampling(o)?,
+        stop: stop_list(o)?,
+        stream: opt_bool(o, "stream")?.unwrap_or(false),
+        include_usage,
+        ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
+    })
+}
+
+/// Message content: a string, or an array of `{"type": "text", "text": ...}` parts.
+fn content_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
+    let bad = || ApiError::invalid(at, format!("'{at}' must be a string or an array of text parts"));
+    match v {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                (Some("text"), Some(t)) => Ok(t),
+                _ => Err(bad()),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(|t| t.concat()),
+        Some(_) => Err(bad()),
+    }
+}
+
+fn message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
+    let at = |f: &str| format!("messages[{i}].{f}");
+    let o = v.as_object().ok_or_else(|| ApiError::invalid(format!("messages[{i}]"), "each message must be an object"))?;
+    let role = match o.get("role").and_then(Value::as_str) {
+        Some("developer") => "system",
+        Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
+        _ => return Err(ApiError::invalid(at("role"), "'role' must be one of system, developer, user, assistant, tool")),
+    };
+    if role != "assistant" && !matches!(o.get("content"), Some(Value::String(_) | Value::Array(_))) {
+        return Err(ApiError::invalid(at("content"), format!("a {role} message needs 'content'")));
+    }
+    let mut m = ChatMessage::new(role, content_text(o.get("content"), &at("content"))?);
+    m.reasoning_content = opt_str(o, "reasoning_content").map_err(|_| ApiError::invalid(at("reasoning_content"), "must be a string"))?;
+    Ok(m)
+}
+
+pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
+    let messages = match o.get("messages") {
+        Some(Value::Array(items)) if !items.is_empty() => {
+            items.iter().enumerate().map(|(i, v)| message(i, v)).collect::<Result<Vec<_>, _>>()?
+        }
+        Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "'messages' must not be empty")),
+        Some(_) => return Err(ApiError::invalid("messages", "'messages' must be an array")),
+        None => return Err(ApiError::invalid("messages", "'messages' is required")),
+    };
+    let kwargs_thinking = match present(o, "chat_template_kwargs") {
+        None => None,
+        Some(Value::Object(k)) => opt_bool(k, "enable_thinking")
+            .map_err(|_| ApiError::invalid("chat_template_kwargs.enable_thinking", "must be a boolean"))?,
+        Some(_) => return Err(ApiError::invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object")),
+    };
+    let explicit = opt_bool(o, "enable_thinking")?.or(kwargs_thinking);
+    Ok(ChatRequest {
+        model: opt_str(o, "model")?,
+        enable_thinking: thinking_switch(&messages, explicit),
+        messages,
+        gen: gen_params(o)?,
+    })
+}
+
+/// Qwen3's thinking switch: an explicit `enable_thinking=false` always wins (the soft switches
+/// have no effect then, as in Qwen's docs); otherwise the latest `/think` or `/no_think` in a user
+/// or system message decides.
+pub fn thinking_switch(messages: &[ChatMessage], explicit: Option<bool>) -> Option<bool> {
+    if explicit == Some(false) {
+        return explicit;
+    }
+    let soft = messages.iter().rev().filter(|m| m.role == "user" || m.role == "system").find_map(|m| {
+        let (t, n) = (m.content.rfind("/think"), m.content.rfind("/no_think"));
+        match (t, n) {
+            (None, None) => None,
+            (Some(t), Some(n)) => Some(t > n),
+            (t, _) => Some(t.is_some()),
+        }
+    });
+    soft.or(explicit)
+}
+
+pub fn completion_request(o: &Obj) -> Result<CompletionRequest, ApiError> {
+    let bad = || ApiError::invalid("prompt", "'prompt' must be a string, an array of one string, or an array of token ids");
+    let prompt = match o.get("prompt") {
+        None | Some(Value::Null) => return Err(ApiError::invalid("prompt", "'prompt' is required")),
+        Some(Value::String(s)) => Prompt::Text(s.clone()),
+        Some(Value::Array(items)) => match items.as_slice() {
+            [] => return Err(ApiError::invalid("prompt", "'prompt' must not be empty")),
+            [Value::String(s)] => Prompt::Text(s.clone()),
+            [Value::String(_), ..] => return Err(ApiError::invalid("prompt", "only one prompt per request is supported")),
+            ids => Prompt::Tokens(
+                ids.iter().map(|v| v.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(bad)).collect::<Result<_, _>>()?,
+            ),
+        },
+        Some(_) => return Err(bad()),
+    };
+    if matches!(&prompt, Prompt::Text(s) if s.is_empty()) {
+        return Err(ApiError::invalid("prompt", "'prompt' must not be empty"));
+    }
+    Ok(CompletionRequest { model: opt_str(o, "model")?, prompt, gen: gen_params(o)? })
+}
+
+/// Token counts reported back.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    pub fn json(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
+        })
+    }
+}
+
+/// What every response object carries.
+#[derive(Debug, Clone)]
+pub struct Meta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl Meta {
+    pub fn new(prefix: &str, model: &str) -> Meta {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Meta { id: format!("{prefix}-{:x}{:06x}", fresh_seed() & 0xffff_ffff_ffff, n), created, model: model.to_string() }
+    }
+}
+
+pub fn chat_completion(meta: &Meta, content: &str, reasoning: Option<&str>, finish: &str, usage: Usage) -> Value {
+    let mut message = json!({ "role": "assistant", "content": content });
+    if let Some(r) = reasoning {
+        message["reasoning_content"] = json!(r);
+    }
+    json!({
+        "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,
+        "choices": [{ "index": 0, "message": message, "logprobs": null, "finish_reason": finish }],
+        "usage": usage.json(),
+    })
+}
+
+/// One streamed chat chunk; `delta` is `{}` on the last one, which carries `finish_reason`.
+pub fn chat_chunk(meta: &Meta, delta: Value, finish: Option<&str>) -> Value {
+    json!({
+        "id": meta.id, "object": "chat.completion.chunk", "created": meta.created, "model": meta.model,
+        "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }],
+    })
+}
+
+pub fn completion(meta: &Meta, text: &str, finish: Option<&str>, usage: Option<Usage>) -> Value {
+    let mut v = json!({
+        "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model,
+        "choices": [{ "index": 0, "text": text, "logprobs": null, "finish_reason": finish }],
+    });
+    if let Some(u) = usage {
+        v["usage"] = u.json();
+    }
+    v
+}
+
+/// The closing chunk of a stream with `include_usage`: no choices, just usage.
+pub fn usage_chunk(meta: &Meta, object: &str, usage: Usage) -> Value {
+    json!({ "id": meta.id, "object": object, "created": meta.created, "model": meta.model, "choices": [], "usage": usage.json() })
+}
+
+pub fn models(model: &str, created: u64) -> Value {
+    json!({ "object": "list", "data": [{ "id": model, "object": "model", "created": created, "owned_by": "q4moe" }] })
+}

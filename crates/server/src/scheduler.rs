@@ -1,0 +1,228 @@
+//! One engine, one worker thread, one bounded FIFO queue. The engine is Send but not Sync, so it
+//! lives on the worker; handlers talk to it only through jobs and event channels. Every accepted
+//! job gets exactly one `Done` or `Error` unless its client has gone (then nobody is listening).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use q4moe_engine::{ChatMessage, Engine, Finish, Flow, GenerateRequest};
+use tokio::sync::mpsc;
+
+use crate::errors::{from_engine, ApiError};
+use crate::metrics::Metrics;
+use crate::openai::{GenParams, Prompt, Usage};
+
+pub enum JobPrompt {
+    Chat { messages: Vec<ChatMessage>, enable_thinking: Option<bool> },
+    Completion(Prompt),
+}
+
+impl JobPrompt {
+    /// The request field a prompt error is about.
+    fn param(&self) -> &'static str {
+        match self {
+            JobPrompt::Chat { .. } => "messages",
+            JobPrompt::Completion(_) => "prompt",
+        }
+    }
+}
+
+struct Job {
+    prompt: JobPrompt,
+    gen: GenParams,
+    accepted: Instant,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// The prompt was accepted by the engine; generation begins.
+    Started(Started),
+    Text(String),
+    Done { finish: Finish, usage: Usage },
+    Error(ApiError),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Started {
+    /// The chat template's generation prompt opened a `<think>` block.
+    pub think_open: bool,
+    /// Order in which the worker began jobs (1, 2, ...), to check the queue is FIFO.
+    pub run: u64,
+    /// Order in which jobs were accepted into the queue.
+    pub seq: u64,
+}
+
+/// Cloneable front of the worker. Dropping every clone ends the worker after its queue drains.
+#[derive(Clone)]
+pub struct EngineHandle {
+    /// Held with the next sequence number, so numbering and queue order agree.
+    tx: Arc<Mutex<(u64, mpsc::Sender<Job>)>>,
+    pub metrics: Arc<Metrics>,
+    context: usize,
+}
+
+/// A submitted job's event stream.
+pub struct Ticket {
+    pub seq: u64,
+    pub events: mpsc::UnboundedReceiver<Event>,
+}
+
+impl Ticket {
+    /// Waits for the engine to take the job (queue time) or reject it.
+    pub async fn started(&mut self) -> Result<Started, ApiError> {
+        match self.events.recv().await {
+            Some(Event::Started(s)) => Ok(s),
+            Some(Event::Error(e)) => Err(e),
+            _ => Err(ApiError::internal("the engine worker stopped")),
+        }
+    }
+
+    /// Gathers a whole (non-streamed) generation.
+    pub async fn collect(&mut self) -> Result<(String, Finish, Usage), ApiError> {
+        let mut text = String::new();
+        loop {
+            match self.events.recv().await {
+                Some(Event::Text(t)) => text.push_str(&t),
+                Some(Event::Done { finish, usage }) => return Ok((text, finish, usage)),
+                Some(Event::Error(e)) => return Err(e),
+                Some(Event::Started(_)) => {}
+                None => return Err(ApiError::internal("the engine worker stopped")),
+            }
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Moves the engine onto its worker thread, with room for `queue` waiting jobs.
+    pub fn spawn(engine: Engine, queue: usize) -> EngineHandle {
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        let metrics = Arc::new(Metrics::default());
+        let context = engine.context_capacity();
+        let m = metrics.clone();
+        std::thread::Builder::new()
+            .name("q4moe-engine".into())
+            .spawn(move || worker(engine, rx, m))
+            .expect("spawning the engine worker thread");
+        EngineHandle { tx: Arc::new(Mutex::new((0, tx))), metrics, context }
+    }
+
+    /// Positions one sequence may hold.
+    pub fn context_capacity(&self) -> usize {
+        self.context
+    }
+
+    /// Queues a job; a full queue is refused at once (503) rather than waited on.
+    pub fn submit(&self, prompt: JobPrompt, gen: GenParams) -> Result<Ticket, ApiError> {
+        let (etx, erx) = mpsc::unbounded_channel();
+        let job = Job { prompt, gen, accepted: Instant::now(), events: etx };
+        let mut guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        self.metrics.queue_delta(1);
+        match guard.1.try_send(job) {
+            Ok(()) => {
+                guard.0 += 1;
+                Ok(Ticket { seq: guard.0, events: erx })
+            }
+            Err(e) => {
+                self.metrics.queue_delta(-1);
+                Err(match e {
+                    mpsc::error::TrySendError::Full(_) => ApiError::busy(),
+                    mpsc::error::TrySendError::Closed(_) => ApiError::internal("the engine worker stopped"),
+                })
+            }
+        }
+    }
+}
+
+fn worker(mut engine: Engine, mut rx: mpsc::Receiver<Job>, metrics: Arc<Metrics>) {
+    let (mut seq, mut run) = (0, 0);
+    while let Some(job) = rx.blocking_recv() {
+        metrics.queue_delta(-1);
+        seq += 1;
+        // A client that left while queued costs the engine nothing.
+        if job.events.is_closed() {
+            metrics.cancelled();
+            continue;
+        }
+        run += 1;
+        let ids = Started { think_open: false, run, seq };
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run_job(&mut engine, &job, ids, &metrics)));
+        let err = match outcome {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(_) => {
+                // The sessions' KV may be half-written: forget them and keep serving.
+                engine.reset_sessions();
+                ApiError::internal("the engine panicked on this request")
+            }
+        };
+        let _ = job.events.send(Event::Error(err));
+    }
+}
+
+/// Renders and tokenises the prompt; returns its ids and whether a `<think>` block is open.
+fn build_prompt(engine: &Engine, p: &JobPrompt) -> Result<(Vec<u32>, bool), ApiError> {
+    let param = p.param();
+    match p {
+        JobPrompt::Chat { messages, enable_thinking } => {
+            let text = engine.render_chat(messages, *enable_thinking).map_err(|e| from_engine(e, param))?;
+            let open = text.trim_end_matches('\n').ends_with("<think>");
+            Ok((engine.encode_prompt(&text).map_err(|e| from_engine(e, param))?, open))
+        }
+        JobPrompt::Completion(Prompt::Text(t)) => Ok((engine.encode_prompt(t).map_err(|e| from_engine(e, param))?, false)),
+        JobPrompt::Completion(Prompt::Tokens(ids)) => {
+            let vocab = engine.model.config.vocab_size;
+            match ids.iter().find(|&&t| t as usize >= vocab) {
+                Some(t) => Err(ApiError::invalid(param, format!("token id {t} is outside the vocabulary of {vocab}"))),
+                None => Ok((ids.clone(), false)),
+            }
+        }
+    }
+}
+
+/// Tokens to generate: what was asked, which must fit beside the prompt, else what fits.
+fn budget(prompt: usize, context: usize, gen: &GenParams, param: &str) -> Result<usize, ApiError> {
+    if prompt >= context {
+        return Err(ApiError::invalid(param, format!("the prompt is {prompt} tokens; this model's context holds {context} positions"))
+            .with_status(axum::http::StatusCode::BAD_REQUEST, "context_length_exceeded"));
+    }
+    match gen.max_tokens {
+        Some(m) if prompt + m > context => Err(ApiError::invalid(
+            gen.max_tokens_param,
+            format!("the prompt ({prompt} tokens) plus {} = {m} exceeds the context of {context} positions", gen.max_tokens_param),
+        )
+        .with_status(axum::http::StatusCode::BAD_REQUEST, "context_length_exceeded")),
+        Some(m) => Ok(m),
+        None => Ok(context - prompt),
+    }
+}
+
+fn run_job(engine: &mut Engine, job: &Job, ids: Started, metrics: &Metrics) -> Result<(), ApiError> {
+    let (prompt, think_open) = build_prompt(engine, &job.prompt)?;
+    let max_tokens = budget(prompt.len(), engine.context_capacity(), &job.gen, job.prompt.param())?;
+    let req = GenerateRequest {
+        prompt,
+        max_tokens,
+        sampling: job.gen.sampling.clone(),
+        stop: job.gen.stop.clone(),
+        stop_at_eos: !job.gen.ignore_eos,
+        want_logits: false,
+        reuse_prefix: true,
+    };
+    let _ = job.events.send(Event::Started(Started { think_open, ..ids }));
+    let t0 = Instant::now();
+    // A closed channel means the client went away: stop generating at once.
+    let mut on_text = |s: &str| if job.events.send(Event::Text(s.to_string())).is_ok() { Flow::Continue } else { Flow::Stop };
+    let out = engine.generate(&req, &mut on_text).map_err(|e| from_engine(e, job.prompt.param()))?;
+    let ttft = (t0 - job.accepted + out.prefill_time).as_secs_f64();
+    let n = out.tokens.len();
+    let tpot = (n > 1).then(|| out.decode_time.as_secs_f64() / (n - 1) as f64);
+    metrics.generation(out.prompt_tokens, out.cached_tokens, n, (n > 0).then_some(ttft), tpot);
+    if out.finish == Finish::Cancelled {
+        metrics.cancelled();
+    }
+    let usage = Usage { prompt_tokens: out.prompt_tokens, completion_tokens: n, cached_tokens: out.cached_tokens };
+    let _ = job.events.send(Event::Done { finish: out.finish, usage });
+    Ok(())
+}

@@ -1,0 +1,121 @@
+//! Server-sent event streams for both endpoints: chunks as the engine produces text, a final
+//! chunk with `finish_reason`, an optional usage chunk, then `data: [DONE]`. Dropping the stream
+//! (client gone) drops the ticket's receiver, which makes the worker's text callback stop.
+
+use std::convert::Infallible;
+
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, StreamExt};
+use serde_json::{json, Value};
+
+use crate::openai::{self, Meta, Usage};
+use crate::reasoning::{ReasoningSplitter, Split};
+use crate::scheduler::{Event, Started, Ticket};
+
+/// What differs between the chat and completion streams.
+enum Shape {
+    Chat(ReasoningSplitter),
+    Completion,
+}
+
+struct StreamState {
+    ticket: Ticket,
+    shape: Shape,
+    meta: Meta,
+    include_usage: bool,
+    done: bool,
+}
+
+fn data(v: &Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
+}
+
+impl StreamState {
+    fn object(&self) -> &'static str {
+        match self.shape {
+            Shape::Chat(_) => "chat.completion.chunk",
+            Shape::Completion => "text_completion",
+        }
+    }
+
+    fn text_chunks(&mut self, text: &str, out: &mut Vec<SseEvent>) {
+        match &mut self.shape {
+            Shape::Chat(splitter) => {
+                let split = splitter.push(text);
+                self.split_chunks(split, out);
+            }
+            Shape::Completion if !text.is_empty() => out.push(data(&openai::completion(&self.meta, text, None, None))),
+            Shape::Completion => {}
+        }
+    }
+
+    fn split_chunks(&self, s: Split, out: &mut Vec<SseEvent>) {
+        if !s.reasoning.is_empty() {
+            out.push(data(&openai::chat_chunk(&self.meta, json!({ "reasoning_content": s.reasoning }), None)));
+        }
+        if !s.content.is_empty() {
+            out.push(data(&openai::chat_chunk(&self.meta, json!({ "content": s.content }), None)));
+        }
+    }
+
+    fn finish_chunks(&mut self, finish: &str, usage: Usage, out: &mut Vec<SseEvent>) {
+        if let Shape::Chat(splitter) = &mut self.shape {
+            let rest = splitter.finish();
+            self.split_chunks(rest, out);
+        }
+        out.push(data(&match self.shape {
+            Shape::Chat(_) => openai::chat_chunk(&self.meta, json!({}), Some(finish)),
+            Shape::Completion => openai::completion(&self.meta, "", Some(finish), None),
+        }));
+        if self.include_usage {
+            out.push(data(&openai::usage_chunk(&self.meta, self.object(), usage)));
+        }
+    }
+
+    /// The SSE events for the next engine event; `None` once the stream is over.
+    async fn next(mut self) -> Option<(Vec<SseEvent>, Self)> {
+        if self.done {
+            return None;
+        }
+        let mut out = Vec::new();
+        match self.ticket.events.recv().await {
+            Some(Event::Text(t)) => self.text_chunks(&t, &mut out),
+            Some(Event::Started(_)) => {}
+            Some(Event::Done { finish, usage }) => {
+                self.finish_chunks(crate::routes::finish_reason(finish), usage, &mut out);
+                self.done = true;
+            }
+            Some(Event::Error(e)) => {
+                // Headers are already sent: the error travels in the stream, as OpenAI does.
+                out.push(data(&e.body()));
+                self.done = true;
+            }
+            None => {
+                out.push(data(&crate::errors::ApiError::internal("the engine worker stopped").body()));
+                self.done = true;
+            }
+        }
+        if self.done {
+            out.push(SseEvent::default().data("[DONE]"));
+        }
+        Some((out, self))
+    }
+}
+
+fn respond(state: StreamState, first: Option<Value>) -> Response {
+    let head = stream::iter(first.map(|v| data(&v)));
+    let body = stream::unfold(state, StreamState::next).flat_map(stream::iter);
+    Sse::new(head.chain(body).map(Ok::<_, Infallible>)).keep_alive(KeepAlive::default()).into_response()
+}
+
+pub fn chat(meta: Meta, started: Started, ticket: Ticket, include_usage: bool) -> Response {
+    // OpenAI opens with the role in an otherwise empty delta.
+    let first = openai::chat_chunk(&meta, json!({ "role": "assistant", "content": "" }), None);
+    let shape = Shape::Chat(ReasoningSplitter::new(started.think_open));
+    respond(StreamState { ticket, shape, meta, include_usage, done: false }, Some(first))
+}
+
+pub fn completion(meta: Meta, ticket: Ticket, include_usage: bool) -> Response {
+    respond(StreamState { ticket, shape: Shape::Completion, meta, include_usage, done: false }, None)
+}
