@@ -48,7 +48,8 @@ fn synthetic_model_loads_with_its_geometry_and_q4_k_m_mix() {
     let m = Model::load(tiny(dir.path())).unwrap();
     assert_eq!(m.config, Config::tiny());
     assert_eq!(m.output.ty, GgmlType::Q6_K);
-    assert_eq!(m.layers[0].attn_v.ty, GgmlType::Q6_K, "layer 0 of 2 uses more bits");
+    assert_eq!(m.layers[1].attn_v.ty, GgmlType::Q6_K, "layer 1 of 2 uses more bits");
+    assert_eq!(m.layers[0].attn_v.ty, GgmlType::Q4_K);
     assert_eq!(m.layers[0].attn_q.ty, GgmlType::Q4_K);
     assert_eq!(m.tokenizer.tokens.len(), Config::tiny().vocab_size);
     assert!(m.bytes_per_token() < m.weight_bytes());
