@@ -213,14 +213,14 @@ fn check_extent(t: &TensorInfo, alignment: u64, data_offset: u64, file_len: u64)
     if n_elements.is_none() {
         return Err(GgufError::tensor(&t.name, format!("element count of shape {:?} overflows", t.dims)));
     }
-    let end = data_offset.checked_add(t.offset).and_then(|s| s.checked_add(t.n_bytes().ok()?));
-    match end {
+    // A row that is not whole blocks is reported as such, not as running past the end.
+    let n_bytes = t.n_bytes()?;
+    match data_offset.checked_add(t.offset).and_then(|s| s.checked_add(n_bytes)) {
         Some(end) if end <= file_len => Ok(()),
         _ => Err(GgufError::tensor(
             &t.name,
             format!(
-                "data ({} bytes at offset {}) runs past the end of the file ({file_len} bytes)",
-                t.n_bytes().unwrap_or(0),
+                "data ({n_bytes} bytes at offset {}) runs past the end of the file ({file_len} bytes)",
                 data_offset.saturating_add(t.offset)
             ),
         )),

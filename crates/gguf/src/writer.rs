@@ -21,11 +21,17 @@ impl<W: Write> GgufWriter<W> {
     /// Writes the header. `tensors` give name, dims and type; their offsets are assigned here.
     /// `general.alignment` in `metadata`, if present, sets the alignment (default 32).
     pub fn new(mut out: W, metadata: &[(String, Value)], tensors: Vec<(String, Vec<u64>, GgmlType)>) -> Result<Self> {
-        let alignment = metadata
-            .iter()
-            .find(|(k, _)| k == "general.alignment")
-            .and_then(|(_, v)| v.as_u64())
-            .unwrap_or(crate::DEFAULT_ALIGNMENT);
+        let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
+            None => crate::DEFAULT_ALIGNMENT,
+            // Same rule as the reader, so whatever we write reads back.
+            Some((_, v)) => match v.as_u64() {
+                Some(a) if a.is_power_of_two() && a <= 1 << 16 => a,
+                _ => return Err(GgufError::metadata("general.alignment", format!("{v:?} is not a power of two up to 65536"))),
+            },
+        };
+        for (key, value) in metadata {
+            check_array_types(key, value)?;
+        }
         let mut infos = Vec::with_capacity(tensors.len());
         let mut offset = 0u64;
         for (name, dims, ggml_type) in tensors {
@@ -107,6 +113,19 @@ impl<W: Write> GgufWriter<W> {
         self.out.flush().map_err(|e| GgufError::io("<gguf output>", e))?;
         Ok(self.out)
     }
+}
+
+/// Arrays must hold elements of their declared type, or the file would not parse back.
+fn check_array_types(key: &str, v: &Value) -> Result<()> {
+    if let Value::Array(elem, items) = v {
+        for item in items {
+            if item.value_type() != *elem {
+                return Err(GgufError::metadata(key, format!("array of {elem:?} holds a {:?}", item.value_type())));
+            }
+            check_array_types(key, item)?;
+        }
+    }
+    Ok(())
 }
 
 fn write_string(buf: &mut Vec<u8>, s: &str) {
