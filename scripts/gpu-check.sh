@@ -21,7 +21,7 @@ for s in $steps; do
     sanitize)
       for tool in memcheck racecheck; do
         echo "== compute-sanitizer $tool (tiny)"
-        timeout 240 compute-sanitizer --tool $tool --print-limit 20 "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -25
+        timeout 90 compute-sanitizer --tool $tool --print-limit 20 "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -25
       done | tee "$OUT/sanitizer.log" ;;
     bench:*)
       q=${s#bench:}

@@ -46,7 +46,8 @@ extern "C" __global__ void qk_norm_rope(const RopeParams p) {
     }
 }
 
-#define ATT_CHUNK 256
+// Small chunks: each block's loop over positions is latency-bound, so many short blocks win.
+#define ATT_CHUNK 64
 struct AttnParams {
     u64 q;        // const float* [q_dim]
     u64 k_cache;  // const float* [capacity, kv_dim]
@@ -105,22 +106,24 @@ extern "C" __global__ void attn_split(const AttnParams p) {
     const float* vc = (const float*)p.v_cache + kvh * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.f;
+#pragma unroll 8
         for (int i = 0; i < n; i++) acc += sc[i] * vc[(u64)(start + i) * kv_dim + d];
         part[2 + d] = acc;
     }
     if (threadIdx.x == 0) { part[0] = m; part[1] = l; }
 }
 
-// grid n_head, head_dim threads: merges the chunks in index order.
+// grid n_head, head_dim threads: merges the chunks that hold positions, in index order.
 extern "C" __global__ void attn_combine(const AttnParams p) {
     int h = blockIdx.x, d = threadIdx.x, hd = p.head_dim;
+    int len = (int)((const StepState*)p.state)->pos + 1;
+    int n_active = min(p.n_split, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     const float* base = (const float*)p.part + (u64)h * p.n_split * (hd + 2);
     float m = -INFINITY;
-    for (int s = 0; s < p.n_split; s++) m = fmaxf(m, base[s * (hd + 2)]);
+    for (int s = 0; s < n_active; s++) m = fmaxf(m, base[s * (hd + 2)]);
     float l = 0.f, acc = 0.f;
-    for (int s = 0; s < p.n_split; s++) {
+    for (int s = 0; s < n_active; s++) {
         const float* pt = base + s * (hd + 2);
-        if (pt[0] == -INFINITY) continue;
         float f = expf(pt[0] - m);
         l += f * pt[1];
         acc += f * pt[2 + d];

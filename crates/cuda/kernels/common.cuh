@@ -5,6 +5,8 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+#define INFINITY __int_as_float(0x7f800000)
+
 // ggml type ids (GgmlType discriminants).
 #define T_F32 0
 #define T_F16 1
@@ -207,6 +209,7 @@ __device__ float dot_q6_k(const QW& w, u64 row, const float* xs, int lane) {
 __device__ float dot_f32(const QW& w, u64 row, const float* xs, int lane) {
     const float* p = (const float*)w.data + row * (u64)w.k;
     float acc = 0.f;
+#pragma unroll 8
     for (int i = lane; i < w.k; i += 32) acc += p[i] * xs[pad_idx(i)];
     return acc;
 }

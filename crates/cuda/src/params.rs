@@ -63,7 +63,7 @@ pub struct RopeParams {
 }
 
 /// Positions per attention chunk (`ATT_CHUNK` in attention.cu).
-pub const ATT_CHUNK: usize = 256;
+pub const ATT_CHUNK: usize = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
