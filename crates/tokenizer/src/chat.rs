@@ -2,7 +2,7 @@
 //! `<think>` reasoning split.
 
 use minijinja::value::Kwargs;
-use minijinja::{context, Environment, Error, ErrorKind, State, Value};
+use minijinja::{Environment, Error, ErrorKind, State, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::TokenizerError;
@@ -62,11 +62,36 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String, TokenizerError> {
+        self.render_with(Value::from_serialize(messages), None, add_generation_prompt, enable_thinking)
+    }
+
+    /// Renders OpenAI-style JSON messages (which may carry `tool_calls`) and an optional `tools` list.
+    /// Objects keep serde_json's key order (sorted unless its `preserve_order` feature is on), so
+    /// `tojson` of a tool may order keys differently from Python.
+    pub fn render_json(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, TokenizerError> {
+        let tools = tools.map(Value::from_serialize);
+        self.render_with(Value::from_serialize(messages), tools, add_generation_prompt, enable_thinking)
+    }
+
+    fn render_with(
+        &self,
+        messages: Value,
+        tools: Option<Value>,
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, TokenizerError> {
         let tmpl = self.env.get_template(NAME)?;
-        let ctx = match enable_thinking {
-            Some(on) => context! { messages, add_generation_prompt, enable_thinking => on },
-            None => context! { messages, add_generation_prompt },
-        };
+        // Absent values stay undefined: templates test `enable_thinking is defined`.
+        let mut ctx = vec![("messages", messages), ("add_generation_prompt", Value::from(add_generation_prompt))];
+        ctx.extend(tools.map(|t| ("tools", t)));
+        ctx.extend(enable_thinking.map(|on| ("enable_thinking", Value::from(on))));
+        let ctx: Value = ctx.into_iter().collect();
         Ok(tmpl.render(ctx)?)
     }
 }

@@ -58,3 +58,19 @@ fn split_reasoning_cases() {
     assert_eq!(s("<think>\nstill thinking"), (Some("still thinking".into()), String::new()));
     assert_eq!(s("just an answer"), (None, "just an answer".into()));
 }
+
+#[test]
+fn tools_and_tool_calls_render_like_qwen3() {
+    let messages = serde_json::json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "sunny"},
+    ]);
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather"}}]);
+    let text = qwen3().render_json(&messages, Some(&tools), true, None).unwrap();
+    assert!(text.starts_with("<|im_start|>system\n# Tools\n\n"), "{text}");
+    assert!(text.contains("<tools>\n{\"function\": {\"name\": \"get_weather\"}, \"type\": \"function\"}\n</tools>"), "{text}");
+    assert!(text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"), "{text}");
+    assert!(text.ends_with("<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{text}");
+}
