@@ -1,5 +1,15 @@
-//! Incremental `<think>` splitting for streams. Its concatenated output equals what
-//! `split_reasoning` gives for the whole text, so streamed and non-streamed answers agree.
+//! Incremental `<think>` splitting for streams, also used on whole texts so streamed and
+//! non-streamed answers agree. Where a block is opened (by the text or the prompt) the result
+//! equals `split_reasoning`'s; a stray `</think>` in text that never opened a block stays content,
+//! since a stream cannot take back text it has already sent as content.
+
+/// `(reasoning, content)` of a whole generation; reasoning `None` when empty.
+pub fn split_whole(text: &str, think_open: bool) -> (Option<String>, String) {
+    let mut s = ReasoningSplitter::new(think_open);
+    let (a, b) = (s.push(text), s.finish());
+    let reasoning = a.reasoning + &b.reasoning;
+    ((!reasoning.is_empty()).then_some(reasoning), a.content + &b.content)
+}
 
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
@@ -139,7 +149,6 @@ mod tests {
         let cases = [
             "<think>\nlet me see\n\n</think>\n\nThe answer.",
             "<think>\n\n</think>\n\nShort.",
-            "plain answer </think> text",
             "<think>\nunfinished thought",
             "  <thi",
             "<th is not a tag",
@@ -151,6 +160,8 @@ mod tests {
                 assert_eq!(streamed(text, false, chunk), split_reasoning(text), "{text:?} chunk {chunk}");
             }
         }
+        assert_eq!(streamed("plain </think> text", false, 3), (None, "plain </think> text".into()));
+        assert_eq!(split_whole("<think>\nr\n</think>\n\nc", false), (Some("r".into()), "c".into()));
         // The prompt opened the block: generated text starts inside it.
         for chunk in [1, 4, 100] {
             let text = "thinking\n</think>\n\nanswer";

@@ -92,9 +92,7 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
         return Ok(order_headers(seq, &started, sse::chat(meta, started, ticket, include_usage)));
     }
     let (text, finish, usage) = ticket.collect().await?;
-    // The template's open `<think>` is part of the answer's text for splitting purposes.
-    let full = if started.think_open { format!("<think>{text}") } else { text };
-    let (reasoning, content) = q4moe_tokenizer::split_reasoning(&full);
+    let (reasoning, content) = crate::reasoning::split_whole(&text, started.think_open);
     let body = openai::chat_completion(&meta, &content, reasoning.as_deref(), finish_reason(finish), usage);
     Ok(order_headers(ticket.seq, &started, Json(body).into_response()))
 }
