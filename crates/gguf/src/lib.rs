@@ -1,6 +1,9 @@
 //! GGUF v3 container: memory-mapped reading with zero-copy tensor views, streaming writing,
 //! and the quantised block formats q4moe computes on (`quant`).
 
+// `x % n == 0` rather than `is_multiple_of`: the workspace's rust-version is 1.80.
+#![allow(clippy::manual_is_multiple_of)]
+
 mod error;
 mod reader;
 mod types;

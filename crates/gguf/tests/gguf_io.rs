@@ -20,7 +20,7 @@ fn all_values() -> Vec<(String, Value)> {
         ("t.empty_string".into(), s("")),
         ("t.u64".into(), Value::U64(u64::MAX - 3)),
         ("t.i64".into(), Value::I64(i64::MIN + 5)),
-        ("t.f64".into(), Value::F64(-2.718281828459045)),
+        ("t.f64".into(), Value::F64(-2.5e-300)),
         ("t.strings".into(), Value::string_array(["a", "", "ĠThe", "<|im_end|>"].map(String::from))),
         ("t.i32s".into(), Value::Array(ValueType::I32, vec![Value::I32(1), Value::I32(-2), Value::I32(3)])),
         ("t.empty".into(), Value::Array(ValueType::F32, vec![])),

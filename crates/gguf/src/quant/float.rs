@@ -54,10 +54,10 @@ pub(crate) fn quantize_bf16(src: &[f32], out: &mut Vec<u8>) {
 }
 
 pub(crate) fn vec_dot_ref(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
-    let w: Box<dyn Fn(&[u8]) -> f32> = match ty {
-        GgmlType::F32 => Box::new(|b| f32::from_le_bytes(b.try_into().unwrap())),
-        GgmlType::F16 => Box::new(|b| f16_to_f32([b[0], b[1]])),
-        _ => Box::new(|b| bf16_to_f32([b[0], b[1]])),
+    let w: fn(&[u8]) -> f32 = match ty {
+        GgmlType::F32 => |b| f32::from_le_bytes(b.try_into().unwrap()),
+        GgmlType::F16 => |b| f16_to_f32([b[0], b[1]]),
+        _ => |b| bf16_to_f32([b[0], b[1]]),
     };
     row.chunks_exact(ty.type_size()).zip(x).map(|(b, &x)| w(b) * x).sum()
 }

@@ -103,8 +103,8 @@ fn quantize_block(x: &[f32]) -> BlockQ6K {
     }
     let iscale = -128.0 / max_scale;
     b.d = f32_to_f16(1.0 / iscale);
-    for s in 0..16 {
-        b.scales[s] = nearest_int(iscale * scales[s]).clamp(-128, 127) as i8 as u8;
+    for (q, s) in b.scales.iter_mut().zip(scales) {
+        *q = nearest_int(iscale * s).clamp(-128, 127) as i8 as u8;
     }
     let d = f16_to_f32(b.d);
     for s in 0..16 {
