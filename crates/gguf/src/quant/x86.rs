@@ -98,7 +98,8 @@ unsafe fn dot_lanes(n: usize, x: &[f32], load: impl Fn(usize) -> __m256) -> f32 
 
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
-    let n = x.len();
+    // Clamped so that a caller's length mismatch can never read out of bounds.
+    let n = x.len().min(row.len() / 4);
     let p = row.as_ptr().cast::<f32>();
     let main = n / 8 * 8;
     let s = dot_lanes(main, x, |i| _mm256_loadu_ps(p.add(i)));
@@ -107,7 +108,7 @@ unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
-    let n = x.len();
+    let n = x.len().min(row.len() / 2);
     let p = row.as_ptr();
     let main = n / 8 * 8;
     let s = dot_lanes(main, x, |i| _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i).cast())));
@@ -116,7 +117,7 @@ unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
 
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
-    let n = x.len();
+    let n = x.len().min(row.len() / 2);
     let p = row.as_ptr();
     let main = n / 8 * 8;
     let load = |i: usize| {
@@ -132,21 +133,22 @@ unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_0(bs: &[BlockQ4_0], x: &[f32]) -> f32 {
     let (m15, m8) = (_mm256_set1_epi32(15), _mm256_set1_epi32(8));
-    let mut acc = _mm256_setzero_ps();
+    // Two accumulators and a tree inside the block keep the FMA latency chains short.
+    let mut acc = [_mm256_setzero_ps(); 2];
     for (bc, xc) in bs.chunks(8).zip(x.chunks(256)) {
         let ds = f16x8_array(bc.len(), |i| bc[i].d);
-        for ((b, x), d) in bc.iter().zip(xc.chunks_exact(32)).zip(ds) {
+        for (i, ((b, x), d)) in bc.iter().zip(xc.chunks_exact(32)).zip(ds).enumerate() {
             let xp = x.as_ptr();
             let (q0, q1) = (u8x8(b.qs.as_ptr()), u8x8(b.qs.as_ptr().add(8)));
             let lane = |q: __m256i| _mm256_cvtepi32_ps(_mm256_sub_epi32(q, m8));
-            let mut s = _mm256_mul_ps(lane(_mm256_and_si256(q0, m15)), _mm256_loadu_ps(xp));
-            s = _mm256_fmadd_ps(lane(_mm256_and_si256(q1, m15)), _mm256_loadu_ps(xp.add(8)), s);
-            s = _mm256_fmadd_ps(lane(_mm256_srli_epi32(q0, 4)), _mm256_loadu_ps(xp.add(16)), s);
-            s = _mm256_fmadd_ps(lane(_mm256_srli_epi32(q1, 4)), _mm256_loadu_ps(xp.add(24)), s);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
+            let s0 = _mm256_mul_ps(lane(_mm256_and_si256(q0, m15)), _mm256_loadu_ps(xp));
+            let s1 = _mm256_mul_ps(lane(_mm256_and_si256(q1, m15)), _mm256_loadu_ps(xp.add(8)));
+            let s0 = _mm256_fmadd_ps(lane(_mm256_srli_epi32(q0, 4)), _mm256_loadu_ps(xp.add(16)), s0);
+            let s1 = _mm256_fmadd_ps(lane(_mm256_srli_epi32(q1, 4)), _mm256_loadu_ps(xp.add(24)), s1);
+            acc[i % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_add_ps(s0, s1), acc[i % 2]);
         }
     }
-    hsum(acc)
+    hsum(_mm256_add_ps(acc[0], acc[1]))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
