@@ -78,7 +78,7 @@ struct Worst {
 impl Worst {
     fn see(&mut self, fx: &Fixture, pos: usize, ours: &[f32]) {
         let err = rel_err(ours, fx.row(pos));
-        if !(err <= self.err) {
+        if err > self.err || err.is_nan() {
             *self = Worst { err, pos };
         }
     }
@@ -132,16 +132,21 @@ fn run(name: &str) {
     let mut b = CpuBackend::new(model, fx.tokens.len() + 8);
     let (prefill, forced) = teacher_forced(&fx, &mut b);
     let (tokens, decoded) = greedy(&fx, &mut b);
+    let want = &fx.tokens[fx.n_prompt..];
+    let first_diff = tokens.iter().zip(want).position(|(a, b)| a != b);
     eprintln!(
         "{name}: max rel logit error prefill {:.2e}, teacher-forced decode {:.2e}, greedy decode {:.2e} \
-         (tolerance {TOL:e}; reference greedy gap {:.1e}, router gap {:.1e})",
-        prefill.err, forced.err, decoded.err, fx.greedy_gap, fx.router_gap
+         (tolerance {TOL:e}; reference greedy gap {:.1e}, router gap {:.1e}); greedy tokens {}",
+        prefill.err,
+        forced.err,
+        decoded.err,
+        fx.greedy_gap,
+        fx.router_gap,
+        first_diff.map_or(format!("all {} match", want.len()), |s| format!("diverge at step {s}"))
     );
     for (what, w) in [("prefill", prefill), ("teacher-forced decode", forced), ("greedy decode", decoded)] {
         assert!(w.err <= TOL, "{name}: {what}: max relative logit error {:.3e} (worst at position {}) > {TOL:e}", w.err, w.pos);
     }
-    let want = &fx.tokens[fx.n_prompt..];
-    let first_diff = tokens.iter().zip(want).position(|(a, b)| a != b);
     assert!(
         first_diff.is_none() && tokens.len() == want.len(),
         "{name}: greedy tokens differ from transformers' at step {first_diff:?}\n ours: {tokens:?}\n  ref: {want:?}"
