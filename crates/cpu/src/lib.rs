@@ -15,7 +15,7 @@ use q4moe_model::backend::{
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
 
-pub use forward::Scratch;
+pub use forward::{Precision, Scratch};
 pub use kv::KvCache;
 
 pub struct CpuBackend {
@@ -28,10 +28,15 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     /// `kv_capacity`: positions a session may hold (at most the model's context length).
+    /// Uses the fast `Precision::Q8` path.
     pub fn new(model: Arc<Model>, kv_capacity: usize) -> Self {
+        Self::with_precision(model, kv_capacity, Precision::Q8)
+    }
+
+    pub fn with_precision(model: Arc<Model>, kv_capacity: usize, precision: Precision) -> Self {
         let kv_capacity = kv_capacity.min(model.config.context_length).max(1);
         let weights = forward::HostWeights::new(&model);
-        let scratch = Scratch::new(&model.config);
+        let scratch = Scratch::new(&model.config, precision);
         CpuBackend { model, weights, kv_capacity, sessions: HashMap::new(), scratch }
     }
 
