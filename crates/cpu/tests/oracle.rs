@@ -12,7 +12,7 @@ mod support;
 
 use std::sync::Arc;
 
-use q4moe_cpu::CpuBackend;
+use q4moe_cpu::{CpuBackend, Precision};
 use q4moe_model::backend::{Backend, DecodeRequest, Flow};
 use q4moe_model::sampling::{argmax, SamplingParams};
 use q4moe_model::{synth, Model};
@@ -35,7 +35,10 @@ impl Drop for TempFile {
 }
 
 fn regenerate(fx: &Fixture) -> (TempFile, Arc<Model>) {
-    let path = std::env::temp_dir().join(format!("q4moe-oracle-{}-{}.gguf", fx.name, std::process::id()));
+    // Tests run in parallel threads of one process: each regenerates into its own file.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("q4moe-oracle-{}-{}-{n}.gguf", fx.name, std::process::id()));
     let file = TempFile(path);
     synth::write(&file.0, &fx.config, fx.quant, fx.seed, false).expect("synth::write");
     let sha = support::sha256(&std::fs::read(&file.0).expect("read regenerated GGUF"));
@@ -69,18 +72,27 @@ fn rel_err(ours: &[f32], reference: &[f32]) -> f32 {
 }
 
 /// Worst relative error seen in one kind of check, and where.
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone)]
 struct Worst {
     err: f32,
     pos: usize,
+    /// Every position's error, for the median.
+    all: Vec<f32>,
 }
 
 impl Worst {
     fn see(&mut self, fx: &Fixture, pos: usize, ours: &[f32]) {
         let err = rel_err(ours, fx.row(pos));
+        self.all.push(if err.is_nan() { f32::INFINITY } else { err });
         if err > self.err || err.is_nan() {
-            *self = Worst { err, pos };
+            (self.err, self.pos) = (err, pos);
         }
+    }
+
+    fn median(&self) -> f32 {
+        let mut v = self.all.clone();
+        v.sort_by(f32::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f32::INFINITY)
     }
 }
 
@@ -126,26 +138,60 @@ fn greedy(fx: &Fixture, b: &mut CpuBackend) -> (Vec<u32>, Worst) {
     (out, worst)
 }
 
+/// The fast path quantises activations to 8 bits per product (as llama.cpp does). Measured median
+/// (over positions) relative logit errors: 2.2e-3 (mid q4_0), 5.2e-3 (tiny q4_0), 2.3e-2
+/// (tiny q4_k). Where the router's k-th and (k+1)-th experts are nearly tied (these random models
+/// have gaps down to 2e-5) the rounding can pick the other expert: that position's logits move by
+/// up to ~0.6 of the largest, and its keys and values shift every later position a little. So
+/// the bound is on the median, and the greedy tokens must still all match.
+const Q8_MEDIAN_TOL: f32 = 5e-2;
+
+/// What a run must meet: the bound and whether it applies to every position or to the median.
+#[derive(Clone, Copy, Debug)]
+enum Bound {
+    Max(f32),
+    Median(f32),
+}
+
 fn run(name: &str) {
+    run_with(name, Precision::Exact, Bound::Max(TOL));
+}
+
+fn run_with(name: &str, precision: Precision, bound: Bound) {
     let fx = support::load(name);
     let (_file, model) = regenerate(&fx);
-    let mut b = CpuBackend::new(model, fx.tokens.len() + 8);
+    let mut b = CpuBackend::with_precision(model, fx.tokens.len() + 8, precision);
     let (prefill, forced) = teacher_forced(&fx, &mut b);
     let (tokens, decoded) = greedy(&fx, &mut b);
     let want = &fx.tokens[fx.n_prompt..];
     let first_diff = tokens.iter().zip(want).position(|(a, b)| a != b);
     eprintln!(
         "{name}: max rel logit error prefill {:.2e}, teacher-forced decode {:.2e}, greedy decode {:.2e} \
-         (tolerance {TOL:e}; reference greedy gap {:.1e}, router gap {:.1e}); greedy tokens {}",
+         ({precision:?}, {bound:?}; median errors {:.2e} / {:.2e} / {:.2e}; reference greedy gap {:.1e}, router gap {:.1e}); greedy tokens {}",
         prefill.err,
         forced.err,
         decoded.err,
+        prefill.median(),
+        forced.median(),
+        decoded.median(),
         fx.greedy_gap,
         fx.router_gap,
         first_diff.map_or(format!("all {} match", want.len()), |s| format!("diverge at step {s}"))
     );
-    for (what, w) in [("prefill", prefill), ("teacher-forced decode", forced), ("greedy decode", decoded)] {
-        assert!(w.err <= TOL, "{name}: {what}: max relative logit error {:.3e} (worst at position {}) > {TOL:e}", w.err, w.pos);
+    for (what, w) in [("prefill", &prefill), ("teacher-forced decode", &forced), ("greedy decode", &decoded)] {
+        match bound {
+            Bound::Max(tol) => assert!(
+                w.err <= tol,
+                "{name} {precision:?}: {what}: max relative logit error {:.3e} (worst at position {}) > {tol:e}",
+                w.err,
+                w.pos
+            ),
+            Bound::Median(tol) => assert!(
+                w.median() <= tol,
+                "{name} {precision:?}: {what}: median relative logit error {:.3e} > {tol:e}",
+                w.median()
+            ),
+        }
     }
     assert!(
         first_diff.is_none() && tokens.len() == want.len(),
@@ -166,6 +212,21 @@ fn oracle_tiny_q4_k() {
 #[test]
 fn oracle_mid_q4_0() {
     run("mid_q4_0");
+}
+
+#[test]
+fn oracle_q8_activations_tiny_q4_0() {
+    run_with("tiny_q4_0", Precision::Q8, Bound::Median(Q8_MEDIAN_TOL));
+}
+
+#[test]
+fn oracle_q8_activations_tiny_q4_k() {
+    run_with("tiny_q4_k", Precision::Q8, Bound::Median(Q8_MEDIAN_TOL));
+}
+
+#[test]
+fn oracle_q8_activations_mid_q4_0() {
+    run_with("mid_q4_0", Precision::Q8, Bound::Median(Q8_MEDIAN_TOL));
 }
 
 #[test]
