@@ -27,6 +27,8 @@ mod q8_k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 #[cfg(target_arch = "x86_64")]
+mod x86_512;
+#[cfg(target_arch = "x86_64")]
 mod x86_q8;
 
 use crate::{GgmlType, GgufError, Result};
@@ -85,7 +87,8 @@ pub enum Isa {
     Avx2,
     /// AVX2 kernels with 256-bit `vpdpbusd` from AVX-VNNI.
     AvxVnni,
-    /// AVX2 kernels with 256-bit `vpdpbusd` from AVX512-VNNI + AVX512VL.
+    /// AVX2 kernels with 256-bit `vpdpbusd` from AVX512-VNNI + AVX512VL, and AVX-512F table
+    /// lookups for f32 dots on Q4_0/Q4_K/Q8_0 rows.
     Avx512Vnni,
 }
 
@@ -109,7 +112,10 @@ fn detect() -> Isa {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
             return Isa::Scalar;
         }
-        if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+        if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512vl")
+        {
             return Isa::Avx512Vnni;
         }
         if is_x86_feature_detected!("avxvnni") {
@@ -232,12 +238,9 @@ pub fn vec_dot_isa(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        assert!(
-            detected_isa() >= Isa::Avx2,
-            "AVX2 kernels requested on a CPU without AVX2"
-        );
-        // SAFETY: AVX2, FMA and F16C were detected at run time.
-        return unsafe { x86::vec_dot_f32(ty, row, x) };
+        assert!(isa_available(isa), "{isa:?} kernels requested on a CPU without them");
+        // SAFETY: the features of `isa` were detected at run time (asserted above).
+        return unsafe { x86::vec_dot_f32(isa, ty, row, x) };
     }
     let _ = isa;
     vec_dot_ref(ty, row, x)

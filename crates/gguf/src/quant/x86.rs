@@ -4,15 +4,23 @@
 
 use std::arch::x86_64::*;
 
-use super::{blocks, BlockQ4K, BlockQ4_0, BlockQ6K, BlockQ8_0, QK_K};
+use super::{blocks, BlockQ4K, BlockQ4_0, BlockQ6K, BlockQ8_0, Isa, QK_K};
 use crate::GgmlType;
 
 pub(crate) use super::x86_q8::vec_dot_q8;
 
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C.
+/// The CPU must support `isa` (at least AVX2, FMA and F16C).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn vec_dot_f32(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+pub(crate) unsafe fn vec_dot_f32(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
+    if isa == Isa::Avx512Vnni {
+        match ty {
+            GgmlType::Q4_0 => return super::x86_512::dot_q4_0(blocks(row), x),
+            GgmlType::Q8_0 => return super::x86_512::dot_q8_0(blocks(row), x),
+            GgmlType::Q4_K => return super::x86_512::dot_q4_k(blocks(row), x),
+            _ => {}
+        }
+    }
     match ty {
         GgmlType::F32 => dot_f32(row, x),
         GgmlType::F16 => dot_f16(row, x),
