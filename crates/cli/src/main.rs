@@ -1,9 +1,12 @@
 //! The `q4moe` command line: run, chat, serve, bench, synth, inspect.
 
 mod bench;
+mod chat;
+mod chat_cmd;
 mod inspect;
 mod npy;
 mod run;
+mod serve_cmd;
 mod synth_cmd;
 
 use clap::{Args, Parser, Subcommand};
@@ -22,6 +25,10 @@ struct Cli {
 enum Command {
     /// Generate text from one prompt, streaming it.
     Run(run::RunArgs),
+    /// Interactive chat in the terminal.
+    Chat(chat_cmd::ChatArgs),
+    /// OpenAI-compatible HTTP server.
+    Serve(serve_cmd::ServeArgs),
     /// Isolated decode benchmark (setup cache off vs on, in-flight 1 vs N).
     Bench(bench::BenchArgs),
     /// Write a GGUF with random weights and a real geometry.
@@ -59,6 +66,18 @@ impl DeviceArgs {
     }
 }
 
+/// Loads a model onto the chosen backend; on the CPU the file's pages are read in first (with a
+/// progress bar) so the first tokens do not pay for disk reads.
+pub fn load_engine(path: &std::path::Path, device: &DeviceArgs) -> anyhow::Result<q4moe_engine::Engine> {
+    use anyhow::Context;
+    let opts = device.engine_options()?;
+    let model = std::sync::Arc::new(q4moe_model::Model::load(path).with_context(|| format!("loading {}", path.display()))?);
+    if opts.device == Device::Cpu || q4moe_cuda::cuda_available().is_err() {
+        model.prefault(true);
+    }
+    Ok(q4moe_engine::Engine::from_model(model, &opts)?)
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("Q4MOE_LOG"))
@@ -67,6 +86,8 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Chat(a) => chat_cmd::run(a),
+        Command::Serve(a) => serve_cmd::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Synth(a) => synth_cmd::run(a),
         Command::Inspect(a) => inspect::run(a),

@@ -82,12 +82,7 @@ fn prompt_text(engine: &Engine, a: &RunArgs) -> anyhow::Result<String> {
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
-    let engine_opts = a.device.engine_options()?;
-    let model = std::sync::Arc::new(q4moe_model::Model::load(&a.model)?);
-    if engine_opts.device != q4moe_engine::Device::Cuda {
-        model.prefault(true);
-    }
-    let mut engine = Engine::from_model(model, &engine_opts)?;
+    let mut engine = crate::load_engine(&a.model, &a.device)?;
     let prompt = engine.encode_prompt(&prompt_text(&engine, &a)?)?;
     let mut req = GenerateRequest::new(prompt, a.max_tokens);
     req.sampling = a.sampling.params();

@@ -1,0 +1,42 @@
+use std::path::PathBuf;
+
+use clap::Args;
+use q4moe_server::ServeConfig;
+
+use crate::DeviceArgs;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[arg(long, short)]
+    model: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer <key>` on /v1/*.
+    #[arg(long, env = "Q4MOE_API_KEY")]
+    api_key: Option<String>,
+    /// The model id clients name (default: the file's stem).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Requests that may wait for the engine before new ones are refused with 503.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let engine = crate::load_engine(&a.model, &a.device)?;
+    let stem = a.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "q4moe".into());
+    let cfg = ServeConfig {
+        host: a.host,
+        port: a.port,
+        api_key: a.api_key,
+        model_name: a.model_name.unwrap_or(stem),
+        queue_capacity: a.queue.max(1),
+        ..ServeConfig::default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(q4moe_server::serve(engine, cfg))
+}
