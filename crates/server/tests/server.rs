@@ -347,3 +347,36 @@ async fn metrics_models_health_and_unknown_paths() {
     assert!(body.contains("\"error\""));
     tokio::time::sleep(Duration::from_millis(1)).await;
 }
+
+/// A full queue refuses at once (503, OpenAI shape); what it accepted still completes.
+#[tokio::test]
+async fn full_queue_refuses_new_requests_and_loses_none() {
+    use futures_util::StreamExt;
+    let s = start(ServeConfig { model_name: "tiny".into(), queue_capacity: 1, ..Default::default() }).await;
+    let mut body = chat_body(user("keep the engine busy"), 480);
+    body["ignore_eos"] = json!(true);
+    body["stream"] = json!(true);
+    let r = s.http.post(format!("{}/v1/chat/completions", s.base)).json(&body).send().await.unwrap();
+    let mut busy = r.bytes_stream();
+    busy.next().await.unwrap().unwrap();
+    // The engine is taken: one request may wait, the next is refused.
+    let queued = {
+        let (http, url) = (s.http.clone(), format!("{}/v1/chat/completions", s.base));
+        let body = chat_body(user("queued"), 2);
+        tokio::spawn(async move { http.post(url).json(&body).send().await.unwrap().status().as_u16() })
+    };
+    for _ in 0..400 {
+        let health: Value = serde_json::from_str(&s.get_text("/health").await.1).unwrap();
+        if health["queue_depth"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, v) = s.post("/v1/chat/completions", &chat_body(user("refused"), 2)).await;
+    assert_eq!(status, 503, "{v}");
+    let refused = Some(v);
+    let v = refused.unwrap();
+    assert_eq!(v["error"]["code"], "queue_full");
+    drop(busy);
+    assert_eq!(queued.await.unwrap(), 200);
+}
