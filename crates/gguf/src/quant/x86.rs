@@ -142,7 +142,7 @@ unsafe fn dot_bf16(row: &[u8], x: &[f32]) -> f32 {
 unsafe fn dot_q4_0(bs: &[BlockQ4_0], x: &[f32]) -> f32 {
     let (m15, m8) = (_mm256_set1_epi32(15), _mm256_set1_epi32(8));
     // Two accumulators and a tree inside the block keep the FMA latency chains short.
-    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut acc = [_mm256_setzero_ps(); 4];
     for (bc, xc) in bs.chunks(8).zip(x.chunks(256)) {
         let ds = f16x8_array(bc.len(), |i| bc[i].d);
         for (i, ((b, x), d)) in bc.iter().zip(xc.chunks_exact(32)).zip(ds).enumerate() {
@@ -153,45 +153,50 @@ unsafe fn dot_q4_0(bs: &[BlockQ4_0], x: &[f32]) -> f32 {
             let s1 = _mm256_mul_ps(lane(_mm256_and_si256(q1, m15)), _mm256_loadu_ps(xp.add(8)));
             let s0 = _mm256_fmadd_ps(lane(_mm256_srli_epi32(q0, 4)), _mm256_loadu_ps(xp.add(16)), s0);
             let s1 = _mm256_fmadd_ps(lane(_mm256_srli_epi32(q1, 4)), _mm256_loadu_ps(xp.add(24)), s1);
-            acc[i % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_add_ps(s0, s1), acc[i % 2]);
+            acc[i % 4] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_add_ps(s0, s1), acc[i % 4]);
         }
     }
-    hsum(_mm256_add_ps(acc[0], acc[1]))
+    hsum(sum4(acc))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q8_0(bs: &[BlockQ8_0], x: &[f32]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); 4];
     for (bc, xc) in bs.chunks(8).zip(x.chunks(256)) {
         let ds = f16x8_array(bc.len(), |i| bc[i].d);
-        for ((b, x), d) in bc.iter().zip(xc.chunks_exact(32)).zip(ds) {
+        for (i, ((b, x), d)) in bc.iter().zip(xc.chunks_exact(32)).zip(ds).enumerate() {
             let (xp, qp) = (x.as_ptr(), b.qs.as_ptr());
             let lane = |k: usize| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(qp.add(8 * k).cast())));
-            let mut s = _mm256_mul_ps(lane(0), _mm256_loadu_ps(xp));
-            for k in 1..4 {
-                s = _mm256_fmadd_ps(lane(k), _mm256_loadu_ps(xp.add(8 * k)), s);
-            }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), s, acc);
+            let s0 = _mm256_fmadd_ps(lane(1), _mm256_loadu_ps(xp.add(8)), _mm256_mul_ps(lane(0), _mm256_loadu_ps(xp)));
+            let s1 = _mm256_fmadd_ps(lane(3), _mm256_loadu_ps(xp.add(24)), _mm256_mul_ps(lane(2), _mm256_loadu_ps(xp.add(16))));
+            acc[i % 4] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_add_ps(s0, s1), acc[i % 4]);
         }
     }
-    hsum(acc)
+    hsum(sum4(acc))
+}
+
+/// Four accumulators: with one or two, the FMA latency (4-5 cycles) would bound a block.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn sum4(a: [__m256; 4]) -> __m256 {
+    _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k(bs: &[BlockQ4K], x: &[f32]) -> f32 {
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut acc = [_mm256_setzero_ps(); 4];
     for (bc, xc) in bs.chunks(4).zip(x.chunks(4 * QK_K)) {
         let ds = f16x8_array(2 * bc.len(), |i| if i % 2 == 0 { bc[i / 2].d } else { bc[i / 2].dmin });
         for (i, (b, x)) in bc.iter().zip(xc.chunks_exact(QK_K)).enumerate() {
-            q4_k_block(b, x, ds[2 * i], ds[2 * i + 1], &mut a0, &mut a1);
+            q4_k_block(b, x, ds[2 * i], ds[2 * i + 1], &mut acc);
         }
     }
-    hsum(_mm256_add_ps(a0, a1))
+    hsum(sum4(acc))
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn q4_k_block(b: &BlockQ4K, x: &[f32], d: f32, dmin: f32, a0: &mut __m256, a1: &mut __m256) {
+unsafe fn q4_k_block(b: &BlockQ4K, x: &[f32], d: f32, dmin: f32, acc: &mut [__m256; 4]) {
     let m15 = _mm256_set1_epi32(15);
     for c in 0..4 {
         let (sc0, m0) = b.scale_min(2 * c);
@@ -203,8 +208,9 @@ unsafe fn q4_k_block(b: &BlockQ4K, x: &[f32], d: f32, dmin: f32, a0: &mut __m256
             let q = u8x8(qp.add(8 * g));
             let lo = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, m15)), d0, mn0);
             let hi = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d1, mn1);
-            *a0 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xp.add(8 * g)), *a0);
-            *a1 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xp.add(32 + 8 * g)), *a1);
+            let j = 2 * (g % 2);
+            acc[j] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xp.add(8 * g)), acc[j]);
+            acc[j + 1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xp.add(32 + 8 * g)), acc[j + 1]);
         }
     }
 }
@@ -217,7 +223,7 @@ unsafe fn dot_q6_k(bs: &[BlockQ6K], x: &[f32]) -> f32 {
         _mm256_set1_epi32(48),
         _mm256_set1_epi32(32),
     );
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut acc = [_mm256_setzero_ps(); 4];
     for (bc, xc) in bs.chunks(8).zip(x.chunks(8 * QK_K)) {
         let ds = f16x8_array(bc.len(), |i| bc[i].d);
         for ((b, x), d) in bc.iter().zip(xc.chunks_exact(QK_K)).zip(ds) {
@@ -251,15 +257,11 @@ unsafe fn dot_q6_k(bs: &[BlockQ6K], x: &[f32]) -> f32 {
                             _mm256_set1_ps(dsc[8 * h + 2 * k + g / 2]),
                         );
                         let xv = _mm256_loadu_ps(xp.add(32 * k + 8 * g));
-                        if k % 2 == 0 {
-                            a0 = _mm256_fmadd_ps(w, xv, a0);
-                        } else {
-                            a1 = _mm256_fmadd_ps(w, xv, a1);
-                        }
+                        acc[k] = _mm256_fmadd_ps(w, xv, acc[k]);
                     }
                 }
             }
         }
     }
-    hsum(_mm256_add_ps(a0, a1))
+    hsum(sum4(acc))
 }

@@ -26,37 +26,39 @@ unsafe fn u8x16(p: *const u8) -> __m512i {
 pub(crate) unsafe fn dot_q4_0(bs: &[BlockQ4_0], x: &[f32]) -> f32 {
     let (m15, eight) = (_mm512_set1_epi32(15), _mm512_set1_ps(8.0));
     let minus8 = _mm512_sub_ps(iota16(), eight);
-    let mut acc = [_mm512_setzero_ps(); 2];
+    // Four accumulators: with fewer, the FMA latency would bound a block.
+    let mut acc = [_mm512_setzero_ps(); 4];
     for (bc, xc) in bs.chunks(8).zip(x.chunks(256)) {
         let ds = f16x8_array(bc.len(), |i| bc[i].d);
-        for ((b, x), d) in bc.iter().zip(xc.chunks_exact(32)).zip(ds) {
+        for (i, ((b, x), d)) in bc.iter().zip(xc.chunks_exact(32)).zip(ds).enumerate() {
+            let j = 2 * (i % 2);
             // Reference weight: d * (q - 8), one rounding.
             let table = _mm512_mul_ps(minus8, _mm512_set1_ps(d));
             let q = u8x16(b.qs.as_ptr());
             let lo = _mm512_permutexvar_ps(_mm512_and_si512(q, m15), table);
             let hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);
-            acc[0] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x.as_ptr()), acc[0]);
-            acc[1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x.as_ptr().add(16)), acc[1]);
+            acc[j] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x.as_ptr()), acc[j]);
+            acc[j + 1] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x.as_ptr().add(16)), acc[j + 1]);
         }
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+    sum4(acc)
 }
 
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(crate) unsafe fn dot_q8_0(bs: &[BlockQ8_0], x: &[f32]) -> f32 {
-    let mut acc = [_mm512_setzero_ps(); 2];
+    let mut acc = [_mm512_setzero_ps(); 4];
     for (bc, xc) in bs.chunks(8).zip(x.chunks(256)) {
         let ds = f16x8_array(bc.len(), |i| bc[i].d);
-        for ((b, x), d) in bc.iter().zip(xc.chunks_exact(32)).zip(ds) {
+        for (i, ((b, x), d)) in bc.iter().zip(xc.chunks_exact(32)).zip(ds).enumerate() {
             let dv = _mm512_set1_ps(d);
-            for h in 0..2 {
+            for (h, acc) in acc[2 * (i % 2)..2 * (i % 2) + 2].iter_mut().enumerate() {
                 let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.qs.as_ptr().add(16 * h).cast()));
                 let w = _mm512_mul_ps(_mm512_cvtepi32_ps(q), dv);
-                acc[h] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x.as_ptr().add(16 * h)), acc[h]);
+                *acc = _mm512_fmadd_ps(w, _mm512_loadu_ps(x.as_ptr().add(16 * h)), *acc);
             }
         }
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+    sum4(acc)
 }
 
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -68,7 +70,7 @@ pub(crate) unsafe fn dot_q4_k(bs: &[BlockQ4K], x: &[f32]) -> f32 {
             q4_k_block(b, x, ds[2 * i], ds[2 * i + 1], &mut acc);
         }
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+    sum4(acc)
 }
 
 #[inline]
@@ -91,4 +93,10 @@ unsafe fn q4_k_block(b: &BlockQ4K, x: &[f32], d: f32, dmin: f32, acc: &mut [__m5
             acc[2 + h] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp.add(32 + 16 * h)), acc[2 + h]);
         }
     }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum4(a: [__m512; 4]) -> f32 {
+    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])))
 }

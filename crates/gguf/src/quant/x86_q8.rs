@@ -98,27 +98,29 @@ macro_rules! q8_0_kernels {
 
             #[target_feature(enable = $features)]
             pub(super) unsafe fn q4_0(bs: &[BlockQ4_0], ys: &[BlockQ8_0]) -> f32 {
-                let mut acc = _mm256_setzero_ps();
+                // Four accumulators: one FMA chain would cap a block at the FMA latency.
+                let mut acc = [_mm256_setzero_ps(); 4];
                 for (bc, yc) in bs.chunks(8).zip(ys.chunks(8)) {
-                    for ((b, y), d) in bc.iter().zip(yc).zip(scales8(bc, yc)) {
+                    for (i, ((b, y), d)) in bc.iter().zip(yc).zip(scales8(bc, yc)).enumerate() {
                         let p = dot_i8(q4_0_bytes(&b.qs), _mm256_loadu_si256(y.qs.as_ptr().cast()));
-                        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
+                        acc[i % 4] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[i % 4]);
                     }
                 }
-                hsum(acc)
+                hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
             }
 
             #[target_feature(enable = $features)]
             pub(super) unsafe fn q8_0(bs: &[BlockQ8_0], ys: &[BlockQ8_0]) -> f32 {
-                let mut acc = _mm256_setzero_ps();
+                // Four accumulators: one FMA chain would cap a block at the FMA latency.
+                let mut acc = [_mm256_setzero_ps(); 4];
                 for (bc, yc) in bs.chunks(8).zip(ys.chunks(8)) {
-                    for ((b, y), d) in bc.iter().zip(yc).zip(scales8(bc, yc)) {
+                    for (i, ((b, y), d)) in bc.iter().zip(yc).zip(scales8(bc, yc)).enumerate() {
                         let x = _mm256_loadu_si256(b.qs.as_ptr().cast());
                         let p = dot_i8(x, _mm256_loadu_si256(y.qs.as_ptr().cast()));
-                        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc);
+                        acc[i % 4] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[i % 4]);
                     }
                 }
-                hsum(acc)
+                hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
             }
         }
     };
