@@ -19,9 +19,11 @@ fn arg(name: &str) -> Option<String> {
 
 const PROMPT: &str = "The history of the mixture of experts architecture begins with a simple idea:";
 
-/// Distinct first words per request, so no request reuses another's KV (fair first-token times).
+/// Each request's number, least significant digit first, opens its prompt: neighbours differ in
+/// the first character, so no request reuses more than a token of another's KV (fair prefill).
 fn prompt(i: usize) -> String {
-    format!("Request {i}. {PROMPT}")
+    let id: String = i.to_string().chars().rev().collect();
+    format!("{id}: {PROMPT}")
 }
 
 fn stats(xs: &[f64]) -> Value {
