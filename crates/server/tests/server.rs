@@ -381,3 +381,28 @@ async fn full_queue_refuses_new_requests_and_loses_none() {
     let refused = answers.iter().find(|(st, _)| *st == 503).expect("a full queue refused nothing");
     assert_eq!(refused.1["error"]["code"], "queue_full");
 }
+
+#[tokio::test]
+async fn sampling_fields_seed_and_stop_strings() {
+    let s = start_default().await;
+    let body = json!({
+        "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9, "top_p": 0.9, "top_k": 40,
+        "min_p": 0.01, "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.5,
+        "seed": 42, "ignore_eos": true,
+    });
+    let (status, a) = s.post("/v1/completions", &body).await;
+    assert_eq!(status, 200, "{a}");
+    let (_, b) = s.post("/v1/completions", &body).await;
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "same seed, same text");
+    // Stop at a piece of the greedy text: cut before it, finish_reason stop.
+    let greedy = json!({ "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "ignore_eos": true });
+    let (_, g) = s.post("/v1/completions", &greedy).await;
+    let text = g["choices"][0]["text"].as_str().unwrap().to_string();
+    let cut = text.char_indices().nth(text.chars().count() / 2).unwrap().0;
+    let stop: String = text[cut..].chars().take(3).collect();
+    let mut stopped = greedy.clone();
+    stopped["stop"] = json!(["\u{1}never", stop]);
+    let (_, st) = s.post("/v1/completions", &stopped).await;
+    assert_eq!(st["choices"][0]["finish_reason"], "stop", "{st}");
+    assert_eq!(st["choices"][0]["text"].as_str().unwrap(), &text[..text.find(&stop).unwrap()]);
+}
