@@ -80,7 +80,10 @@ pub fn load_engine(path: &std::path::Path, device: &DeviceArgs) -> anyhow::Resul
 
 fn main() {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("Q4MOE_LOG"))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("Q4MOE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,q4moe_server=info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
