@@ -1,7 +1,9 @@
 //! One token through every layer (DESIGN.md section 2). Matrices stay quantised: every output
 //! element is one `vec_dot` over a quantised row; rows are split across rayon threads.
 
-use q4moe_gguf::quant::{activation_type, quantize_activation_q8, vec_dot, vec_dot_q8};
+use q4moe_gguf::quant::{
+    activation_type, q4_0x_act_bytes, q4_0x_applies, quantize_activation_q4_0x, quantize_activation_q8, vec_dot, vec_dot_q4_0x, vec_dot_q4_0x_rows, vec_dot_q8,
+};
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 use rayon::prelude::*;
@@ -26,6 +28,8 @@ enum Act<'a> {
     F32(&'a [f32]),
     /// Quantised blocks; `stride` bytes per vector when several are packed (experts' hidden).
     Q8(&'a [u8], usize),
+    /// Q8_0 re-laid out for Q4_0 rows (`quant::q4_0x`); `stride` as for `Q8`.
+    Q4x(&'a [u8], usize),
 }
 
 impl Act<'_> {
@@ -34,6 +38,7 @@ impl Act<'_> {
         match *self {
             Act::F32(x) => Act::F32(&x[i * n..(i + 1) * n]),
             Act::Q8(q, stride) => Act::Q8(&q[i * stride..(i + 1) * stride], stride),
+            Act::Q4x(q, stride) => Act::Q4x(&q[i * stride..(i + 1) * stride], stride),
         }
     }
 
@@ -41,6 +46,10 @@ impl Act<'_> {
         match *self {
             Act::F32(x) => vec_dot(ty, row, x),
             Act::Q8(q, _) => vec_dot_q8(ty, row, q),
+            Act::Q4x(q, _) => {
+                debug_assert_eq!(ty, GgmlType::Q4_0);
+                vec_dot_q4_0x(row, q)
+            }
         }
     }
 }
@@ -57,6 +66,12 @@ fn prepare<'a>(p: Precision, ty: GgmlType, x: &'a [f32], n: usize, buf: &'a mut 
         return Act::F32(x);
     }
     buf.clear();
+    if q4_0x_applies(ty, n) {
+        for v in x.chunks(n) {
+            quantize_activation_q4_0x(v, buf);
+        }
+        return Act::Q4x(buf, q4_0x_act_bytes(n));
+    }
     for v in x.chunks(n) {
         quantize_activation_q8(ty, v, buf);
     }
@@ -106,6 +121,10 @@ pub struct Scratch {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
+    /// [q_dim + 2 kv_dim] fused Q/K/V output
+    qkv: Vec<f32>,
+    /// [n_head x positions] attention scores
+    scores: Vec<f32>,
     /// [q_dim] attention output
     attn: Vec<f32>,
     /// [d_model]
@@ -131,6 +150,8 @@ impl Scratch {
             q: vec![0.0; c.q_dim()],
             k: vec![0.0; c.kv_dim()],
             v: vec![0.0; c.kv_dim()],
+            qkv: vec![0.0; c.q_dim() + 2 * c.kv_dim()],
+            scores: Vec::new(),
             attn: vec![0.0; c.q_dim()],
             proj: vec![0.0; c.d_model],
             router: vec![0.0; c.n_expert],
@@ -140,12 +161,43 @@ impl Scratch {
     }
 }
 
+/// `out[i] = row_{r0+i}(w) . x` for consecutive rows of a matrix given as raw bytes.
+fn rows_dot(ty: GgmlType, data: &[u8], row_bytes: usize, r0: usize, x: Act<'_>, out: &mut [f32]) {
+    match x {
+        Act::Q4x(q, _) => vec_dot_q4_0x_rows(&data[r0 * row_bytes..(r0 + out.len()) * row_bytes], row_bytes, q, out),
+        _ => {
+            for (i, o) in out.iter_mut().enumerate() {
+                let r = r0 + i;
+                *o = x.dot(ty, &data[r * row_bytes..(r + 1) * row_bytes]);
+            }
+        }
+    }
+}
+
 /// `out[r] = row_r(w) . x` for the rows of a quantised matrix given as raw bytes.
 fn matvec(ty: GgmlType, data: &[u8], row_bytes: usize, x: Act<'_>, out: &mut [f32]) {
     out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(ci, chunk)| {
-        for (i, o) in chunk.iter_mut().enumerate() {
-            let r = ci * ROWS_PER_TASK + i;
-            *o = x.dot(ty, &data[r * row_bytes..(r + 1) * row_bytes]);
+        rows_dot(ty, data, row_bytes, ci * ROWS_PER_TASK, x, chunk);
+    });
+}
+
+/// Several matrices of one type against the same `x` in one parallel region: `out` is their
+/// outputs concatenated (`parts[i]` gives matrix i's bytes and rows).
+fn matvec_concat(ty: GgmlType, parts: &[(&[u8], usize)], row_bytes: usize, x: Act<'_>, out: &mut [f32]) {
+    out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(ci, chunk)| {
+        let (mut r, mut done) = (ci * ROWS_PER_TASK, 0);
+        let mut base = 0;
+        for &(data, rows) in parts {
+            if done == chunk.len() {
+                break;
+            }
+            if r < base + rows {
+                let n = (base + rows - r).min(chunk.len() - done);
+                rows_dot(ty, data, row_bytes, r - base, x, &mut chunk[done..done + n]);
+                done += n;
+                r += n;
+            }
+            base += rows;
         }
     });
 }
@@ -175,35 +227,47 @@ fn attention_block(m: &Model, l: &LayerTensors, w: &LayerNorms, kv: &mut KvCache
     let c = &m.config;
     rmsnorm(&s.x, &w.attn_norm, c.rms_eps, &mut s.n);
     let p = s.precision;
-    matvec_t(m, &l.attn_q, &s.n, &mut s.xq, p, &mut s.q);
-    matvec_t(m, &l.attn_k, &s.n, &mut s.xq, p, &mut s.k);
-    matvec_t(m, &l.attn_v, &s.n, &mut s.xq, p, &mut s.v);
+    let (tq, tk, tv) = (&l.attn_q, &l.attn_k, &l.attn_v);
+    if tq.ty == tk.ty && tq.ty == tv.ty && tq.row_bytes() == tk.row_bytes() && tq.row_bytes() == tv.row_bytes() {
+        // One parallel region for Q, K and V (one activation preparation, one join).
+        let act = prepare(p, tq.ty, &s.n, c.d_model, &mut s.xq);
+        let (nq, nk) = (s.q.len(), s.k.len());
+        let parts = [(m.data(tq), nq), (m.data(tk), nk), (m.data(tv), s.v.len())];
+        matvec_concat(tq.ty, &parts, tq.row_bytes(), act, &mut s.qkv);
+        s.q.copy_from_slice(&s.qkv[..nq]);
+        s.k.copy_from_slice(&s.qkv[nq..nq + nk]);
+        s.v.copy_from_slice(&s.qkv[nq + nk..]);
+    } else {
+        matvec_t(m, tq, &s.n, &mut s.xq, p, &mut s.q);
+        matvec_t(m, tk, &s.n, &mut s.xq, p, &mut s.k);
+        matvec_t(m, tv, &s.n, &mut s.xq, p, &mut s.v);
+    }
     rmsnorm_heads(&mut s.q, &w.q_norm, c.rms_eps);
     rmsnorm_heads(&mut s.k, &w.k_norm, c.rms_eps);
     rope_neox(&mut s.q, c.head_dim, pos, c.rope_theta);
     rope_neox(&mut s.k, c.head_dim, pos, c.rope_theta);
     kv.k[li].extend_from_slice(&s.k);
     kv.v[li].extend_from_slice(&s.v);
-    attend(c, &s.q, &kv.k[li], &kv.v[li], &mut s.attn);
+    attend(c, &s.q, &kv.k[li], &kv.v[li], &mut s.scores, &mut s.attn);
     matvec_t(m, &l.attn_output, &s.attn, &mut s.xq, p, &mut s.proj);
     s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
 }
 
 /// Grouped-query attention of one query position over every cached position, head-parallel.
-fn attend(c: &Config, q: &[f32], keys: &[f32], values: &[f32], out: &mut [f32]) {
+/// `scores` is scratch (resized to heads x positions, so no allocation per head or token).
+fn attend(c: &Config, q: &[f32], keys: &[f32], values: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
     let (hd, kv_dim) = (c.head_dim, c.kv_dim());
     let len = keys.len() / kv_dim;
     let scale = 1.0 / (hd as f32).sqrt();
-    out.par_chunks_mut(hd).enumerate().for_each(|(h, o)| {
+    scores.resize((out.len() / hd) * len, 0.0);
+    out.par_chunks_mut(hd).zip(scores.par_chunks_mut(len)).enumerate().for_each(|(h, (o, scores))| {
         let g = h / c.n_group();
         let qh = &q[h * hd..(h + 1) * hd];
-        let mut scores: Vec<f32> = (0..len)
-            .map(|t| {
-                let kt = &keys[t * kv_dim + g * hd..t * kv_dim + (g + 1) * hd];
-                qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * scale
-            })
-            .collect();
-        softmax(&mut scores);
+        for (t, sc) in scores.iter_mut().enumerate() {
+            let kt = &keys[t * kv_dim + g * hd..t * kv_dim + (g + 1) * hd];
+            *sc = qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * scale;
+        }
+        softmax(scores);
         o.fill(0.0);
         for (t, &p) in scores.iter().enumerate() {
             let vt = &values[t * kv_dim + g * hd..t * kv_dim + (g + 1) * hd];
@@ -227,33 +291,42 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
     }
     let (gate, up, down) = (&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps);
     let ff = c.d_ff_expert;
-    let same_act = gate.ty == up.ty || (is_quantised(gate.ty) && is_quantised(up.ty) && activation_type(gate.ty) == activation_type(up.ty));
     let x_f32 = &s.n;
     let n = prepare(p, gate.ty, &s.n, c.d_model, &mut s.xq);
+    let same_act = gate.ty == up.ty
+        || (!matches!(n, Act::Q4x(..)) && is_quantised(gate.ty) && is_quantised(up.ty) && activation_type(gate.ty) == activation_type(up.ty));
+    let (grb, urb) = (gate.row_bytes(), up.row_bytes());
     s.hidden.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(ci, chunk)| {
-        for (i, h) in chunk.iter_mut().enumerate() {
-            let idx = ci * ROWS_PER_TASK + i;
-            let (e, r) = (chosen[idx / ff], idx % ff);
-            let g = n.dot(gate.ty, &m.expert(gate, e)[r * gate.row_bytes()..(r + 1) * gate.row_bytes()]);
-            let up_row = &m.expert(up, e)[r * up.row_bytes()..(r + 1) * up.row_bytes()];
-            // A file whose gate and up differ in activation type gets the exact path for up.
-            let u = if same_act { n.dot(up.ty, up_row) } else { vec_dot(up.ty, up_row, x_f32) };
-            *h = silu(g) * u;
+        let mut u = [0f32; ROWS_PER_TASK];
+        let mut done = 0;
+        while done < chunk.len() {
+            // A run of rows within one expert.
+            let idx = ci * ROWS_PER_TASK + done;
+            let (k, r) = (idx / ff, idx % ff);
+            let len = (ff - r).min(chunk.len() - done);
+            let e = chosen[k];
+            let hs = &mut chunk[done..done + len];
+            rows_dot(gate.ty, m.expert(gate, e), grb, r, n, hs);
+            let us = &mut u[..len];
+            if same_act {
+                rows_dot(up.ty, m.expert(up, e), urb, r, n, us);
+            } else {
+                // A file whose gate and up differ in activation type gets the exact path for up.
+                rows_dot(up.ty, m.expert(up, e), urb, r, Act::F32(x_f32), us);
+            }
+            hs.iter_mut().zip(us.iter()).for_each(|(h, &u)| *h = silu(*h) * u);
+            done += len;
         }
     });
     let hidden = prepare(p, down.ty, &s.hidden, ff, &mut s.xq);
+    let drb = down.row_bytes();
     s.proj.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(ci, chunk)| {
-        for (i, o) in chunk.iter_mut().enumerate() {
-            let r = ci * ROWS_PER_TASK + i;
-            *o = chosen
-                .iter()
-                .zip(&weights)
-                .enumerate()
-                .map(|(k, (&e, &p))| {
-                    let row = &m.expert(down, e)[r * down.row_bytes()..(r + 1) * down.row_bytes()];
-                    p * hidden.part(k, ff).dot(down.ty, row)
-                })
-                .sum();
+        let mut t = [0f32; ROWS_PER_TASK];
+        let t = &mut t[..chunk.len()];
+        chunk.fill(0.0);
+        for (k, (&e, &p)) in chosen.iter().zip(&weights).enumerate() {
+            rows_dot(down.ty, m.expert(down, e), drb, ci * ROWS_PER_TASK, hidden.part(k, ff), t);
+            chunk.iter_mut().zip(t.iter()).for_each(|(o, &d)| *o += p * d);
         }
     });
     s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);

@@ -99,7 +99,14 @@ fn main() {
             for &t in &counts {
                 let f = measure(&w, row_bytes, t, &|r| quant::vec_dot(ty, r, &x));
                 let q = measure(&w, row_bytes, t, &|r| quant::vec_dot_q8(ty, r, &xq));
-                println!("{:<6} {n:>5} {t:>8} {f:>14.2} {q:>14.2}", ty.name());
+                if quant::q4_0x_applies(ty, n) {
+                    let mut xp = Vec::new();
+                    quant::quantize_activation_q4_0x(&x, &mut xp);
+                    let p = measure(&w, row_bytes, t, &|r| quant::vec_dot_q4_0x(r, &xp));
+                    println!("{:<6} {n:>5} {t:>8} {f:>14.2} {q:>14.2} (q4_0x {p:.2})", ty.name());
+                } else {
+                    println!("{:<6} {n:>5} {t:>8} {f:>14.2} {q:>14.2}", ty.name());
+                }
             }
         }
     }

@@ -211,3 +211,25 @@ fn detected_isa_is_available() {
     assert!(quant::available_isas().contains(&Isa::Scalar));
     eprintln!("detected {isa:?}, available {:?}", quant::available_isas());
 }
+
+#[test]
+fn vec_dot_q4_0x_matches_reference() {
+    for n in [64usize, 128, 768, 2048] {
+        let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * if i % 7 == 0 { 3.0 } else { 1.0 }).collect();
+        let w: Vec<f32> = (0..n).map(|i| (i * 53 % 97) as f32 / 48.0 - 1.0).collect();
+        let mut row = Vec::new();
+        quant::quantize_row(Q4_0, &w, &mut row).unwrap();
+        let mut xq = Vec::new();
+        quant::quantize_activation_q8(Q4_0, &x, &mut xq);
+        let mut xp = Vec::new();
+        quant::quantize_activation_q4_0x(&x, &mut xp);
+        assert_eq!(xp.len(), quant::q4_0x_act_bytes(n));
+        let want = quant::vec_dot_q8_ref(Q4_0, &row, &xq);
+        let r = quant::vec_dot_q4_0x_ref(&row, &xp);
+        assert!((want - r).abs() <= 1e-4 * want.abs().max(1.0), "n={n}: ref {r} vs q8 ref {want}");
+        for isa in quant::available_isas() {
+            let got = quant::vec_dot_q4_0x_isa(isa, &row, &xp);
+            assert!((want - got).abs() <= 1e-4 * want.abs().max(1.0), "n={n} {isa:?}: {got} vs {want}");
+        }
+    }
+}

@@ -224,3 +224,47 @@ unsafe fn q6_k(bs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
     }
     hsum(acc)
 }
+
+/// `acc` plus one pair of Q4_0 blocks against one prepared pair (see `q4_0x`): per-lane
+/// products, offset-corrected and scaled (lanes 0..4 block A, 4..8 block B).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn q4_0x_pair(acc: __m256, b: *const BlockQ4_0, y: *const u8, lut: *const f32) -> __m256 {
+    let m4 = _mm256_set1_epi8(15);
+    let lo128 = _mm_loadu_si128((*b).qs.as_ptr().cast());
+    let hi128 = _mm_loadu_si128((*b.add(1)).qs.as_ptr().cast());
+    let w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo128), hi128, 1);
+    let lo = _mm256_and_si256(w, m4);
+    let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+    let p = _mm256_add_epi16(
+        _mm256_maddubs_epi16(lo, _mm256_loadu_si256(y.cast())),
+        _mm256_maddubs_epi16(hi, _mm256_loadu_si256(y.add(32).cast())),
+    );
+    let s = _mm256_sub_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), _mm256_loadu_si256(y.add(64).cast()));
+    let da = *lut.add(u16::from_le_bytes((*b).d) as usize);
+    let db = *lut.add(u16::from_le_bytes((*b.add(1)).d) as usize);
+    let dw = _mm256_set_m128(_mm_set1_ps(db), _mm_set1_ps(da));
+    let d = _mm256_mul_ps(dw, _mm256_loadu_ps(y.add(96).cast()));
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc)
+}
+
+/// Q4_0 row x Q8_0x2 activations (`q4_0x`), AVX2. `bs.len()` is even and `act` holds
+/// `bs.len() / 2` prepared pairs.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0x(bs: &[BlockQ4_0], act: &[u8]) -> f32 {
+    let pairs = bs.len() / 2;
+    debug_assert!(act.len() >= pairs * super::q4_0x::PAIR_BYTES);
+    let lut = super::q4_0x::F16_LUT.as_ptr();
+    let (b, y) = (bs.as_ptr(), act.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut p = 0;
+    while p + 2 <= pairs {
+        acc[0] = q4_0x_pair(acc[0], b.add(2 * p), y.add(128 * p), lut);
+        acc[1] = q4_0x_pair(acc[1], b.add(2 * p + 2), y.add(128 * p + 128), lut);
+        p += 2;
+    }
+    if p < pairs {
+        acc[0] = q4_0x_pair(acc[0], b.add(2 * p), y.add(128 * p), lut);
+    }
+    hsum(_mm256_add_ps(acc[0], acc[1]))
+}
