@@ -20,6 +20,7 @@ struct RopeParams {
 extern "C" __global__ void qk_norm_rope(const RopeParams p) {
     __shared__ float red[33];
     __shared__ float v[512];
+    pdl_start();
     int h = blockIdx.x, t = threadIdx.x, hd = p.head_dim, half = hd / 2;
     bool is_q = h < p.n_head;
     int kvh = h - p.n_head;
@@ -67,6 +68,7 @@ extern "C" __global__ void attn_split(const AttnParams p) {
     __shared__ float qs[512];
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[33];
+    pdl_start();
     int h = blockIdx.x, s = blockIdx.y, hd = p.head_dim;
     int kvh = h / (p.n_head / p.n_kv_head), kv_dim = p.n_kv_head * hd;
     int len = (int)((const StepState*)p.state)->pos + 1;
@@ -115,6 +117,7 @@ extern "C" __global__ void attn_split(const AttnParams p) {
 
 // grid n_head, head_dim threads: merges the chunks that hold positions, in index order.
 extern "C" __global__ void attn_combine(const AttnParams p) {
+    pdl_start();
     int h = blockIdx.x, d = threadIdx.x, hd = p.head_dim;
     int len = (int)((const StepState*)p.state)->pos + 1;
     int n_active = min(p.n_split, (len + ATT_CHUNK - 1) / ATT_CHUNK);
@@ -129,4 +132,203 @@ extern "C" __global__ void attn_combine(const AttnParams p) {
         acc += f * pt[2 + d];
     }
     ((float*)p.out)[h * hd + d] = acc / l;
+}
+
+// Grouped-query attention with the per-head RMSNorm + RoPE + KV append fused in: one block per
+// (KV head, chunk) serves all G <= 8 query heads of the group, so K/V are read once. 8 warps; a
+// warp owns positions w, w+8, .. of the chunk (its K and V rows are loaded in one go, a lane
+// holds 4 dims), queries live in shared memory, heads past G are zero padding. Partials use
+// attn_split's layout, so attn_combine merges them unchanged.
+struct AttnGqaParams {
+    u64 qkv;      // const float* [q_dim + 2*kv_dim] (raw projections)
+    u64 q_norm;   // const float* [head_dim]
+    u64 k_norm;   // const float* [head_dim]
+    u64 k_cache;  // float* [capacity, kv_dim] (this layer)
+    u64 v_cache;
+    u64 part;     // float* [n_head, n_split, head_dim + 2]
+    u64 state;    // const StepState*
+    int n_head;
+    int n_kv_head;
+    int head_dim; // multiple of 64, <= 128
+    int n_split;
+    float scale;
+    float eps;
+    float theta;
+};
+
+// Normalises + ropes one head of hd <= 128 values held 4 per lane (lane l: dims l, l+32, ..);
+// `src` raw values, result into dst (shared). One warp.
+__device__ __forceinline__ void gqa_norm_rope(const float* src, const float* nw, float* dst, int hd, u32 pos, float eps, float theta) {
+    int lane = threadIdx.x & 31, nj = hd >> 5, half = hd >> 1;
+    float v[4];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        v[j] = j < nj ? src[lane + 32 * j] : 0.f;
+        ss += v[j] * v[j];
+    }
+    ss = warp_sum(ss);
+    float r = rsqrtf(ss / (float)hd + eps);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (j < nj) v[j] = v[j] * r * nw[lane + 32 * j];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        if (j < nj / 2) {
+            int i = lane + 32 * j;
+            float x0 = v[j], x1 = v[j + nj / 2];
+            float freq = powf(theta, -2.0f * (float)i / (float)hd);
+            float s, c;
+            sincosf((float)pos * freq, &s, &c);
+            dst[i] = x0 * c - x1 * s;
+            dst[i + half] = x0 * s + x1 * c;
+        }
+    }
+}
+
+// grid (n_kv_head, n_split), 256 threads.
+extern "C" __global__ void attn_gqa(const AttnGqaParams p) {
+    __shared__ __align__(16) float qs[8][128];
+    __shared__ __align__(16) float knew[128];
+    __shared__ __align__(16) float vnew[128];
+    __shared__ float sc[8][ATT_CHUNK];
+    __shared__ float ml[8][2];
+    __shared__ __align__(16) float red[8][8][128];
+    pdl_start();
+    int kvh = blockIdx.x, s = blockIdx.y, hd = p.head_dim;
+    int G = p.n_head / p.n_kv_head, kv_dim = p.n_kv_head * hd, q_dim = p.n_head * hd;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 pos = ((const StepState*)p.state)->pos;
+    int len = (int)pos + 1;
+    int start = s * ATT_CHUNK, end = min(start + ATT_CHUNK, len);
+    if (start >= len) {
+        if (threadIdx.x < G) {
+            float* part = (float*)p.part + ((u64)(kvh * G + threadIdx.x) * p.n_split + s) * (hd + 2);
+            part[0] = -INFINITY;
+            part[1] = 0.f;
+        }
+        return;
+    }
+    const float* qkv = (const float*)p.qkv;
+    bool has_new = (int)pos >= start && (int)pos < end;
+    // Queries of the group (warp g -> head g), zero padding past G; the new K/V by warp 0 / 1
+    // of the block whose chunk holds pos (after the queries when G == 8).
+    if (warp < G) gqa_norm_rope(qkv + (kvh * G + warp) * hd, (const float*)p.q_norm, qs[warp], hd, pos, p.eps, p.theta);
+    else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
+    if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
+    if (has_new) {
+        if (warp == 0) {
+            gqa_norm_rope(qkv + q_dim + kvh * hd, (const float*)p.k_norm, knew, hd, pos, p.eps, p.theta);
+            __syncwarp();
+            for (int d = lane; d < hd; d += 32) ((float*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = knew[d];
+        } else if (warp == 1) {
+            for (int d = lane; d < hd; d += 32) {
+                float v = qkv[q_dim + kv_dim + kvh * hd + d];
+                vnew[d] = v;
+                ((float*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = v;
+            }
+        }
+    }
+    __syncthreads();
+    // K and V rows of this warp's positions, 4 dims per lane (lanes past hd/4 hold zeros).
+    const float* kc = (const float*)p.k_cache + kvh * hd;
+    const float* vc = (const float*)p.v_cache + kvh * hd;
+    const int NP = ATT_CHUNK / 8;
+    float4 kr[NP], vr[NP];
+    bool dl = lane * 4 < hd;
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        int t = start + warp + 8 * i;
+        kr[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        vr[i] = kr[i];
+        if (t < end && dl) {
+            if (t == (int)pos) {
+                kr[i] = *(const float4*)(knew + lane * 4);
+                vr[i] = *(const float4*)(vnew + lane * 4);
+            } else {
+                kr[i] = *(const float4*)(kc + (u64)t * kv_dim + lane * 4);
+                vr[i] = *(const float4*)(vc + (u64)t * kv_dim + lane * 4);
+            }
+        }
+    }
+    // Scores: 8 head partials per lane, reduced by a transposing butterfly (9 shuffles for 8
+    // heads); lane 4g ends with head g's total.
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        int t = start + warp + 8 * i;
+        float a[8];
+#pragma unroll
+        for (int g = 0; g < 8; g++) {
+            float4 q = *(const float4*)(&qs[g][lane * 4]);
+            a[g] = q.x * kr[i].x + q.y * kr[i].y + q.z * kr[i].z + q.w * kr[i].w;
+        }
+        float b[4];
+        bool hi = lane & 16;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float send = hi ? a[k] : a[k + 4];
+            float keep = hi ? a[k + 4] : a[k];
+            b[k] = keep + __shfl_xor_sync(0xffffffff, send, 16);
+        }
+        float c2[2];
+        hi = lane & 8;
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            float send = hi ? b[k] : b[k + 2];
+            float keep = hi ? b[k + 2] : b[k];
+            c2[k] = keep + __shfl_xor_sync(0xffffffff, send, 8);
+        }
+        hi = lane & 4;
+        float z = (hi ? c2[1] : c2[0]) + __shfl_xor_sync(0xffffffff, hi ? c2[0] : c2[1], 4);
+        z += __shfl_xor_sync(0xffffffff, z, 2);
+        z += __shfl_xor_sync(0xffffffff, z, 1);
+        if ((lane & 3) == 0 && t < end) sc[lane >> 2][t - start] = z * p.scale;
+    }
+    __syncthreads();
+    int n = end - start;
+    // Softmax statistics per head (warp g), exponentials in place; padded heads get zeros.
+    {
+        int g = warp;
+        float m = -INFINITY;
+        for (int i = lane; i < n; i += 32) m = fmaxf(m, sc[g][i]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+        float l = 0.f;
+        for (int i = lane; i < ATT_CHUNK; i += 32) {
+            float e = (i < n && g < G) ? expf(sc[g][i] - m) : 0.f;
+            sc[g][i] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) { ml[g][0] = m; ml[g][1] = l; }
+    }
+    __syncthreads();
+    // P V: this warp's positions for all heads, then a fixed-order sum over the 8 warps.
+    float4 acc[8];
+#pragma unroll
+    for (int g = 0; g < 8; g++) acc[g] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        int ti = warp + 8 * i;
+#pragma unroll
+        for (int g = 0; g < 8; g++) {
+            float e = sc[g][ti];
+            acc[g].x += e * vr[i].x;
+            acc[g].y += e * vr[i].y;
+            acc[g].z += e * vr[i].z;
+            acc[g].w += e * vr[i].w;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < 8; g++) *(float4*)(&red[warp][g][lane * 4]) = acc[g];
+    __syncthreads();
+    for (int o = threadIdx.x; o < G * hd; o += blockDim.x) {
+        int g = o / hd, d = o - g * hd;
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) v += red[w][g][d];
+        float* part = (float*)p.part + ((u64)(kvh * G + g) * p.n_split + s) * (hd + 2);
+        part[2 + d] = v;
+        if (d == 0) { part[0] = ml[g][0]; part[1] = ml[g][1]; }
+    }
 }

@@ -37,6 +37,26 @@ __device__ __forceinline__ float h2f(u16 h) {
     return f;
 }
 
+// Programmatic dependent launch (sm_90+): the step's kernels are launched with programmatic
+// stream serialisation, so a kernel may start while its predecessor finishes. Everything before
+// pdl_wait() may only read immutable data (weights); pdl_wait() returns once every predecessor
+// grid has completed and its writes are visible. pdl_launch() lets the successor be scheduled.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_start() { pdl_wait(); pdl_launch(); }
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
@@ -219,6 +239,129 @@ __device__ float dot_f16(const QW& w, u64 row, const float* xs, int lane) {
     float acc = 0.f;
     for (int i = lane; i < w.k; i += 32) acc += h2f(p[i]) * xs[pad_idx(i)];
     return acc;
+}
+
+// ---- Register-staged row pieces: the loads of several rows (and experts) are issued first,
+// the arithmetic follows, so many 16-byte loads are in flight per lane.
+
+// One Q4_0 block (16 nibble bytes, f16 scale bits) against 32 padded activations.
+__device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
+    u32 words[4] = {q.x, q.y, q.z, q.w};
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        u32 byte = (words[j >> 2] >> ((j & 3) * 8)) & 0xff;
+        s += (float)((int)(byte & 15) - 8) * x[j] + (float)((int)(byte >> 4) - 8) * x[j + 16];
+    }
+    return h2f(dbits) * s;
+}
+
+// One quarter c of a Q4_K super-block: header (d, dmin, scales) and the 32 bytes of chunk c
+// (sub-blocks 2c and 2c+1). `xsb` = padded activations of the super-block (8 x 33 floats).
+__device__ __forceinline__ float q4_k_item(uint4 hdr, uint4 q0, uint4 q1, int c, const float* xsb) {
+    float d = h2f((u16)(hdr.x & 0xffff)), dmin = h2f((u16)(hdr.x >> 16));
+    u8 sc[12];
+    u32 hw[3] = {hdr.y, hdr.z, hdr.w};
+#pragma unroll
+    for (int i = 0; i < 12; i++) sc[i] = (hw[i >> 2] >> ((i & 3) * 8)) & 0xff;
+    int j0 = 2 * c, j1 = 2 * c + 1;
+    u32 s0, m0, s1, m1;
+    if (j0 < 4) { s0 = sc[j0] & 63; m0 = sc[j0 + 4] & 63; }
+    else { s0 = (sc[j0 + 4] & 0xF) | ((sc[j0 - 4] >> 6) << 4); m0 = (sc[j0 + 4] >> 4) | ((sc[j0] >> 6) << 4); }
+    if (j1 < 4) { s1 = sc[j1] & 63; m1 = sc[j1 + 4] & 63; }
+    else { s1 = (sc[j1 + 4] & 0xF) | ((sc[j1 - 4] >> 6) << 4); m1 = (sc[j1 + 4] >> 4) | ((sc[j1] >> 6) << 4); }
+    const float* x0 = xsb + j0 * 33;
+    const float* x1 = xsb + j1 * 33;
+    u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    float d0 = 0.f, d1 = 0.f, sx0 = 0.f, sx1 = 0.f;
+#pragma unroll
+    for (int l = 0; l < 32; l++) {
+        u32 byte = (words[l >> 2] >> ((l & 3) * 8)) & 0xff;
+        d0 += (float)(byte & 15) * x0[l];
+        d1 += (float)(byte >> 4) * x1[l];
+        sx0 += x0[l];
+        sx1 += x1[l];
+    }
+    return d * (float)s0 * d0 - dmin * (float)m0 * sx0 + d * (float)s1 * d1 - dmin * (float)m1 * sx1;
+}
+
+// Q4_0 rows: lane piece j is block lane + 32j. NR rows (row < 0: skipped), NBL pieces per lane.
+template <int NR, int NBL>
+struct Q4_0Rows {
+    uint4 q[NR][NBL];
+    u16 d[NR][NBL];
+    __device__ __forceinline__ void load(const QW& w, const long long* rows, int lane) {
+        int nb = w.k >> 5;
+        const uint4* qs = (const uint4*)w.data;
+        const u16* ds = (const u16*)w.scales;
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int j = 0; j < NBL; j++) {
+                int b = lane + 32 * j;
+                if (rows[i] >= 0 && b < nb) {
+                    u64 bi = (u64)rows[i] * (u64)nb + b;
+                    q[i][j] = qs[bi];
+                    d[i][j] = ds[bi];
+                }
+            }
+    }
+    // acc[i] += lane's partial of row i against padded xs[i] (one activation vector per row).
+    __device__ __forceinline__ void dot(const QW& w, const long long* rows, const float* const* xs, int lane, float* acc) {
+        int nb = w.k >> 5;
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int j = 0; j < NBL; j++) {
+                int b = lane + 32 * j;
+                if (rows[i] >= 0 && b < nb) acc[i] += q4_0_item(q[i][j], d[i][j], xs[i] + b * 33);
+            }
+    }
+};
+
+// Q4_K rows: lane piece j is super-block (lane >> 2) + 8j, quarter lane & 3.
+template <int NR, int NSL>
+struct Q4_KRows {
+    uint4 h[NR][NSL], a[NR][NSL], b[NR][NSL];
+    __device__ __forceinline__ void load(const QW& w, const long long* rows, int lane) {
+        int nsb = w.k >> 8, c = lane & 3;
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int j = 0; j < NSL; j++) {
+                int sb = (lane >> 2) + 8 * j;
+                if (rows[i] >= 0 && sb < nsb) {
+                    const u8* bp = (const u8*)w.data + ((u64)rows[i] * nsb + sb) * 144;
+                    h[i][j] = *(const uint4*)bp;
+                    a[i][j] = *(const uint4*)(bp + 16 + 32 * c);
+                    b[i][j] = *(const uint4*)(bp + 32 + 32 * c);
+                }
+            }
+    }
+    __device__ __forceinline__ void dot(const QW& w, const long long* rows, const float* const* xs, int lane, float* acc) {
+        int nsb = w.k >> 8, c = lane & 3;
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int j = 0; j < NSL; j++) {
+                int sb = (lane >> 2) + 8 * j;
+                if (rows[i] >= 0 && sb < nsb) acc[i] += q4_k_item(h[i][j], a[i][j], b[i][j], c, xs[i] + sb * 8 * 33);
+            }
+    }
+};
+
+// Warms L2 with one row's bytes (generic types, before pdl_wait()).
+__device__ __forceinline__ void prefetch_row(const QW& w, u64 row, int lane) {
+    if (w.type == T_Q4_0) {
+        int nb = w.k >> 5;
+        const u8* q = (const u8*)w.data + row * (u64)nb * 16;
+        for (int off = lane * 128; off < nb * 16; off += 32 * 128) prefetch_l2(q + off);
+        if (lane == 0) prefetch_l2((const u8*)w.scales + row * (u64)nb * 2);
+        return;
+    }
+    u64 rb = row_bytes(w.type, w.k);
+    const u8* base = (const u8*)w.data + row * rb;
+    for (u64 off = (u64)lane * 128; off < rb; off += 32 * 128) prefetch_l2(base + off);
 }
 
 // Full dot product of row `row` with the padded activations; every lane gets the total.

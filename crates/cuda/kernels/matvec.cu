@@ -1,6 +1,15 @@
 // Matrix-vector products over quantised rows: QKV (3 matrices, one launch), o_proj with the
 // residual add, the router and the output head. A warp owns whole rows, so each output is
 // reduced in one fixed order (deterministic, no atomics).
+// Modes (chosen on the host): 0 generic (row by row, L2 prefetch before pdl_wait); the others
+// stage NR rows' weights in registers before pdl_wait (weights are immutable), so the loads
+// overlap the predecessor kernel; groups of NR rows never span two matrices (host checks).
+#define MV_GENERIC 0
+#define MV_Q4_0_1 1  // Q4_0, k <= 1024, 4 rows per warp
+#define MV_Q4_0_2 2  // Q4_0, k <= 2048, 4 rows per warp
+#define MV_Q4_0_4 3  // Q4_0, k <= 4096, 2 rows per warp
+#define MV_Q4_K_1 4  // Q4_K, k <= 2048, 4 rows per warp
+#define MV_Q4_K_2 5  // Q4_K, k <= 4096, 2 rows per warp
 struct MatvecParams {
     QW w[3];          // up to three matrices whose rows are concatenated in the output space
     u64 out[3];       // float* per matrix
@@ -13,18 +22,68 @@ struct MatvecParams {
     int accumulate;   // out += result (residual add) instead of out = result
     int rows_per_warp;
     float eps;
+    int mode;
 };
+
+__device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float* red) {
+    load_x(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
+    if (p.xn_out && blockIdx.x == 0)
+        for (int i = threadIdx.x; i < p.k; i += blockDim.x) ((float*)p.xn_out)[i] = xs[pad_idx(i)];
+}
+
+template <int NR, class Rows>
+__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    int total = p.rows[0] + p.rows[1] + p.rows[2];
+    int first = (blockIdx.x * nwarps + warp) * NR;
+    int m = 0, r0 = first;
+    while (m < p.n_w - 1 && r0 >= p.rows[m]) { r0 -= p.rows[m]; m++; }
+    QW w = p.w[m];
+    long long rows[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) rows[i] = first + i < total ? (long long)(r0 + i) : -1;
+    Rows R;
+    R.load(w, rows, lane);
+    pdl_start();
+    mv_input(p, xs, red);
+    float acc[NR];
+    const float* xp[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) { acc[i] = 0.f; xp[i] = xs; }
+    R.dot(w, rows, xp, lane, acc);
+    float* out = (float*)p.out[m];
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        float v = warp_sum(acc[i]);
+        if (lane == 0 && rows[i] >= 0) {
+            float* o = out + rows[i];
+            *o = p.accumulate ? *o + v : v;
+        }
+    }
+}
 
 extern "C" __global__ void matvec(const MatvecParams p) {
     extern __shared__ float smem[];
     float* red = smem;            // [33]
     float* xs = smem + 33;        // padded [k]
-    load_x(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
-    if (p.xn_out && blockIdx.x == 0)
-        for (int i = threadIdx.x; i < p.k; i += blockDim.x) ((float*)p.xn_out)[i] = xs[pad_idx(i)];
+    switch (p.mode) {
+        case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, xs, red); return;
+        case MV_Q4_0_2: mv_staged<4, Q4_0Rows<4, 2>>(p, xs, red); return;
+        case MV_Q4_0_4: mv_staged<2, Q4_0Rows<2, 4>>(p, xs, red); return;
+        case MV_Q4_K_1: mv_staged<4, Q4_KRows<4, 1>>(p, xs, red); return;
+        case MV_Q4_K_2: mv_staged<2, Q4_KRows<2, 2>>(p, xs, red); return;
+        default: break;
+    }
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
     int first = (blockIdx.x * nwarps + warp) * p.rows_per_warp;
+    for (int r = first; r < first + p.rows_per_warp && r < total; r++) {
+        int m = 0, rr = r;
+        while (m < p.n_w - 1 && rr >= p.rows[m]) { rr -= p.rows[m]; m++; }
+        prefetch_row(p.w[m], (u64)rr, lane);
+    }
+    pdl_start();
+    mv_input(p, xs, red);
     for (int r = first; r < first + p.rows_per_warp && r < total; r++) {
         int m = 0, rr = r;
         while (m < p.n_w - 1 && rr >= p.rows[m]) { rr -= p.rows[m]; m++; }
@@ -44,6 +103,7 @@ struct EmbedParams {
 };
 
 extern "C" __global__ void embed(const EmbedParams p) {
+    pdl_start();
     u32 tok = ((const StepState*)p.state)->token;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.w.k; i += gridDim.x * blockDim.x)
         ((float*)p.x)[i] = weight_at(p.w, (u64)tok, i);

@@ -9,24 +9,23 @@ struct TopkParams {
     int norm_topk;
 };
 
-// One warp. Picks the largest probability n_used times (lowest index wins ties).
-extern "C" __global__ void moe_topk(const TopkParams p) {
-    __shared__ float pr[4096];
-    int lane = threadIdx.x;
-    const float* lg = (const float*)p.logits;
+// One warp. Picks the largest probability n_used times (lowest index wins ties). Logits are
+// read through L2 (__ldcg): in router_topk other blocks of the same grid wrote them.
+__device__ void topk_warp(const float* lg, int n_expert, int n_used, int norm_topk, int* ids, float* ws, float* pr) {
+    int lane = threadIdx.x & 31;
     float m = -INFINITY;
-    for (int i = lane; i < p.n_expert; i += 32) m = fmaxf(m, lg[i]);
+    for (int i = lane; i < n_expert; i += 32) m = fmaxf(m, __ldcg(lg + i));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
     float s = 0.f;
-    for (int i = lane; i < p.n_expert; i += 32) { float e = expf(lg[i] - m); pr[i] = e; s += e; }
+    for (int i = lane; i < n_expert; i += 32) { float e = expf(__ldcg(lg + i) - m); pr[i] = e; s += e; }
     s = warp_sum(s);
     __syncwarp();
     float chosen_sum = 0.f;
-    for (int k = 0; k < p.n_used; k++) {
+    for (int k = 0; k < n_used; k++) {
         float bv = -1.f;
         int bi = 0x7fffffff;
-        for (int i = lane; i < p.n_expert; i += 32)
+        for (int i = lane; i < n_expert; i += 32)
             if (pr[i] > bv) { bv = pr[i]; bi = i; }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
@@ -35,14 +34,90 @@ extern "C" __global__ void moe_topk(const TopkParams p) {
             if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
         }
         if (lane == 0) {
-            ((int*)p.ids)[k] = bi;
-            ((float*)p.weights)[k] = bv / s;
+            ids[k] = bi;
+            ws[k] = bv / s;
             pr[bi] = -2.f;
         }
         chosen_sum += bv / s;
         __syncwarp();
     }
-    if (p.norm_topk && lane < p.n_used) ((float*)p.weights)[lane] /= chosen_sum;
+    __syncwarp();
+    if (norm_topk && lane < n_used) ws[lane] /= chosen_sum;
+}
+
+extern "C" __global__ void moe_topk(const TopkParams p) {
+    __shared__ float pr[4096];
+    pdl_start();
+    topk_warp((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr);
+}
+
+// RMSNorm + F32 router (one row per warp, the row staged in registers before pdl_wait) +
+// softmax/top-k/renormalise in the last block to finish (integer counter, reset by that block).
+struct RouterParams {
+    u64 w;        // const float* [n_expert, k]
+    u64 in;       // const float* [k] residual stream
+    u64 norm;     // const float* [k]
+    u64 xn_out;   // float* [k] normalised input (block 0 writes it)
+    u64 logits;   // float* [n_expert]
+    u64 ids;      // int* [n_used]
+    u64 weights;  // float* [n_used]
+    u64 counter;  // int*, 0 between launches
+    int n_expert;
+    int k;        // multiple of 128, <= 2048
+    int n_used;
+    int norm_topk;
+    float eps;
+};
+
+// grid ceil(n_expert / 8), 256 threads, dynamic smem (36 + k) floats.
+extern "C" __global__ void router_topk(const RouterParams p) {
+    extern __shared__ float smem[];
+    __shared__ float pr[4096];
+    __shared__ int is_last;
+    float* red = smem;
+    float* xs = smem + 36;  // 16-byte aligned, unpadded
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int row = blockIdx.x * nw + warp, nq = p.k >> 7;
+    float4 wv[16];
+    const float4* wr = (const float4*)((const float*)p.w + (u64)(row < p.n_expert ? row : 0) * p.k);
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        if (j < nq) wv[j] = wr[lane + 32 * j];
+    pdl_start();
+    const float* x = (const float*)p.in;
+    const float* nv = (const float*)p.norm;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < p.k; i += blockDim.x) {
+        float v = x[i];
+        xs[i] = v;
+        ss += v * v;
+    }
+    float tot = block_sum(ss, red);
+    float r = rsqrtf(tot / (float)p.k + p.eps);
+    for (int i = threadIdx.x; i < p.k; i += blockDim.x) {
+        float v = xs[i] * r * nv[i];
+        xs[i] = v;
+        if (blockIdx.x == 0) ((float*)p.xn_out)[i] = v;
+    }
+    __syncthreads();
+    float acc = 0.f;
+    const float4* x4 = (const float4*)xs;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        if (j < nq) {
+            float4 a = wv[j], b = x4[lane + 32 * j];
+            acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
+    acc = warp_sum(acc);
+    if (lane == 0 && row < p.n_expert) ((float*)p.logits)[row] = acc;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd((int*)p.counter, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    if (warp == 0) topk_warp((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr);
+    if (threadIdx.x == 0) *(volatile int*)p.counter = 0;
 }
 
 struct GateUpParams {
@@ -53,12 +128,45 @@ struct GateUpParams {
     u64 h;       // float* [n_used, d_ff]
     int d_ff;
     int rows_per_warp;
+    int mode;    // 0 generic; 1/2 Q4_0 with k <= 1024/2048; 4 Q4_K with k <= 2048 (2 rows per warp)
 };
+
+template <int NR, class Rows>
+__device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs) {
+    int slot = blockIdx.y, e = ((const int*)p.ids)[slot];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    int first = (blockIdx.x * nwarps + warp) * NR;
+    long long rows[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) rows[i] = first + i < p.d_ff ? (long long)e * p.d_ff + first + i : -1;
+    Rows G, U;
+    G.load(p.gate, rows, lane);
+    U.load(p.up, rows, lane);
+    load_x(xs, (const float*)p.xn, p.gate.k, 0, 0.f, 0);
+    float ag[NR], au[NR];
+    const float* xp[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) { ag[i] = 0.f; au[i] = 0.f; xp[i] = xs; }
+    G.dot(p.gate, rows, xp, lane, ag);
+    U.dot(p.up, rows, xp, lane, au);
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        float g = warp_sum(ag[i]), u = warp_sum(au[i]);
+        if (lane == 0 && rows[i] >= 0) ((float*)p.h)[slot * p.d_ff + first + i] = g / (1.f + expf(-g)) * u;
+    }
+}
 
 // grid (ceil(d_ff / rows per block), n_used).
 extern "C" __global__ void moe_gate_up(const GateUpParams p) {
     extern __shared__ float smem[];
     float* xs = smem;
+    pdl_start();
+    switch (p.mode) {
+        case 1: gate_up_staged<2, Q4_0Rows<2, 1>>(p, xs); return;
+        case 2: gate_up_staged<2, Q4_0Rows<2, 2>>(p, xs); return;
+        case 4: gate_up_staged<2, Q4_KRows<2, 1>>(p, xs); return;
+        default: break;
+    }
     load_x(xs, (const float*)p.xn, p.gate.k, 0, 0.f, 0);
     int slot = blockIdx.y, e = ((const int*)p.ids)[slot];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -80,12 +188,118 @@ struct DownParams {
     int d_model;
     int n_used;
     int rows_per_warp;
+    int mode;    // 0 generic; 1/2/3 Q4_0 (items <= 64/192/256, 2 rows per warp);
+                 // 4/5/6 Q4_K (items <= 32/96/128, 1 row per warp)
 };
 
-// grid ceil(d_model / rows per block). The slots are summed in order for determinism.
+// Stages the slot weights and h (padded, one 33-float group per 32 values) in shared memory.
+__device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen, float* sw) {
+    int dff = p.down.k;
+    if (threadIdx.x < p.n_used) sw[threadIdx.x] = ((const float*)p.weights)[threadIdx.x];
+    for (int s = 0; s < p.n_used; s++)
+        for (int i = threadIdx.x; i < dff; i += blockDim.x)
+            hs[s * plen + pad_idx(i)] = ((const float*)p.h)[s * dff + i];
+    __syncthreads();
+}
+
+// Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
+// all slots' loads are in flight at once. Q4_0 piece f: slot f / nb, block f % nb.
+template <int NR, int CH>
+__device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int plen, float* sw) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    int first = (blockIdx.x * nwarps + warp) * NR;
+    int nb = p.down.k >> 5, items = p.n_used * nb;
+    const int* ids = (const int*)p.ids;
+    const uint4* qs = (const uint4*)p.down.data;
+    const u16* ds = (const u16*)p.down.scales;
+    uint4 q[NR][CH];
+    u16 d[NR][CH];
+#pragma unroll
+    for (int j = 0; j < CH; j++) {
+        int f = lane + 32 * j;
+        if (f < items) {
+            int s = f / nb, b = f - s * nb;
+            u64 e = (u64)ids[s];
+#pragma unroll
+            for (int i = 0; i < NR; i++)
+                if (first + i < p.d_model) {
+                    u64 bi = (e * p.d_model + first + i) * nb + b;
+                    q[i][j] = qs[bi];
+                    d[i][j] = ds[bi];
+                }
+        }
+    }
+    stage_h(p, hs, plen, sw);
+    float acc[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) acc[i] = 0.f;
+#pragma unroll
+    for (int j = 0; j < CH; j++) {
+        int f = lane + 32 * j;
+        if (f < items) {
+            int s = f / nb, b = f - s * nb;
+            const float* x = hs + s * plen + b * 33;
+#pragma unroll
+            for (int i = 0; i < NR; i++) acc[i] += sw[s] * q4_0_item(q[i][j], d[i][j], x);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        float v = warp_sum(acc[i]);
+        if (lane == 0 && first + i < p.d_model) ((float*)p.x)[first + i] += v;
+    }
+}
+
+// Q4_K piece f: quarter f & 3 of super-block t % nsb of slot t / nsb, t = f >> 2.
+template <int CH>
+__device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int plen, float* sw) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    int r = blockIdx.x * nwarps + warp;
+    int nsb = p.down.k >> 8, items = p.n_used * nsb * 4;
+    const int* ids = (const int*)p.ids;
+    uint4 h[CH], a[CH], b[CH];
+#pragma unroll
+    for (int j = 0; j < CH; j++) {
+        int f = lane + 32 * j;
+        if (f < items && r < p.d_model) {
+            int c = f & 3, t = f >> 2, s = t / nsb, sb = t - s * nsb;
+            const u8* bp = (const u8*)p.down.data + (((u64)ids[s] * p.d_model + r) * nsb + sb) * 144;
+            h[j] = *(const uint4*)bp;
+            a[j] = *(const uint4*)(bp + 16 + 32 * c);
+            b[j] = *(const uint4*)(bp + 32 + 32 * c);
+        }
+    }
+    stage_h(p, hs, plen, sw);
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < CH; j++) {
+        int f = lane + 32 * j;
+        if (f < items && r < p.d_model) {
+            int c = f & 3, t = f >> 2, s = t / nsb, sb = t - s * nsb;
+            acc += sw[s] * q4_k_item(h[j], a[j], b[j], c, hs + s * plen + sb * 8 * 33);
+        }
+    }
+    float v = warp_sum(acc);
+    if (lane == 0 && r < p.d_model) ((float*)p.x)[r] += v;
+}
+
+// grid ceil(d_model / rows per block). Generic mode sums the slots in order.
 extern "C" __global__ void moe_down(const DownParams p) {
     extern __shared__ float smem[];
+    __shared__ float sw[16];
     int dff = p.down.k, plen = padded_len(dff) - 33;  // d_ff is a multiple of 32
+    pdl_start();
+    if (p.mode != 0) {
+        // The staged paths issue their weight loads first, then stage h (stage_h).
+        switch (p.mode) {
+            case 1: down_q4_0<2, 2>(p, smem, plen, sw); return;
+            case 2: down_q4_0<2, 6>(p, smem, plen, sw); return;
+            case 3: down_q4_0<2, 8>(p, smem, plen, sw); return;
+            case 4: down_q4_k<1>(p, smem, plen, sw); return;
+            case 5: down_q4_k<3>(p, smem, plen, sw); return;
+            default: down_q4_k<4>(p, smem, plen, sw); return;
+        }
+    }
     for (int s = 0; s < p.n_used; s++)
         for (int i = threadIdx.x; i < dff; i += blockDim.x)
             smem[s * plen + pad_idx(i)] = ((const float*)p.h)[s * dff + i];

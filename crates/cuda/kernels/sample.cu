@@ -39,6 +39,7 @@ __device__ void block_argmax(float& bv, int& bi, float* sv, int* si) {
 extern "C" __global__ void argmax_partial(const ArgmaxParams p) {
     __shared__ float sv[32];
     __shared__ int si[32];
+    pdl_start();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     const float* lg = (const float*)p.logits;
@@ -53,6 +54,7 @@ extern "C" __global__ void argmax_partial(const ArgmaxParams p) {
 extern "C" __global__ void argmax_final(const ArgmaxParams p) {
     __shared__ float sv[32];
     __shared__ int si[32];
+    pdl_start();
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < p.n_blocks; i += blockDim.x)

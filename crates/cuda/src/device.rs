@@ -18,7 +18,9 @@ pub enum Kernel {
     QkNormRope,
     AttnSplit,
     AttnCombine,
+    AttnGqa,
     MoeTopk,
+    RouterTopk,
     MoeGateUp,
     MoeDown,
     ArgmaxPartial,
@@ -26,13 +28,15 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 10] = [
+    pub const ALL: [Kernel; 12] = [
         Kernel::Matvec,
         Kernel::Embed,
         Kernel::QkNormRope,
         Kernel::AttnSplit,
         Kernel::AttnCombine,
+        Kernel::AttnGqa,
         Kernel::MoeTopk,
+        Kernel::RouterTopk,
         Kernel::MoeGateUp,
         Kernel::MoeDown,
         Kernel::ArgmaxPartial,
@@ -45,7 +49,9 @@ impl Kernel {
             Kernel::QkNormRope => "qk_norm_rope",
             Kernel::AttnSplit => "attn_split",
             Kernel::AttnCombine => "attn_combine",
+            Kernel::AttnGqa => "attn_gqa",
             Kernel::MoeTopk => "moe_topk",
+            Kernel::RouterTopk => "router_topk",
             Kernel::MoeGateUp => "moe_gate_up",
             Kernel::MoeDown => "moe_down",
             Kernel::ArgmaxPartial => "argmax_partial",
@@ -85,6 +91,9 @@ pub struct Device {
     funcs: Vec<sys::CUfunction>,
     _module: sys::CUmodule,
     pub name: String,
+    /// Launch with programmatic stream serialisation (sm_90+; kernels call griddepcontrol).
+    /// Off with Q4MOE_CUDA_NO_PDL=1 (A/B measurements, bisecting).
+    pdl: bool,
 }
 
 // SAFETY: the raw handles belong to `ctx`, which every entry point binds to its thread first.
@@ -118,7 +127,8 @@ impl Device {
                 };
             }
         }
-        Ok(Device { ctx, stream, funcs, _module: module, name })
+        let pdl = maj >= 9 && std::env::var_os("Q4MOE_CUDA_NO_PDL").is_none();
+        Ok(Device { ctx, stream, funcs, _module: module, name, pdl })
     }
 
     pub fn bind(&self) -> Result<()> {
@@ -131,7 +141,29 @@ impl Device {
         let mut args = [l.params.as_ptr() as *mut c_void];
         // SAFETY: the params bytes mirror the kernel's struct; every pointer in them is a live
         // device allocation owned by the backend for as long as launches may run.
-        unsafe { result::launch_kernel(f, l.grid, (l.block, 1, 1), l.smem, self.stream, &mut args)? };
+        if !self.pdl {
+            unsafe { result::launch_kernel(f, l.grid, (l.block, 1, 1), l.smem, self.stream, &mut args)? };
+            return Ok(());
+        }
+        // SAFETY: as above; the attribute array outlives the call.
+        unsafe {
+            let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: l.grid.0,
+                gridDimY: l.grid.1,
+                gridDimZ: l.grid.2,
+                blockDimX: l.block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: l.smem,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            sys::cuLaunchKernelEx(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()).result()?;
+        }
         Ok(())
     }
 

@@ -34,8 +34,10 @@ pub struct MatvecParams {
     pub accumulate: i32,
     pub rows_per_warp: i32,
     pub eps: f32,
+    /// `MV_*` in matvec.cu: 0 generic, else register-staged rows (see step.rs `mv_mode`).
+    pub mode: i32,
 }
-const _: () = assert!(std::mem::size_of::<MatvecParams>() == 152);
+const _: () = assert!(std::mem::size_of::<MatvecParams>() == 160);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -102,7 +104,9 @@ pub struct GateUpParams {
     pub h: u64,
     pub d_ff: i32,
     pub rows_per_warp: i32,
+    pub mode: i32,
 }
+const _: () = assert!(std::mem::size_of::<GateUpParams>() == 88);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -115,7 +119,28 @@ pub struct DownParams {
     pub d_model: i32,
     pub n_used: i32,
     pub rows_per_warp: i32,
+    pub mode: i32,
 }
+const _: () = assert!(std::mem::size_of::<DownParams>() == 72);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RouterParams {
+    pub w: u64,
+    pub input: u64,
+    pub norm: u64,
+    pub xn_out: u64,
+    pub logits: u64,
+    pub ids: u64,
+    pub weights: u64,
+    pub counter: u64,
+    pub n_expert: i32,
+    pub k: i32,
+    pub n_used: i32,
+    pub norm_topk: i32,
+    pub eps: f32,
+}
+const _: () = assert!(std::mem::size_of::<RouterParams>() == 88);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -127,3 +152,23 @@ pub struct ArgmaxParams {
     pub n: i32,
     pub n_blocks: i32,
 }
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttnGqaParams {
+    pub qkv: u64,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
+    pub part: u64,
+    pub state: u64,
+    pub n_head: i32,
+    pub n_kv_head: i32,
+    pub head_dim: i32,
+    pub n_split: i32,
+    pub scale: f32,
+    pub eps: f32,
+    pub theta: f32,
+}
+const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 88);

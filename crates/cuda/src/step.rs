@@ -41,6 +41,8 @@ pub struct Scratch {
     /// [ARGMAX_BLOCKS] f32 and i32
     pub am_v: DevBuf,
     pub am_i: DevBuf,
+    /// i32 completion counter of router_topk's last-block pattern (0 between launches)
+    pub counter: DevBuf,
     pub n_split: usize,
 }
 
@@ -48,6 +50,8 @@ impl Scratch {
     pub fn new(dev: &Device, c: &Config, kv_capacity: usize) -> Result<Scratch> {
         let f = |n: usize| DevBuf::new(dev, n * 4);
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
+        let counter = DevBuf::new(dev, 4)?;
+        counter.fill(dev, 0)?;
         Ok(Scratch {
             state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
             x: f(c.d_model)?,
@@ -63,13 +67,14 @@ impl Scratch {
             logits: f(c.vocab_size)?,
             am_v: f(ARGMAX_BLOCKS)?,
             am_i: f(ARGMAX_BLOCKS)?,
+            counter,
             n_split,
         })
     }
 
     pub fn bytes(c: &Config, kv_capacity: usize) -> usize {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
-        4 * (3 * c.d_model + 3 * c.q_dim() + 2 * c.kv_dim() + c.n_head * n_split * (c.head_dim + 2) + c.vocab_size + c.n_expert * 4)
+        4 + 4 * (3 * c.d_model + 3 * c.q_dim() + 2 * c.kv_dim() + c.n_head * n_split * (c.head_dim + 2) + c.vocab_size + c.n_expert * 4)
     }
 }
 
@@ -112,7 +117,46 @@ fn rows_per_warp(rows: usize) -> usize {
     }
 }
 
-fn matvec(name: &'static str, ws: &[(Qw, u64, usize)], input: u64, k: usize, norm: u64, xn_out: u64, accumulate: bool, eps: f32) -> Launch {
+/// Q4MOE_CUDA_LEGACY=1 selects the v2 kernel paths (row-by-row matvecs, separate top-k): a
+/// bisecting aid for the staged paths, not a supported configuration.
+fn legacy() -> bool {
+    std::env::var_os("Q4MOE_CUDA_LEGACY").is_some()
+}
+
+const T_F32: i32 = 0;
+const T_Q4_0: i32 = 2;
+const T_Q4_K: i32 = 12;
+
+/// (mode, rows per warp) of `matvec` (MV_* in matvec.cu): a staged mode when every matrix has
+/// the same type and a group of rows never spans two matrices.
+fn mv_mode(ws: &[(Qw, u64, usize)], k: usize) -> (i32, usize) {
+    let total: usize = ws.iter().map(|w| w.2).sum();
+    let generic = (0, rows_per_warp(total));
+    let ty = ws[0].0.ty;
+    if legacy() || ws.iter().any(|w| w.0.ty != ty) {
+        return generic;
+    }
+    let (mode, nr) = match ty {
+        T_Q4_0 if k % 32 == 0 => match (k / 32).div_ceil(32) {
+            1 => (1, 4),
+            2 => (2, 4),
+            3 | 4 => (3, 2),
+            _ => return generic,
+        },
+        T_Q4_K if k % 256 == 0 => match (k / 256).div_ceil(8) {
+            1 => (4, 4),
+            2 => (5, 2),
+            _ => return generic,
+        },
+        _ => return generic,
+    };
+    if ws[..ws.len() - 1].iter().any(|w| w.2 % nr != 0) {
+        return generic;
+    }
+    (mode, nr)
+}
+
+pub(crate) fn matvec(name: &'static str, ws: &[(Qw, u64, usize)], input: u64, k: usize, norm: u64, xn_out: u64, accumulate: bool, eps: f32) -> Launch {
     let mut p = MatvecParams { input, norm, xn_out, k: k as i32, accumulate: accumulate as i32, eps, n_w: ws.len() as i32, ..Default::default() };
     let mut total = 0;
     for (i, (w, out, rows)) in ws.iter().enumerate() {
@@ -121,7 +165,8 @@ fn matvec(name: &'static str, ws: &[(Qw, u64, usize)], input: u64, k: usize, nor
         p.rows[i] = *rows as i32;
         total += rows;
     }
-    let rpw = rows_per_warp(total);
+    let (mode, rpw) = mv_mode(ws, k);
+    p.mode = mode;
     p.rows_per_warp = rpw as i32;
     let blocks = total.div_ceil(rpw * WARPS as usize) as u32;
     let bytes = ws.iter().map(|(w, _, r)| weight_bytes(w, *r)).sum();
@@ -156,21 +201,13 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
     let qkv = [(lw.q, s.qkv.ptr, q_dim), (lw.k, s.qkv.ptr + 4 * q_dim as u64, kv_dim), (lw.v, s.qkv.ptr + 4 * (q_dim + kv_dim) as u64, kv_dim)];
     out.push(matvec("qkv", &qkv, s.x.ptr, c.d_model, lw.attn_norm, 0, false, c.rms_eps));
     let (kc, vc) = kv.layer(c, l);
-    let r = RopeParams {
-        qkv: s.qkv.ptr,
-        q_out: s.q.ptr,
-        q_norm: lw.q_norm,
-        k_norm: lw.k_norm,
-        k_cache: kc,
-        v_cache: vc,
-        state: s.state.ptr,
-        n_head: c.n_head as i32,
-        n_kv_head: c.n_kv_head as i32,
-        head_dim: c.head_dim as i32,
-        eps: c.rms_eps,
-        theta: c.rope_theta,
-    };
-    out.push(Launch::new(Kernel::QkNormRope, "qk_norm_rope", ((c.n_head + c.n_kv_head) as u32, 1, 1), c.head_dim as u32, 0, &r, 0));
+    let group = c.n_head / c.n_kv_head.max(1);
+    let gqa = !legacy()
+        && std::env::var_os("Q4MOE_CUDA_NO_GQA").is_none()
+        && c.n_head % c.n_kv_head == 0
+        && group <= 8
+        && c.head_dim % 64 == 0
+        && c.head_dim <= 128;
     let a = AttnParams {
         q: s.q.ptr,
         k_cache: kc,
@@ -184,24 +221,95 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         n_split: s.n_split as i32,
         scale: 1.0 / (c.head_dim as f32).sqrt(),
     };
-    out.push(Launch::new(Kernel::AttnSplit, "attn_split", (c.n_head as u32, s.n_split as u32, 1), 128, 0, &a, 0));
+    if gqa {
+        let g = AttnGqaParams {
+            qkv: s.qkv.ptr,
+            q_norm: lw.q_norm,
+            k_norm: lw.k_norm,
+            k_cache: kc,
+            v_cache: vc,
+            part: s.part.ptr,
+            state: s.state.ptr,
+            n_head: c.n_head as i32,
+            n_kv_head: c.n_kv_head as i32,
+            head_dim: c.head_dim as i32,
+            n_split: s.n_split as i32,
+            scale: a.scale,
+            eps: c.rms_eps,
+            theta: c.rope_theta,
+        };
+        out.push(Launch::new(Kernel::AttnGqa, "attn_gqa", (c.n_kv_head as u32, s.n_split as u32, 1), 256, 0, &g, 0));
+    } else {
+        let r = RopeParams {
+            qkv: s.qkv.ptr,
+            q_out: s.q.ptr,
+            q_norm: lw.q_norm,
+            k_norm: lw.k_norm,
+            k_cache: kc,
+            v_cache: vc,
+            state: s.state.ptr,
+            n_head: c.n_head as i32,
+            n_kv_head: c.n_kv_head as i32,
+            head_dim: c.head_dim as i32,
+            eps: c.rms_eps,
+            theta: c.rope_theta,
+        };
+        out.push(Launch::new(Kernel::QkNormRope, "qk_norm_rope", ((c.n_head + c.n_kv_head) as u32, 1, 1), c.head_dim as u32, 0, &r, 0));
+        out.push(Launch::new(Kernel::AttnSplit, "attn_split", (c.n_head as u32, s.n_split as u32, 1), 128, 0, &a, 0));
+    }
     out.push(Launch::new(Kernel::AttnCombine, "attn_combine", (c.n_head as u32, 1, 1), c.head_dim as u32, 0, &a, 0));
     out.push(matvec("o_proj", &[(lw.o, s.x.ptr, c.d_model)], s.attn.ptr, q_dim, 0, 0, true, c.rms_eps));
-    out.push(matvec("router", &[(lw.router, s.router.ptr, c.n_expert)], s.x.ptr, c.d_model, lw.ffn_norm, s.xn.ptr, false, c.rms_eps));
-    let t = TopkParams {
-        logits: s.router.ptr,
+    let fused = !legacy()
+        && lw.router.ty == T_F32
+        && c.d_model % 128 == 0
+        && c.d_model <= 2048
+        && c.n_expert <= 4096
+        && c.n_expert_used <= 32;
+    if fused {
+        let r = RouterParams {
+            w: lw.router.data,
+            input: s.x.ptr,
+            norm: lw.ffn_norm,
+            xn_out: s.xn.ptr,
+            logits: s.router.ptr,
+            ids: s.ids.ptr,
+            weights: s.topw.ptr,
+            counter: s.counter.ptr,
+            n_expert: c.n_expert as i32,
+            k: c.d_model as i32,
+            n_used: c.n_expert_used as i32,
+            norm_topk: c.norm_topk_prob as i32,
+            eps: c.rms_eps,
+        };
+        let grid = ((c.n_expert as u32).div_ceil(WARPS), 1, 1);
+        out.push(Launch::new(Kernel::RouterTopk, "router_topk", grid, THREADS, ((36 + c.d_model) * 4) as u32, &r, weight_bytes(&lw.router, c.n_expert)));
+    } else {
+        out.push(matvec("router", &[(lw.router, s.router.ptr, c.n_expert)], s.x.ptr, c.d_model, lw.ffn_norm, s.xn.ptr, false, c.rms_eps));
+        let t = TopkParams {
+            logits: s.router.ptr,
+            ids: s.ids.ptr,
+            weights: s.topw.ptr,
+            n_expert: c.n_expert as i32,
+            n_used: c.n_expert_used as i32,
+            norm_topk: c.norm_topk_prob as i32,
+        };
+        out.push(Launch::new(Kernel::MoeTopk, "moe_topk", (1, 1, 1), 32, 0, &t, 0));
+    }
+    let (gmode, grpw) = gate_up_mode(lw, c.d_model);
+    let g = GateUpParams {
+        gate: lw.gate,
+        up: lw.up,
+        xn: s.xn.ptr,
         ids: s.ids.ptr,
-        weights: s.topw.ptr,
-        n_expert: c.n_expert as i32,
-        n_used: c.n_expert_used as i32,
-        norm_topk: c.norm_topk_prob as i32,
+        h: s.h.ptr,
+        d_ff: c.d_ff_expert as i32,
+        rows_per_warp: grpw as i32,
+        mode: gmode,
     };
-    out.push(Launch::new(Kernel::MoeTopk, "moe_topk", (1, 1, 1), 32, 0, &t, 0));
-    let rpw = 1;
-    let g = GateUpParams { gate: lw.gate, up: lw.up, xn: s.xn.ptr, ids: s.ids.ptr, h: s.h.ptr, d_ff: c.d_ff_expert as i32, rows_per_warp: rpw };
     let used = c.n_expert_used as u64;
-    let grid = ((c.d_ff_expert as u32).div_ceil(WARPS * rpw as u32), c.n_expert_used as u32, 1);
+    let grid = ((c.d_ff_expert as u32).div_ceil(WARPS * grpw as u32), c.n_expert_used as u32, 1);
     out.push(Launch::new(Kernel::MoeGateUp, "moe_gate_up", grid, THREADS, smem_x(c.d_model), &g, used * (lw.slab[0] + lw.slab[1])));
+    let (dmode, drpw) = down_mode(lw, c);
     let d = DownParams {
         down: lw.down,
         h: s.h.ptr,
@@ -210,9 +318,46 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         x: s.x.ptr,
         d_model: c.d_model as i32,
         n_used: c.n_expert_used as i32,
-        rows_per_warp: rpw,
+        rows_per_warp: drpw as i32,
+        mode: dmode,
     };
     let smem = (c.n_expert_used * (c.d_ff_expert / 32) * 33 * 4) as u32;
-    let grid = ((c.d_model as u32).div_ceil(WARPS * rpw as u32), 1, 1);
+    let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
     out.push(Launch::new(Kernel::MoeDown, "moe_down", grid, THREADS, smem, &d, used * lw.slab[2]));
+}
+
+/// (mode, rows per warp) of `moe_gate_up`: gate and up of one type, staged two rows a warp.
+fn gate_up_mode(lw: &crate::weights::LayerW, k: usize) -> (i32, usize) {
+    if legacy() || lw.gate.ty != lw.up.ty {
+        return (0, 1);
+    }
+    match lw.gate.ty {
+        T_Q4_0 if k % 32 == 0 && k <= 1024 => (1, 2),
+        T_Q4_0 if k % 32 == 0 && k <= 2048 => (2, 2),
+        T_Q4_K if k % 256 == 0 && k <= 2048 => (4, 2),
+        _ => (0, 1),
+    }
+}
+
+/// (mode, rows per warp) of `moe_down`: every (slot, block) piece of a row spread over the lanes.
+fn down_mode(lw: &crate::weights::LayerW, c: &Config) -> (i32, usize) {
+    let (dff, used) = (c.d_ff_expert, c.n_expert_used);
+    if legacy() || used > 16 {
+        return (0, 1);
+    }
+    match lw.down.ty {
+        T_Q4_0 if dff % 32 == 0 => match used * dff / 32 {
+            0..=64 => (1, 2),
+            65..=192 => (2, 2),
+            193..=256 => (3, 2),
+            _ => (0, 1),
+        },
+        T_Q4_K if dff % 256 == 0 => match used * dff / 256 * 4 {
+            0..=32 => (4, 1),
+            33..=96 => (5, 1),
+            97..=128 => (6, 1),
+            _ => (0, 1),
+        },
+        _ => (0, 1),
+    }
 }

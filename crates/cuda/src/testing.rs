@@ -53,13 +53,22 @@ impl TestDevice {
         let xb = self.upload(x)?;
         let nb = norm.map(|(n, _)| self.upload(n)).transpose()?;
         let out = self.poisoned(rows)?;
-        let mut p = MatvecParams { input: xb.ptr, k: k as i32, n_w: 1, rows_per_warp: 2, eps: norm.map_or(0.0, |n| n.1), ..Default::default() };
-        p.w[0] = w;
-        p.out[0] = out.ptr;
-        p.rows[0] = rows as i32;
-        p.norm = nb.as_ref().map_or(0, |b| b.ptr);
-        let smem = ((k / 32) * 33 + 66) * 4;
-        let l = Launch::new(Kernel::Matvec, "matvec", (rows.div_ceil(16) as u32, 1, 1), 256, smem as u32, &p, 0);
+        let norm_ptr = nb.as_ref().map_or(0, |b| b.ptr);
+        let eps = norm.map_or(0.0, |n| n.1);
+        // Two matrices (the same weights) when the rows split evenly: exercises the multi-matrix
+        // row mapping of the staged modes as the QKV launch uses it.
+        let half = rows / 2;
+        let l = if rows % 8 == 0 && half > 0 {
+            let mut w2 = w;
+            w2.data += (half * ty.row_bytes(k).unwrap()) as u64;
+            if ty == GgmlType::Q4_0 {
+                w2.data = w.data + (half * (k / 32) * 16) as u64;
+                w2.scales = w.scales + (half * (k / 32) * 2) as u64;
+            }
+            crate::step::matvec("matvec", &[(w, out.ptr, half), (w2, out.ptr + 4 * half as u64, rows - half)], xb.ptr, k, norm_ptr, 0, false, eps)
+        } else {
+            crate::step::matvec("matvec", &[(w, out.ptr, rows)], xb.ptr, k, norm_ptr, 0, false, eps)
+        };
         self.dev.launch(&l)?;
         self.dev.sync()?;
         self.read(&out, rows)

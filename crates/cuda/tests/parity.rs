@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use q4moe_cpu::CpuBackend;
+use q4moe_cpu::{CpuBackend, Precision};
 use q4moe_cuda::{CudaBackend, CudaOptions};
 use q4moe_model::backend::{Backend, DecodeRequest, Flow};
 use q4moe_model::sampling::SamplingParams;
@@ -44,7 +44,8 @@ fn run(cfg: Config, q: SynthQuant) {
     let dir = tempfile::tempdir().unwrap();
     let m = model(&cfg, q, &dir);
     let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % cfg.vocab_size as u32).collect();
-    let mut cpu = CpuBackend::new(m.clone(), CAP);
+    // The exact f32 path: the default Q8-activation path is itself ~1e-2 off (crates/cpu).
+    let mut cpu = CpuBackend::with_precision(m.clone(), CAP, Precision::Exact);
     let mut gpu = CudaBackend::new(m.clone(), CudaOptions { kv_capacity: CAP, ..Default::default() }).unwrap();
     let lc = cpu.prefill(1, &prompt, true).unwrap();
     let lg = gpu.prefill(1, &prompt, true).unwrap();
