@@ -134,7 +134,7 @@ pub struct Scratch {
     /// [n_expert_used, d_ff_expert] silu(gate) * up
     hidden: Vec<f32>,
     /// [vocab]
-    logits: Vec<f32>,
+    pub(crate) logits: Vec<f32>,
     /// Quantised activations (Q8 precision), reused across products.
     xq: Vec<u8>,
     precision: Precision,
