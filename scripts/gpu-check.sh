@@ -5,13 +5,14 @@
 #       carry=[target/release/q4moe, target/release/deps/kernels-<hash>, target/release/deps/parity-<hash>])
 # Steps (default: tests bench:q4_0 bench:q4_k_m):
 #   tests         kernel unit tests + CPU parity (tiny/mid x Q4_0/Q4_K_M). On failure the benches
-#                 parity is re-run with Q4MOE_CUDA_NO_GQA / NO_PDL / LEGACY to bisect, and the benches
+#                 parity is re-run with Q4MOE_CUDA_NO_GQA / LEGACY to bisect, and the benches
 #                 run with the first passing configuration (or are skipped). A speed-up that breaks
 #                 parity is not kept.
 #   sanitize      compute-sanitizer memcheck + racecheck on the tiny Q4_0 parity test.
-#   ab            quick A/B on Q4_0 (cache on, in-flight 2, 3 runs) with Q4MOE_CUDA_NO_PDL=1.
+#   ab            quick A/B on Q4_0 (cache on, in-flight 2, 3 runs) with Q4MOE_CUDA_PDL=1.
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
 #                 on the device machine; JSON to $OUT/bench-<quant>.json. Q4_0 adds --profile kernels.
+#                 bench:<quant>@N uses --long-context N (default 4096; 0 skips it).
 set -u -o pipefail
 OUT=${OUT:-/tmp/q4moe-out}
 mkdir -p "$OUT"
@@ -35,7 +36,7 @@ for s in $steps; do
       summary+="tests: $([ $ok = 1 ] && echo PASS || echo FAIL)\n"
       if [ $ok = 0 ]; then
         # Bisect by path; the benches then run with the first configuration that passes.
-        for env in Q4MOE_CUDA_NO_GQA=1 Q4MOE_CUDA_NO_PDL=1 "Q4MOE_CUDA_NO_PDL=1 Q4MOE_CUDA_NO_GQA=1" Q4MOE_CUDA_LEGACY=1; do
+        for env in Q4MOE_CUDA_NO_GQA=1 Q4MOE_CUDA_LEGACY=1; do
           r=$(env $env timeout 200 "$(bin parity)" --test-threads=1 2>&1 | grep -E "^test result")
           echo "bisect [$env]: $r"; summary+="bisect [$env]: $r\n"
           if [[ $r == *" 0 failed"* ]]; then export $env; ok=1; summary+="benches run with $env\n"; break; fi
@@ -49,19 +50,20 @@ for s in $steps; do
     ab)
       [ $ok = 1 ] || continue
       model q4_0
-      for env in Q4MOE_CUDA_NO_PDL=1; do
+      for env in Q4MOE_CUDA_PDL=1; do
         r=$(env $env timeout 120 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
               --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
         echo "ab [$env]: $r"; summary+="ab [$env]: $r\n"
       done ;;
     bench:*)
       [ $ok = 1 ] || { echo "skipping $s: tests failed"; continue; }
-      q=${s#bench:}
+      q=${s#bench:}; long=4096
+      [[ $q == *@* ]] && { long=${q#*@}; q=${q%@*}; }  # bench:<quant>@<long-context>, 0 = none
       model "$q"
       prof=""; [ "$q" = q4_0 ] && prof="--profile kernels"
       echo "== bench $q"
       timeout 300 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 5 \
-        --long-context 4096 $prof --json-out "$OUT/bench-$q.json" > "$OUT/bench-$q.log" 2>&1
+        --long-context $long $prof --json-out "$OUT/bench-$q.json" > "$OUT/bench-$q.log" 2>&1
       tail -45 "$OUT/bench-$q.log"
       summary+="bench $q: $(grep -E 'cache on, in-flight 2' "$OUT/bench-$q.log" | head -1)\n" ;;
   esac

@@ -63,10 +63,17 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// Activations live in shared memory in groups of 32 floats padded to 33, so lanes reading
-// different 32-weight blocks hit different banks.
-__device__ __forceinline__ int pad_idx(int i) { return (i >> 5) * 33 + (i & 31); }
-__device__ __forceinline__ int padded_len(int n) { return (n >> 5) * 33 + 33; }
+// Activations live in shared memory in groups of 32 floats padded to XS = 36: each group is
+// 16-byte aligned (float4 reads) and 8 lanes reading different groups hit different banks.
+#define XS 36
+__device__ __forceinline__ int pad_idx(int i) { return (i >> 5) * XS + (i & 31); }
+__device__ __forceinline__ int padded_len(int n) { return (n >> 5) * XS + XS; }
+
+// Nibble byte k (0..3) of w as an exact float minus `off`, without an int->float conversion
+// (quarter rate on sm_90): 0x4B0000nn is 2^23 + nn.
+__device__ __forceinline__ float nib(u32 w, int k, float off) {
+    return __int_as_float(__byte_perm(w, 0x4B000000u, 0x7540u + k)) - off;
+}
 
 // Block-wide sum in a fixed order (deterministic): warp butterflies, then warp 0 over warps.
 __device__ float block_sum(float v, float* red) {
@@ -113,6 +120,56 @@ __device__ __forceinline__ u64 row_bytes(int type, int k) {
     }
 }
 
+// ---- Register-staged row pieces: the loads of several rows (and experts) are issued first,
+// the arithmetic follows, so many 16-byte loads are in flight per lane.
+
+// One Q4_0 block (16 nibble bytes, f16 scale bits) against 32 padded activations.
+__device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
+    const float4* x4 = (const float4*)x;
+    u32 words[4] = {q.x, q.y, q.z, q.w};
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        u32 lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;
+        float4 xa = x4[w], xb = x4[w + 4];  // weights 4w.. (low nibbles), 16+4w.. (high)
+        s += nib(lo, 0, 8388616.f) * xa.x + nib(hi, 0, 8388616.f) * xb.x;
+        s += nib(lo, 1, 8388616.f) * xa.y + nib(hi, 1, 8388616.f) * xb.y;
+        s += nib(lo, 2, 8388616.f) * xa.z + nib(hi, 2, 8388616.f) * xb.z;
+        s += nib(lo, 3, 8388616.f) * xa.w + nib(hi, 3, 8388616.f) * xb.w;
+    }
+    return h2f(dbits) * s;
+}
+
+// One quarter c of a Q4_K super-block: header (d, dmin, scales) and the 32 bytes of chunk c
+// (sub-blocks 2c and 2c+1). `xsb` = padded activations of the super-block (8 x XS floats).
+__device__ __forceinline__ float q4_k_item(uint4 hdr, uint4 q0, uint4 q1, int c, const float* xsb) {
+    float d = h2f((u16)(hdr.x & 0xffff)), dmin = h2f((u16)(hdr.x >> 16));
+    u8 sc[12];
+    u32 hw[3] = {hdr.y, hdr.z, hdr.w};
+#pragma unroll
+    for (int i = 0; i < 12; i++) sc[i] = (hw[i >> 2] >> ((i & 3) * 8)) & 0xff;
+    int j0 = 2 * c, j1 = 2 * c + 1;
+    u32 s0, m0, s1, m1;
+    if (j0 < 4) { s0 = sc[j0] & 63; m0 = sc[j0 + 4] & 63; }
+    else { s0 = (sc[j0 + 4] & 0xF) | ((sc[j0 - 4] >> 6) << 4); m0 = (sc[j0 + 4] >> 4) | ((sc[j0] >> 6) << 4); }
+    if (j1 < 4) { s1 = sc[j1] & 63; m1 = sc[j1 + 4] & 63; }
+    else { s1 = (sc[j1 + 4] & 0xF) | ((sc[j1 - 4] >> 6) << 4); m1 = (sc[j1 + 4] >> 4) | ((sc[j1] >> 6) << 4); }
+    const float4* x0 = (const float4*)(xsb + j0 * XS);
+    const float4* x1 = (const float4*)(xsb + j1 * XS);
+    u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    float d0 = 0.f, d1 = 0.f, sx0 = 0.f, sx1 = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; w++) {
+        u32 lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;
+        float4 xa = x0[w], xb = x1[w];
+        d0 += nib(lo, 0, 8388608.f) * xa.x; d1 += nib(hi, 0, 8388608.f) * xb.x; sx0 += xa.x; sx1 += xb.x;
+        d0 += nib(lo, 1, 8388608.f) * xa.y; d1 += nib(hi, 1, 8388608.f) * xb.y; sx0 += xa.y; sx1 += xb.y;
+        d0 += nib(lo, 2, 8388608.f) * xa.z; d1 += nib(hi, 2, 8388608.f) * xb.z; sx0 += xa.z; sx1 += xb.z;
+        d0 += nib(lo, 3, 8388608.f) * xa.w; d1 += nib(hi, 3, 8388608.f) * xb.w; sx0 += xa.w; sx1 += xb.w;
+    }
+    return d * (float)s0 * d0 - dmin * (float)m0 * sx0 + d * (float)s1 * d1 - dmin * (float)m1 * sx1;
+}
+
 // Q4_0: lane per 32-weight block; nibble j holds weights j (low) and j+16 (high).
 __device__ float dot_q4_0(const QW& w, u64 row, const float* xs, int lane) {
     int nb = w.k >> 5;
@@ -120,19 +177,7 @@ __device__ float dot_q4_0(const QW& w, u64 row, const float* xs, int lane) {
     const uint4* qs = (const uint4*)w.data;
     const u16* ds = (const u16*)w.scales;
     float acc = 0.f;
-    for (int b = lane; b < nb; b += 32) {
-        uint4 q = qs[b0 + b];
-        float d = h2f(ds[b0 + b]);
-        const float* x = xs + b * 33;
-        u32 words[4] = {q.x, q.y, q.z, q.w};
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            u32 byte = (words[j >> 2] >> ((j & 3) * 8)) & 0xff;
-            s += (float)((int)(byte & 15) - 8) * x[j] + (float)((int)(byte >> 4) - 8) * x[j + 16];
-        }
-        acc += d * s;
-    }
+    for (int b = lane; b < nb; b += 32) acc += q4_0_item(qs[b0 + b], ds[b0 + b], xs + b * XS);
     return acc;
 }
 
@@ -143,7 +188,7 @@ __device__ float dot_q8_0(const QW& w, u64 row, const float* xs, int lane) {
     for (int b = lane; b < nb; b += 32) {
         const u16* p = (const u16*)(base + (u64)b * 34);
         float d = h2f(p[0]);
-        const float* x = xs + b * 33;
+        const float* x = xs + b * XS;
         float s = 0.f;
 #pragma unroll
         for (int j = 0; j < 16; j++) {
@@ -164,33 +209,7 @@ __device__ float dot_q4_k(const QW& w, u64 row, const float* xs, int lane) {
     float acc = 0.f;
     for (int sb = lane >> 2; sb < nsb; sb += 8) {
         const u8* bp = base + (u64)sb * 144;
-        uint4 hdr = *(const uint4*)bp;
-        uint4 q0 = *(const uint4*)(bp + 16 + 32 * c);
-        uint4 q1 = *(const uint4*)(bp + 32 + 32 * c);
-        float d = h2f((u16)(hdr.x & 0xffff)), dmin = h2f((u16)(hdr.x >> 16));
-        u8 sc[12];
-        u32 hw[3] = {hdr.y, hdr.z, hdr.w};
-#pragma unroll
-        for (int i = 0; i < 12; i++) sc[i] = (hw[i >> 2] >> ((i & 3) * 8)) & 0xff;
-        int j0 = 2 * c, j1 = 2 * c + 1;
-        u32 s0, m0, s1, m1;
-        if (j0 < 4) { s0 = sc[j0] & 63; m0 = sc[j0 + 4] & 63; }
-        else { s0 = (sc[j0 + 4] & 0xF) | ((sc[j0 - 4] >> 6) << 4); m0 = (sc[j0 + 4] >> 4) | ((sc[j0] >> 6) << 4); }
-        if (j1 < 4) { s1 = sc[j1] & 63; m1 = sc[j1 + 4] & 63; }
-        else { s1 = (sc[j1 + 4] & 0xF) | ((sc[j1 - 4] >> 6) << 4); m1 = (sc[j1 + 4] >> 4) | ((sc[j1] >> 6) << 4); }
-        const float* x0 = xs + (sb * 8 + j0) * 33;
-        const float* x1 = xs + (sb * 8 + j1) * 33;
-        u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        float d0 = 0.f, d1 = 0.f, sx0 = 0.f, sx1 = 0.f;
-#pragma unroll
-        for (int l = 0; l < 32; l++) {
-            u32 byte = (words[l >> 2] >> ((l & 3) * 8)) & 0xff;
-            d0 += (float)(byte & 15) * x0[l];
-            d1 += (float)(byte >> 4) * x1[l];
-            sx0 += x0[l];
-            sx1 += x1[l];
-        }
-        acc += d * (float)s0 * d0 - dmin * (float)m0 * sx0 + d * (float)s1 * d1 - dmin * (float)m1 * sx1;
+        acc += q4_k_item(*(const uint4*)bp, *(const uint4*)(bp + 16 + 32 * c), *(const uint4*)(bp + 32 + 32 * c), c, xs + sb * 8 * XS);
     }
     return acc;
 }
@@ -211,14 +230,15 @@ __device__ float dot_q6_k(const QW& w, u64 row, const float* xs, int lane) {
 #pragma unroll
         for (int kk = 0; kk < 2; kk++) {
             int k = k0 + kk;
-            const float* x = xs + (sb * 8 + h * 4 + k) * 33;
+            const float* x = xs + (sb * 8 + h * 4 + k) * XS;
             float s[2] = {0.f, 0.f};
 #pragma unroll 8
             for (int l = 0; l < 32; l++) {
                 u32 lo = ql[l + 32 * (k & 1)];
                 lo = k < 2 ? (lo & 15) : (lo >> 4);
-                int q = (int)(lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
-                s[l >> 4] += (float)q * x[l];
+                // q - 32 as an exact float without I2F (0x4B0000qq = 2^23 + q)
+                float q = __int_as_float(0x4B000000u | lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 8388640.f;
+                s[l >> 4] += q * x[l];
             }
             acc += d * ((float)scl[8 * h + 2 * k] * s[0] + (float)scl[8 * h + 2 * k + 1] * s[1]);
         }
@@ -239,50 +259,6 @@ __device__ float dot_f16(const QW& w, u64 row, const float* xs, int lane) {
     float acc = 0.f;
     for (int i = lane; i < w.k; i += 32) acc += h2f(p[i]) * xs[pad_idx(i)];
     return acc;
-}
-
-// ---- Register-staged row pieces: the loads of several rows (and experts) are issued first,
-// the arithmetic follows, so many 16-byte loads are in flight per lane.
-
-// One Q4_0 block (16 nibble bytes, f16 scale bits) against 32 padded activations.
-__device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
-    u32 words[4] = {q.x, q.y, q.z, q.w};
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        u32 byte = (words[j >> 2] >> ((j & 3) * 8)) & 0xff;
-        s += (float)((int)(byte & 15) - 8) * x[j] + (float)((int)(byte >> 4) - 8) * x[j + 16];
-    }
-    return h2f(dbits) * s;
-}
-
-// One quarter c of a Q4_K super-block: header (d, dmin, scales) and the 32 bytes of chunk c
-// (sub-blocks 2c and 2c+1). `xsb` = padded activations of the super-block (8 x 33 floats).
-__device__ __forceinline__ float q4_k_item(uint4 hdr, uint4 q0, uint4 q1, int c, const float* xsb) {
-    float d = h2f((u16)(hdr.x & 0xffff)), dmin = h2f((u16)(hdr.x >> 16));
-    u8 sc[12];
-    u32 hw[3] = {hdr.y, hdr.z, hdr.w};
-#pragma unroll
-    for (int i = 0; i < 12; i++) sc[i] = (hw[i >> 2] >> ((i & 3) * 8)) & 0xff;
-    int j0 = 2 * c, j1 = 2 * c + 1;
-    u32 s0, m0, s1, m1;
-    if (j0 < 4) { s0 = sc[j0] & 63; m0 = sc[j0 + 4] & 63; }
-    else { s0 = (sc[j0 + 4] & 0xF) | ((sc[j0 - 4] >> 6) << 4); m0 = (sc[j0 + 4] >> 4) | ((sc[j0] >> 6) << 4); }
-    if (j1 < 4) { s1 = sc[j1] & 63; m1 = sc[j1 + 4] & 63; }
-    else { s1 = (sc[j1 + 4] & 0xF) | ((sc[j1 - 4] >> 6) << 4); m1 = (sc[j1 + 4] >> 4) | ((sc[j1] >> 6) << 4); }
-    const float* x0 = xsb + j0 * 33;
-    const float* x1 = xsb + j1 * 33;
-    u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-    float d0 = 0.f, d1 = 0.f, sx0 = 0.f, sx1 = 0.f;
-#pragma unroll
-    for (int l = 0; l < 32; l++) {
-        u32 byte = (words[l >> 2] >> ((l & 3) * 8)) & 0xff;
-        d0 += (float)(byte & 15) * x0[l];
-        d1 += (float)(byte >> 4) * x1[l];
-        sx0 += x0[l];
-        sx1 += x1[l];
-    }
-    return d * (float)s0 * d0 - dmin * (float)m0 * sx0 + d * (float)s1 * d1 - dmin * (float)m1 * sx1;
 }
 
 // Q4_0 rows: lane piece j is block lane + 32j. NR rows (row < 0: skipped), NBL pieces per lane.
@@ -314,7 +290,7 @@ struct Q4_0Rows {
 #pragma unroll
             for (int j = 0; j < NBL; j++) {
                 int b = lane + 32 * j;
-                if (rows[i] >= 0 && b < nb) acc[i] += q4_0_item(q[i][j], d[i][j], xs[i] + b * 33);
+                if (rows[i] >= 0 && b < nb) acc[i] += q4_0_item(q[i][j], d[i][j], xs[i] + b * XS);
             }
     }
 };
@@ -345,7 +321,7 @@ struct Q4_KRows {
 #pragma unroll
             for (int j = 0; j < NSL; j++) {
                 int sb = (lane >> 2) + 8 * j;
-                if (rows[i] >= 0 && sb < nsb) acc[i] += q4_k_item(h[i][j], a[i][j], b[i][j], c, xs[i] + sb * 8 * 33);
+                if (rows[i] >= 0 && sb < nsb) acc[i] += q4_k_item(h[i][j], a[i][j], b[i][j], c, xs[i] + sb * 8 * XS);
             }
     }
 };

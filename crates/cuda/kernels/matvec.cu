@@ -63,9 +63,9 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
 }
 
 extern "C" __global__ void matvec(const MatvecParams p) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     float* red = smem;            // [33]
-    float* xs = smem + 33;        // padded [k]
+    float* xs = smem + 36;        // padded [k], 16-byte aligned
     switch (p.mode) {
         case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, xs, red); return;
         case MV_Q4_0_2: mv_staged<4, Q4_0Rows<4, 2>>(p, xs, red); return;

@@ -71,7 +71,7 @@ struct RouterParams {
 
 // grid ceil(n_expert / 8), 256 threads, dynamic smem (36 + k) floats.
 extern "C" __global__ void router_topk(const RouterParams p) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     __shared__ float pr[4096];
     __shared__ int is_last;
     float* red = smem;
@@ -158,7 +158,7 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs)
 
 // grid (ceil(d_ff / rows per block), n_used).
 extern "C" __global__ void moe_gate_up(const GateUpParams p) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     float* xs = smem;
     pdl_start();
     switch (p.mode) {
@@ -192,7 +192,7 @@ struct DownParams {
                  // 4/5/6 Q4_K (items <= 32/96/128, 1 row per warp)
 };
 
-// Stages the slot weights and h (padded, one 33-float group per 32 values) in shared memory.
+// Stages the slot weights and h (padded: XS floats per 32 values) in shared memory.
 __device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen, float* sw) {
     int dff = p.down.k;
     if (threadIdx.x < p.n_used) sw[threadIdx.x] = ((const float*)p.weights)[threadIdx.x];
@@ -238,7 +238,7 @@ __device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int pl
         int f = lane + 32 * j;
         if (f < items) {
             int s = f / nb, b = f - s * nb;
-            const float* x = hs + s * plen + b * 33;
+            const float* x = hs + s * plen + b * XS;
 #pragma unroll
             for (int i = 0; i < NR; i++) acc[i] += sw[s] * q4_0_item(q[i][j], d[i][j], x);
         }
@@ -276,7 +276,7 @@ __device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int pl
         int f = lane + 32 * j;
         if (f < items && r < p.d_model) {
             int c = f & 3, t = f >> 2, s = t / nsb, sb = t - s * nsb;
-            acc += sw[s] * q4_k_item(h[j], a[j], b[j], c, hs + s * plen + sb * 8 * 33);
+            acc += sw[s] * q4_k_item(h[j], a[j], b[j], c, hs + s * plen + sb * 8 * XS);
         }
     }
     float v = warp_sum(acc);
@@ -285,9 +285,9 @@ __device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int pl
 
 // grid ceil(d_model / rows per block). Generic mode sums the slots in order.
 extern "C" __global__ void moe_down(const DownParams p) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     __shared__ float sw[16];
-    int dff = p.down.k, plen = padded_len(dff) - 33;  // d_ff is a multiple of 32
+    int dff = p.down.k, plen = padded_len(dff) - XS;  // d_ff is a multiple of 32
     pdl_start();
     if (p.mode != 0) {
         // The staged paths issue their weight loads first, then stage h (stage_h).

@@ -92,7 +92,7 @@ pub struct Device {
     _module: sys::CUmodule,
     pub name: String,
     /// Launch with programmatic stream serialisation (sm_90+; kernels call griddepcontrol).
-    /// Off with Q4MOE_CUDA_NO_PDL=1 (A/B measurements, bisecting).
+    /// On with Q4MOE_CUDA_PDL=1 (A/B measurements); off by default.
     pdl: bool,
 }
 
@@ -127,7 +127,8 @@ impl Device {
                 };
             }
         }
-        let pdl = maj >= 9 && std::env::var_os("Q4MOE_CUDA_NO_PDL").is_none();
+        // Off by default: measured slower (258.7 vs 271.3 tok/s Q4_0, v5) — see NOTES.md.
+        let pdl = maj >= 9 && std::env::var_os("Q4MOE_CUDA_PDL").is_some();
         Ok(Device { ctx, stream, funcs, _module: module, name, pdl })
     }
 

@@ -97,7 +97,8 @@ impl Kv {
 }
 
 fn smem_x(k: usize) -> u32 {
-    (((k / 32) * 33 + 33 + 33) * 4) as u32
+    // red (36 floats, keeps xs 16-byte aligned) + xs padded to XS = 36 per 32 (common.cuh)
+    (((k / 32) * 36 + 36 + 36) * 4) as u32
 }
 
 fn weight_bytes(w: &Qw, rows: usize) -> u64 {
@@ -321,7 +322,7 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         rows_per_warp: drpw as i32,
         mode: dmode,
     };
-    let smem = (c.n_expert_used * (c.d_ff_expert / 32) * 33 * 4) as u32;
+    let smem = (c.n_expert_used * (c.d_ff_expert / 32) * 36 * 4) as u32;
     let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
     out.push(Launch::new(Kernel::MoeDown, "moe_down", grid, THREADS, smem, &d, used * lw.slab[2]));
 }
