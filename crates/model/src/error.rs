@@ -12,6 +12,6 @@ pub enum ModelError {
     Tokenizer(#[from] q4moe_tokenizer::TokenizerError),
     #[error("{0}")]
     Invalid(String),
-    #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
 }

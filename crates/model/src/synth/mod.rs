@@ -127,7 +127,7 @@ pub fn write(path: &Path, c: &Config, q: SynthQuant, seed: u64, progress: bool) 
     meta.push(("general.file_type".into(), Value::U32(q.file_type())));
     meta.push(("general.quantization_version".into(), Value::U32(2)));
     meta.extend(crate::spec_to_metadata(&spec));
-    let io = |e| ModelError::Io { path: path.display().to_string(), source: e };
+    let io = |e| ModelError::Io { path: path.display().to_string(), error: e };
     let file = std::fs::File::create(path).map_err(io)?;
     let dir = plans.iter().map(|p| (p.name.clone(), p.dims.clone(), p.ty)).collect();
     let mut w = GgufWriter::new(BufWriter::with_capacity(8 << 20, file), &meta, dir)?;
