@@ -21,6 +21,27 @@ pub fn rmsnorm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
 /// Rotate-half (NeoX) RoPE on each head, angles as Hugging Face computes them in f32.
 pub fn rope_neox(x: &mut [f32], head_dim: usize, pos: usize, theta: f32) {
     let half = head_dim / 2;
+    // The angles are the same for every head: computed once per call (same f32 operations).
+    let mut sc = [(0f32, 0f32); 256];
+    if half > sc.len() {
+        return rope_neox_slow(x, head_dim, pos, theta);
+    }
+    for (i, sc) in sc.iter_mut().enumerate().take(half) {
+        let inv_freq = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
+        let angle = pos as f32 * inv_freq;
+        *sc = angle.sin_cos();
+    }
+    for head in x.chunks_exact_mut(head_dim) {
+        for (i, &(sin, cos)) in sc.iter().enumerate().take(half) {
+            let (a, b) = (head[i], head[i + half]);
+            head[i] = a * cos - b * sin;
+            head[i + half] = b * cos + a * sin;
+        }
+    }
+}
+
+fn rope_neox_slow(x: &mut [f32], head_dim: usize, pos: usize, theta: f32) {
+    let half = head_dim / 2;
     for head in x.chunks_exact_mut(head_dim) {
         for i in 0..half {
             let inv_freq = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);

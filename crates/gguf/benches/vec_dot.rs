@@ -122,7 +122,13 @@ fn main() {
                     let mut xp = Vec::new();
                     quant::quantize_activation_q4_0x(&x, &mut xp);
                     let p = measure(&w, row_bytes, t, &|r| quant::vec_dot_q4_0x(r, &xp));
-                    println!("{:<6} {n:>5} {t:>8} {f:>14.2} {q:>14.2} (q4_0x {p:.2})", ty.name());
+                    // 32 rows per call, as the CPU backend's tasks do.
+                    let rows32 = measure(&w, 32 * row_bytes, t, &|r| {
+                        let mut o = [0f32; 32];
+                        quant::vec_dot_q4_0x_rows(r, row_bytes, &xp, &mut o);
+                        o[0] + o[31]
+                    });
+                    println!("{:<6} {n:>5} {t:>8} {f:>14.2} {q:>14.2} (q4_0x {p:.2}, 32 rows/call {rows32:.2})", ty.name());
                 } else {
                     println!("{:<6} {n:>5} {t:>8} {f:>14.2} {q:>14.2}", ty.name());
                 }

@@ -233,3 +233,27 @@ fn vec_dot_q4_0x_matches_reference() {
         }
     }
 }
+
+#[test]
+fn activation_q8_0_is_bit_exact_with_quantize_row() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for n in [32usize, 64, 768, 2048] {
+        for case in 0..20 {
+            let mut x = randn(&mut rng, n);
+            if case % 4 == 1 {
+                // Values that land on exact halves after scaling (amax 127 -> id 1).
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v = (i % 255) as f32 - 127.0 + if i % 3 == 0 { 0.5 } else { 0.0 };
+                }
+            }
+            if case % 4 == 2 {
+                x.iter_mut().take(32).for_each(|v| *v = 0.0);
+            }
+            let mut want = Vec::new();
+            quant::quantize_row(Q8_0, &x, &mut want).unwrap();
+            let mut got = Vec::new();
+            quant::quantize_activation_q8(Q4_0, &x, &mut got);
+            assert_eq!(got, want, "n={n} case {case}");
+        }
+    }
+}

@@ -260,7 +260,12 @@ pub fn activation_type(ty: GgmlType) -> GgmlType {
 /// Q8_0 blocks (Q4_0/Q8_0 weights) or Q8_K blocks (Q4_K/Q6_K weights) to `out`.
 pub fn quantize_activation_q8(ty_of_weights: GgmlType, x: &[f32], out: &mut Vec<u8>) {
     match activation_type(ty_of_weights) {
-        GgmlType::Q8_0 => q8_0::quantize(x, out),
+        GgmlType::Q8_0 => {
+            debug_assert_eq!(x.len() % 32, 0);
+            for c in x.chunks_exact(32) {
+                push_blocks(out, &[quantize_q8_0_block(c)]);
+            }
+        }
         _ => q8_k::quantize(x, out),
     }
 }
@@ -329,9 +334,24 @@ pub fn q4_0x_act_bytes(n: usize) -> usize {
 /// laid out for `vec_dot_q4_0x` (see `q4_0x`), appending to `out`.
 pub fn quantize_activation_q4_0x(x: &[f32], out: &mut Vec<u8>) {
     assert_eq!(x.len() % 64, 0, "Q8_0x2 activations need a multiple of 64 elements");
-    let mut q = Vec::with_capacity(x.len() / 32 * 34);
-    q8_0::quantize(x, &mut q);
-    q4_0x::from_q8_0(blocks(&q), out);
+    out.reserve(q4_0x_act_bytes(x.len()));
+    for c in x.chunks_exact(64) {
+        let pair = [quantize_q8_0_block(&c[..32]), quantize_q8_0_block(&c[32..])];
+        q4_0x::from_q8_0(&pair, out);
+    }
+}
+
+/// One Q8_0 block of 32 values (SIMD where available; bit-exact with `q8_0::quantize`).
+#[inline]
+fn quantize_q8_0_block(x: &[f32]) -> BlockQ8_0 {
+    #[cfg(target_arch = "x86_64")]
+    if detected_isa() >= Isa::Avx2 {
+        // SAFETY: AVX2/FMA/F16C detected; `x` holds 32 values.
+        return unsafe { x86_q8::quantize_q8_0_block(&x[..32]) };
+    }
+    let mut v = Vec::with_capacity(34);
+    q8_0::quantize(&x[..32], &mut v);
+    blocks::<BlockQ8_0>(&v)[0]
 }
 
 /// Scalar reference of `vec_dot_q4_0x`.

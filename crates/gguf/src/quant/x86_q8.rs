@@ -268,3 +268,35 @@ pub(crate) unsafe fn q4_0x(bs: &[BlockQ4_0], act: &[u8]) -> f32 {
     }
     hsum(_mm256_add_ps(acc[0], acc[1]))
 }
+
+/// One Q8_0 block of `x` (32 values), bit-exact with `q8_0::quantize` (round half away from
+/// zero, saturating), AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_q8_0_block(x: &[f32]) -> BlockQ8_0 {
+    debug_assert!(x.len() >= 32);
+    let p = x.as_ptr();
+    let sign = _mm256_set1_ps(-0.0);
+    let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+    let a = v.map(|v| _mm256_andnot_ps(sign, v));
+    let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    let d = amax / 127.0;
+    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
+    let q = v.map(|v| {
+        let t = _mm256_mul_ps(v, id);
+        let tr = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(t);
+        // |t - trunc(t)| is exact; at >= 0.5 step away from zero (f32::round).
+        let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(t, tr));
+        let step = _mm256_or_ps(_mm256_and_ps(t, sign), one);
+        let r = _mm256_add_ps(tr, _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), step));
+        _mm256_cvttps_epi32(r)
+    });
+    let w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    let mut b = BlockQ8_0 { d: super::f32_to_f16(d), qs: [0; 32] };
+    _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), w);
+    b
+}
