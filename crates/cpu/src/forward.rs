@@ -80,7 +80,7 @@ fn prepare<'a>(p: Precision, ty: GgmlType, x: &'a [f32], n: usize, buf: &'a mut 
 }
 
 /// Rows per rayon task: enough work to amortise scheduling, small enough to balance 2+ cores.
-const ROWS_PER_TASK: usize = 32;
+const ROWS_PER_TASK: usize = 64;
 
 /// Norm vectors, dequantised once at load (a few KB per layer).
 pub struct HostWeights {
