@@ -1,14 +1,14 @@
 //! One token through every layer (DESIGN.md section 2). Matrices stay quantised: every output
-//! element is one `vec_dot` over a quantised row; rows are split across rayon threads.
+//! element is one `vec_dot` over a quantised row; rows are split across the threads of `par`.
 
 use q4moe_gguf::quant::{
     activation_type, q4_0x_act_bytes, q4_0x_applies, quantize_activation_q4_0x, quantize_activation_q8, vec_dot, vec_dot_q4_0x, vec_dot_q4_0x_rows, vec_dot_q8,
 };
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
-use rayon::prelude::*;
 
 use crate::kv::KvCache;
+use crate::par;
 use crate::ops::{rmsnorm, rmsnorm_heads, rope_neox, silu, softmax, top_k};
 
 /// How activations meet quantised weights.
@@ -79,7 +79,7 @@ fn prepare<'a>(p: Precision, ty: GgmlType, x: &'a [f32], n: usize, buf: &'a mut 
     Act::Q8(buf, stride)
 }
 
-/// Rows per rayon task: enough work to amortise scheduling, small enough to balance 2+ cores.
+/// Rows per parallel task: enough work to amortise scheduling, small enough to balance 2+ cores.
 const ROWS_PER_TASK: usize = 64;
 
 /// Norm vectors, dequantised once at load (a few KB per layer).
@@ -176,7 +176,7 @@ fn rows_dot(ty: GgmlType, data: &[u8], row_bytes: usize, r0: usize, x: Act<'_>, 
 
 /// `out[r] = row_r(w) . x` for the rows of a quantised matrix given as raw bytes.
 fn matvec(ty: GgmlType, data: &[u8], row_bytes: usize, x: Act<'_>, out: &mut [f32]) {
-    out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(ci, chunk)| {
+    par::chunks_mut(out, ROWS_PER_TASK, |ci, chunk| {
         rows_dot(ty, data, row_bytes, ci * ROWS_PER_TASK, x, chunk);
     });
 }
@@ -184,7 +184,7 @@ fn matvec(ty: GgmlType, data: &[u8], row_bytes: usize, x: Act<'_>, out: &mut [f3
 /// Several matrices of one type against the same `x` in one parallel region: `out` is their
 /// outputs concatenated (`parts[i]` gives matrix i's bytes and rows).
 fn matvec_concat(ty: GgmlType, parts: &[(&[u8], usize)], row_bytes: usize, x: Act<'_>, out: &mut [f32]) {
-    out.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(ci, chunk)| {
+    par::chunks_mut(out, ROWS_PER_TASK, |ci, chunk| {
         let (mut r, mut done) = (ci * ROWS_PER_TASK, 0);
         let mut base = 0;
         for &(data, rows) in parts {
@@ -260,7 +260,7 @@ fn attend(c: &Config, q: &[f32], keys: &[f32], values: &[f32], scores: &mut Vec<
     let len = keys.len() / kv_dim;
     let scale = 1.0 / (hd as f32).sqrt();
     scores.resize((out.len() / hd) * len, 0.0);
-    out.par_chunks_mut(hd).zip(scores.par_chunks_mut(len)).enumerate().for_each(|(h, (o, scores))| {
+    par::chunks_mut2(out, hd, scores, len, |h, o, scores| {
         let g = h / c.n_group();
         let qh = &q[h * hd..(h + 1) * hd];
         for (t, sc) in scores.iter_mut().enumerate() {
@@ -296,7 +296,7 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
     let same_act = gate.ty == up.ty
         || (!matches!(n, Act::Q4x(..)) && is_quantised(gate.ty) && is_quantised(up.ty) && activation_type(gate.ty) == activation_type(up.ty));
     let (grb, urb) = (gate.row_bytes(), up.row_bytes());
-    s.hidden.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(ci, chunk)| {
+    par::chunks_mut(&mut s.hidden, ROWS_PER_TASK, |ci, chunk| {
         let mut u = [0f32; ROWS_PER_TASK];
         let mut done = 0;
         while done < chunk.len() {
@@ -320,7 +320,7 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
     });
     let hidden = prepare(p, down.ty, &s.hidden, ff, &mut s.xq);
     let drb = down.row_bytes();
-    s.proj.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(ci, chunk)| {
+    par::chunks_mut(&mut s.proj, ROWS_PER_TASK, |ci, chunk| {
         let mut t = [0f32; ROWS_PER_TASK];
         let t = &mut t[..chunk.len()];
         chunk.fill(0.0);

@@ -1,9 +1,10 @@
 //! CPU backend: the reference Qwen3-MoE forward pass, computing directly on the quantised
-//! weights (each row is dequantised block by block inside the dot product), threaded with rayon.
+//! weights (each row is dequantised block by block inside the dot product), threaded by a small spinning fork-join pool (`par`).
 
 mod forward;
 mod kv;
 mod ops;
+mod par;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,9 +25,6 @@ pub struct CpuBackend {
     kv_capacity: usize,
     sessions: HashMap<SessionId, KvCache>,
     scratch: Scratch,
-    /// Runs each whole token: the calling thread only waits once per token, and the forward
-    /// pass's many parallel regions are joined by pool threads that stay awake between them.
-    pool: rayon::ThreadPool,
 }
 
 impl CpuBackend {
@@ -41,12 +39,7 @@ impl CpuBackend {
         populate(model.file.bytes());
         let weights = forward::HostWeights::new(&model);
         let scratch = Scratch::new(&model.config, precision);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(rayon::current_num_threads())
-            .thread_name(|i| format!("q4moe-cpu-{i}"))
-            .build()
-            .expect("rayon pool");
-        CpuBackend { model, weights, kv_capacity, sessions: HashMap::new(), scratch, pool }
+        CpuBackend { model, weights, kv_capacity, sessions: HashMap::new(), scratch }
     }
 
     fn check_room(&self, session: SessionId, extra: usize) -> BackendResult<()> {
@@ -70,9 +63,7 @@ impl CpuBackend {
         let c = &self.model.config;
         let kv = self.sessions.entry(session).or_insert_with(|| KvCache::new(c));
         let (model, weights, scratch) = (&self.model, &self.weights, &mut self.scratch);
-        self.pool.install(move || {
-            forward::token_logits(model, weights, kv, token, scratch);
-        });
+        forward::token_logits(model, weights, kv, token, scratch);
         &self.scratch.logits
     }
 }
@@ -109,7 +100,7 @@ fn populate(bytes: &[u8]) {
 }
 
 fn cpu_description() -> String {
-    let threads = rayon::current_num_threads();
+    let threads = par::pool().threads();
     let simd = if cfg!(target_arch = "x86_64") {
         #[cfg(target_arch = "x86_64")]
         {

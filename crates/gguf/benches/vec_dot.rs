@@ -26,8 +26,15 @@ fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
 /// Random payload with sane f16 scales in every block.
 fn random_rows(ty: GgmlType, total: usize) -> Vec<u8> {
     let mut w = random_bytes(total / ty.type_size() * ty.type_size(), 42);
-    let d = half::f16::from_f32(0.01).to_le_bytes();
+    // Real weights' scales vary block to block (Q4MOE_BENCH_SCALES=fixed: all 0.01).
+    let fixed = std::env::var("Q4MOE_BENCH_SCALES").is_ok_and(|v| v == "fixed");
+    let mut s = 0x9e37_79b9_u32;
     for b in w.chunks_exact_mut(ty.type_size()) {
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        let d = if fixed { 0.01 } else { 0.002 + (s % 10_000) as f32 * 4e-6 };
+        let d = half::f16::from_f32(d).to_le_bytes();
         let offs: &[usize] = match ty {
             Q4_K => &[0, 2],
             Q6_K => &[208],
@@ -128,7 +135,12 @@ fn main() {
                         quant::vec_dot_q4_0x_rows(r, row_bytes, &xp, &mut o);
                         o[0] + o[31]
                     });
-                    println!("{:<6} {n:>5} {t:>8} {f:>14.2} {q:>14.2} (q4_0x {p:.2}, 32 rows/call {rows32:.2})", ty.name());
+                    let rows64 = measure(&w, 64 * row_bytes, t, &|r| {
+                        let mut o = [0f32; 64];
+                        quant::vec_dot_q4_0x_rows(r, row_bytes, &xp, &mut o);
+                        o[0] + o[63]
+                    });
+                    println!("{:<6} {n:>5} {t:>8} {f:>14.2} {q:>14.2} (q4_0x {p:.2}, 32 rows/call {rows32:.2}, 64 rows/call {rows64:.2})", ty.name());
                 } else {
                     println!("{:<6} {n:>5} {t:>8} {f:>14.2} {q:>14.2}", ty.name());
                 }

@@ -235,6 +235,28 @@ fn vec_dot_q4_0x_matches_reference() {
 }
 
 #[test]
+fn vec_dot_q4_0x_rows_matches_reference() {
+    // Enough rows that the prefetch window runs past the last row (it must stop there).
+    for (n, rows) in [(768usize, 64usize), (2048, 7), (64, 200)] {
+        let x: Vec<f32> = (0..n).map(|i| (i * 29 % 83) as f32 / 41.0 - 1.0).collect();
+        let mut data = Vec::new();
+        for r in 0..rows {
+            let w: Vec<f32> = (0..n).map(|i| ((i * 53 + r * 17) % 97) as f32 / 48.0 - 1.0).collect();
+            quant::quantize_row(Q4_0, &w, &mut data).unwrap();
+        }
+        let row_bytes = data.len() / rows;
+        let mut xp = Vec::new();
+        quant::quantize_activation_q4_0x(&x, &mut xp);
+        let mut out = vec![0f32; rows];
+        quant::vec_dot_q4_0x_rows(&data, row_bytes, &xp, &mut out);
+        for (r, &got) in out.iter().enumerate() {
+            let want = quant::vec_dot_q4_0x_ref(&data[r * row_bytes..(r + 1) * row_bytes], &xp);
+            assert!((want - got).abs() <= 1e-4 * want.abs().max(1.0), "n={n} row {r}: {got} vs {want}");
+        }
+    }
+}
+
+#[test]
 fn activation_q8_0_is_bit_exact_with_quantize_row() {
     let mut rng = StdRng::seed_from_u64(11);
     for n in [32usize, 64, 768, 2048] {

@@ -387,10 +387,8 @@ pub fn vec_dot_q4_0x_rows(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [
     assert!(row_bytes % 36 == 0 && act.len() == row_bytes / 36 * q4_0x::PAIR_BYTES, "vec_dot_q4_0x_rows: row and activations differ");
     #[cfg(target_arch = "x86_64")]
     if detected_isa() >= Isa::Avx2 {
-        for (i, o) in out.iter_mut().enumerate() {
-            // SAFETY: AVX2/FMA/F16C detected; every row has the activations' length (asserted).
-            *o = unsafe { x86_q8::q4_0x(blocks(&rows[i * row_bytes..(i + 1) * row_bytes]), act) };
-        }
+        // SAFETY: AVX2/FMA/F16C detected; `out.len()` rows of the activations' length (asserted).
+        unsafe { x86_q8::q4_0x_rows(rows, row_bytes, act, out) };
         return;
     }
     for (i, o) in out.iter_mut().enumerate() {

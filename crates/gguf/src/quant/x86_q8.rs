@@ -300,3 +300,28 @@ pub(crate) unsafe fn quantize_q8_0_block(x: &[f32]) -> BlockQ8_0 {
     _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), w);
     b
 }
+
+/// Bytes ahead of the row being read that `q4_0x_rows` prefetches. The hardware prefetchers
+/// stop at 4 KB page boundaries, so a streamed matrix stalls on a demand miss (and a TLB walk)
+/// at each new page; prefetching a page ahead keeps the next page's lines in flight.
+const PREFETCH_AHEAD: usize = 4096;
+
+/// `out[i]` = row i of `rows` (consecutive Q4_0 rows of `row_bytes`) against `act`, prefetching
+/// `PREFETCH_AHEAD` bytes ahead (never past the last row).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0x_rows(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]) {
+    debug_assert!(rows.len() >= out.len() * row_bytes);
+    let nb = row_bytes / std::mem::size_of::<BlockQ4_0>();
+    let base = rows.as_ptr();
+    let limit = base as usize + out.len() * row_bytes;
+    for (i, o) in out.iter_mut().enumerate() {
+        let r = base.add(i * row_bytes);
+        let mut line = (r as usize + PREFETCH_AHEAD) & !63;
+        let end = (r as usize + PREFETCH_AHEAD + row_bytes).min(limit);
+        while line < end {
+            _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+            line += 64;
+        }
+        *o = q4_0x(std::slice::from_raw_parts(r.cast::<BlockQ4_0>(), nb), act);
+    }
+}

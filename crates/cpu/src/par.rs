@@ -1,0 +1,189 @@
+//! A minimal fork-join pool for the forward pass's ~300 parallel regions per token.
+//!
+//! Rayon's idle workers `sched_yield` while they wait for work; on a shared machine that hands
+//! the core to any runnable process (a niced compile, say) for a whole time slice at every join,
+//! which halved decode speed under background load. Here the helper threads spin with
+//! `spin_loop` between regions (parking only after ~a few ms without work), and tasks are
+//! claimed from one atomic counter, so a region costs two cache-line round trips.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+type Task = dyn Fn(usize) + Sync;
+
+#[repr(align(128))]
+struct Padded<T>(T);
+
+struct Shared {
+    /// Bumped once per region; helpers start work when it changes.
+    epoch: Padded<AtomicUsize>,
+    /// Next task index to claim.
+    next: Padded<AtomicUsize>,
+    /// Per helper: the last epoch it has finished with (no references to the job after).
+    acks: Vec<Padded<AtomicUsize>>,
+    /// The current job: written only while every helper has acked the previous epoch.
+    job: UnsafeCell<(*const Task, usize)>,
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    cv: Condvar,
+    stop: AtomicBool,
+}
+
+// SAFETY: `job` is written by the region's caller only while no helper reads it (all acked),
+// and published by the Release store of `epoch`.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+pub(crate) struct Pool {
+    shared: Arc<Shared>,
+    /// One region at a time; a second concurrent caller runs its region serially.
+    busy: Mutex<()>,
+}
+
+/// Spins before a helper parks (~a few ms: long enough to bridge the serial parts of a token
+/// and the sampling between tokens).
+const SPINS: usize = 1 << 19;
+
+impl Pool {
+    fn new(threads: usize) -> Pool {
+        let helpers = threads.saturating_sub(1);
+        let shared = Arc::new(Shared {
+            epoch: Padded(AtomicUsize::new(0)),
+            next: Padded(AtomicUsize::new(0)),
+            acks: (0..helpers).map(|_| Padded(AtomicUsize::new(0))).collect(),
+            job: UnsafeCell::new((std::ptr::null::<fn(usize)>() as *const Task, 0)),
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        for h in 0..helpers {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("q4moe-cpu-{h}"))
+                .spawn(move || helper(&s, h))
+                .expect("spawn helper thread");
+        }
+        Pool { shared, busy: Mutex::new(()) }
+    }
+
+    pub(crate) fn threads(&self) -> usize {
+        self.shared.acks.len() + 1
+    }
+
+    /// Runs `f(0..n)` across the pool (the caller works too); returns when all are done.
+    pub(crate) fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        let guard = match self.busy.try_lock() {
+            Ok(g) if n > 1 && !self.shared.acks.is_empty() => g,
+            _ => return (0..n).for_each(f),
+        };
+        let s = &*self.shared;
+        // SAFETY: lifetime erased; every helper acks this epoch (drops all use of `f`) before
+        // this function returns.
+        let f_static: *const Task = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Task>(f) };
+        let e = s.epoch.0.load(Relaxed) + 1;
+        // SAFETY: all helpers acked epoch e - 1, so none reads `job` now.
+        unsafe { *s.job.get() = (f_static, n) };
+        s.next.0.store(0, Relaxed);
+        s.epoch.0.store(e, SeqCst);
+        if s.sleepers.load(SeqCst) > 0 {
+            let _g = s.lock.lock().unwrap();
+            s.cv.notify_all();
+        }
+        work(s, f, n);
+        for a in &s.acks {
+            while a.0.load(Acquire) != e {
+                std::hint::spin_loop();
+            }
+        }
+        drop(guard);
+    }
+}
+
+fn work(s: &Shared, f: &(dyn Fn(usize) + Sync), n: usize) {
+    loop {
+        let i = s.next.0.fetch_add(1, Relaxed);
+        if i >= n {
+            break;
+        }
+        f(i);
+    }
+}
+
+fn helper(s: &Shared, h: usize) {
+    let mut last = 0;
+    loop {
+        let mut spins = 0;
+        let e = loop {
+            let e = s.epoch.0.load(Acquire);
+            if e != last {
+                break e;
+            }
+            if s.stop.load(Relaxed) {
+                return;
+            }
+            spins += 1;
+            if spins < SPINS {
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut g = s.lock.lock().unwrap();
+            s.sleepers.fetch_add(1, SeqCst);
+            while s.epoch.0.load(SeqCst) == last && !s.stop.load(SeqCst) {
+                g = s.cv.wait(g).unwrap();
+            }
+            s.sleepers.fetch_sub(1, SeqCst);
+            spins = 0;
+        };
+        // SAFETY: published by the Release/SeqCst store of `epoch`; valid until we ack `e`.
+        let (f, n) = unsafe { *s.job.get() };
+        work(s, unsafe { &*f }, n);
+        s.acks[h].0.store(e, Release);
+        last = e;
+    }
+}
+
+/// The process-wide pool (`RAYON_NUM_THREADS` or all cores).
+pub(crate) fn pool() -> &'static Pool {
+    static P: OnceLock<Pool> = OnceLock::new();
+    P.get_or_init(|| Pool::new(rayon::current_num_threads()))
+}
+
+/// A raw pointer that may cross threads (disjoint chunks are written through it).
+struct SendPtr<T>(*mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+/// `f(i, chunk i)` for the `chunk`-sized pieces of `out` (the last may be shorter), in parallel.
+pub(crate) fn chunks_mut<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    let len = out.len();
+    let p = SendPtr(out.as_mut_ptr());
+    pool().run(len.div_ceil(chunk), &|i| {
+        let start = i * chunk;
+        let n = chunk.min(len - start);
+        let p = p;
+        // SAFETY: chunks are disjoint and within `out`, which outlives the region.
+        f(i, unsafe { std::slice::from_raw_parts_mut(p.0.add(start), n) })
+    });
+}
+
+/// `chunks_mut` over two slices in step: `f(i, a chunk i, b chunk i)`.
+pub(crate) fn chunks_mut2<A: Send, B: Send>(a: &mut [A], ca: usize, b: &mut [B], cb: usize, f: impl Fn(usize, &mut [A], &mut [B]) + Sync) {
+    let n = a.len().div_ceil(ca).min(b.len().div_ceil(cb));
+    let (la, lb) = (a.len(), b.len());
+    let (pa, pb) = (SendPtr(a.as_mut_ptr()), SendPtr(b.as_mut_ptr()));
+    pool().run(n, &|i| {
+        let (pa, pb) = (pa, pb);
+        // SAFETY: as in `chunks_mut`, for each slice.
+        let x = unsafe { std::slice::from_raw_parts_mut(pa.0.add(i * ca), ca.min(la - i * ca)) };
+        let y = unsafe { std::slice::from_raw_parts_mut(pb.0.add(i * cb), cb.min(lb - i * cb)) };
+        f(i, x, y)
+    });
+}
