@@ -174,6 +174,22 @@ fn rows_dot(ty: GgmlType, data: &[u8], row_bytes: usize, r0: usize, x: Act<'_>, 
     }
 }
 
+/// Prefetches the first 4 KB of `bytes` (the start of the next run of rows a task reads: the
+/// hardware prefetchers only ramp up after demand misses in each new page).
+#[inline]
+fn prefetch_head(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        for off in (0..bytes.len().min(4096)).step_by(64) {
+            // SAFETY: prefetch of an address inside `bytes` (a hint; never faults).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(off).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// `out[r] = row_r(w) . x` for the rows of a quantised matrix given as raw bytes.
 fn matvec(ty: GgmlType, data: &[u8], row_bytes: usize, x: Act<'_>, out: &mut [f32]) {
     par::chunks_mut(out, ROWS_PER_TASK, |ci, chunk| {
@@ -306,6 +322,8 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
             let len = (ff - r).min(chunk.len() - done);
             let e = chosen[k];
             let hs = &mut chunk[done..done + len];
+            // The up rows come next: start their first page now (prefetchers stop at pages).
+            prefetch_head(&m.expert(up, e)[r * urb..]);
             rows_dot(gate.ty, m.expert(gate, e), grb, r, n, hs);
             let us = &mut u[..len];
             if same_act {
@@ -325,6 +343,9 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
         let t = &mut t[..chunk.len()];
         chunk.fill(0.0);
         for (k, (&e, &p)) in chosen.iter().zip(&weights).enumerate() {
+            if let Some(&next) = chosen.get(k + 1) {
+                prefetch_head(&m.expert(down, next)[ci * ROWS_PER_TASK * drb..]);
+            }
             rows_dot(down.ty, m.expert(down, e), drb, ci * ROWS_PER_TASK, hidden.part(k, ff), t);
             chunk.iter_mut().zip(t.iter()).for_each(|(o, &d)| *o += p * d);
         }
