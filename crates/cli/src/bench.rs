@@ -95,15 +95,24 @@ fn load_model(a: &BenchArgs) -> anyhow::Result<(Arc<Model>, String)> {
         Some(p) => (p.clone(), p.display().to_string()),
         None => {
             let cfg = Config::geometry(&a.geometry)?;
-            let p = std::env::temp_dir().join(format!("q4moe-bench-{}-{}-{}.gguf", a.geometry, a.quant, a.seed));
+            let p = std::env::temp_dir().join(format!(
+                "q4moe-bench-{}-{}-{}.gguf",
+                a.geometry, a.quant, a.seed
+            ));
             if !p.exists() {
-                eprintln!("writing synthetic {} {} model to {}", a.geometry, a.quant, p.display());
+                eprintln!(
+                    "writing synthetic {} {} model to {}",
+                    a.geometry,
+                    a.quant,
+                    p.display()
+                );
                 synth::write(&p, &cfg, SynthQuant::parse(&a.quant)?, a.seed, true)?;
             }
             (p, format!("synthetic {} {}", a.geometry, a.quant))
         }
     };
-    let model = Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let model =
+        Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
     Ok((model, label))
 }
 
@@ -118,27 +127,45 @@ fn open(model: &Arc<Model>, a: &BenchArgs, ctx: usize) -> anyhow::Result<AnyBack
     };
     if !want_cuda {
         model.prefault(true);
-        return Ok(AnyBackend::Cpu(q4moe_cpu::CpuBackend::new(model.clone(), ctx)));
+        return Ok(AnyBackend::Cpu(q4moe_cpu::CpuBackend::new(
+            model.clone(),
+            ctx,
+        )));
     }
     let opts = q4moe_cuda::CudaOptions {
         kv_capacity: ctx,
         profile_kernels: a.profile.as_deref() == Some("kernels"),
         ..Default::default()
     };
-    Ok(AnyBackend::Cuda(Box::new(q4moe_cuda::CudaBackend::new(model.clone(), opts)?)))
+    Ok(AnyBackend::Cuda(Box::new(q4moe_cuda::CudaBackend::new(
+        model.clone(),
+        opts,
+    )?)))
 }
 
 fn variants(a: &BenchArgs, backend: &AnyBackend) -> Vec<Variant> {
     if matches!(backend, AnyBackend::Cpu(_)) {
-        return vec![Variant { name: "cpu".into(), setup_cache: false, in_flight: 1 }];
+        return vec![Variant {
+            name: "cpu".into(),
+            setup_cache: false,
+            in_flight: 1,
+        }];
     }
     let mut v = Vec::new();
     if a.setup_cache != "on" {
-        v.push(Variant { name: "cache off, in-flight 1".into(), setup_cache: false, in_flight: 1 });
+        v.push(Variant {
+            name: "cache off, in-flight 1".into(),
+            setup_cache: false,
+            in_flight: 1,
+        });
     }
     if a.setup_cache != "off" {
         for &n in &a.in_flight {
-            v.push(Variant { name: format!("cache on, in-flight {n}"), setup_cache: true, in_flight: n.max(1) });
+            v.push(Variant {
+                name: format!("cache on, in-flight {n}"),
+                setup_cache: true,
+                in_flight: n.max(1),
+            });
         }
     }
     v
@@ -152,13 +179,25 @@ fn random_prompt(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 /// Prefill `prompt` in `session`, then decode `n` greedy tokens, timing every token.
-fn one_run(b: &mut dyn Backend, session: u64, prompt: &[u32], n: usize) -> anyhow::Result<RunResult> {
+fn one_run(
+    b: &mut dyn Backend,
+    session: u64,
+    prompt: &[u32],
+    n: usize,
+) -> anyhow::Result<RunResult> {
     let t0 = Instant::now();
     let logits = b.prefill(session, prompt, false)?;
     let prefill = t0.elapsed();
     let first = argmax(&logits);
     let sampling = SamplingParams::greedy();
-    let req = DecodeRequest { session, first_token: first, max_tokens: n, sampling: &sampling, history: prompt, want_logits: false };
+    let req = DecodeRequest {
+        session,
+        first_token: first,
+        max_tokens: n,
+        sampling: &sampling,
+        history: prompt,
+        want_logits: false,
+    };
     let mut stamps = Vec::with_capacity(n);
     let mut tokens = vec![first];
     let stats = b.decode(&req, &mut |ev| {
@@ -166,7 +205,11 @@ fn one_run(b: &mut dyn Backend, session: u64, prompt: &[u32], n: usize) -> anyho
         tokens.push(ev.token);
         Flow::Continue
     })?;
-    anyhow::ensure!(stamps.len() >= 2, "decode produced {} tokens; need at least 2", stamps.len());
+    anyhow::ensure!(
+        stamps.len() >= 2,
+        "decode produced {} tokens; need at least 2",
+        stamps.len()
+    );
     // Steady state: the first decode step (graph capture, warm-up) is excluded.
     let steady = stamps[stamps.len() - 1] - stamps[0];
     let steady_phases = &stats.phases[1.min(stats.phases.len())..];
@@ -192,9 +235,13 @@ fn mean_phases(p: &[PhaseTimes]) -> PhaseTimes {
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(a.runs >= 1 && a.decode_len >= 2 && a.prompt_len >= 1, "need runs >= 1, decode-len >= 2, prompt-len >= 1");
+    anyhow::ensure!(
+        a.runs >= 1 && a.decode_len >= 2 && a.prompt_len >= 1,
+        "need runs >= 1, decode-len >= 2, prompt-len >= 1"
+    );
     let (model, label) = load_model(&a)?;
-    let ctx = (a.prompt_len.max(a.long_context) + a.decode_len + 8).min(model.config.context_length);
+    let ctx =
+        (a.prompt_len.max(a.long_context) + a.decode_len + 8).min(model.config.context_length);
     let mut backend = open(&model, &a, ctx)?;
     let info = backend.get().info();
     let prompt = random_prompt(a.prompt_len, model.config.vocab_size, a.seed);
@@ -208,13 +255,32 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             backend.get().drop_session(session);
             session += 1;
         }
-        eprintln!("  {:<24} median {:.1} tok/s", v.name, report::median(&runs.iter().map(|r| r.steady_tok_s).collect::<Vec<_>>()));
+        eprintln!(
+            "  {:<24} median {:.1} tok/s",
+            v.name,
+            report::median(&runs.iter().map(|r| r.steady_tok_s).collect::<Vec<_>>())
+        );
         results.push((v, runs));
     }
-    let long = if a.long_context > 0 { Some(long_context_run(&mut backend, &a, model.config.vocab_size, &mut session)?) } else { None };
+    let long = if a.long_context > 0 {
+        Some(long_context_run(
+            &mut backend,
+            &a,
+            model.config.vocab_size,
+            &mut session,
+        )?)
+    } else {
+        None
+    };
     let extras = match &backend {
-        AnyBackend::Cuda(b) => report::CudaExtras { copy_gbs: Some(b.measure_copy_bandwidth()), kernels: b.kernel_profile() },
-        AnyBackend::Cpu(_) => report::CudaExtras { copy_gbs: None, kernels: Vec::new() },
+        AnyBackend::Cuda(b) => report::CudaExtras {
+            copy_gbs: Some(b.measure_copy_bandwidth()),
+            kernels: b.kernel_profile(),
+        },
+        AnyBackend::Cpu(_) => report::CudaExtras {
+            copy_gbs: None,
+            kernels: Vec::new(),
+        },
     };
     let record = report::build(&a, &label, &model, &info, &results, long.as_ref(), &extras);
     report::print_table(&record);
@@ -227,8 +293,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 
 /// Decode steady tok/s after `long_context` positions, the prefill done once and the KV
 /// truncated back to it between runs.
-fn long_context_run(b: &mut AnyBackend, a: &BenchArgs, vocab: usize, session: &mut u64) -> anyhow::Result<Value> {
-    let v = Variant { name: "long".into(), setup_cache: true, in_flight: *a.in_flight.iter().max().unwrap_or(&1) };
+fn long_context_run(
+    b: &mut AnyBackend,
+    a: &BenchArgs,
+    vocab: usize,
+    session: &mut u64,
+) -> anyhow::Result<Value> {
+    let v = Variant {
+        name: "long".into(),
+        setup_cache: true,
+        in_flight: *a.in_flight.iter().max().unwrap_or(&1),
+    };
     b.configure(&v);
     let ctx_prompt = random_prompt(a.long_context, vocab, a.seed ^ 1);
     let s = *session;
@@ -240,13 +315,21 @@ fn long_context_run(b: &mut AnyBackend, a: &BenchArgs, vocab: usize, session: &m
     for _ in 0..a.runs {
         let first = argmax(&logits);
         let sampling = SamplingParams::greedy();
-        let req = DecodeRequest { session: s, first_token: first, max_tokens: a.decode_len, sampling: &sampling, history: &[], want_logits: false };
+        let req = DecodeRequest {
+            session: s,
+            first_token: first,
+            max_tokens: a.decode_len,
+            sampling: &sampling,
+            history: &[],
+            want_logits: false,
+        };
         let mut stamps = Vec::new();
         b.get().decode(&req, &mut |_| {
             stamps.push(Instant::now());
             Flow::Continue
         })?;
-        tok_s.push((stamps.len() - 1) as f64 / (stamps[stamps.len() - 1] - stamps[0]).as_secs_f64());
+        tok_s
+            .push((stamps.len() - 1) as f64 / (stamps[stamps.len() - 1] - stamps[0]).as_secs_f64());
         b.get().truncate(s, a.long_context);
     }
     b.get().drop_session(s);

@@ -5,7 +5,9 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use q4moe_engine::{ChatMessage, Engine, EngineError, Finish, Flow, GenerateRequest, SamplingParams};
+use q4moe_engine::{
+    ChatMessage, Engine, EngineError, Finish, Flow, GenerateRequest, SamplingParams,
+};
 use q4moe_server::reasoning::ReasoningSplitter;
 
 #[derive(Debug, Clone)]
@@ -26,7 +28,10 @@ struct Interrupt {
 const HELP: &str = "commands: /reset (new conversation), /exit; Ctrl-C stops an answer, Ctrl-C at the prompt exits";
 
 pub fn run_chat(mut engine: Engine, opts: ChatOptions) -> anyhow::Result<()> {
-    let irq = Arc::new(Interrupt { stop: AtomicBool::new(false), generating: AtomicBool::new(false) });
+    let irq = Arc::new(Interrupt {
+        stop: AtomicBool::new(false),
+        generating: AtomicBool::new(false),
+    });
     let h = irq.clone();
     ctrlc::set_handler(move || {
         if h.generating.load(Ordering::SeqCst) {
@@ -37,7 +42,10 @@ pub fn run_chat(mut engine: Engine, opts: ChatOptions) -> anyhow::Result<()> {
         }
     })?;
     let style = Style::new();
-    eprintln!("q4moe chat: {} positions of context. {HELP}", engine.context_capacity());
+    eprintln!(
+        "q4moe chat: {} positions of context. {HELP}",
+        engine.context_capacity()
+    );
     let mut messages = fresh(&opts);
     let stdin = std::io::stdin();
     loop {
@@ -112,7 +120,11 @@ fn answer(
         show(&s.reasoning, &s.content);
         reasoning += &s.reasoning;
         content += &s.content;
-        if irq.stop.load(Ordering::SeqCst) { Flow::Stop } else { Flow::Continue }
+        if irq.stop.load(Ordering::SeqCst) {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
     });
     irq.generating.store(false, Ordering::SeqCst);
     let tail = splitter.finish();
@@ -140,9 +152,17 @@ struct Style {
 impl Style {
     fn new() -> Self {
         if std::io::stdout().is_terminal() {
-            Style { dim: "\x1b[2m", bold: "\x1b[1m", reset: "\x1b[0m" }
+            Style {
+                dim: "\x1b[2m",
+                bold: "\x1b[1m",
+                reset: "\x1b[0m",
+            }
         } else {
-            Style { dim: "", bold: "", reset: "" }
+            Style {
+                dim: "",
+                bold: "",
+                reset: "",
+            }
         }
     }
 }

@@ -15,7 +15,11 @@ use q4moe_engine::{Device, EngineOptions};
 pub const COMMIT: &str = env!("Q4MOE_COMMIT");
 
 #[derive(Parser)]
-#[command(name = "q4moe", version, about = "Fast single-stream inference for q4 Mixture-of-Experts GGUF models")]
+#[command(
+    name = "q4moe",
+    version,
+    about = "Fast single-stream inference for q4 Mixture-of-Experts GGUF models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -68,10 +72,15 @@ impl DeviceArgs {
 
 /// Loads a model onto the chosen backend; on the CPU the file's pages are read in first (with a
 /// progress bar) so the first tokens do not pay for disk reads.
-pub fn load_engine(path: &std::path::Path, device: &DeviceArgs) -> anyhow::Result<q4moe_engine::Engine> {
+pub fn load_engine(
+    path: &std::path::Path,
+    device: &DeviceArgs,
+) -> anyhow::Result<q4moe_engine::Engine> {
     use anyhow::Context;
     let opts = device.engine_options()?;
-    let model = std::sync::Arc::new(q4moe_model::Model::load(path).with_context(|| format!("loading {}", path.display()))?);
+    let model = std::sync::Arc::new(
+        q4moe_model::Model::load(path).with_context(|| format!("loading {}", path.display()))?,
+    );
     if opts.device == Device::Cpu || q4moe_cuda::cuda_available().is_err() {
         model.prefault(true);
     }

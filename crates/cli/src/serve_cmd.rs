@@ -28,7 +28,11 @@ pub struct ServeArgs {
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let engine = crate::load_engine(&a.model, &a.device)?;
-    let stem = a.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "q4moe".into());
+    let stem = a
+        .model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "q4moe".into());
     let cfg = ServeConfig {
         host: a.host,
         port: a.port,
@@ -37,6 +41,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         queue_capacity: a.queue.max(1),
         ..ServeConfig::default()
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(q4moe_server::serve(engine, cfg))
 }

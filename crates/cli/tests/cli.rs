@@ -4,13 +4,32 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn q4moe(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_q4moe")).args(args).output().expect("run q4moe")
+    Command::new(env!("CARGO_BIN_EXE_q4moe"))
+        .args(args)
+        .output()
+        .expect("run q4moe")
 }
 
 fn synth_tiny(dir: &Path) -> String {
     let p = dir.join("tiny.gguf").display().to_string();
-    let out = q4moe(&["synth", "--geometry", "tiny", "--quant", "q4_k_m", "--seed", "3", "--out", &p, "--layers", "3"]);
-    assert!(out.status.success(), "synth failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = q4moe(&[
+        "synth",
+        "--geometry",
+        "tiny",
+        "--quant",
+        "q4_k_m",
+        "--seed",
+        "3",
+        "--out",
+        &p,
+        "--layers",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "synth failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     p
 }
 
@@ -19,10 +38,26 @@ fn run_streams_text_summarises_and_writes_logits() {
     let dir = tempfile::tempdir().unwrap();
     let model = synth_tiny(dir.path());
     let npy = dir.path().join("logits.npy").display().to_string();
-    let out = q4moe(&["run", "-m", &model, "-p", "Hello there", "-n", "6", "--device", "cpu", "--ignore-eos", "--logits-out", &npy]);
+    let out = q4moe(&[
+        "run",
+        "-m",
+        &model,
+        "-p",
+        "Hello there",
+        "-n",
+        "6",
+        "--device",
+        "cpu",
+        "--ignore-eos",
+        "--logits-out",
+        &npy,
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("decode 5 tok") && stderr.contains("tok/s"), "summary line missing: {stderr}");
+    assert!(
+        stderr.contains("decode 5 tok") && stderr.contains("tok/s"),
+        "summary line missing: {stderr}"
+    );
     assert!(!out.stdout.is_empty(), "no text streamed");
     let b = std::fs::read(&npy).unwrap();
     let hlen = u16::from_le_bytes([b[8], b[9]]) as usize;
@@ -35,7 +70,21 @@ fn run_streams_text_summarises_and_writes_logits() {
 fn chat_flag_applies_the_template_and_greedy_is_repeatable() {
     let dir = tempfile::tempdir().unwrap();
     let model = synth_tiny(dir.path());
-    let args = ["run", "-m", &model, "-p", "Why is the sky blue?", "--chat", "--think", "off", "-n", "8", "--device", "cpu", "--ignore-eos"];
+    let args = [
+        "run",
+        "-m",
+        &model,
+        "-p",
+        "Why is the sky blue?",
+        "--chat",
+        "--think",
+        "off",
+        "-n",
+        "8",
+        "--device",
+        "cpu",
+        "--ignore-eos",
+    ];
     let (a, b) = (q4moe(&args), q4moe(&args));
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
     assert_eq!(a.stdout, b.stdout);
@@ -48,7 +97,13 @@ fn inspect_lists_metadata_and_tensors() {
     let out = q4moe(&["inspect", &model]);
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    for needle in ["general.architecture = \"qwen3moe\"", "qwen3moe.expert_count = U32(8)", "blk.2.ffn_down_exps.weight", "Q6_K", "tokenizer.ggml.merges"] {
+    for needle in [
+        "general.architecture = \"qwen3moe\"",
+        "qwen3moe.expert_count = U32(8)",
+        "blk.2.ffn_down_exps.weight",
+        "Q6_K",
+        "tokenizer.ggml.merges",
+    ] {
         assert!(s.contains(needle), "inspect output lacks {needle}");
     }
 }
@@ -56,21 +111,42 @@ fn inspect_lists_metadata_and_tensors() {
 #[test]
 fn bad_inputs_fail_with_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let missing = q4moe(&["run", "-m", "/nonexistent/model.gguf", "-p", "x", "--device", "cpu"]);
+    let missing = q4moe(&[
+        "run",
+        "-m",
+        "/nonexistent/model.gguf",
+        "-p",
+        "x",
+        "--device",
+        "cpu",
+    ]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/model.gguf"));
     let junk = dir.path().join("junk.gguf");
     std::fs::write(&junk, b"not a gguf file at all, just text").unwrap();
     let out = q4moe(&["inspect", &junk.display().to_string()]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("bad magic"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("bad magic"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let model = synth_tiny(dir.path());
     let long = "word ".repeat(600);
-    let out = q4moe(&["run", "-m", &model, "-p", &long, "--device", "cpu", "--ctx", "512"]);
+    let out = q4moe(&[
+        "run", "-m", &model, "-p", &long, "--device", "cpu", "--ctx", "512",
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("prompt of") && stderr.contains("context"), "{stderr}");
+    assert!(
+        !out.status.success() && stderr.contains("prompt of") && stderr.contains("context"),
+        "{stderr}"
+    );
     let out = q4moe(&["run", "-m", &model, "-p", "x", "--device", "cuda"]);
     if !out.status.success() {
-        assert!(String::from_utf8_lossy(&out.stderr).contains("CUDA"), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("CUDA"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

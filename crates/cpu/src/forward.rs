@@ -2,14 +2,15 @@
 //! element is one `vec_dot` over a quantised row; rows are split across the threads of `par`.
 
 use q4moe_gguf::quant::{
-    activation_type, q4_0x_act_bytes, q4_0x_applies, quantize_activation_q4_0x, quantize_activation_q8, vec_dot, vec_dot_q4_0x, vec_dot_q4_0x_rows, vec_dot_q8,
+    activation_type, q4_0x_act_bytes, q4_0x_applies, quantize_activation_q4_0x,
+    quantize_activation_q8, vec_dot, vec_dot_q4_0x, vec_dot_q4_0x_rows, vec_dot_q8,
 };
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
 use crate::kv::KvCache;
-use crate::par;
 use crate::ops::{rmsnorm, rmsnorm_heads, rope_neox, silu, softmax, top_k};
+use crate::par;
 
 /// How activations meet quantised weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,12 +57,21 @@ impl Act<'_> {
 
 /// Types with an integer dot product against Q8 activations.
 fn is_quantised(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K
+    )
 }
 
 /// Prepares `x` (one or more packed vectors of `n` elements) for weights of type `ty`,
 /// quantising into `buf` when the precision asks for it and the weights are quantised.
-fn prepare<'a>(p: Precision, ty: GgmlType, x: &'a [f32], n: usize, buf: &'a mut Vec<u8>) -> Act<'a> {
+fn prepare<'a>(
+    p: Precision,
+    ty: GgmlType,
+    x: &'a [f32],
+    n: usize,
+    buf: &'a mut Vec<u8>,
+) -> Act<'a> {
     if p == Precision::Exact || !is_quantised(ty) {
         return Act::F32(x);
     }
@@ -75,7 +85,9 @@ fn prepare<'a>(p: Precision, ty: GgmlType, x: &'a [f32], n: usize, buf: &'a mut 
     for v in x.chunks(n) {
         quantize_activation_q8(ty, v, buf);
     }
-    let stride = activation_type(ty).row_bytes(n).expect("rows are whole blocks");
+    let stride = activation_type(ty)
+        .row_bytes(n)
+        .expect("rows are whole blocks");
     Act::Q8(buf, stride)
 }
 
@@ -107,7 +119,10 @@ impl HostWeights {
                 ffn_norm: m.vector_f32(&l.ffn_norm),
             })
             .collect();
-        HostWeights { layers, output_norm: m.vector_f32(&m.output_norm) }
+        HostWeights {
+            layers,
+            output_norm: m.vector_f32(&m.output_norm),
+        }
     }
 }
 
@@ -164,7 +179,12 @@ impl Scratch {
 /// `out[i] = row_{r0+i}(w) . x` for consecutive rows of a matrix given as raw bytes.
 fn rows_dot(ty: GgmlType, data: &[u8], row_bytes: usize, r0: usize, x: Act<'_>, out: &mut [f32]) {
     match x {
-        Act::Q4x(q, _) => vec_dot_q4_0x_rows(&data[r0 * row_bytes..(r0 + out.len()) * row_bytes], row_bytes, q, out),
+        Act::Q4x(q, _) => vec_dot_q4_0x_rows(
+            &data[r0 * row_bytes..(r0 + out.len()) * row_bytes],
+            row_bytes,
+            q,
+            out,
+        ),
         _ => {
             for (i, o) in out.iter_mut().enumerate() {
                 let r = r0 + i;
@@ -199,7 +219,13 @@ fn matvec(ty: GgmlType, data: &[u8], row_bytes: usize, x: Act<'_>, out: &mut [f3
 
 /// Several matrices of one type against the same `x` in one parallel region: `out` is their
 /// outputs concatenated (`parts[i]` gives matrix i's bytes and rows).
-fn matvec_concat(ty: GgmlType, parts: &[(&[u8], usize)], row_bytes: usize, x: Act<'_>, out: &mut [f32]) {
+fn matvec_concat(
+    ty: GgmlType,
+    parts: &[(&[u8], usize)],
+    row_bytes: usize,
+    x: Act<'_>,
+    out: &mut [f32],
+) {
     par::chunks_mut(out, ROWS_PER_TASK, |ci, chunk| {
         let (mut r, mut done) = (ci * ROWS_PER_TASK, 0);
         let mut base = 0;
@@ -225,11 +251,21 @@ fn matvec_t(m: &Model, t: &QTensor, x: &[f32], xq: &mut Vec<u8>, p: Precision, o
 }
 
 /// Runs `token` at the next position of `kv` and returns the logits.
-pub fn token_logits<'s>(m: &Model, w: &HostWeights, kv: &mut KvCache, token: u32, s: &'s mut Scratch) -> &'s [f32] {
+pub fn token_logits<'s>(
+    m: &Model,
+    w: &HostWeights,
+    kv: &mut KvCache,
+    token: u32,
+    s: &'s mut Scratch,
+) -> &'s [f32] {
     let c = &m.config;
     let pos = kv.len();
-    q4moe_gguf::quant::dequantize_row(m.token_embd.ty, m.row(&m.token_embd, token as usize), &mut s.x)
-        .expect("embedding type validated at load");
+    q4moe_gguf::quant::dequantize_row(
+        m.token_embd.ty,
+        m.row(&m.token_embd, token as usize),
+        &mut s.x,
+    )
+    .expect("embedding type validated at load");
     for (li, l) in m.layers.iter().enumerate() {
         attention_block(m, l, &w.layers[li], kv, li, pos, s);
         moe_block(m, l, &w.layers[li], s);
@@ -239,12 +275,24 @@ pub fn token_logits<'s>(m: &Model, w: &HostWeights, kv: &mut KvCache, token: u32
     &s.logits
 }
 
-fn attention_block(m: &Model, l: &LayerTensors, w: &LayerNorms, kv: &mut KvCache, li: usize, pos: usize, s: &mut Scratch) {
+fn attention_block(
+    m: &Model,
+    l: &LayerTensors,
+    w: &LayerNorms,
+    kv: &mut KvCache,
+    li: usize,
+    pos: usize,
+    s: &mut Scratch,
+) {
     let c = &m.config;
     rmsnorm(&s.x, &w.attn_norm, c.rms_eps, &mut s.n);
     let p = s.precision;
     let (tq, tk, tv) = (&l.attn_q, &l.attn_k, &l.attn_v);
-    if tq.ty == tk.ty && tq.ty == tv.ty && tq.row_bytes() == tk.row_bytes() && tq.row_bytes() == tv.row_bytes() {
+    if tq.ty == tk.ty
+        && tq.ty == tv.ty
+        && tq.row_bytes() == tk.row_bytes()
+        && tq.row_bytes() == tv.row_bytes()
+    {
         // One parallel region for Q, K and V (one activation preparation, one join).
         let act = prepare(p, tq.ty, &s.n, c.d_model, &mut s.xq);
         let (nq, nk) = (s.q.len(), s.k.len());
@@ -271,7 +319,14 @@ fn attention_block(m: &Model, l: &LayerTensors, w: &LayerNorms, kv: &mut KvCache
 
 /// Grouped-query attention of one query position over every cached position, head-parallel.
 /// `scores` is scratch (resized to heads x positions, so no allocation per head or token).
-fn attend(c: &Config, q: &[f32], keys: &[f32], values: &[f32], scores: &mut Vec<f32>, out: &mut [f32]) {
+fn attend(
+    c: &Config,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     let (hd, kv_dim) = (c.head_dim, c.kv_dim());
     let len = keys.len() / kv_dim;
     let scale = 1.0 / (hd as f32).sqrt();
@@ -310,7 +365,10 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
     let x_f32 = &s.n;
     let n = prepare(p, gate.ty, &s.n, c.d_model, &mut s.xq);
     let same_act = gate.ty == up.ty
-        || (!matches!(n, Act::Q4x(..)) && is_quantised(gate.ty) && is_quantised(up.ty) && activation_type(gate.ty) == activation_type(up.ty));
+        || (!matches!(n, Act::Q4x(..))
+            && is_quantised(gate.ty)
+            && is_quantised(up.ty)
+            && activation_type(gate.ty) == activation_type(up.ty));
     let (grb, urb) = (gate.row_bytes(), up.row_bytes());
     par::chunks_mut(&mut s.hidden, ROWS_PER_TASK, |ci, chunk| {
         let mut u = [0f32; ROWS_PER_TASK];
@@ -332,7 +390,9 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
                 // A file whose gate and up differ in activation type gets the exact path for up.
                 rows_dot(up.ty, m.expert(up, e), urb, r, Act::F32(x_f32), us);
             }
-            hs.iter_mut().zip(us.iter()).for_each(|(h, &u)| *h = silu(*h) * u);
+            hs.iter_mut()
+                .zip(us.iter())
+                .for_each(|(h, &u)| *h = silu(*h) * u);
             done += len;
         }
     });
@@ -346,8 +406,18 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
             if let Some(&next) = chosen.get(k + 1) {
                 prefetch_head(&m.expert(down, next)[ci * ROWS_PER_TASK * drb..]);
             }
-            rows_dot(down.ty, m.expert(down, e), drb, ci * ROWS_PER_TASK, hidden.part(k, ff), t);
-            chunk.iter_mut().zip(t.iter()).for_each(|(o, &d)| *o += p * d);
+            rows_dot(
+                down.ty,
+                m.expert(down, e),
+                drb,
+                ci * ROWS_PER_TASK,
+                hidden.part(k, ff),
+                t,
+            );
+            chunk
+                .iter_mut()
+                .zip(t.iter())
+                .for_each(|(o, &d)| *o += p * d);
         }
     });
     s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);

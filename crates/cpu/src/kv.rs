@@ -11,7 +11,11 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(c: &Config) -> Self {
-        KvCache { k: vec![Vec::new(); c.n_layer], v: vec![Vec::new(); c.n_layer], kv_dim: c.kv_dim() }
+        KvCache {
+            k: vec![Vec::new(); c.n_layer],
+            v: vec![Vec::new(); c.n_layer],
+            kv_dim: c.kv_dim(),
+        }
     }
 
     /// Positions held (every layer holds the same number once a token has finished).

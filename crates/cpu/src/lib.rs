@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use q4moe_model::backend::{
-    Backend, BackendError, BackendInfo, BackendResult, DecodeRequest, DecodeStats, Flow, PhaseTimes, SessionId, TokenEvent,
+    Backend, BackendError, BackendInfo, BackendResult, DecodeRequest, DecodeStats, Flow,
+    PhaseTimes, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
@@ -39,13 +40,23 @@ impl CpuBackend {
         populate(model.file.bytes());
         let weights = forward::HostWeights::new(&model);
         let scratch = Scratch::new(&model.config, precision);
-        CpuBackend { model, weights, kv_capacity, sessions: HashMap::new(), scratch }
+        CpuBackend {
+            model,
+            weights,
+            kv_capacity,
+            sessions: HashMap::new(),
+            scratch,
+        }
     }
 
     fn check_room(&self, session: SessionId, extra: usize) -> BackendResult<()> {
         let needed = self.kv_len(session) + extra;
         if needed > self.kv_capacity {
-            return Err(BackendError::ContextFull { session, needed, capacity: self.kv_capacity });
+            return Err(BackendError::ContextFull {
+                session,
+                needed,
+                capacity: self.kv_capacity,
+            });
         }
         Ok(())
     }
@@ -61,7 +72,10 @@ impl CpuBackend {
     /// Runs one token and leaves the logits in the scratch.
     fn step(&mut self, session: SessionId, token: u32) -> &[f32] {
         let c = &self.model.config;
-        let kv = self.sessions.entry(session).or_insert_with(|| KvCache::new(c));
+        let kv = self
+            .sessions
+            .entry(session)
+            .or_insert_with(|| KvCache::new(c));
         let (model, weights, scratch) = (&self.model, &self.weights, &mut self.scratch);
         forward::token_logits(model, weights, kv, token, scratch);
         &self.scratch.logits
@@ -134,14 +148,25 @@ impl Backend for CpuBackend {
         &self.model.config
     }
 
-    fn prefill(&mut self, session: SessionId, tokens: &[u32], all_logits: bool) -> BackendResult<Vec<f32>> {
+    fn prefill(
+        &mut self,
+        session: SessionId,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> BackendResult<Vec<f32>> {
         if tokens.is_empty() {
-            return Err(BackendError::Invalid("prefill needs at least one token".into()));
+            return Err(BackendError::Invalid(
+                "prefill needs at least one token".into(),
+            ));
         }
         self.check_room(session, tokens.len())?;
         tokens.iter().try_for_each(|&t| self.check_token(t))?;
         let vocab = self.model.config.vocab_size;
-        let mut out = Vec::with_capacity(if all_logits { tokens.len() * vocab } else { vocab });
+        let mut out = Vec::with_capacity(if all_logits {
+            tokens.len() * vocab
+        } else {
+            vocab
+        });
         for (i, &t) in tokens.iter().enumerate() {
             let logits = self.step(session, t);
             if all_logits || i + 1 == tokens.len() {
@@ -169,8 +194,15 @@ impl Backend for CpuBackend {
             let t1 = Instant::now();
             let event_logits = req.want_logits.then(|| logits.clone());
             token = sampler.sample(&mut logits);
-            let flow = on_token(TokenEvent { token, logits: event_logits.as_deref() });
-            stats.phases.push(PhaseTimes { wait: t1 - t0, tail: t1.elapsed(), ..Default::default() });
+            let flow = on_token(TokenEvent {
+                token,
+                logits: event_logits.as_deref(),
+            });
+            stats.phases.push(PhaseTimes {
+                wait: t1 - t0,
+                tail: t1.elapsed(),
+                ..Default::default()
+            });
             if flow == Flow::Stop {
                 break;
             }

@@ -65,7 +65,10 @@ impl Pool {
                 .spawn(move || helper(&s, h))
                 .expect("spawn helper thread");
         }
-        Pool { shared, busy: Mutex::new(()) }
+        Pool {
+            shared,
+            busy: Mutex::new(()),
+        }
     }
 
     pub(crate) fn threads(&self) -> usize {
@@ -81,7 +84,8 @@ impl Pool {
         let s = &*self.shared;
         // SAFETY: lifetime erased; every helper acks this epoch (drops all use of `f`) before
         // this function returns.
-        let f_static: *const Task = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Task>(f) };
+        let f_static: *const Task =
+            unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Task>(f) };
         let e = s.epoch.0.load(Relaxed) + 1;
         // SAFETY: all helpers acked epoch e - 1, so none reads `job` now.
         unsafe { *s.job.get() = (f_static, n) };
@@ -170,12 +174,20 @@ pub(crate) fn chunks_mut<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize,
         let n = chunk.min(len - start);
         let p = p;
         // SAFETY: chunks are disjoint and within `out`, which outlives the region.
-        f(i, unsafe { std::slice::from_raw_parts_mut(p.0.add(start), n) })
+        f(i, unsafe {
+            std::slice::from_raw_parts_mut(p.0.add(start), n)
+        })
     });
 }
 
 /// `chunks_mut` over two slices in step: `f(i, a chunk i, b chunk i)`.
-pub(crate) fn chunks_mut2<A: Send, B: Send>(a: &mut [A], ca: usize, b: &mut [B], cb: usize, f: impl Fn(usize, &mut [A], &mut [B]) + Sync) {
+pub(crate) fn chunks_mut2<A: Send, B: Send>(
+    a: &mut [A],
+    ca: usize,
+    b: &mut [B],
+    cb: usize,
+    f: impl Fn(usize, &mut [A], &mut [B]) + Sync,
+) {
     let n = a.len().div_ceil(ca).min(b.len().div_ceil(cb));
     let (la, lb) = (a.len(), b.len());
     let (pa, pb) = (SendPtr(a.as_mut_ptr()), SendPtr(b.as_mut_ptr()));

@@ -38,7 +38,11 @@ fn regenerate(fx: &Fixture) -> (TempFile, Arc<Model>) {
     // Tests run in parallel threads of one process: each regenerates into its own file.
     static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("q4moe-oracle-{}-{}-{n}.gguf", fx.name, std::process::id()));
+    let path = std::env::temp_dir().join(format!(
+        "q4moe-oracle-{}-{}-{n}.gguf",
+        fx.name,
+        std::process::id()
+    ));
     let file = TempFile(path);
     synth::write(&file.0, &fx.config, fx.quant, fx.seed, false).expect("synth::write");
     let sha = support::sha256(&std::fs::read(&file.0).expect("read regenerated GGUF"));
@@ -52,7 +56,11 @@ fn regenerate(fx: &Fixture) -> (TempFile, Arc<Model>) {
         support::hex(&fx.gguf_sha256)
     );
     let model = Arc::new(Model::load(&file.0).expect("load regenerated GGUF"));
-    assert_eq!(model.config, fx.config, "{}: loaded geometry differs from the fixture's", fx.name);
+    assert_eq!(
+        model.config, fx.config,
+        "{}: loaded geometry differs from the fixture's",
+        fx.name
+    );
     (file, model)
 }
 
@@ -83,7 +91,8 @@ struct Worst {
 impl Worst {
     fn see(&mut self, fx: &Fixture, pos: usize, ours: &[f32]) {
         let err = rel_err(ours, fx.row(pos));
-        self.all.push(if err.is_nan() { f32::INFINITY } else { err });
+        self.all
+            .push(if err.is_nan() { f32::INFINITY } else { err });
         if err > self.err || err.is_nan() {
             (self.err, self.pos) = (err, pos);
         }
@@ -104,7 +113,9 @@ fn teacher_forced(fx: &Fixture, b: &mut CpuBackend) -> (Worst, Worst) {
     (0..np).for_each(|i| prefill.see(fx, i, &all[i * vocab..(i + 1) * vocab]));
     let mut decode = Worst::default();
     for i in np..fx.tokens.len() {
-        let row = b.prefill(0, &fx.tokens[i..=i], false).expect("one-token prefill");
+        let row = b
+            .prefill(0, &fx.tokens[i..=i], false)
+            .expect("one-token prefill");
         decode.see(fx, i, &row);
     }
     (prefill, decode)
@@ -178,7 +189,11 @@ fn run_with(name: &str, precision: Precision, bound: Bound) {
         fx.router_gap,
         first_diff.map_or(format!("all {} match", want.len()), |s| format!("diverge at step {s}"))
     );
-    for (what, w) in [("prefill", &prefill), ("teacher-forced decode", &forced), ("greedy decode", &decoded)] {
+    for (what, w) in [
+        ("prefill", &prefill),
+        ("teacher-forced decode", &forced),
+        ("greedy decode", &decoded),
+    ] {
         match bound {
             Bound::Max(tol) => assert!(
                 w.err <= tol,
@@ -231,7 +246,10 @@ fn oracle_q8_activations_mid_q4_0() {
 
 #[test]
 fn sha256_matches_known_vectors() {
-    assert_eq!(support::hex(&support::sha256(b"")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    assert_eq!(
+        support::hex(&support::sha256(b"")),
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    );
     assert_eq!(
         support::hex(&support::sha256(&[b'a'; 1000])),
         "41edece42d63e8d9bf515a9ba6932e1c20cbc9f5a5d134645adb5db1b9737ea3"

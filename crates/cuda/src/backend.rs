@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys};
 use q4moe_model::backend::{
-    Backend, BackendError, BackendInfo, BackendResult, DecodeRequest, DecodeStats, Flow, PhaseTimes, SessionId, TokenEvent,
+    Backend, BackendError, BackendInfo, BackendResult, DecodeRequest, DecodeStats, Flow,
+    PhaseTimes, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
@@ -89,11 +90,18 @@ impl CudaBackend {
         opts.in_flight = opts.in_flight.clamp(1, RING - 1);
         let dev = Device::new()?;
         let kv_bytes = 2 * c.n_layer * opts.kv_capacity * c.kv_dim() * 4;
-        let w = weights::upload(&dev, &model, kv_bytes + Scratch::bytes(&c, opts.kv_capacity))?;
+        let w = weights::upload(
+            &dev,
+            &model,
+            kv_bytes + Scratch::bytes(&c, opts.kv_capacity),
+        )?;
         let scratch = Scratch::new(&dev, &c, opts.kv_capacity)?;
         // SAFETY: pinned allocation of RING states.
-        let ptr = unsafe { result::malloc_host(RING * std::mem::size_of::<StepState>(), 0)? } as *mut StepState;
-        let events = (0..RING).map(|_| Ok((ev()?, ev()?))).collect::<Result<Vec<_>>>()?;
+        let ptr = unsafe { result::malloc_host(RING * std::mem::size_of::<StepState>(), 0)? }
+            as *mut StepState;
+        let events = (0..RING)
+            .map(|_| Ok((ev()?, ev()?)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(CudaBackend {
             model,
             opts,
@@ -125,7 +133,12 @@ impl CudaBackend {
         let mut v: Vec<KernelTime> = self
             .profile
             .iter()
-            .map(|(n, &(calls, secs, bytes))| KernelTime { name: n.to_string(), calls, total: Duration::from_secs_f64(secs), bytes_read: bytes })
+            .map(|(n, &(calls, secs, bytes))| KernelTime {
+                name: n.to_string(),
+                calls,
+                total: Duration::from_secs_f64(secs),
+                bytes_read: bytes,
+            })
             .collect();
         v.sort_by(|a, b| b.total.cmp(&a.total));
         v
@@ -148,7 +161,10 @@ impl CudaBackend {
         self.dev.bind()?;
         let (free, _) = self.dev.free_mem()?;
         let bytes = (1usize << 30).min(free / 4).max(1 << 20);
-        let (a, b) = (DevBuf::new(&self.dev, bytes)?, DevBuf::new(&self.dev, bytes)?);
+        let (a, b) = (
+            DevBuf::new(&self.dev, bytes)?,
+            DevBuf::new(&self.dev, bytes)?,
+        );
         a.fill(&self.dev, 1)?;
         let (e0, e1) = (ev()?, ev()?);
         let reps = 10;
@@ -170,13 +186,25 @@ impl CudaBackend {
     }
 
     fn key(&self, session: SessionId) -> SessionKey {
-        SessionKey { session, geometry: format!("{:?}", self.model.config), batch: 1, kv_capacity: self.opts.kv_capacity }
+        SessionKey {
+            session,
+            geometry: format!("{:?}", self.model.config),
+            batch: 1,
+            kv_capacity: self.opts.kv_capacity,
+        }
     }
 
     fn session(&mut self, id: SessionId) -> Result<&mut Session> {
         if !self.sessions.contains_key(&id) {
             let kv = Kv::new(&self.dev, &self.model.config, self.opts.kv_capacity)?;
-            self.sessions.insert(id, Session { kv, len: 0, cache: None });
+            self.sessions.insert(
+                id,
+                Session {
+                    kv,
+                    len: 0,
+                    cache: None,
+                },
+            );
         }
         Ok(self.sessions.get_mut(&id).expect("inserted"))
     }
@@ -196,7 +224,11 @@ impl CudaBackend {
             sess.cache = None;
             let launches = step::build(&cfg, w, s, &sess.kv);
             let graph = Graph::capture(dev, &launches)?;
-            sess.cache = Some(StepCache { key, _launches: launches, graph });
+            sess.cache = Some(StepCache {
+                key,
+                _launches: launches,
+                graph,
+            });
         }
         Ok(None)
     }
@@ -207,7 +239,12 @@ impl CudaBackend {
         let (e0, e1) = self.events[slot % RING];
         unsafe { result::event::record(e0, self.dev.stream)? };
         match eager {
-            None => self.sessions[&id].cache.as_ref().expect("setup ran").graph.launch(&self.dev)?,
+            None => self.sessions[&id]
+                .cache
+                .as_ref()
+                .expect("setup ran")
+                .graph
+                .launch(&self.dev)?,
             Some(ls) if self.opts.profile_kernels => self.launch_profiled(&ls)?,
             Some(ls) => ls.iter().try_for_each(|l| self.dev.launch(l))?,
         }
@@ -247,16 +284,24 @@ impl CudaBackend {
             result::event::synchronize(e1)?;
             result::event::elapsed(e0, e1)?
         };
-        Ok((self.pinned.slot(slot)[0], Duration::from_secs_f64(ms as f64 * 1e-3)))
+        Ok((
+            self.pinned.slot(slot)[0],
+            Duration::from_secs_f64(ms as f64 * 1e-3),
+        ))
     }
 
     fn set_state(&mut self, st: StepState) -> Result<()> {
-        self.scratch.state.upload(&self.dev, 0, std::slice::from_ref(&st))
+        self.scratch
+            .state
+            .upload(&self.dev, 0, std::slice::from_ref(&st))
     }
 
     /// Runs one full step synchronously at `pos` with `token` (prefill, host sampling).
     fn step_sync(&mut self, id: SessionId, token: u32, pos: usize) -> Result<Duration> {
-        self.set_state(StepState { token, pos: pos as u32 })?;
+        self.set_state(StepState {
+            token,
+            pos: pos as u32,
+        })?;
         let eager = self.setup(id)?;
         self.submit(id, eager, 0)?;
         Ok(self.wait(0)?.1)
@@ -279,17 +324,28 @@ impl CudaBackend {
     fn room(&self, id: SessionId, extra: usize) -> BackendResult<()> {
         let needed = self.kv_len(id) + extra;
         if needed > self.opts.kv_capacity {
-            return Err(BackendError::ContextFull { session: id, needed, capacity: self.opts.kv_capacity });
+            return Err(BackendError::ContextFull {
+                session: id,
+                needed,
+                capacity: self.opts.kv_capacity,
+            });
         }
         Ok(())
     }
 
-    fn decode_device(&mut self, req: &DecodeRequest<'_>, on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow) -> Result<(DecodeStats, usize, bool)> {
+    fn decode_device(
+        &mut self,
+        req: &DecodeRequest<'_>,
+        on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
+    ) -> Result<(DecodeStats, usize, bool)> {
         let id = req.session;
         let len0 = self.kv_len(id);
         let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
         let f = self.opts.in_flight;
-        self.set_state(StepState { token: req.first_token, pos: len0 as u32 })?;
+        self.set_state(StepState {
+            token: req.first_token,
+            pos: len0 as u32,
+        })?;
         let mut phases = vec![PhaseTimes::default(); steps];
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
         while handed < steps && !stopped {
@@ -305,7 +361,10 @@ impl CudaBackend {
             let t0 = Instant::now();
             let (st, gpu) = self.wait(handed)?;
             let t1 = Instant::now();
-            stopped = on_token(TokenEvent { token: st.token, logits: None }) == Flow::Stop;
+            stopped = on_token(TokenEvent {
+                token: st.token,
+                logits: None,
+            }) == Flow::Stop;
             let p = &mut phases[handed];
             (p.wait, p.gpu, p.tail) = (t1 - t0, Some(gpu), t1.elapsed());
             handed += 1;
@@ -313,10 +372,18 @@ impl CudaBackend {
         // Steps computed ahead are discarded: the KV length below ignores what they wrote.
         self.dev.sync()?;
         phases.truncate(handed);
-        Ok((DecodeStats { phases }, handed, !stopped && handed < req.max_tokens))
+        Ok((
+            DecodeStats { phases },
+            handed,
+            !stopped && handed < req.max_tokens,
+        ))
     }
 
-    fn decode_host(&mut self, req: &DecodeRequest<'_>, on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow) -> Result<(DecodeStats, usize, bool)> {
+    fn decode_host(
+        &mut self,
+        req: &DecodeRequest<'_>,
+        on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
+    ) -> Result<(DecodeStats, usize, bool)> {
         let id = req.session;
         let len0 = self.kv_len(id);
         let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
@@ -330,8 +397,16 @@ impl CudaBackend {
             let mut logits = self.logits()?;
             let shown = req.want_logits.then(|| logits.clone());
             token = sampler.sample(&mut logits);
-            let flow = on_token(TokenEvent { token, logits: shown.as_deref() });
-            stats.phases.push(PhaseTimes { wait: t1 - t0, tail: t1.elapsed(), gpu: Some(gpu), ..Default::default() });
+            let flow = on_token(TokenEvent {
+                token,
+                logits: shown.as_deref(),
+            });
+            stats.phases.push(PhaseTimes {
+                wait: t1 - t0,
+                tail: t1.elapsed(),
+                gpu: Some(gpu),
+                ..Default::default()
+            });
             handed += 1;
             if flow == Flow::Stop {
                 return Ok((stats, handed, false));
@@ -355,15 +430,26 @@ impl Backend for CudaBackend {
         &self.model.config
     }
 
-    fn prefill(&mut self, session: SessionId, tokens: &[u32], all_logits: bool) -> BackendResult<Vec<f32>> {
+    fn prefill(
+        &mut self,
+        session: SessionId,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> BackendResult<Vec<f32>> {
         if tokens.is_empty() {
-            return Err(BackendError::Invalid("prefill needs at least one token".into()));
+            return Err(BackendError::Invalid(
+                "prefill needs at least one token".into(),
+            ));
         }
         self.room(session, tokens.len())?;
         tokens.iter().try_for_each(|&t| self.check_token(t))?;
         self.dev.bind()?;
         let vocab = self.model.config.vocab_size;
-        let mut out = Vec::with_capacity(if all_logits { tokens.len() * vocab } else { vocab });
+        let mut out = Vec::with_capacity(if all_logits {
+            tokens.len() * vocab
+        } else {
+            vocab
+        });
         let len0 = self.kv_len(session);
         for (i, &t) in tokens.iter().enumerate() {
             self.step_sync(session, t, len0 + i)?;
@@ -375,7 +461,11 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn decode(&mut self, req: &DecodeRequest<'_>, on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow) -> BackendResult<DecodeStats> {
+    fn decode(
+        &mut self,
+        req: &DecodeRequest<'_>,
+        on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
+    ) -> BackendResult<DecodeStats> {
         self.check_token(req.first_token)?;
         req.sampling.validate().map_err(BackendError::Invalid)?;
         if req.max_tokens == 0 {
@@ -386,12 +476,19 @@ impl Backend for CudaBackend {
         let len0 = self.kv_len(req.session);
         self.session(req.session)?;
         let host = req.want_logits || !req.sampling.is_greedy() || req.sampling.has_penalties();
-        let (stats, handed, full) =
-            if host { self.decode_host(req, on_token)? } else { self.decode_device(req, on_token)? };
+        let (stats, handed, full) = if host {
+            self.decode_host(req, on_token)?
+        } else {
+            self.decode_device(req, on_token)?
+        };
         // The KV holds first_token and every handed token but the last.
         self.session(req.session)?.len = len0 + handed;
         if full {
-            return Err(BackendError::ContextFull { session: req.session, needed: len0 + handed + 1, capacity: self.opts.kv_capacity });
+            return Err(BackendError::ContextFull {
+                session: req.session,
+                needed: len0 + handed + 1,
+                capacity: self.opts.kv_capacity,
+            });
         }
         Ok(stats)
     }

@@ -112,7 +112,9 @@ impl Device {
         let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void)? };
         let funcs = Kernel::ALL
             .iter()
-            .map(|k| unsafe { result::module::get_function(module, std::ffi::CString::new(k.symbol()).unwrap()) })
+            .map(|k| unsafe {
+                result::module::get_function(module, std::ffi::CString::new(k.symbol()).unwrap())
+            })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
         for (k, f) in Kernel::ALL.iter().zip(&funcs) {
@@ -129,7 +131,14 @@ impl Device {
         }
         // Off by default: measured slower (258.7 vs 271.3 tok/s Q4_0, v5) — see NOTES.md.
         let pdl = maj >= 9 && std::env::var_os("Q4MOE_CUDA_PDL").is_some();
-        Ok(Device { ctx, stream, funcs, _module: module, name, pdl })
+        Ok(Device {
+            ctx,
+            stream,
+            funcs,
+            _module: module,
+            name,
+            pdl,
+        })
     }
 
     pub fn bind(&self) -> Result<()> {
@@ -143,13 +152,16 @@ impl Device {
         // SAFETY: the params bytes mirror the kernel's struct; every pointer in them is a live
         // device allocation owned by the backend for as long as launches may run.
         if !self.pdl {
-            unsafe { result::launch_kernel(f, l.grid, (l.block, 1, 1), l.smem, self.stream, &mut args)? };
+            unsafe {
+                result::launch_kernel(f, l.grid, (l.block, 1, 1), l.smem, self.stream, &mut args)?
+            };
             return Ok(());
         }
         // SAFETY: as above; the attribute array outlives the call.
         unsafe {
             let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
             attr.value.programmaticStreamSerializationAllowed = 1;
             let cfg = sys::CUlaunchConfig {
                 gridDimX: l.grid.0,
@@ -193,12 +205,34 @@ pub struct Launch {
 }
 
 impl Launch {
-    pub fn new<P: Copy>(kernel: Kernel, name: &'static str, grid: (u32, u32, u32), block: u32, smem: u32, p: &P, bytes_read: u64) -> Launch {
+    pub fn new<P: Copy>(
+        kernel: Kernel,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        p: &P,
+        bytes_read: u64,
+    ) -> Launch {
         let n = std::mem::size_of::<P>().div_ceil(8);
         let mut params = vec![0u64; n];
         // SAFETY: P is a plain #[repr(C)] struct of integers, floats and u64 pointers.
-        unsafe { std::ptr::copy_nonoverlapping(p as *const P as *const u8, params.as_mut_ptr() as *mut u8, std::mem::size_of::<P>()) };
-        Launch { kernel, name, grid, block, smem, params, bytes_read }
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                p as *const P as *const u8,
+                params.as_mut_ptr() as *mut u8,
+                std::mem::size_of::<P>(),
+            )
+        };
+        Launch {
+            kernel,
+            name,
+            grid,
+            block,
+            smem,
+            params,
+            bytes_read,
+        }
     }
 }
 
@@ -214,10 +248,17 @@ impl DevBuf {
         dev.bind()?;
         // SAFETY: plain allocation; size is at least one byte.
         let ptr = unsafe { result::malloc_sync(bytes.max(256))? };
-        Ok(DevBuf { ptr, bytes, ctx: dev.ctx.clone() })
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            ctx: dev.ctx.clone(),
+        })
     }
     pub fn upload<T: Copy>(&self, dev: &Device, off: usize, data: &[T]) -> Result<()> {
-        assert!(off + std::mem::size_of_val(data) <= self.bytes.max(256), "upload past the buffer");
+        assert!(
+            off + std::mem::size_of_val(data) <= self.bytes.max(256),
+            "upload past the buffer"
+        );
         unsafe { result::memcpy_htod_async(self.ptr + off as u64, data, dev.stream)? };
         dev.sync()
     }
@@ -244,7 +285,12 @@ impl Drop for DevBuf {
 
 /// Options every compile uses; part of the cache key.
 fn compile_options(maj: i32, min: i32) -> Vec<String> {
-    vec![format!("--gpu-architecture=sm_{maj}{min}"), "-default-device".into(), "--std=c++17".into(), "-lineinfo".into()]
+    vec![
+        format!("--gpu-architecture=sm_{maj}{min}"),
+        "-default-device".into(),
+        "--std=c++17".into(),
+        "-lineinfo".into(),
+    ]
 }
 
 fn cache_dir() -> PathBuf {
@@ -258,7 +304,10 @@ fn cache_dir() -> PathBuf {
 /// FNV-1a over sources, architecture and options: a cubin is reused only for the same inputs.
 fn source_hash(opts: &[String]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |b: &[u8]| b.iter().for_each(|&x| h = (h ^ x as u64).wrapping_mul(0x100_0000_01b3));
+    let mut eat = |b: &[u8]| {
+        b.iter()
+            .for_each(|&x| h = (h ^ x as u64).wrapping_mul(0x100_0000_01b3))
+    };
     SOURCES.iter().for_each(|(n, s)| {
         eat(n.as_bytes());
         eat(s.as_bytes());
@@ -270,7 +319,10 @@ fn source_hash(opts: &[String]) -> u64 {
 /// The cubin for this device: from the disk cache, else compiled by NVRTC and stored.
 fn compiled_module(maj: i32, min: i32) -> Result<Vec<u8>> {
     let opts = compile_options(maj, min);
-    let path = cache_dir().join(format!("q4moe-{:016x}-sm{maj}{min}.cubin", source_hash(&opts)));
+    let path = cache_dir().join(format!(
+        "q4moe-{:016x}-sm{maj}{min}.cubin",
+        source_hash(&opts)
+    ));
     if let Ok(bytes) = std::fs::read(&path) {
         return Ok(bytes);
     }
@@ -285,22 +337,31 @@ fn compiled_module(maj: i32, min: i32) -> Result<Vec<u8>> {
 }
 
 fn nvrtc_compile(opts: &[String]) -> Result<Vec<u8>> {
-    let src: String = SOURCES.iter().map(|(n, s)| format!("// ---- {n}\n{s}\n")).collect();
+    let src: String = SOURCES
+        .iter()
+        .map(|(n, s)| format!("// ---- {n}\n{s}\n"))
+        .collect();
     let c_src = std::ffi::CString::new(src).unwrap();
     let name = std::ffi::CString::new("q4moe_kernels.cu").unwrap();
-    let prog = nvrtc::create_program(&c_src, Some(&name)).map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+    let prog = nvrtc::create_program(&c_src, Some(&name))
+        .map_err(|e| CudaError::Compile(format!("{e:?}")))?;
     // SAFETY: `prog` is live until destroyed below.
     unsafe {
         let res = nvrtc::compile_program(prog, opts);
         if res.is_err() {
-            let log = nvrtc::get_program_log(prog).map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>());
+            let log = nvrtc::get_program_log(prog)
+                .map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>());
             let _ = nvrtc::destroy_program(prog);
             return Err(CudaError::Compile(log.unwrap_or_default()));
         }
         let mut size = 0usize;
-        nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size).result().map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+        nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size)
+            .result()
+            .map_err(|e| CudaError::Compile(format!("{e:?}")))?;
         let mut buf = vec![0u8; size];
-        nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _).result().map_err(|e| CudaError::Compile(format!("{e:?}")))?;
+        nvrtc_sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut _)
+            .result()
+            .map_err(|e| CudaError::Compile(format!("{e:?}")))?;
         let _ = nvrtc::destroy_program(prog);
         Ok(buf)
     }

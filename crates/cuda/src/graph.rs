@@ -18,7 +18,10 @@ impl Graph {
     pub fn capture(dev: &Device, launches: &[Launch]) -> Result<Graph> {
         // SAFETY: the stream is ours and idle; the launches only reference live allocations.
         unsafe {
-            result::stream::begin_capture(dev.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+            result::stream::begin_capture(
+                dev.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )?;
             let launched = launches.iter().try_for_each(|l| dev.launch(l));
             let graph = result::stream::end_capture(dev.stream)?;
             launched?;

@@ -10,9 +10,9 @@ mod device;
 mod graph;
 mod params;
 mod step;
-mod weights;
 #[doc(hidden)]
 pub mod testing;
+mod weights;
 
 use std::time::Duration;
 
@@ -33,7 +33,12 @@ pub struct CudaOptions {
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        CudaOptions { setup_cache: true, in_flight: 2, kv_capacity: 4096, profile_kernels: false }
+        CudaOptions {
+            setup_cache: true,
+            in_flight: 2,
+            kv_capacity: 4096,
+            profile_kernels: false,
+        }
     }
 }
 
@@ -71,6 +76,8 @@ impl From<CudaError> for q4moe_model::backend::BackendError {
 /// The first GPU's name, or why CUDA cannot be used here.
 pub fn cuda_available() -> std::result::Result<String, String> {
     device::probe()?;
-    let ctx = cudarc::driver::CudaContext::new(0).map_err(|e| format!("cannot create a CUDA context: {e}"))?;
-    ctx.name().map_err(|e| format!("cannot read the device name: {e}"))
+    let ctx = cudarc::driver::CudaContext::new(0)
+        .map_err(|e| format!("cannot create a CUDA context: {e}"))?;
+    ctx.name()
+        .map_err(|e| format!("cannot read the device name: {e}"))
 }

@@ -74,7 +74,13 @@ impl Scratch {
 
     pub fn bytes(c: &Config, kv_capacity: usize) -> usize {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
-        4 + 4 * (3 * c.d_model + 3 * c.q_dim() + 2 * c.kv_dim() + c.n_head * n_split * (c.head_dim + 2) + c.vocab_size + c.n_expert * 4)
+        4 + 4
+            * (3 * c.d_model
+                + 3 * c.q_dim()
+                + 2 * c.kv_dim()
+                + c.n_head * n_split * (c.head_dim + 2)
+                + c.vocab_size
+                + c.n_expert * 4)
     }
 }
 
@@ -88,7 +94,11 @@ pub struct Kv {
 impl Kv {
     pub fn new(dev: &Device, c: &Config, capacity: usize) -> Result<Kv> {
         let bytes = c.n_layer * capacity * c.kv_dim() * 4;
-        Ok(Kv { k: DevBuf::new(dev, bytes)?, v: DevBuf::new(dev, bytes)?, capacity })
+        Ok(Kv {
+            k: DevBuf::new(dev, bytes)?,
+            v: DevBuf::new(dev, bytes)?,
+            capacity,
+        })
     }
     fn layer(&self, c: &Config, l: usize) -> (u64, u64) {
         let off = (l * self.capacity * c.kv_dim() * 4) as u64;
@@ -157,8 +167,26 @@ fn mv_mode(ws: &[(Qw, u64, usize)], k: usize) -> (i32, usize) {
     (mode, nr)
 }
 
-pub(crate) fn matvec(name: &'static str, ws: &[(Qw, u64, usize)], input: u64, k: usize, norm: u64, xn_out: u64, accumulate: bool, eps: f32) -> Launch {
-    let mut p = MatvecParams { input, norm, xn_out, k: k as i32, accumulate: accumulate as i32, eps, n_w: ws.len() as i32, ..Default::default() };
+pub(crate) fn matvec(
+    name: &'static str,
+    ws: &[(Qw, u64, usize)],
+    input: u64,
+    k: usize,
+    norm: u64,
+    xn_out: u64,
+    accumulate: bool,
+    eps: f32,
+) -> Launch {
+    let mut p = MatvecParams {
+        input,
+        norm,
+        xn_out,
+        k: k as i32,
+        accumulate: accumulate as i32,
+        eps,
+        n_w: ws.len() as i32,
+        ..Default::default()
+    };
     let mut total = 0;
     for (i, (w, out, rows)) in ws.iter().enumerate() {
         p.w[i] = *w;
@@ -171,18 +199,47 @@ pub(crate) fn matvec(name: &'static str, ws: &[(Qw, u64, usize)], input: u64, k:
     p.rows_per_warp = rpw as i32;
     let blocks = total.div_ceil(rpw * WARPS as usize) as u32;
     let bytes = ws.iter().map(|(w, _, r)| weight_bytes(w, *r)).sum();
-    Launch::new(Kernel::Matvec, name, (blocks, 1, 1), THREADS, smem_x(k), &p, bytes)
+    Launch::new(
+        Kernel::Matvec,
+        name,
+        (blocks, 1, 1),
+        THREADS,
+        smem_x(k),
+        &p,
+        bytes,
+    )
 }
 
 /// The whole step for a session's KV: embedding, every layer, head, arg-max.
 pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
     let mut out = Vec::with_capacity(8 * c.n_layer + 4);
-    let e = EmbedParams { w: w.embd, state: s.state.ptr, x: s.x.ptr };
-    out.push(Launch::new(Kernel::Embed, "embed", ((c.d_model as u32).div_ceil(THREADS), 1, 1), THREADS, 0, &e, weight_bytes(&w.embd, 1)));
+    let e = EmbedParams {
+        w: w.embd,
+        state: s.state.ptr,
+        x: s.x.ptr,
+    };
+    out.push(Launch::new(
+        Kernel::Embed,
+        "embed",
+        ((c.d_model as u32).div_ceil(THREADS), 1, 1),
+        THREADS,
+        0,
+        &e,
+        weight_bytes(&w.embd, 1),
+    ));
     for l in 0..c.n_layer {
         layer(c, w, s, kv, l, &mut out);
     }
-    out.push(matvec("head", &[(w.output, s.logits.ptr, c.vocab_size)], s.x.ptr, c.d_model, w.output_norm, 0, false, c.rms_eps));
+    out.push(matvec(
+        "head",
+        &[(w.output, s.logits.ptr, c.vocab_size)],
+        s.x.ptr,
+        c.d_model,
+        w.output_norm,
+        0,
+        false,
+        c.rms_eps,
+    ));
     let am = ArgmaxParams {
         logits: s.logits.ptr,
         part_v: s.am_v.ptr,
@@ -191,16 +248,45 @@ pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
         n: c.vocab_size as i32,
         n_blocks: ARGMAX_BLOCKS as i32,
     };
-    out.push(Launch::new(Kernel::ArgmaxPartial, "argmax", (ARGMAX_BLOCKS as u32, 1, 1), THREADS, 0, &am, 0));
-    out.push(Launch::new(Kernel::ArgmaxFinal, "argmax", (1, 1, 1), 128, 0, &am, 0));
+    out.push(Launch::new(
+        Kernel::ArgmaxPartial,
+        "argmax",
+        (ARGMAX_BLOCKS as u32, 1, 1),
+        THREADS,
+        0,
+        &am,
+        0,
+    ));
+    out.push(Launch::new(
+        Kernel::ArgmaxFinal,
+        "argmax",
+        (1, 1, 1),
+        128,
+        0,
+        &am,
+        0,
+    ));
     out
 }
 
 fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<Launch>) {
     let lw = &w.layers[l];
     let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
-    let qkv = [(lw.q, s.qkv.ptr, q_dim), (lw.k, s.qkv.ptr + 4 * q_dim as u64, kv_dim), (lw.v, s.qkv.ptr + 4 * (q_dim + kv_dim) as u64, kv_dim)];
-    out.push(matvec("qkv", &qkv, s.x.ptr, c.d_model, lw.attn_norm, 0, false, c.rms_eps));
+    let qkv = [
+        (lw.q, s.qkv.ptr, q_dim),
+        (lw.k, s.qkv.ptr + 4 * q_dim as u64, kv_dim),
+        (lw.v, s.qkv.ptr + 4 * (q_dim + kv_dim) as u64, kv_dim),
+    ];
+    out.push(matvec(
+        "qkv",
+        &qkv,
+        s.x.ptr,
+        c.d_model,
+        lw.attn_norm,
+        0,
+        false,
+        c.rms_eps,
+    ));
     let (kc, vc) = kv.layer(c, l);
     let group = c.n_head / c.n_kv_head.max(1);
     let gqa = !legacy()
@@ -239,7 +325,15 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             eps: c.rms_eps,
             theta: c.rope_theta,
         };
-        out.push(Launch::new(Kernel::AttnGqa, "attn_gqa", (c.n_kv_head as u32, s.n_split as u32, 1), 256, 0, &g, 0));
+        out.push(Launch::new(
+            Kernel::AttnGqa,
+            "attn_gqa",
+            (c.n_kv_head as u32, s.n_split as u32, 1),
+            256,
+            0,
+            &g,
+            0,
+        ));
     } else {
         let r = RopeParams {
             qkv: s.qkv.ptr,
@@ -255,11 +349,44 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             eps: c.rms_eps,
             theta: c.rope_theta,
         };
-        out.push(Launch::new(Kernel::QkNormRope, "qk_norm_rope", ((c.n_head + c.n_kv_head) as u32, 1, 1), c.head_dim as u32, 0, &r, 0));
-        out.push(Launch::new(Kernel::AttnSplit, "attn_split", (c.n_head as u32, s.n_split as u32, 1), 128, 0, &a, 0));
+        out.push(Launch::new(
+            Kernel::QkNormRope,
+            "qk_norm_rope",
+            ((c.n_head + c.n_kv_head) as u32, 1, 1),
+            c.head_dim as u32,
+            0,
+            &r,
+            0,
+        ));
+        out.push(Launch::new(
+            Kernel::AttnSplit,
+            "attn_split",
+            (c.n_head as u32, s.n_split as u32, 1),
+            128,
+            0,
+            &a,
+            0,
+        ));
     }
-    out.push(Launch::new(Kernel::AttnCombine, "attn_combine", (c.n_head as u32, 1, 1), c.head_dim as u32, 0, &a, 0));
-    out.push(matvec("o_proj", &[(lw.o, s.x.ptr, c.d_model)], s.attn.ptr, q_dim, 0, 0, true, c.rms_eps));
+    out.push(Launch::new(
+        Kernel::AttnCombine,
+        "attn_combine",
+        (c.n_head as u32, 1, 1),
+        c.head_dim as u32,
+        0,
+        &a,
+        0,
+    ));
+    out.push(matvec(
+        "o_proj",
+        &[(lw.o, s.x.ptr, c.d_model)],
+        s.attn.ptr,
+        q_dim,
+        0,
+        0,
+        true,
+        c.rms_eps,
+    ));
     let fused = !legacy()
         && lw.router.ty == T_F32
         && c.d_model % 128 == 0
@@ -283,9 +410,26 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             eps: c.rms_eps,
         };
         let grid = ((c.n_expert as u32).div_ceil(WARPS), 1, 1);
-        out.push(Launch::new(Kernel::RouterTopk, "router_topk", grid, THREADS, ((36 + c.d_model) * 4) as u32, &r, weight_bytes(&lw.router, c.n_expert)));
+        out.push(Launch::new(
+            Kernel::RouterTopk,
+            "router_topk",
+            grid,
+            THREADS,
+            ((36 + c.d_model) * 4) as u32,
+            &r,
+            weight_bytes(&lw.router, c.n_expert),
+        ));
     } else {
-        out.push(matvec("router", &[(lw.router, s.router.ptr, c.n_expert)], s.x.ptr, c.d_model, lw.ffn_norm, s.xn.ptr, false, c.rms_eps));
+        out.push(matvec(
+            "router",
+            &[(lw.router, s.router.ptr, c.n_expert)],
+            s.x.ptr,
+            c.d_model,
+            lw.ffn_norm,
+            s.xn.ptr,
+            false,
+            c.rms_eps,
+        ));
         let t = TopkParams {
             logits: s.router.ptr,
             ids: s.ids.ptr,
@@ -294,7 +438,15 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             n_used: c.n_expert_used as i32,
             norm_topk: c.norm_topk_prob as i32,
         };
-        out.push(Launch::new(Kernel::MoeTopk, "moe_topk", (1, 1, 1), 32, 0, &t, 0));
+        out.push(Launch::new(
+            Kernel::MoeTopk,
+            "moe_topk",
+            (1, 1, 1),
+            32,
+            0,
+            &t,
+            0,
+        ));
     }
     let (gmode, grpw) = gate_up_mode(lw, c.d_model);
     let g = GateUpParams {
@@ -308,8 +460,20 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         mode: gmode,
     };
     let used = c.n_expert_used as u64;
-    let grid = ((c.d_ff_expert as u32).div_ceil(WARPS * grpw as u32), c.n_expert_used as u32, 1);
-    out.push(Launch::new(Kernel::MoeGateUp, "moe_gate_up", grid, THREADS, smem_x(c.d_model), &g, used * (lw.slab[0] + lw.slab[1])));
+    let grid = (
+        (c.d_ff_expert as u32).div_ceil(WARPS * grpw as u32),
+        c.n_expert_used as u32,
+        1,
+    );
+    out.push(Launch::new(
+        Kernel::MoeGateUp,
+        "moe_gate_up",
+        grid,
+        THREADS,
+        smem_x(c.d_model),
+        &g,
+        used * (lw.slab[0] + lw.slab[1]),
+    ));
     let (dmode, drpw) = down_mode(lw, c);
     let d = DownParams {
         down: lw.down,
@@ -324,7 +488,15 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
     };
     let smem = (c.n_expert_used * (c.d_ff_expert / 32) * 36 * 4) as u32;
     let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
-    out.push(Launch::new(Kernel::MoeDown, "moe_down", grid, THREADS, smem, &d, used * lw.slab[2]));
+    out.push(Launch::new(
+        Kernel::MoeDown,
+        "moe_down",
+        grid,
+        THREADS,
+        smem,
+        &d,
+        used * lw.slab[2],
+    ));
 }
 
 /// (mode, rows per warp) of `moe_gate_up`: gate and up of one type, staged two rows a warp.

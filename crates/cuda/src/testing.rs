@@ -13,7 +13,9 @@ pub struct TestDevice {
 
 impl TestDevice {
     pub fn new() -> Result<TestDevice> {
-        Ok(TestDevice { dev: Device::new()? })
+        Ok(TestDevice {
+            dev: Device::new()?,
+        })
     }
 
     fn upload<T: Copy>(&self, data: &[T]) -> Result<DevBuf> {
@@ -38,17 +40,47 @@ impl TestDevice {
     /// Uploads a matrix of `rows` rows of `k` elements in its ggml bytes, as the backend does.
     fn weight(&self, ty: GgmlType, bytes: &[u8], k: usize) -> Result<(Qw, Vec<DevBuf>)> {
         if ty == GgmlType::Q4_0 {
-            let qs: Vec<u8> = bytes.chunks_exact(18).flat_map(|b| b[2..18].to_vec()).collect();
-            let d: Vec<u8> = bytes.chunks_exact(18).flat_map(|b| b[0..2].to_vec()).collect();
+            let qs: Vec<u8> = bytes
+                .chunks_exact(18)
+                .flat_map(|b| b[2..18].to_vec())
+                .collect();
+            let d: Vec<u8> = bytes
+                .chunks_exact(18)
+                .flat_map(|b| b[0..2].to_vec())
+                .collect();
             let (a, b) = (self.upload(&qs)?, self.upload(&d)?);
-            return Ok((Qw { data: a.ptr, scales: b.ptr, ty: ty.id() as i32, k: k as i32 }, vec![a, b]));
+            return Ok((
+                Qw {
+                    data: a.ptr,
+                    scales: b.ptr,
+                    ty: ty.id() as i32,
+                    k: k as i32,
+                },
+                vec![a, b],
+            ));
         }
         let a = self.upload(bytes)?;
-        Ok((Qw { data: a.ptr, scales: 0, ty: ty.id() as i32, k: k as i32 }, vec![a]))
+        Ok((
+            Qw {
+                data: a.ptr,
+                scales: 0,
+                ty: ty.id() as i32,
+                k: k as i32,
+            },
+            vec![a],
+        ))
     }
 
     /// y = W x (with optional fused RMSNorm of x), through the `matvec` kernel.
-    pub fn matvec(&self, ty: GgmlType, bytes: &[u8], rows: usize, k: usize, x: &[f32], norm: Option<(&[f32], f32)>) -> Result<Vec<f32>> {
+    pub fn matvec(
+        &self,
+        ty: GgmlType,
+        bytes: &[u8],
+        rows: usize,
+        k: usize,
+        x: &[f32],
+        norm: Option<(&[f32], f32)>,
+    ) -> Result<Vec<f32>> {
         let (w, _keep) = self.weight(ty, bytes, k)?;
         let xb = self.upload(x)?;
         let nb = norm.map(|(n, _)| self.upload(n)).transpose()?;
@@ -65,9 +97,30 @@ impl TestDevice {
                 w2.data = w.data + (half * (k / 32) * 16) as u64;
                 w2.scales = w.scales + (half * (k / 32) * 2) as u64;
             }
-            crate::step::matvec("matvec", &[(w, out.ptr, half), (w2, out.ptr + 4 * half as u64, rows - half)], xb.ptr, k, norm_ptr, 0, false, eps)
+            crate::step::matvec(
+                "matvec",
+                &[
+                    (w, out.ptr, half),
+                    (w2, out.ptr + 4 * half as u64, rows - half),
+                ],
+                xb.ptr,
+                k,
+                norm_ptr,
+                0,
+                false,
+                eps,
+            )
         } else {
-            crate::step::matvec("matvec", &[(w, out.ptr, rows)], xb.ptr, k, norm_ptr, 0, false, eps)
+            crate::step::matvec(
+                "matvec",
+                &[(w, out.ptr, rows)],
+                xb.ptr,
+                k,
+                norm_ptr,
+                0,
+                false,
+                eps,
+            )
         };
         self.dev.launch(&l)?;
         self.dev.sync()?;
@@ -78,8 +131,23 @@ impl TestDevice {
     pub fn topk(&self, logits: &[f32], n_used: usize, norm: bool) -> Result<(Vec<i32>, Vec<f32>)> {
         let lb = self.upload(logits)?;
         let (ids, ws) = (self.poisoned(n_used)?, self.poisoned(n_used)?);
-        let p = TopkParams { logits: lb.ptr, ids: ids.ptr, weights: ws.ptr, n_expert: logits.len() as i32, n_used: n_used as i32, norm_topk: norm as i32 };
-        self.dev.launch(&Launch::new(Kernel::MoeTopk, "moe_topk", (1, 1, 1), 32, 0, &p, 0))?;
+        let p = TopkParams {
+            logits: lb.ptr,
+            ids: ids.ptr,
+            weights: ws.ptr,
+            n_expert: logits.len() as i32,
+            n_used: n_used as i32,
+            norm_topk: norm as i32,
+        };
+        self.dev.launch(&Launch::new(
+            Kernel::MoeTopk,
+            "moe_topk",
+            (1, 1, 1),
+            32,
+            0,
+            &p,
+            0,
+        ))?;
         self.dev.sync()?;
         let mut iv = vec![0i32; n_used];
         ids.download(&self.dev, 0, &mut iv)?;
@@ -90,10 +158,36 @@ impl TestDevice {
     pub fn argmax(&self, logits: &[f32]) -> Result<u32> {
         let lb = self.upload(logits)?;
         let (pv, pi) = (self.poisoned(128)?, self.poisoned(128)?);
-        let st = self.upload(&[StepState { token: 12345, pos: 7 }])?;
-        let p = ArgmaxParams { logits: lb.ptr, part_v: pv.ptr, part_i: pi.ptr, state: st.ptr, n: logits.len() as i32, n_blocks: 128 };
-        self.dev.launch(&Launch::new(Kernel::ArgmaxPartial, "argmax", (128, 1, 1), 256, 0, &p, 0))?;
-        self.dev.launch(&Launch::new(Kernel::ArgmaxFinal, "argmax", (1, 1, 1), 128, 0, &p, 0))?;
+        let st = self.upload(&[StepState {
+            token: 12345,
+            pos: 7,
+        }])?;
+        let p = ArgmaxParams {
+            logits: lb.ptr,
+            part_v: pv.ptr,
+            part_i: pi.ptr,
+            state: st.ptr,
+            n: logits.len() as i32,
+            n_blocks: 128,
+        };
+        self.dev.launch(&Launch::new(
+            Kernel::ArgmaxPartial,
+            "argmax",
+            (128, 1, 1),
+            256,
+            0,
+            &p,
+            0,
+        ))?;
+        self.dev.launch(&Launch::new(
+            Kernel::ArgmaxFinal,
+            "argmax",
+            (1, 1, 1),
+            128,
+            0,
+            &p,
+            0,
+        ))?;
         let mut s = [StepState::default()];
         st.download(&self.dev, 0, &mut s)?;
         assert_eq!(s[0].pos, 8, "arg-max advances the position");

@@ -52,20 +52,40 @@ struct Place {
 
 fn kernel_type(t: &QTensor) -> Result<()> {
     match t.ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K => Ok(()),
-        other => Err(CudaError::Unsupported(format!("tensor {} has type {other:?}, which the CUDA kernels do not read", t.name))),
+        GgmlType::F32
+        | GgmlType::F16
+        | GgmlType::Q4_0
+        | GgmlType::Q8_0
+        | GgmlType::Q4_K
+        | GgmlType::Q6_K => Ok(()),
+        other => Err(CudaError::Unsupported(format!(
+            "tensor {} has type {other:?}, which the CUDA kernels do not read",
+            t.name
+        ))),
     }
 }
 
 fn plan(model: &Model) -> Result<(Vec<Place>, usize)> {
-    let mut all: Vec<(QTensor, bool)> = vec![(model.token_embd.clone(), false), (model.output_norm.clone(), true)];
+    let mut all: Vec<(QTensor, bool)> = vec![
+        (model.token_embd.clone(), false),
+        (model.output_norm.clone(), true),
+    ];
     if model.output.range != model.token_embd.range {
         all.push((model.output.clone(), false));
     }
     for l in &model.layers {
         let norms = [&l.attn_norm, &l.attn_q_norm, &l.attn_k_norm, &l.ffn_norm];
         all.extend(norms.iter().map(|t| ((*t).clone(), true)));
-        let mats = [&l.attn_q, &l.attn_k, &l.attn_v, &l.attn_output, &l.ffn_gate_inp, &l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps];
+        let mats = [
+            &l.attn_q,
+            &l.attn_k,
+            &l.attn_v,
+            &l.attn_output,
+            &l.ffn_gate_inp,
+            &l.ffn_gate_exps,
+            &l.ffn_up_exps,
+            &l.ffn_down_exps,
+        ];
         all.extend(mats.iter().map(|t| ((*t).clone(), false)));
     }
     let mut off = 0usize;
@@ -78,13 +98,25 @@ fn plan(model: &Model) -> Result<(Vec<Place>, usize)> {
             kernel_type(&t)?;
             if t.ty == GgmlType::Q4_0 {
                 let nb = n_el / 32;
-                (nb * 16 + (nb * 2).next_multiple_of(ALIGN) + ALIGN, off + nb * 16)
+                (
+                    nb * 16 + (nb * 2).next_multiple_of(ALIGN) + ALIGN,
+                    off + nb * 16,
+                )
             } else {
                 (t.n_bytes(), 0)
             }
         };
-        let scales = if scales > 0 { scales.next_multiple_of(ALIGN) } else { 0 };
-        places.push(Place { tensor: t, at: off..off + len, scales, norm });
+        let scales = if scales > 0 {
+            scales.next_multiple_of(ALIGN)
+        } else {
+            0
+        };
+        places.push(Place {
+            tensor: t,
+            at: off..off + len,
+            scales,
+            norm,
+        });
         off = (off + len).next_multiple_of(ALIGN);
     }
     Ok((places, off))
@@ -94,7 +126,11 @@ fn plan(model: &Model) -> Result<(Vec<Place>, usize)> {
 fn device_bytes(model: &Model, p: &Place) -> Vec<u8> {
     let src = model.data(&p.tensor);
     if p.norm {
-        return model.vector_f32(&p.tensor).iter().flat_map(|v| v.to_le_bytes()).collect();
+        return model
+            .vector_f32(&p.tensor)
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
     }
     if p.tensor.ty != GgmlType::Q4_0 {
         return src.to_vec();
@@ -125,8 +161,10 @@ pub fn upload(dev: &Device, model: &Model, extra_bytes: usize) -> Result<Weights
         indicatif::ProgressBar::hidden()
     };
     bar.set_style(
-        indicatif::ProgressStyle::with_template("uploading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "uploading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     for p in &places {
         let img = device_bytes(model, p);
@@ -134,13 +172,27 @@ pub fn upload(dev: &Device, model: &Model, extra_bytes: usize) -> Result<Weights
         bar.inc(p.at.len() as u64);
     }
     bar.finish_and_clear();
-    let find = |t: &QTensor| places.iter().find(|p| p.tensor.range == t.range && p.tensor.name == t.name).expect("planned");
+    let find = |t: &QTensor| {
+        places
+            .iter()
+            .find(|p| p.tensor.range == t.range && p.tensor.name == t.name)
+            .expect("planned")
+    };
     let qw = |t: &QTensor| {
         let p = find(t);
-        Qw { data: buf.ptr + p.at.start as u64, scales: buf.ptr + p.scales as u64, ty: t.ty.id() as i32, k: t.row_len() as i32 }
+        Qw {
+            data: buf.ptr + p.at.start as u64,
+            scales: buf.ptr + p.scales as u64,
+            ty: t.ty.id() as i32,
+            k: t.row_len() as i32,
+        }
     };
     let ptr = |t: &QTensor| buf.ptr + find(t).at.start as u64;
-    let out_t = if model.output.range != model.token_embd.range { &model.output } else { &model.token_embd };
+    let out_t = if model.output.range != model.token_embd.range {
+        &model.output
+    } else {
+        &model.token_embd
+    };
     let layers = model
         .layers
         .iter()
@@ -157,21 +209,37 @@ pub fn upload(dev: &Device, model: &Model, extra_bytes: usize) -> Result<Weights
             gate: qw(&l.ffn_gate_exps),
             up: qw(&l.ffn_up_exps),
             down: qw(&l.ffn_down_exps),
-            slab: [l.ffn_gate_exps.slab_bytes() as u64, l.ffn_up_exps.slab_bytes() as u64, l.ffn_down_exps.slab_bytes() as u64],
+            slab: [
+                l.ffn_gate_exps.slab_bytes() as u64,
+                l.ffn_up_exps.slab_bytes() as u64,
+                l.ffn_down_exps.slab_bytes() as u64,
+            ],
         })
         .collect();
     let (embd, output_norm, output) = (qw(&model.token_embd), ptr(&model.output_norm), qw(out_t));
-    Ok(Weights { buf, embd, output_norm, output, layers })
+    Ok(Weights {
+        buf,
+        embd,
+        output_norm,
+        output,
+        layers,
+    })
 }
 
 /// Checks the geometry limits the kernels assume.
 pub fn check_config(c: &Config) -> Result<()> {
     let bad = |m: String| Err(CudaError::Unsupported(m));
     if c.head_dim > 512 || c.head_dim % 32 != 0 {
-        return bad(format!("head_dim {} (the kernels need a multiple of 32, at most 512)", c.head_dim));
+        return bad(format!(
+            "head_dim {} (the kernels need a multiple of 32, at most 512)",
+            c.head_dim
+        ));
     }
     if c.n_expert > 4096 || c.n_expert_used > 32 {
-        return bad(format!("{} experts, {} used (at most 4096 and 32)", c.n_expert, c.n_expert_used));
+        return bad(format!(
+            "{} experts, {} used (at most 4096 and 32)",
+            c.n_expert, c.n_expert_used
+        ));
     }
     if c.d_model % 32 != 0 || c.d_ff_expert % 32 != 0 {
         return bad("d_model and d_ff_expert must be multiples of 32".into());

@@ -17,7 +17,9 @@ fn device() -> Option<TestDevice> {
 }
 
 fn randn(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| (rng.next_f32() * 2.0 - 1.0) * scale + 0.01).collect()
+    (0..n)
+        .map(|_| (rng.next_f32() * 2.0 - 1.0) * scale + 0.01)
+        .collect()
 }
 
 fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
@@ -32,26 +34,52 @@ fn check_matvec(dev: &TestDevice, ty: GgmlType, rows: usize, k: usize, fused_nor
     quantize_row(ty, &wf, &mut bytes).unwrap();
     let x = randn(&mut rng, k, 1.0);
     let nw = randn(&mut rng, k, 1.0);
-    let xin = if fused_norm { rmsnorm(&x, &nw, 1e-6) } else { x.clone() };
+    let xin = if fused_norm {
+        rmsnorm(&x, &nw, 1e-6)
+    } else {
+        x.clone()
+    };
     let rb = bytes.len() / rows;
     let want: Vec<f32> = (0..rows)
         .map(|r| {
             let mut w = vec![0f32; k];
             dequantize_row(ty, &bytes[r * rb..(r + 1) * rb], &mut w).unwrap();
-            w.iter().zip(&xin).map(|(a, b)| (*a as f64) * (*b as f64)).sum::<f64>() as f32
+            w.iter()
+                .zip(&xin)
+                .map(|(a, b)| (*a as f64) * (*b as f64))
+                .sum::<f64>() as f32
         })
         .collect();
-    let got = dev.matvec(ty, &bytes, rows, k, &x, fused_norm.then_some((&nw[..], 1e-6))).unwrap();
+    let got = dev
+        .matvec(
+            ty,
+            &bytes,
+            rows,
+            k,
+            &x,
+            fused_norm.then_some((&nw[..], 1e-6)),
+        )
+        .unwrap();
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     for (r, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!((g - w).abs() <= 1e-4 * scale.max(1.0), "{ty:?} {rows}x{k} row {r}: got {g}, want {w}");
+        assert!(
+            (g - w).abs() <= 1e-4 * scale.max(1.0),
+            "{ty:?} {rows}x{k} row {r}: got {g}, want {w}"
+        );
     }
 }
 
 #[test]
 fn matvec_every_type_matches_host() {
     let Some(dev) = device() else { return };
-    for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F32, GgmlType::F16] {
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::F32,
+        GgmlType::F16,
+    ] {
         for (rows, k) in [(37, 256), (130, 768), (64, 2048), (9, 4096)] {
             check_matvec(&dev, ty, rows, k, false);
         }
@@ -76,7 +104,12 @@ fn topk_matches_host() {
         let (ids, ws) = dev.topk(&lg, k, true).unwrap();
         assert_eq!(ids, top.iter().map(|&i| i as i32).collect::<Vec<_>>());
         for (j, &i) in top.iter().enumerate() {
-            assert!((ws[j] - p[i] / s / tsum).abs() < 1e-5, "weight {j}: {} vs {}", ws[j], p[i] / s / tsum);
+            assert!(
+                (ws[j] - p[i] / s / tsum).abs() < 1e-5,
+                "weight {j}: {} vs {}",
+                ws[j],
+                p[i] / s / tsum
+            );
         }
     }
 }

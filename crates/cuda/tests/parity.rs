@@ -19,13 +19,30 @@ fn model(cfg: &Config, q: SynthQuant, dir: &tempfile::TempDir) -> Arc<Model> {
     Arc::new(Model::load(&path).unwrap())
 }
 
-fn greedy(b: &mut dyn Backend, session: u64, first: u32, n: usize, stop_after: Option<usize>) -> Vec<u32> {
+fn greedy(
+    b: &mut dyn Backend,
+    session: u64,
+    first: u32,
+    n: usize,
+    stop_after: Option<usize>,
+) -> Vec<u32> {
     let params = SamplingParams::greedy();
-    let req = DecodeRequest { session, first_token: first, max_tokens: n, sampling: &params, history: &[], want_logits: false };
+    let req = DecodeRequest {
+        session,
+        first_token: first,
+        max_tokens: n,
+        sampling: &params,
+        history: &[],
+        want_logits: false,
+    };
     let mut out = Vec::new();
     b.decode(&req, &mut |e| {
         out.push(e.token);
-        if Some(out.len()) == stop_after { Flow::Stop } else { Flow::Continue }
+        if Some(out.len()) == stop_after {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
     })
     .unwrap();
     out
@@ -43,16 +60,32 @@ fn run(cfg: Config, q: SynthQuant) {
     }
     let dir = tempfile::tempdir().unwrap();
     let m = model(&cfg, q, &dir);
-    let prompt: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % cfg.vocab_size as u32).collect();
+    let prompt: Vec<u32> = (0..12)
+        .map(|i| (i * 37 + 5) % cfg.vocab_size as u32)
+        .collect();
     // The exact f32 path: the default Q8-activation path is itself ~1e-2 off (crates/cpu).
     let mut cpu = CpuBackend::with_precision(m.clone(), CAP, Precision::Exact);
-    let mut gpu = CudaBackend::new(m.clone(), CudaOptions { kv_capacity: CAP, ..Default::default() }).unwrap();
+    let mut gpu = CudaBackend::new(
+        m.clone(),
+        CudaOptions {
+            kv_capacity: CAP,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let lc = cpu.prefill(1, &prompt, true).unwrap();
     let lg = gpu.prefill(1, &prompt, true).unwrap();
     assert_eq!(lc.len(), lg.len());
-    for (i, (a, b)) in lg.chunks(cfg.vocab_size).zip(lc.chunks(cfg.vocab_size)).enumerate() {
+    for (i, (a, b)) in lg
+        .chunks(cfg.vocab_size)
+        .zip(lc.chunks(cfg.vocab_size))
+        .enumerate()
+    {
         let e = rel_err(a, b);
-        eprintln!("{q:?} d_model {} position {i}: relative logit error {e:.2e}", cfg.d_model);
+        eprintln!(
+            "{q:?} d_model {} position {i}: relative logit error {e:.2e}",
+            cfg.d_model
+        );
         assert!(e <= 2e-3, "position {i}: relative logit error {e}");
     }
     let first = q4moe_model::sampling::argmax(&lc[lc.len() - cfg.vocab_size..]);
@@ -65,10 +98,23 @@ fn run(cfg: Config, q: SynthQuant) {
         streams.push(greedy(&mut gpu, 1, first, 64, None));
         assert_eq!(gpu.kv_len(1), prompt.len() + 64);
     }
-    let agree = want.iter().zip(&streams[0]).take_while(|(a, b)| a == b).count();
-    eprintln!("{q:?} d_model {}: CPU and CUDA agree on {agree} of 64 greedy tokens", cfg.d_model);
-    assert_eq!(streams[0], want, "CUDA greedy stream differs from the CPU's");
-    assert!(streams.iter().all(|s| *s == streams[0]), "setup cache / in-flight variants differ");
+    let agree = want
+        .iter()
+        .zip(&streams[0])
+        .take_while(|(a, b)| a == b)
+        .count();
+    eprintln!(
+        "{q:?} d_model {}: CPU and CUDA agree on {agree} of 64 greedy tokens",
+        cfg.d_model
+    );
+    assert_eq!(
+        streams[0], want,
+        "CUDA greedy stream differs from the CPU's"
+    );
+    assert!(
+        streams.iter().all(|s| *s == streams[0]),
+        "setup cache / in-flight variants differ"
+    );
     // A stop found late (in-flight 2) must leave the KV as if decoding ran one step at a time.
     gpu.set_in_flight(2);
     gpu.truncate(1, prompt.len());
@@ -76,7 +122,11 @@ fn run(cfg: Config, q: SynthQuant) {
     assert_eq!(short, want[..10]);
     assert_eq!(gpu.kv_len(1), prompt.len() + 10);
     let more = greedy(&mut gpu, 1, short[9], 20, None);
-    assert_eq!(more, want[10..30], "decode after a late stop continues the same stream");
+    assert_eq!(
+        more,
+        want[10..30],
+        "decode after a late stop continues the same stream"
+    );
     // Prefill logits of a second session match the first's.
     let l2 = gpu.prefill(2, &prompt, false).unwrap();
     assert_eq!(l2, lg[lg.len() - cfg.vocab_size..]);

@@ -21,7 +21,9 @@ impl Device {
             "auto" => Ok(Device::Auto),
             "cpu" => Ok(Device::Cpu),
             "cuda" | "gpu" => Ok(Device::Cuda),
-            other => Err(EngineError::Invalid(format!("unknown device '{other}' (auto, cpu, cuda)"))),
+            other => Err(EngineError::Invalid(format!(
+                "unknown device '{other}' (auto, cpu, cuda)"
+            ))),
         }
     }
 }
@@ -64,7 +66,9 @@ pub fn open_backend(model: Arc<Model>, opts: &EngineOptions) -> Result<Box<dyn B
         Device::Cpu => Ok(Box::new(CpuBackend::new(model, kv_capacity))),
         Device::Cuda => match q4moe_cuda::cuda_available() {
             Ok(_) => Ok(Box::new(CudaBackend::new(model, cuda_opts())?)),
-            Err(why) => Err(EngineError::Invalid(format!("--device cuda was asked for but CUDA is not usable: {why}"))),
+            Err(why) => Err(EngineError::Invalid(format!(
+                "--device cuda was asked for but CUDA is not usable: {why}"
+            ))),
         },
         Device::Auto => match q4moe_cuda::cuda_available() {
             Ok(_) => Ok(Box::new(CudaBackend::new(model, cuda_opts())?)),

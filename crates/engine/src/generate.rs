@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use q4moe_model::backend::{DecodeRequest, DecodeStats, Flow, TokenEvent};
-use q4moe_model::sampling::{SamplingParams, Sampler};
+use q4moe_model::sampling::{Sampler, SamplingParams};
 
 use crate::stop::StopMatcher;
 use crate::{Engine, EngineError, Result};
@@ -131,17 +131,26 @@ impl Collector<'_, '_> {
 
 impl Engine {
     /// Generates a completion, streaming text through `on_text` (return `Flow::Stop` to cancel).
-    pub fn generate(&mut self, req: &GenerateRequest, on_text: &mut dyn FnMut(&str) -> Flow) -> Result<GenerateOutput> {
+    pub fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_text: &mut dyn FnMut(&str) -> Flow,
+    ) -> Result<GenerateOutput> {
         let capacity = self.context_capacity();
         if req.prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt is empty".into()));
         }
         if req.prompt.len() >= capacity {
-            return Err(EngineError::PromptTooLong { prompt: req.prompt.len(), context: capacity });
+            return Err(EngineError::PromptTooLong {
+                prompt: req.prompt.len(),
+                context: capacity,
+            });
         }
         req.sampling.validate().map_err(EngineError::Invalid)?;
         let max_tokens = req.max_tokens.min(capacity - req.prompt.len());
-        let (session, cached) = self.sessions.acquire(self.backend.as_mut(), &req.prompt, req.reuse_prefix);
+        let (session, cached) =
+            self.sessions
+                .acquire(self.backend.as_mut(), &req.prompt, req.reuse_prefix);
         let result = self.run_session(req, session, cached, max_tokens, on_text);
         match &result {
             Ok(out) => {
@@ -163,7 +172,9 @@ impl Engine {
         on_text: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<GenerateOutput> {
         let t0 = Instant::now();
-        let mut logits = self.backend.prefill(session, &req.prompt[cached..], false)?;
+        let mut logits = self
+            .backend
+            .prefill(session, &req.prompt[cached..], false)?;
         let prefill_time = t0.elapsed();
         let mut c = Collector {
             stop_ids: self.tokenizer.stop_ids(),
@@ -192,7 +203,9 @@ impl Engine {
                     history: &history,
                     want_logits: req.want_logits,
                 };
-                stats = self.backend.decode(&dreq, &mut |ev: TokenEvent<'_>| c.accept(ev.token, ev.logits))?;
+                stats = self.backend.decode(&dreq, &mut |ev: TokenEvent<'_>| {
+                    c.accept(ev.token, ev.logits)
+                })?;
             }
         }
         let decode_time = t1.elapsed();

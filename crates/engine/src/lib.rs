@@ -7,11 +7,13 @@ mod sessions;
 mod stop;
 
 pub use device::{open_backend, Device, EngineOptions};
-pub use generate::{Finish, GenerateRequest, GenerateOutput, PromptInput};
+pub use generate::{Finish, GenerateOutput, GenerateRequest, PromptInput};
 pub use sessions::SessionStore;
 pub use stop::StopMatcher;
 
-pub use q4moe_model::backend::{Backend, BackendError, BackendInfo, DecodeStats, Flow, PhaseTimes, SessionId};
+pub use q4moe_model::backend::{
+    Backend, BackendError, BackendInfo, DecodeStats, Flow, PhaseTimes, SessionId,
+};
 pub use q4moe_model::sampling::SamplingParams;
 pub use q4moe_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
@@ -59,7 +61,13 @@ impl Engine {
         let backend = open_backend(model.clone(), opts)?;
         let capacity = backend.info().kv_capacity;
         let sessions = SessionStore::new(opts.max_cached_positions.max(capacity));
-        Ok(Engine { model, backend, tokenizer, template, sessions })
+        Ok(Engine {
+            model,
+            backend,
+            tokenizer,
+            template,
+            sessions,
+        })
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -80,11 +88,14 @@ impl Engine {
     }
 
     /// Renders a conversation with the model's chat template.
-    pub fn render_chat(&self, messages: &[ChatMessage], enable_thinking: Option<bool>) -> Result<String> {
-        let t = self
-            .template
-            .as_ref()
-            .ok_or_else(|| EngineError::Invalid("the model has no tokenizer.chat_template".into()))?;
+    pub fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        enable_thinking: Option<bool>,
+    ) -> Result<String> {
+        let t = self.template.as_ref().ok_or_else(|| {
+            EngineError::Invalid("the model has no tokenizer.chat_template".into())
+        })?;
         Ok(t.render(messages, true, enable_thinking)?)
     }
 

@@ -24,18 +24,33 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 impl SessionStore {
     pub fn new(max_positions: usize) -> Self {
-        SessionStore { entries: HashMap::new(), clock: 0, next_id: 1, max_positions }
+        SessionStore {
+            entries: HashMap::new(),
+            clock: 0,
+            next_id: 1,
+            max_positions,
+        }
     }
 
     /// Takes the session to run `prompt` in: with `reuse`, the cached one sharing the longest
     /// prefix, truncated to it (always leaving one prompt token to run, for its logits); else a
     /// new one. Returns the session and how many prompt tokens its KV already holds.
-    pub fn acquire(&mut self, backend: &mut dyn Backend, prompt: &[u32], reuse: bool) -> (SessionId, usize) {
+    pub fn acquire(
+        &mut self,
+        backend: &mut dyn Backend,
+        prompt: &[u32],
+        reuse: bool,
+    ) -> (SessionId, usize) {
         let best = reuse
             .then(|| {
                 self.entries
                     .iter()
-                    .map(|(&id, e)| (id, common_prefix(&e.tokens, prompt).min(prompt.len().saturating_sub(1))))
+                    .map(|(&id, e)| {
+                        (
+                            id,
+                            common_prefix(&e.tokens, prompt).min(prompt.len().saturating_sub(1)),
+                        )
+                    })
                     .filter(|&(_, n)| n > 0)
                     .max_by_key(|&(id, n)| (n, std::cmp::Reverse(id)))
             })
@@ -58,9 +73,17 @@ impl SessionStore {
     /// sessions beyond the position bound.
     pub fn release(&mut self, backend: &mut dyn Backend, session: SessionId, tokens: Vec<u32>) {
         self.clock += 1;
-        self.entries.insert(session, Entry { tokens, last_used: self.clock });
+        self.entries.insert(
+            session,
+            Entry {
+                tokens,
+                last_used: self.clock,
+            },
+        );
         while self.entries.values().map(|e| e.tokens.len()).sum::<usize>() > self.max_positions {
-            let Some((&oldest, _)) = self.entries.iter().min_by_key(|(_, e)| e.last_used) else { break };
+            let Some((&oldest, _)) = self.entries.iter().min_by_key(|(_, e)| e.last_used) else {
+                break;
+            };
             self.entries.remove(&oldest);
             backend.drop_session(oldest);
         }

@@ -8,14 +8,22 @@ pub struct StopMatcher {
 
 impl StopMatcher {
     pub fn new(stops: &[String]) -> Self {
-        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), pending: String::new() }
+        StopMatcher {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            pending: String::new(),
+        }
     }
 
     /// Adds generated text; returns the text safe to emit and whether a stop string was hit
     /// (the stop string and anything after it are dropped).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        if let Some(cut) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+        if let Some(cut) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
             let out = self.pending[..cut].to_string();
             self.pending.clear();
             return (out, true);

@@ -2,14 +2,20 @@
 
 use std::sync::Arc;
 
-use q4moe_engine::{Device, Engine, EngineError, EngineOptions, Finish, Flow, GenerateRequest, SamplingParams};
+use q4moe_engine::{
+    Device, Engine, EngineError, EngineOptions, Finish, Flow, GenerateRequest, SamplingParams,
+};
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
 
 fn tiny_engine(dir: &tempfile::TempDir, quant: SynthQuant) -> Engine {
     let path = dir.path().join("tiny.gguf");
     synth::write(&path, &Config::tiny(), quant, 7, false).unwrap();
-    let opts = EngineOptions { device: Device::Cpu, kv_capacity: 256, ..Default::default() };
+    let opts = EngineOptions {
+        device: Device::Cpu,
+        kv_capacity: 256,
+        ..Default::default()
+    };
     Engine::from_model(Arc::new(Model::load(&path).unwrap()), &opts).unwrap()
 }
 
@@ -29,11 +35,22 @@ fn greedy_generation_is_deterministic_and_varied() {
         let (t1, s1) = greedy(&mut a, "The quick brown fox jumps over the lazy dog.", 32);
         let (t2, s2) = greedy(&mut a, "The quick brown fox jumps over the lazy dog.", 32);
         assert_eq!(t1.len(), 32);
-        assert_eq!((t1.clone(), s1.clone()), (t2, s2), "{quant:?}: same engine, second run differs");
+        assert_eq!(
+            (t1.clone(), s1.clone()),
+            (t2, s2),
+            "{quant:?}: same engine, second run differs"
+        );
         let mut b = tiny_engine(&dir, quant);
-        assert_eq!(greedy(&mut b, "The quick brown fox jumps over the lazy dog.", 32).0, t1, "{quant:?}: fresh engine differs");
+        assert_eq!(
+            greedy(&mut b, "The quick brown fox jumps over the lazy dog.", 32).0,
+            t1,
+            "{quant:?}: fresh engine differs"
+        );
         let distinct: std::collections::HashSet<_> = t1.iter().collect();
-        assert!(distinct.len() > 3, "{quant:?}: output collapsed to {distinct:?}");
+        assert!(
+            distinct.len() > 3,
+            "{quant:?}: output collapsed to {distinct:?}"
+        );
     }
 }
 
@@ -61,7 +78,10 @@ fn prompt_longer_than_context_is_a_clear_error() {
     let mut e = tiny_engine(&dir, SynthQuant::Q4_0);
     let req = GenerateRequest::new(vec![5; 300], 4);
     match e.generate(&req, &mut |_| Flow::Continue) {
-        Err(EngineError::PromptTooLong { prompt: 300, context: 256 }) => {}
+        Err(EngineError::PromptTooLong {
+            prompt: 300,
+            context: 256,
+        }) => {}
         other => panic!("expected PromptTooLong, got {:?}", other.map(|o| o.tokens)),
     }
     // The engine keeps working afterwards.
@@ -75,7 +95,11 @@ fn generation_stops_at_max_tokens_and_context_end() {
     let mut req = GenerateRequest::new(vec![11; 250], 100);
     req.stop_at_eos = false;
     let out = e.generate(&req, &mut |_| Flow::Continue).unwrap();
-    assert_eq!(out.tokens.len(), 6, "context of 256 leaves room for 6 tokens");
+    assert_eq!(
+        out.tokens.len(),
+        6,
+        "context of 256 leaves room for 6 tokens"
+    );
     assert_eq!(out.finish, Finish::Length);
 }
 
@@ -87,7 +111,13 @@ fn sampled_generation_is_seeded() {
     let run = |e: &mut Engine, seed| {
         let mut req = GenerateRequest::new(ids.clone(), 24);
         req.stop_at_eos = false;
-        req.sampling = SamplingParams { temperature: 1.0, top_k: 40, top_p: 0.95, seed, ..Default::default() };
+        req.sampling = SamplingParams {
+            temperature: 1.0,
+            top_k: 40,
+            top_p: 0.95,
+            seed,
+            ..Default::default()
+        };
         e.generate(&req, &mut |_| Flow::Continue).unwrap().tokens
     };
     assert_eq!(run(&mut e, 3), run(&mut e, 3));
@@ -98,7 +128,9 @@ fn sampled_generation_is_seeded() {
 fn prefix_reuse_gives_identical_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let mut e = tiny_engine(&dir, SynthQuant::Q4_0);
-    let base = e.encode_prompt("A long shared system prompt about foxes and dogs.").unwrap();
+    let base = e
+        .encode_prompt("A long shared system prompt about foxes and dogs.")
+        .unwrap();
     let mut first = GenerateRequest::new(base.clone(), 8);
     first.stop_at_eos = false;
     first.reuse_prefix = true;
@@ -110,7 +142,12 @@ fn prefix_reuse_gives_identical_tokens() {
     second.stop_at_eos = false;
     second.reuse_prefix = true;
     let reused = e.generate(&second, &mut |_| Flow::Continue).unwrap();
-    assert!(reused.cached_tokens >= base.len(), "cached {} of {}", reused.cached_tokens, prompt2.len());
+    assert!(
+        reused.cached_tokens >= base.len(),
+        "cached {} of {}",
+        reused.cached_tokens,
+        prompt2.len()
+    );
     let mut fresh = tiny_engine(&dir, SynthQuant::Q4_0);
     second.reuse_prefix = false;
     let recomputed = fresh.generate(&second, &mut |_| Flow::Continue).unwrap();
@@ -123,17 +160,23 @@ fn stop_strings_cut_the_text() {
     let dir = tempfile::tempdir().unwrap();
     let mut e = tiny_engine(&dir, SynthQuant::Q4_0);
     let (_, text) = greedy(&mut e, "The quick brown fox", 24);
-    let cut = text.char_indices().nth(text.chars().count() / 2).map(|(i, _)| i).unwrap();
+    let cut = text
+        .char_indices()
+        .nth(text.chars().count() / 2)
+        .map(|(i, _)| i)
+        .unwrap();
     let stop = text[cut..].chars().take(2).collect::<String>();
     let ids = e.encode_prompt("The quick brown fox").unwrap();
     let mut req = GenerateRequest::new(ids, 24);
     req.stop_at_eos = false;
     req.stop = vec![stop.clone()];
     let mut streamed = String::new();
-    let out = e.generate(&req, &mut |t| {
-        streamed.push_str(t);
-        Flow::Continue
-    }).unwrap();
+    let out = e
+        .generate(&req, &mut |t| {
+            streamed.push_str(t);
+            Flow::Continue
+        })
+        .unwrap();
     assert_eq!(out.finish, Finish::Stop);
     assert_eq!(out.text, streamed);
     assert!(!out.text.contains(&stop));

@@ -33,7 +33,11 @@ fn random_rows(ty: GgmlType, total: usize) -> Vec<u8> {
         s ^= s << 13;
         s ^= s >> 17;
         s ^= s << 5;
-        let d = if fixed { 0.01 } else { 0.002 + (s % 10_000) as f32 * 4e-6 };
+        let d = if fixed {
+            0.01
+        } else {
+            0.002 + (s % 10_000) as f32 * 4e-6
+        };
         let d = half::f16::from_f32(d).to_le_bytes();
         let offs: &[usize] = match ty {
             Q4_K => &[0, 2],
@@ -48,7 +52,10 @@ fn random_rows(ty: GgmlType, total: usize) -> Vec<u8> {
 }
 
 fn env(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Best of a few passes over all rows, split across `threads`; returns GB/s of weights.
@@ -79,7 +86,11 @@ fn measure(w: &[u8], row_bytes: usize, threads: usize, dot: &(dyn Fn(&[u8]) -> f
             // Inline, so small (cache-resident) working sets do not time a thread spawn.
             let c = thread_cpu_time();
             black_box(w.chunks_exact(row_bytes).map(dot).sum::<f32>());
-            best = best.min(if cpu { thread_cpu_time() - c } else { t.elapsed().as_secs_f64() });
+            best = best.min(if cpu {
+                thread_cpu_time() - c
+            } else {
+                t.elapsed().as_secs_f64()
+            });
             continue;
         }
         std::thread::scope(|s| {
@@ -100,10 +111,20 @@ fn measure(w: &[u8], row_bytes: usize, threads: usize, dot: &(dyn Fn(&[u8]) -> f
 
 fn main() {
     let total = env("Q4MOE_BENCH_MB", 256) << 20;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let threads = env("Q4MOE_BENCH_THREADS", cores);
-    println!("working set {} MB, isa {:?} (available {:?}), {cores} cores", total >> 20, quant::detected_isa(), quant::available_isas());
-    println!("{:<6} {:>5} {:>8} {:>14} {:>14}", "type", "n", "threads", "vec_dot GB/s", "vec_dot_q8 GB/s");
+    println!(
+        "working set {} MB, isa {:?} (available {:?}), {cores} cores",
+        total >> 20,
+        quant::detected_isa(),
+        quant::available_isas()
+    );
+    println!(
+        "{:<6} {:>5} {:>8} {:>14} {:>14}",
+        "type", "n", "threads", "vec_dot GB/s", "vec_dot_q8 GB/s"
+    );
     let w = random_bytes(total, 1);
     let mut counts = vec![1];
     if threads > 1 {
@@ -111,15 +132,27 @@ fn main() {
     }
     for &t in &counts {
         // Baseline: plain streaming read of the same working set (u64 sums, vectorised).
-        let read = |r: &[u8]| r.chunks_exact(8).fold(0u64, |a, c| a.wrapping_add(u64::from_le_bytes(c.try_into().unwrap()))) as f32;
-        println!("{:<6} {:>5} {t:>8} {:>14.2} (plain read)", "read", 2048, measure(&w, 2048, t, &read));
+        let read = |r: &[u8]| {
+            r.chunks_exact(8).fold(0u64, |a, c| {
+                a.wrapping_add(u64::from_le_bytes(c.try_into().unwrap()))
+            }) as f32
+        };
+        println!(
+            "{:<6} {:>5} {t:>8} {:>14.2} (plain read)",
+            "read",
+            2048,
+            measure(&w, 2048, t, &read)
+        );
     }
     drop(w);
     for ty in [Q4_0, Q4_K, Q6_K] {
         let w = random_rows(ty, total);
         for n in [2048usize, 768] {
             let row_bytes = ty.row_bytes(n).unwrap();
-            let x: Vec<f32> = random_bytes(n, 7).iter().map(|&b| b as f32 / 128.0 - 1.0).collect();
+            let x: Vec<f32> = random_bytes(n, 7)
+                .iter()
+                .map(|&b| b as f32 / 128.0 - 1.0)
+                .collect();
             let mut xq = Vec::new();
             quant::quantize_activation_q8(ty, &x, &mut xq);
             for &t in &counts {
@@ -157,11 +190,19 @@ fn compare_isas(total: usize) {
     for ty in [Q4_0, Q8_0] {
         let w = random_rows(ty, total);
         let n = 2048;
-        let x: Vec<f32> = random_bytes(n, 7).iter().map(|&b| b as f32 / 128.0 - 1.0).collect();
+        let x: Vec<f32> = random_bytes(n, 7)
+            .iter()
+            .map(|&b| b as f32 / 128.0 - 1.0)
+            .collect();
         let mut xq = Vec::new();
         quant::quantize_activation_q8(ty, &x, &mut xq);
-        for isa in quant::available_isas().into_iter().filter(|&i| i != Isa::Scalar) {
-            let q = measure(&w, ty.row_bytes(n).unwrap(), 1, &|r| quant::vec_dot_q8_isa(isa, ty, r, &xq));
+        for isa in quant::available_isas()
+            .into_iter()
+            .filter(|&i| i != Isa::Scalar)
+        {
+            let q = measure(&w, ty.row_bytes(n).unwrap(), 1, &|r| {
+                quant::vec_dot_q8_isa(isa, ty, r, &xq)
+            });
             println!("{:<6} {n:>5} {isa:?} vec_dot_q8 {q:.2} GB/s", ty.name());
         }
     }

@@ -5,11 +5,11 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 mod error;
+pub mod quant;
 mod reader;
 mod types;
 mod value;
 mod writer;
-pub mod quant;
 
 pub use error::GgufError;
 pub use reader::{parse_header, GgufFile, GgufHeader, TensorView};

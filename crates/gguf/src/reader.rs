@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::{GgmlType, GgufError, Result, TensorInfo, Value, ValueType, DEFAULT_ALIGNMENT, GGUF_MAGIC};
+use crate::{
+    GgmlType, GgufError, Result, TensorInfo, Value, ValueType, DEFAULT_ALIGNMENT, GGUF_MAGIC,
+};
 
 const MAX_TENSORS: u64 = 1 << 20;
 const MAX_KV: u64 = 1 << 20;
@@ -60,7 +62,10 @@ impl<'a> Cursor<'a> {
     }
 
     fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
-        Ok(self.take(N as u64, what)?.try_into().expect("length checked"))
+        Ok(self
+            .take(N as u64, what)?
+            .try_into()
+            .expect("length checked"))
     }
 
     fn u32(&mut self, what: &str) -> Result<u32> {
@@ -82,7 +87,11 @@ impl<'a> Cursor<'a> {
         let n = self.u64(what)?;
         let fits = self.remaining() / min_elem_bytes.max(1);
         if n > limit || n > fits {
-            return Err(GgufError::Absurd { what: what.to_string(), value: n, limit: limit.min(fits) });
+            return Err(GgufError::Absurd {
+                what: what.to_string(),
+                value: n,
+                limit: limit.min(fits),
+            });
         }
         Ok(n)
     }
@@ -99,7 +108,12 @@ impl<'a> Cursor<'a> {
             ValueType::Bool => match self.array::<1>(key)?[0] {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
-                b => return Err(GgufError::metadata(key, format!("bool byte is {b}, not 0 or 1"))),
+                b => {
+                    return Err(GgufError::metadata(
+                        key,
+                        format!("bool byte is {b}, not 0 or 1"),
+                    ))
+                }
             },
             ValueType::String => Value::String(self.string(key)?),
             ValueType::U64 => Value::U64(self.u64(key)?),
@@ -113,7 +127,8 @@ impl<'a> Cursor<'a> {
         if depth >= MAX_ARRAY_DEPTH {
             return Err(GgufError::metadata(key, "arrays nested too deeply"));
         }
-        let elem = ValueType::from_id(self.u32(key)?).map_err(|e| GgufError::metadata(key, e.to_string()))?;
+        let elem = ValueType::from_id(self.u32(key)?)
+            .map_err(|e| GgufError::metadata(key, e.to_string()))?;
         let min = match elem {
             ValueType::U8 | ValueType::I8 | ValueType::Bool => 1,
             ValueType::U16 | ValueType::I16 => 2,
@@ -145,19 +160,34 @@ pub fn parse_header(buf: &[u8]) -> Result<GgufHeader> {
     let n_tensors = c.u64("tensor count")?;
     let n_kv = c.u64("metadata count")?;
     // Each tensor entry needs at least 8+4+8+4+8 bytes, each kv at least 8+4+1.
-    for (what, n, min, limit) in [("tensor count", n_tensors, 32, MAX_TENSORS), ("metadata count", n_kv, 13, MAX_KV)] {
+    for (what, n, min, limit) in [
+        ("tensor count", n_tensors, 32, MAX_TENSORS),
+        ("metadata count", n_kv, 13, MAX_KV),
+    ] {
         if n > limit || n > c.remaining() / min {
-            return Err(GgufError::Absurd { what: what.into(), value: n, limit: limit.min(c.remaining() / min) });
+            return Err(GgufError::Absurd {
+                what: what.into(),
+                value: n,
+                limit: limit.min(c.remaining() / min),
+            });
         }
     }
     let metadata = parse_metadata(&mut c, n_kv)?;
-    let meta_index: HashMap<String, usize> =
-        metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect();
+    let meta_index: HashMap<String, usize> = metadata
+        .iter()
+        .enumerate()
+        .map(|(i, (k, _))| (k.clone(), i))
+        .collect();
     let alignment = match meta_index.get("general.alignment").map(|&i| &metadata[i].1) {
         None => DEFAULT_ALIGNMENT,
         Some(v) => match v.as_u64() {
             Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 16 => a,
-            _ => return Err(GgufError::metadata("general.alignment", format!("{v:?} is not a power of two up to 65536"))),
+            _ => {
+                return Err(GgufError::metadata(
+                    "general.alignment",
+                    format!("{v:?} is not a power of two up to 65536"),
+                ))
+            }
         },
     };
     let tensors = parse_tensor_infos(&mut c, n_tensors)?;
@@ -166,17 +196,29 @@ pub fn parse_header(buf: &[u8]) -> Result<GgufHeader> {
     for (i, t) in tensors.iter().enumerate() {
         check_extent(t, alignment, data_offset, buf.len() as u64)?;
         if tensor_index.insert(t.name.clone(), i).is_some() {
-            return Err(GgufError::tensor(&t.name, "appears twice in the tensor directory"));
+            return Err(GgufError::tensor(
+                &t.name,
+                "appears twice in the tensor directory",
+            ));
         }
     }
-    Ok(GgufHeader { version, metadata, tensors, alignment, data_offset, meta_index, tensor_index })
+    Ok(GgufHeader {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+        meta_index,
+        tensor_index,
+    })
 }
 
 fn parse_metadata(c: &mut Cursor<'_>, n_kv: u64) -> Result<Vec<(String, Value)>> {
     let mut metadata = Vec::with_capacity(n_kv as usize);
     for i in 0..n_kv {
         let key = c.string(&format!("metadata key #{i}"))?;
-        let ty = ValueType::from_id(c.u32(&key)?).map_err(|e| GgufError::metadata(&key, e.to_string()))?;
+        let ty = ValueType::from_id(c.u32(&key)?)
+            .map_err(|e| GgufError::metadata(&key, e.to_string()))?;
         let value = c.value(ty, &key, 0)?;
         metadata.push((key, value));
     }
@@ -189,29 +231,47 @@ fn parse_tensor_infos(c: &mut Cursor<'_>, n_tensors: u64) -> Result<Vec<TensorIn
         let name = c.string(&format!("tensor name #{i}"))?;
         let n_dims = c.u32(&name)?;
         if n_dims == 0 || n_dims > MAX_DIMS {
-            return Err(GgufError::tensor(&name, format!("has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")));
+            return Err(GgufError::tensor(
+                &name,
+                format!("has {n_dims} dimensions (1 to {MAX_DIMS} allowed)"),
+            ));
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {
             dims.push(c.u64(&name)?);
         }
         if dims.iter().any(|&d| d == 0 || d > 1 << 40) {
-            return Err(GgufError::tensor(&name, format!("has an absurd shape {dims:?}")));
+            return Err(GgufError::tensor(
+                &name,
+                format!("has an absurd shape {dims:?}"),
+            ));
         }
-        let ggml_type = GgmlType::from_id(c.u32(&name)?).map_err(|e| GgufError::tensor(&name, e.to_string()))?;
+        let ggml_type = GgmlType::from_id(c.u32(&name)?)
+            .map_err(|e| GgufError::tensor(&name, e.to_string()))?;
         let offset = c.u64(&name)?;
-        tensors.push(TensorInfo { name, dims, ggml_type, offset });
+        tensors.push(TensorInfo {
+            name,
+            dims,
+            ggml_type,
+            offset,
+        });
     }
     Ok(tensors)
 }
 
 fn check_extent(t: &TensorInfo, alignment: u64, data_offset: u64, file_len: u64) -> Result<()> {
     if t.offset % alignment != 0 {
-        return Err(GgufError::tensor(&t.name, format!("offset {} is not aligned to {alignment}", t.offset)));
+        return Err(GgufError::tensor(
+            &t.name,
+            format!("offset {} is not aligned to {alignment}", t.offset),
+        ));
     }
     let n_elements = t.dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
     if n_elements.is_none() {
-        return Err(GgufError::tensor(&t.name, format!("element count of shape {:?} overflows", t.dims)));
+        return Err(GgufError::tensor(
+            &t.name,
+            format!("element count of shape {:?} overflows", t.dims),
+        ));
     }
     // A row that is not whole blocks is reported as such, not as running past the end.
     let n_bytes = t.n_bytes()?;
@@ -267,7 +327,10 @@ impl GgufFile {
         let info = self.header.tensor_info(name)?;
         let start = (self.header.data_offset + info.offset) as usize;
         let len = info.n_bytes().ok()? as usize;
-        Some(TensorView { info, data: &self.mmap[start..start + len] })
+        Some(TensorView {
+            info,
+            data: &self.mmap[start..start + len],
+        })
     }
 
     /// The whole mapping (for backends that upload or prefetch the data section in bulk).

@@ -158,7 +158,10 @@ impl TensorInfo {
         if row % bs != 0 {
             return Err(GgufError::tensor(
                 &self.name,
-                format!("row length {row} is not a multiple of the {} block size {bs}", self.ggml_type),
+                format!(
+                    "row length {row} is not a multiple of the {} block size {bs}",
+                    self.ggml_type
+                ),
             ));
         }
         let rows: u64 = self.dims.iter().skip(1).product();

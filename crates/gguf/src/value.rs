@@ -35,7 +35,11 @@ impl ValueType {
             10 => U64,
             11 => I64,
             12 => F64,
-            _ => return Err(GgufError::Other(format!("unknown metadata value type {id}"))),
+            _ => {
+                return Err(GgufError::Other(format!(
+                    "unknown metadata value type {id}"
+                )))
+            }
         })
     }
 }
@@ -133,6 +137,9 @@ impl Value {
 
     /// Convenience for string arrays (vocabularies, merges).
     pub fn string_array(items: impl IntoIterator<Item = String>) -> Value {
-        Value::Array(ValueType::String, items.into_iter().map(Value::String).collect())
+        Value::Array(
+            ValueType::String,
+            items.into_iter().map(Value::String).collect(),
+        )
     }
 }

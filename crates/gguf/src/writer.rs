@@ -20,13 +20,22 @@ pub struct GgufWriter<W: Write> {
 impl<W: Write> GgufWriter<W> {
     /// Writes the header. `tensors` give name, dims and type; their offsets are assigned here.
     /// `general.alignment` in `metadata`, if present, sets the alignment (default 32).
-    pub fn new(mut out: W, metadata: &[(String, Value)], tensors: Vec<(String, Vec<u64>, GgmlType)>) -> Result<Self> {
+    pub fn new(
+        mut out: W,
+        metadata: &[(String, Value)],
+        tensors: Vec<(String, Vec<u64>, GgmlType)>,
+    ) -> Result<Self> {
         let alignment = match metadata.iter().find(|(k, _)| k == "general.alignment") {
             None => crate::DEFAULT_ALIGNMENT,
             // Same rule as the reader, so whatever we write reads back.
             Some((_, v)) => match v.as_u64() {
                 Some(a) if a.is_power_of_two() && a <= 1 << 16 => a,
-                _ => return Err(GgufError::metadata("general.alignment", format!("{v:?} is not a power of two up to 65536"))),
+                _ => {
+                    return Err(GgufError::metadata(
+                        "general.alignment",
+                        format!("{v:?} is not a power of two up to 65536"),
+                    ))
+                }
             },
         };
         for (key, value) in metadata {
@@ -35,7 +44,12 @@ impl<W: Write> GgufWriter<W> {
         let mut infos = Vec::with_capacity(tensors.len());
         let mut offset = 0u64;
         for (name, dims, ggml_type) in tensors {
-            let info = TensorInfo { name, dims, ggml_type, offset };
+            let info = TensorInfo {
+                name,
+                dims,
+                ggml_type,
+                offset,
+            };
             offset = (offset + info.n_bytes()?).div_ceil(alignment) * alignment;
             infos.push(info);
         }
@@ -60,8 +74,16 @@ impl<W: Write> GgufWriter<W> {
         }
         let padded = (header.len() as u64).div_ceil(alignment) * alignment;
         header.resize(padded as usize, 0);
-        out.write_all(&header).map_err(|e| GgufError::io("<gguf output>", e))?;
-        Ok(GgufWriter { out, tensors: infos, alignment, current: 0, written: 0, data_pos: 0 })
+        out.write_all(&header)
+            .map_err(|e| GgufError::io("<gguf output>", e))?;
+        Ok(GgufWriter {
+            out,
+            tensors: infos,
+            alignment,
+            current: 0,
+            written: 0,
+            data_pos: 0,
+        })
     }
 
     /// The directory as it will be read back (offsets assigned).
@@ -72,21 +94,28 @@ impl<W: Write> GgufWriter<W> {
     /// Appends bytes to the current tensor; may be called several times per tensor. Tensors must
     /// be written in declared order and each exactly to its size.
     pub fn write_tensor_data(&mut self, name: &str, data: &[u8]) -> Result<()> {
-        let info = self
-            .tensors
-            .get(self.current)
-            .ok_or_else(|| GgufError::tensor(name, "written after every declared tensor was complete"))?;
+        let info = self.tensors.get(self.current).ok_or_else(|| {
+            GgufError::tensor(name, "written after every declared tensor was complete")
+        })?;
         if info.name != name {
-            return Err(GgufError::tensor(name, format!("written out of order: expected {}", info.name)));
+            return Err(GgufError::tensor(
+                name,
+                format!("written out of order: expected {}", info.name),
+            ));
         }
         let size = info.n_bytes()?;
         if self.written + data.len() as u64 > size {
-            return Err(GgufError::tensor(name, format!("more than its {size} bytes written")));
+            return Err(GgufError::tensor(
+                name,
+                format!("more than its {size} bytes written"),
+            ));
         }
         if self.written == 0 {
             self.pad_to(info.offset)?;
         }
-        self.out.write_all(data).map_err(|e| GgufError::io("<gguf output>", e))?;
+        self.out
+            .write_all(data)
+            .map_err(|e| GgufError::io("<gguf output>", e))?;
         self.written += data.len() as u64;
         self.data_pos += data.len() as u64;
         if self.written == size {
@@ -98,7 +127,9 @@ impl<W: Write> GgufWriter<W> {
 
     fn pad_to(&mut self, offset: u64) -> Result<()> {
         let pad = offset - self.data_pos;
-        self.out.write_all(&vec![0u8; pad as usize]).map_err(|e| GgufError::io("<gguf output>", e))?;
+        self.out
+            .write_all(&vec![0u8; pad as usize])
+            .map_err(|e| GgufError::io("<gguf output>", e))?;
         self.data_pos = offset;
         Ok(())
     }
@@ -106,11 +137,16 @@ impl<W: Write> GgufWriter<W> {
     /// Checks that every tensor was written, pads the file to the alignment and returns the sink.
     pub fn finish(mut self) -> Result<W> {
         if let Some(t) = self.tensors.get(self.current) {
-            return Err(GgufError::tensor(&t.name, "was declared but its data was never fully written"));
+            return Err(GgufError::tensor(
+                &t.name,
+                "was declared but its data was never fully written",
+            ));
         }
         let end = self.data_pos.div_ceil(self.alignment) * self.alignment;
         self.pad_to(end)?;
-        self.out.flush().map_err(|e| GgufError::io("<gguf output>", e))?;
+        self.out
+            .flush()
+            .map_err(|e| GgufError::io("<gguf output>", e))?;
         Ok(self.out)
     }
 }
@@ -120,7 +156,10 @@ fn check_array_types(key: &str, v: &Value) -> Result<()> {
     if let Value::Array(elem, items) = v {
         for item in items {
             if item.value_type() != *elem {
-                return Err(GgufError::metadata(key, format!("array of {elem:?} holds a {:?}", item.value_type())));
+                return Err(GgufError::metadata(
+                    key,
+                    format!("array of {elem:?} holds a {:?}", item.value_type()),
+                ));
             }
             check_array_types(key, item)?;
         }
@@ -157,4 +196,3 @@ fn write_value(buf: &mut Vec<u8>, v: &Value) {
         }
     }
 }
-

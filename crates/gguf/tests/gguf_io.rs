@@ -1,7 +1,9 @@
 //! GGUF container: write -> read round trips, and hostile or broken files (must return Err,
 //! never panic, never allocate what the header merely claims).
 
-use q4moe_gguf::{parse_header, quant, GgmlType, GgufError, GgufFile, GgufWriter, Value, ValueType};
+use q4moe_gguf::{
+    parse_header, quant, GgmlType, GgufError, GgufFile, GgufWriter, Value, ValueType,
+};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn all_values() -> Vec<(String, Value)> {
@@ -21,8 +23,17 @@ fn all_values() -> Vec<(String, Value)> {
         ("t.u64".into(), Value::U64(u64::MAX - 3)),
         ("t.i64".into(), Value::I64(i64::MIN + 5)),
         ("t.f64".into(), Value::F64(-2.5e-300)),
-        ("t.strings".into(), Value::string_array(["a", "", "ĠThe", "<|im_end|>"].map(String::from))),
-        ("t.i32s".into(), Value::Array(ValueType::I32, vec![Value::I32(1), Value::I32(-2), Value::I32(3)])),
+        (
+            "t.strings".into(),
+            Value::string_array(["a", "", "ĠThe", "<|im_end|>"].map(String::from)),
+        ),
+        (
+            "t.i32s".into(),
+            Value::Array(
+                ValueType::I32,
+                vec![Value::I32(1), Value::I32(-2), Value::I32(3)],
+            ),
+        ),
         ("t.empty".into(), Value::Array(ValueType::F32, vec![])),
         (
             "t.nested".into(),
@@ -61,13 +72,21 @@ fn tensors(rng: &mut StdRng) -> Vec<Tensor> {
             let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
             let mut data = Vec::new();
             quant::quantize_row(ty, &x, &mut data).unwrap();
-            Tensor { name: name.into(), dims: dims.to_vec(), ty, data }
+            Tensor {
+                name: name.into(),
+                dims: dims.to_vec(),
+                ty,
+                data,
+            }
         })
         .collect()
 }
 
 fn write(meta: &[(String, Value)], ts: &[Tensor]) -> Vec<u8> {
-    let decl = ts.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty)).collect();
+    let decl = ts
+        .iter()
+        .map(|t| (t.name.clone(), t.dims.clone(), t.ty))
+        .collect();
     let mut w = GgufWriter::new(Vec::new(), meta, decl).unwrap();
     for t in ts {
         // In two pieces, to exercise streaming.
@@ -107,7 +126,12 @@ fn round_trip_every_value_type_and_tensor_type() {
         assert_eq!(f.tensors().len(), ts.len());
         for t in &ts {
             let v = f.tensor(&t.name).unwrap();
-            assert_eq!((v.info.dims.as_slice(), v.info.ggml_type), (t.dims.as_slice(), t.ty), "{}", t.name);
+            assert_eq!(
+                (v.info.dims.as_slice(), v.info.ggml_type),
+                (t.dims.as_slice(), t.ty),
+                "{}",
+                t.name
+            );
             assert_eq!(v.info.offset % al, 0, "{} offset", t.name);
             assert_eq!(v.data, t.data.as_slice(), "{}", t.name);
         }
@@ -118,20 +142,38 @@ fn round_trip_every_value_type_and_tensor_type() {
 
 #[test]
 fn writer_rejects_misuse() {
-    let decl = vec![("a".to_string(), vec![32u64], GgmlType::F32), ("b".to_string(), vec![32u64], GgmlType::Q4_0)];
+    let decl = vec![
+        ("a".to_string(), vec![32u64], GgmlType::F32),
+        ("b".to_string(), vec![32u64], GgmlType::Q4_0),
+    ];
     let mut w = GgufWriter::new(Vec::new(), &[], decl.clone()).unwrap();
     assert!(w.write_tensor_data("b", &[0; 18]).is_err(), "out of order");
     assert!(w.write_tensor_data("a", &[0; 129]).is_err(), "too long");
     w.write_tensor_data("a", &[0; 128]).unwrap();
     assert!(w.finish().is_err(), "b never written");
     let bad = vec![("x".to_string(), vec![33u64], GgmlType::Q4_0)];
-    assert!(GgufWriter::new(Vec::new(), &[], bad).is_err(), "not whole blocks");
+    assert!(
+        GgufWriter::new(Vec::new(), &[], bad).is_err(),
+        "not whole blocks"
+    );
     let meta = vec![("general.alignment".to_string(), Value::U32(0))];
-    assert!(GgufWriter::new(Vec::new(), &meta, decl.clone()).is_err(), "alignment 0");
+    assert!(
+        GgufWriter::new(Vec::new(), &meta, decl.clone()).is_err(),
+        "alignment 0"
+    );
     let meta = vec![("general.alignment".to_string(), Value::U32(48))];
-    assert!(GgufWriter::new(Vec::new(), &meta, decl.clone()).is_err(), "alignment not a power of two");
-    let meta = vec![("m".to_string(), Value::Array(ValueType::U8, vec![Value::U16(1)]))];
-    assert!(GgufWriter::new(Vec::new(), &meta, decl).is_err(), "mixed array");
+    assert!(
+        GgufWriter::new(Vec::new(), &meta, decl.clone()).is_err(),
+        "alignment not a power of two"
+    );
+    let meta = vec![(
+        "m".to_string(),
+        Value::Array(ValueType::U8, vec![Value::U16(1)]),
+    )];
+    assert!(
+        GgufWriter::new(Vec::new(), &meta, decl).is_err(),
+        "mixed array"
+    );
 }
 
 #[test]
@@ -140,12 +182,21 @@ fn truncated_files_fail_cleanly() {
     let h = parse_header(&bytes).unwrap();
     let header_end = h.data_offset as usize;
     // Trailing alignment padding may be cut; any byte of tensor data may not.
-    let data_end = h.tensors.iter().map(|t| header_end + (t.offset + t.n_bytes().unwrap()) as usize).max().unwrap();
+    let data_end = h
+        .tensors
+        .iter()
+        .map(|t| header_end + (t.offset + t.n_bytes().unwrap()) as usize)
+        .max()
+        .unwrap();
     assert!(parse_header(&bytes[..data_end]).is_ok());
     // Every cut inside the header, then a stride through the data.
     let cuts = (0..header_end).chain((header_end..data_end).step_by(7));
     for cut in cuts {
-        assert!(parse_header(&bytes[..cut]).is_err(), "cut at {cut} of {} parsed", bytes.len());
+        assert!(
+            parse_header(&bytes[..cut]).is_err(),
+            "cut at {cut} of {} parsed",
+            bytes.len()
+        );
     }
 }
 
@@ -169,12 +220,22 @@ fn bad_magic_and_version() {
 fn absurd_counts_and_lengths_fail_fast() {
     let base = sample_file();
     let t0 = std::time::Instant::now();
-    for (off, v) in [(8, u64::MAX), (8, 1 << 40), (16, u64::MAX), (16, 1 << 30), (8, 1000), (16, 1000)] {
+    for (off, v) in [
+        (8, u64::MAX),
+        (8, 1 << 40),
+        (16, u64::MAX),
+        (16, 1 << 30),
+        (8, 1000),
+        (16, 1000),
+    ] {
         let mut b = base.clone();
         u64_at(&mut b, off, v);
         let e = parse_header(&b).unwrap_err();
         if v > 1000 {
-            assert!(matches!(e, GgufError::Absurd { .. }), "count {v} at {off}: {e}");
+            assert!(
+                matches!(e, GgufError::Absurd { .. }),
+                "count {v} at {off}: {e}"
+            );
         }
     }
     // First key's length, then the string array's length.
@@ -187,11 +248,16 @@ fn absurd_counts_and_lengths_fail_fast() {
         u64_at(&mut b, pos, v);
         assert!(parse_header(&b).is_err(), "array length {v}");
     }
-    assert!(t0.elapsed().as_secs_f64() < 1.0, "hostile headers must fail fast");
+    assert!(
+        t0.elapsed().as_secs_f64() < 1.0,
+        "hostile headers must fail fast"
+    );
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> usize {
-    hay.windows(needle.len()).position(|w| w == needle).expect("needle present")
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .expect("needle present")
 }
 
 /// Offset of a tensor's directory `offset` field (the last 8 bytes of its entry).
@@ -206,7 +272,10 @@ fn tensor_extents_are_checked() {
     let mut b = base.clone();
     u64_at(&mut b, off, 1 << 20);
     let e = parse_header(&b).unwrap_err().to_string();
-    assert!(e.contains("output.weight") && e.contains("past the end"), "{e}");
+    assert!(
+        e.contains("output.weight") && e.contains("past the end"),
+        "{e}"
+    );
     let mut b = base.clone();
     u64_at(&mut b, off, u64::MAX - 31);
     assert!(parse_header(&b).is_err(), "offset overflow");
@@ -240,23 +309,38 @@ fn fuzz_byte_flips_never_panic() {
         let mut b = base.clone();
         for _ in 0..rng.gen_range(1..4) {
             // Mostly in the header, where the parsing is.
-            let i = if rng.gen_ratio(9, 10) { rng.gen_range(0..header_end) } else { rng.gen_range(0..b.len()) };
+            let i = if rng.gen_ratio(9, 10) {
+                rng.gen_range(0..header_end)
+            } else {
+                rng.gen_range(0..b.len())
+            };
             b[i] = match rng.gen_range(0..3) {
                 0 => rng.gen(),
                 1 => b[i] ^ (1 << rng.gen_range(0..8)),
                 _ => 0xff,
             };
         }
-        let len = if rng.gen_ratio(1, 8) { rng.gen_range(0..b.len()) } else { b.len() };
+        let len = if rng.gen_ratio(1, 8) {
+            rng.gen_range(0..b.len())
+        } else {
+            b.len()
+        };
         if let Ok(h) = parse_header(&b[..len]) {
             ok += 1;
             for t in &h.tensors {
                 let start = (h.data_offset + t.offset) as usize;
-                assert!(start + t.n_bytes().unwrap() as usize <= len, "{} escapes the file", t.name);
+                assert!(
+                    start + t.n_bytes().unwrap() as usize <= len,
+                    "{} escapes the file",
+                    t.name
+                );
             }
         }
     }
-    assert!(ok > 0, "some flips (in string payloads, data) must still parse");
+    assert!(
+        ok > 0,
+        "some flips (in string payloads, data) must still parse"
+    );
 }
 
 #[test]
@@ -267,5 +351,8 @@ fn partial_blocks_are_named() {
     let mut b = base.clone();
     u64_at(&mut b, pos, 255);
     let e = parse_header(&b).unwrap_err().to_string();
-    assert!(e.contains("token_embd.weight") && e.contains("block size"), "{e}");
+    assert!(
+        e.contains("token_embd.weight") && e.contains("block size"),
+        "{e}"
+    );
 }

@@ -12,7 +12,11 @@ fn randn(rng: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n)
         .map(|_| {
             let v: f32 = (0..4).map(|_| rng.gen_range(-1.0f32..1.0)).sum();
-            if rng.gen_ratio(1, 64) { v * 8.0 } else { v }
+            if rng.gen_ratio(1, 64) {
+                v * 8.0
+            } else {
+                v
+            }
         })
         .collect()
 }
@@ -83,7 +87,10 @@ fn quantize_handles_zeros_and_constants() {
             let x = vec![v; 512];
             let y = dequantize(ty, &quantize(ty, &x), 512);
             for (a, b) in x.iter().zip(&y) {
-                assert!((a - b).abs() <= 0.02 * v.abs() + 1e-6, "{ty} constant {v}: got {b}");
+                assert!(
+                    (a - b).abs() <= 0.02 * v.abs() + 1e-6,
+                    "{ty} constant {v}: got {b}"
+                );
             }
         }
     }
@@ -126,7 +133,10 @@ fn vec_dot_fast_matches_reference() {
                 let tol = 1e-5 * abs_dot(&w, &x);
                 for isa in quant::available_isas() {
                     let got = quant::vec_dot_isa(isa, ty, &row, &x);
-                    assert!((got - want).abs() <= tol, "{ty} {isa:?} n={n}: {got} vs {want} (tol {tol})");
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{ty} {isa:?} n={n}: {got} vs {want} (tol {tol})"
+                    );
                 }
                 assert!((quant::vec_dot(ty, &row, &x) - want).abs() <= tol);
             }
@@ -143,7 +153,10 @@ fn f32_rows_of_any_length() {
             let row = quantize(ty, &randn(&mut rng, n));
             let want = quant::vec_dot_ref(ty, &row, &x);
             let got = quant::vec_dot(ty, &row, &x);
-            assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{ty} n={n}: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "{ty} n={n}: {got} vs {want}"
+            );
         }
     }
 }
@@ -163,12 +176,18 @@ fn vec_dot_q8_fast_matches_reference() {
                 let tol = 1e-5 * abs_dot(&w, &x);
                 for isa in quant::available_isas() {
                     let got = quant::vec_dot_q8_isa(isa, ty, &row, &xq);
-                    assert!((got - want).abs() <= tol, "{ty} {isa:?} n={n}: {got} vs {want} (tol {tol})");
+                    assert!(
+                        (got - want).abs() <= tol,
+                        "{ty} {isa:?} n={n}: {got} vs {want} (tol {tol})"
+                    );
                 }
                 // Against the f32 path: activation quantisation costs about 1% (8 bits).
                 let exact = quant::vec_dot_ref(ty, &row, &x);
                 let tol8 = 1e-2 * abs_dot(&w, &x);
-                assert!((want - exact).abs() <= tol8, "{ty} n={n}: q8 {want} vs f32 {exact} (tol {tol8})");
+                assert!(
+                    (want - exact).abs() <= tol8,
+                    "{ty} n={n}: q8 {want} vs f32 {exact} (tol {tol8})"
+                );
             }
         }
     }
@@ -191,16 +210,26 @@ fn activation_formats_and_sizes() {
 #[test]
 fn errors_name_the_type() {
     let mut out = vec![0f32; 32];
-    let e = quant::dequantize_row(Q4_1, &[0u8; 20], &mut out).unwrap_err().to_string();
+    let e = quant::dequantize_row(Q4_1, &[0u8; 20], &mut out)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Q4_1"), "{e}");
-    let e = quant::dequantize_row(Q4_0, &[0u8; 17], &mut out).unwrap_err().to_string();
+    let e = quant::dequantize_row(Q4_0, &[0u8; 17], &mut out)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Q4_0") && e.contains("18"), "{e}");
     let mut out = vec![0f32; 100];
-    let e = quant::dequantize_row(Q4_K, &[0u8; 144], &mut out).unwrap_err().to_string();
+    let e = quant::dequantize_row(Q4_K, &[0u8; 144], &mut out)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Q4_K") && e.contains("256"), "{e}");
-    let e = quant::quantize_row(Q6_K, &[1.0; 100], &mut Vec::new()).unwrap_err().to_string();
+    let e = quant::quantize_row(Q6_K, &[1.0; 100], &mut Vec::new())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Q6_K"), "{e}");
-    let e = quant::quantize_row(Q5_K, &[1.0; 256], &mut Vec::new()).unwrap_err().to_string();
+    let e = quant::quantize_row(Q5_K, &[1.0; 256], &mut Vec::new())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Q5_K"), "{e}");
 }
 
@@ -215,7 +244,9 @@ fn detected_isa_is_available() {
 #[test]
 fn vec_dot_q4_0x_matches_reference() {
     for n in [64usize, 128, 768, 2048] {
-        let x: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * if i % 7 == 0 { 3.0 } else { 1.0 }).collect();
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * if i % 7 == 0 { 3.0 } else { 1.0 })
+            .collect();
         let w: Vec<f32> = (0..n).map(|i| (i * 53 % 97) as f32 / 48.0 - 1.0).collect();
         let mut row = Vec::new();
         quant::quantize_row(Q4_0, &w, &mut row).unwrap();
@@ -226,10 +257,16 @@ fn vec_dot_q4_0x_matches_reference() {
         assert_eq!(xp.len(), quant::q4_0x_act_bytes(n));
         let want = quant::vec_dot_q8_ref(Q4_0, &row, &xq);
         let r = quant::vec_dot_q4_0x_ref(&row, &xp);
-        assert!((want - r).abs() <= 1e-4 * want.abs().max(1.0), "n={n}: ref {r} vs q8 ref {want}");
+        assert!(
+            (want - r).abs() <= 1e-4 * want.abs().max(1.0),
+            "n={n}: ref {r} vs q8 ref {want}"
+        );
         for isa in quant::available_isas() {
             let got = quant::vec_dot_q4_0x_isa(isa, &row, &xp);
-            assert!((want - got).abs() <= 1e-4 * want.abs().max(1.0), "n={n} {isa:?}: {got} vs {want}");
+            assert!(
+                (want - got).abs() <= 1e-4 * want.abs().max(1.0),
+                "n={n} {isa:?}: {got} vs {want}"
+            );
         }
     }
 }
@@ -241,7 +278,9 @@ fn vec_dot_q4_0x_rows_matches_reference() {
         let x: Vec<f32> = (0..n).map(|i| (i * 29 % 83) as f32 / 41.0 - 1.0).collect();
         let mut data = Vec::new();
         for r in 0..rows {
-            let w: Vec<f32> = (0..n).map(|i| ((i * 53 + r * 17) % 97) as f32 / 48.0 - 1.0).collect();
+            let w: Vec<f32> = (0..n)
+                .map(|i| ((i * 53 + r * 17) % 97) as f32 / 48.0 - 1.0)
+                .collect();
             quant::quantize_row(Q4_0, &w, &mut data).unwrap();
         }
         let row_bytes = data.len() / rows;
@@ -251,7 +290,10 @@ fn vec_dot_q4_0x_rows_matches_reference() {
         quant::vec_dot_q4_0x_rows(&data, row_bytes, &xp, &mut out);
         for (r, &got) in out.iter().enumerate() {
             let want = quant::vec_dot_q4_0x_ref(&data[r * row_bytes..(r + 1) * row_bytes], &xp);
-            assert!((want - got).abs() <= 1e-4 * want.abs().max(1.0), "n={n} row {r}: {got} vs {want}");
+            assert!(
+                (want - got).abs() <= 1e-4 * want.abs().max(1.0),
+                "n={n} row {r}: {got} vs {want}"
+            );
         }
     }
 }

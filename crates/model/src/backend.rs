@@ -14,7 +14,11 @@ pub enum BackendError {
     #[error(transparent)]
     Model(#[from] ModelError),
     #[error("session {session}: {needed} positions exceed the context capacity of {capacity}")]
-    ContextFull { session: SessionId, needed: usize, capacity: usize },
+    ContextFull {
+        session: SessionId,
+        needed: usize,
+        capacity: usize,
+    },
     #[error("token id {token} is outside the vocabulary of {vocab}")]
     BadToken { token: u32, vocab: usize },
     #[error("device: {0}")]
@@ -92,7 +96,12 @@ pub trait Backend: Send {
     /// Runs `tokens` at positions `kv_len(session)..`, appending to the session's KV (creating
     /// the session if new). Returns the last position's logits `[vocab]`, or every position's
     /// `[tokens.len(), vocab]` when `all_logits`.
-    fn prefill(&mut self, session: SessionId, tokens: &[u32], all_logits: bool) -> BackendResult<Vec<f32>>;
+    fn prefill(
+        &mut self,
+        session: SessionId,
+        tokens: &[u32],
+        all_logits: bool,
+    ) -> BackendResult<Vec<f32>>;
 
     /// Generates tokens (see `DecodeRequest`). On return the session's KV holds `first_token`
     /// and every token handed to `on_token` except the last, whatever was computed ahead.

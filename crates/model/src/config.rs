@@ -135,18 +135,35 @@ impl Config {
             return Err(format!("{k} must be positive"));
         }
         if self.n_head % self.n_kv_head != 0 {
-            return Err(format!("head_count {} is not a multiple of head_count_kv {}", self.n_head, self.n_kv_head));
+            return Err(format!(
+                "head_count {} is not a multiple of head_count_kv {}",
+                self.n_head, self.n_kv_head
+            ));
         }
         if self.n_expert_used > self.n_expert {
-            return Err(format!("expert_used_count {} exceeds expert_count {}", self.n_expert_used, self.n_expert));
+            return Err(format!(
+                "expert_used_count {} exceeds expert_count {}",
+                self.n_expert_used, self.n_expert
+            ));
         }
         if self.head_dim % 2 != 0 {
-            return Err(format!("head dimension {} must be even for RoPE", self.head_dim));
+            return Err(format!(
+                "head dimension {} must be even for RoPE",
+                self.head_dim
+            ));
         }
-        if !(self.rms_eps > 0.0 && self.rms_eps.is_finite() && self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
+        if !(self.rms_eps > 0.0
+            && self.rms_eps.is_finite()
+            && self.rope_theta > 0.0
+            && self.rope_theta.is_finite())
+        {
             return Err("rms epsilon and rope theta must be positive and finite".into());
         }
-        let limits = [("block_count", self.n_layer, 4096), ("expert_count", self.n_expert, 65536), ("context_length", self.context_length, 1 << 24)];
+        let limits = [
+            ("block_count", self.n_layer, 4096),
+            ("expert_count", self.n_expert, 65536),
+            ("context_length", self.context_length, 1 << 24),
+        ];
         if let Some((k, v, l)) = limits.iter().find(|(_, v, l)| v > l) {
             return Err(format!("{k} = {v} is beyond the supported limit {l}"));
         }
@@ -156,21 +173,30 @@ impl Config {
     /// Reads and validates the geometry. `vocab_size` comes from the token embedding's shape
     /// (what llama.cpp trusts), falling back to `<arch>.vocab_size`.
     pub fn from_gguf(h: &GgufHeader, file: &str) -> Result<Self> {
-        let arch_name = h.get("general.architecture").and_then(Value::as_str).ok_or_else(|| ModelError::Key {
-            file: file.into(),
-            key: "general.architecture".into(),
-            msg: "missing or not a string".into(),
-        })?;
+        let arch_name = h
+            .get("general.architecture")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ModelError::Key {
+                file: file.into(),
+                key: "general.architecture".into(),
+                msg: "missing or not a string".into(),
+            })?;
         let arch = match arch_name {
             "qwen3moe" => Arch::Qwen3Moe,
             other => {
                 return Err(ModelError::Unsupported {
                     file: file.into(),
-                    msg: format!("architecture '{other}' is not supported (q4moe supports: qwen3moe)"),
+                    msg: format!(
+                        "architecture '{other}' is not supported (q4moe supports: qwen3moe)"
+                    ),
                 })
             }
         };
-        let meta = Meta { h, file, prefix: arch_name };
+        let meta = Meta {
+            h,
+            file,
+            prefix: arch_name,
+        };
         let n_head = meta.usize("attention.head_count")?;
         let d_model = meta.usize("embedding_length")?;
         let head_dim = meta.usize_or("attention.key_length", d_model / n_head.max(1))?;
@@ -196,9 +222,13 @@ impl Config {
         };
         let value_length = meta.usize_or("attention.value_length", head_dim)?;
         if value_length != head_dim {
-            return Err(meta.err("attention.value_length", format!("{value_length} differs from key_length {head_dim}")));
+            return Err(meta.err(
+                "attention.value_length",
+                format!("{value_length} differs from key_length {head_dim}"),
+            ));
         }
-        cfg.validate().map_err(|msg| ModelError::Invalid(format!("{file}: invalid geometry: {msg}")))?;
+        cfg.validate()
+            .map_err(|msg| ModelError::Invalid(format!("{file}: invalid geometry: {msg}")))?;
         Ok(cfg)
     }
 
@@ -217,7 +247,10 @@ impl Config {
             u("attention.key_length", self.head_dim),
             u("attention.value_length", self.head_dim),
             (format!("{p}.rope.freq_base"), Value::F32(self.rope_theta)),
-            (format!("{p}.attention.layer_norm_rms_epsilon"), Value::F32(self.rms_eps)),
+            (
+                format!("{p}.attention.layer_norm_rms_epsilon"),
+                Value::F32(self.rms_eps),
+            ),
             u("expert_used_count", self.n_expert_used),
             u("expert_count", self.n_expert),
             u("expert_feed_forward_length", self.d_ff_expert),
@@ -233,14 +266,20 @@ struct Meta<'a> {
 
 impl Meta<'_> {
     fn err(&self, key: &str, msg: impl Into<String>) -> ModelError {
-        ModelError::Key { file: self.file.into(), key: format!("{}.{key}", self.prefix), msg: msg.into() }
+        ModelError::Key {
+            file: self.file.into(),
+            key: format!("{}.{key}", self.prefix),
+            msg: msg.into(),
+        }
     }
     fn get(&self, key: &str) -> Option<&Value> {
         self.h.get(&format!("{}.{key}", self.prefix))
     }
     fn usize(&self, key: &str) -> Result<usize> {
         let v = self.get(key).ok_or_else(|| self.err(key, "missing"))?;
-        v.as_u64().map(|x| x as usize).ok_or_else(|| self.err(key, format!("{v:?} is not a non-negative integer")))
+        v.as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| self.err(key, format!("{v:?} is not a non-negative integer")))
     }
     fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
         if self.get(key).is_none() {
@@ -250,7 +289,9 @@ impl Meta<'_> {
     }
     fn f32(&self, key: &str) -> Result<f32> {
         let v = self.get(key).ok_or_else(|| self.err(key, "missing"))?;
-        v.as_f64().map(|x| x as f32).ok_or_else(|| self.err(key, format!("{v:?} is not a number")))
+        v.as_f64()
+            .map(|x| x as f32)
+            .ok_or_else(|| self.err(key, format!("{v:?} is not a number")))
     }
     fn f32_or(&self, key: &str, default: f32) -> Result<f32> {
         if self.get(key).is_none() {

@@ -3,9 +3,17 @@ pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] q4moe_gguf::GgufError),
     #[error("{file}: metadata key {key}: {msg}")]
-    Key { file: String, key: String, msg: String },
+    Key {
+        file: String,
+        key: String,
+        msg: String,
+    },
     #[error("{file}: tensor {tensor}: {msg}")]
-    Tensor { file: String, tensor: String, msg: String },
+    Tensor {
+        file: String,
+        tensor: String,
+        msg: String,
+    },
     #[error("{file}: {msg}")]
     Unsupported { file: String, msg: String },
     #[error(transparent)]

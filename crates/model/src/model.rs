@@ -26,7 +26,9 @@ impl QTensor {
     }
     /// Bytes per row.
     pub fn row_bytes(&self) -> usize {
-        self.ty.row_bytes(self.dims[0]).expect("row length validated at load")
+        self.ty
+            .row_bytes(self.dims[0])
+            .expect("row length validated at load")
     }
     /// Rows in one 2-D slab (`dims[1]`); for 3-D expert tensors, rows per expert.
     pub fn rows(&self) -> usize {
@@ -90,7 +92,10 @@ impl Model {
         let file = GgufFile::open(path.as_ref())?;
         let fname = path.as_ref().display().to_string();
         let config = Config::from_gguf(&file.header, &fname)?;
-        let b = Binder { file: &file, fname: &fname };
+        let b = Binder {
+            file: &file,
+            fname: &fname,
+        };
         let (c, d) = (&config, config.d_model);
         let token_embd = b.bind("token_embd.weight", &[d, c.vocab_size], false)?;
         let output = match file.header.tensor_info("output.weight") {
@@ -98,16 +103,30 @@ impl Model {
             None => token_embd.clone(),
         };
         let output_norm = b.bind("output_norm.weight", &[d], true)?;
-        let layers = (0..c.n_layer).map(|i| b.layer(c, i)).collect::<Result<Vec<_>>>()?;
+        let layers = (0..c.n_layer)
+            .map(|i| b.layer(c, i))
+            .collect::<Result<Vec<_>>>()?;
         let tokenizer = crate::spec_from_gguf(&file.header, &fname)?;
         if tokenizer.tokens.len() > c.vocab_size {
             return Err(ModelError::Key {
                 file: fname,
                 key: "tokenizer.ggml.tokens".into(),
-                msg: format!("has {} tokens but the embedding has only {} rows", tokenizer.tokens.len(), c.vocab_size),
+                msg: format!(
+                    "has {} tokens but the embedding has only {} rows",
+                    tokenizer.tokens.len(),
+                    c.vocab_size
+                ),
             });
         }
-        Ok(Model { config, file, token_embd, output_norm, output, layers, tokenizer })
+        Ok(Model {
+            config,
+            file,
+            token_embd,
+            output_norm,
+            output,
+            layers,
+            tokenizer,
+        })
     }
 
     /// The bytes of a tensor.
@@ -130,7 +149,8 @@ impl Model {
     /// A 1-D f32 tensor (norm weights) as floats, dequantising if stored otherwise.
     pub fn vector_f32(&self, t: &QTensor) -> Vec<f32> {
         let mut out = vec![0f32; t.dims.iter().product()];
-        q4moe_gguf::quant::dequantize_row(t.ty, self.data(t), &mut out).expect("type validated at load");
+        q4moe_gguf::quant::dequantize_row(t.ty, self.data(t), &mut out)
+            .expect("type validated at load");
         out
     }
 
@@ -138,22 +158,34 @@ impl Model {
     pub fn bytes_per_token(&self) -> u64 {
         let c = &self.config;
         let per_layer = |l: &LayerTensors| {
-            let attn = [&l.attn_q, &l.attn_k, &l.attn_v, &l.attn_output, &l.ffn_gate_inp]
-                .iter()
-                .map(|t| t.n_bytes())
-                .sum::<usize>();
+            let attn = [
+                &l.attn_q,
+                &l.attn_k,
+                &l.attn_v,
+                &l.attn_output,
+                &l.ffn_gate_inp,
+            ]
+            .iter()
+            .map(|t| t.n_bytes())
+            .sum::<usize>();
             let experts = [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps]
                 .iter()
                 .map(|t| t.slab_bytes() * c.n_expert_used)
                 .sum::<usize>();
             (attn + experts) as u64
         };
-        self.layers.iter().map(per_layer).sum::<u64>() + self.output.n_bytes() as u64 + self.token_embd.row_bytes() as u64
+        self.layers.iter().map(per_layer).sum::<u64>()
+            + self.output.n_bytes() as u64
+            + self.token_embd.row_bytes() as u64
     }
 
     /// Total bytes of tensor data.
     pub fn weight_bytes(&self) -> u64 {
-        self.file.tensors().iter().filter_map(|t| t.n_bytes().ok()).sum()
+        self.file
+            .tensors()
+            .iter()
+            .filter_map(|t| t.n_bytes().ok())
+            .sum()
     }
 }
 
@@ -164,24 +196,50 @@ struct Binder<'a> {
 
 impl Binder<'_> {
     fn err(&self, tensor: &str, msg: impl Into<String>) -> ModelError {
-        ModelError::Tensor { file: self.fname.into(), tensor: tensor.into(), msg: msg.into() }
+        ModelError::Tensor {
+            file: self.fname.into(),
+            tensor: tensor.into(),
+            msg: msg.into(),
+        }
     }
 
     fn bind(&self, name: &str, dims: &[usize], is_norm: bool) -> Result<QTensor> {
-        let view = self.file.tensor(name).ok_or_else(|| self.err(name, "missing from the file"))?;
+        let view = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| self.err(name, "missing from the file"))?;
         let info = view.info;
         let got: Vec<usize> = info.dims.iter().map(|&d| d as usize).collect();
         if got != dims {
             return Err(self.err(name, format!("has shape {got:?}, expected {dims:?}")));
         }
         if !info.ggml_type.is_supported() {
-            return Err(self.err(name, format!("has unsupported quant type {}", info.ggml_type)));
+            return Err(self.err(
+                name,
+                format!("has unsupported quant type {}", info.ggml_type),
+            ));
         }
-        if is_norm && !matches!(info.ggml_type, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-            return Err(self.err(name, format!("is a norm vector stored as {}, expected F32", info.ggml_type)));
+        if is_norm
+            && !matches!(
+                info.ggml_type,
+                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
+            )
+        {
+            return Err(self.err(
+                name,
+                format!(
+                    "is a norm vector stored as {}, expected F32",
+                    info.ggml_type
+                ),
+            ));
         }
         let start = self.file.header.data_offset as usize + info.offset as usize;
-        Ok(QTensor { name: name.into(), ty: info.ggml_type, dims: got, range: start..start + view.data.len() })
+        Ok(QTensor {
+            name: name.into(),
+            ty: info.ggml_type,
+            dims: got,
+            range: start..start + view.data.len(),
+        })
     }
 
     fn layer(&self, c: &Config, i: usize) -> Result<LayerTensors> {
@@ -213,7 +271,10 @@ impl Model {
         let bytes = self.file.bytes();
         let bar = if progress && bytes.len() > 1 << 30 {
             let b = indicatif::ProgressBar::new(bytes.len() as u64);
-            b.set_style(indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes}").expect("static template"));
+            b.set_style(
+                indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes}")
+                    .expect("static template"),
+            );
             b
         } else {
             indicatif::ProgressBar::hidden()

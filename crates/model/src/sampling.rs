@@ -43,17 +43,31 @@ impl SamplingParams {
         self.temperature <= 0.0
     }
     pub fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
     }
     /// Names the first out-of-range field.
     pub fn validate(&self) -> Result<(), String> {
         let checks = [
-            ("temperature", self.temperature.is_finite() && self.temperature >= 0.0),
+            (
+                "temperature",
+                self.temperature.is_finite() && self.temperature >= 0.0,
+            ),
             ("top_p", self.top_p > 0.0 && self.top_p <= 1.0),
             ("min_p", (0.0..=1.0).contains(&self.min_p)),
-            ("repetition_penalty", self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0),
-            ("presence_penalty", (-2.0..=2.0).contains(&self.presence_penalty)),
-            ("frequency_penalty", (-2.0..=2.0).contains(&self.frequency_penalty)),
+            (
+                "repetition_penalty",
+                self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0,
+            ),
+            (
+                "presence_penalty",
+                (-2.0..=2.0).contains(&self.presence_penalty),
+            ),
+            (
+                "frequency_penalty",
+                (-2.0..=2.0).contains(&self.frequency_penalty),
+            ),
         ];
         match checks.iter().find(|(_, ok)| !ok) {
             Some((name, _)) => Err(format!("{name} is out of range")),
@@ -103,7 +117,11 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(params: SamplingParams, history: &[u32]) -> Self {
-        let mut s = Sampler { rng: Rng::new(params.seed), params, counts: HashMap::new() };
+        let mut s = Sampler {
+            rng: Rng::new(params.seed),
+            params,
+            counts: HashMap::new(),
+        };
         history.iter().for_each(|&t| s.observe(t));
         s
     }
@@ -115,7 +133,11 @@ impl Sampler {
     /// Samples a token and records it in the history. `logits` is modified (penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         self.apply_penalties(logits);
-        let token = if self.params.is_greedy() { argmax(logits) } else { self.sample_stochastic(logits) };
+        let token = if self.params.is_greedy() {
+            argmax(logits)
+        } else {
+            self.sample_stochastic(logits)
+        };
         self.observe(token);
         token
     }
@@ -126,9 +148,15 @@ impl Sampler {
             return;
         }
         for (&tok, &n) in &self.counts {
-            let Some(l) = logits.get_mut(tok as usize) else { continue };
+            let Some(l) = logits.get_mut(tok as usize) else {
+                continue;
+            };
             if p.repetition_penalty != 1.0 {
-                *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                *l = if *l > 0.0 {
+                    *l / p.repetition_penalty
+                } else {
+                    *l * p.repetition_penalty
+                };
             }
             *l -= p.presence_penalty + p.frequency_penalty * n as f32;
         }
@@ -136,8 +164,12 @@ impl Sampler {
 
     fn sample_stochastic(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        let mut cand: Vec<(u32, f32)> =
-            logits.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, &v)| (i as u32, v / p.temperature)).collect();
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(i, &v)| (i as u32, v / p.temperature))
+            .collect();
         if cand.is_empty() {
             return argmax(logits);
         }
@@ -152,10 +184,13 @@ impl Sampler {
         let mut keep = probs.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
-            keep = probs.iter().position(|&q| {
-                acc += q;
-                acc >= p.top_p
-            }).map_or(keep, |i| i + 1);
+            keep = probs
+                .iter()
+                .position(|&q| {
+                    acc += q;
+                    acc >= p.top_p
+                })
+                .map_or(keep, |i| i + 1);
         }
         if p.min_p > 0.0 {
             let floor = probs[0] * p.min_p;
@@ -186,13 +221,35 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy_and_seed_is_deterministic() {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
-        let p = SamplingParams { temperature: 0.8, top_k: 1, seed: 7, ..Default::default() };
-        assert_eq!(Sampler::new(p, &[]).sample(&mut logits.clone()), argmax(&logits));
-        let p = SamplingParams { temperature: 1.0, top_p: 0.9, seed: 42, ..Default::default() };
-        let a: Vec<u32> = { let mut s = Sampler::new(p.clone(), &[]); (0..20).map(|_| s.sample(&mut logits.clone())).collect() };
-        let b: Vec<u32> = { let mut s = Sampler::new(p, &[]); (0..20).map(|_| s.sample(&mut logits.clone())).collect() };
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_k: 1,
+            seed: 7,
+            ..Default::default()
+        };
+        assert_eq!(
+            Sampler::new(p, &[]).sample(&mut logits.clone()),
+            argmax(&logits)
+        );
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.9,
+            seed: 42,
+            ..Default::default()
+        };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p.clone(), &[]);
+            (0..20).map(|_| s.sample(&mut logits.clone())).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p, &[]);
+            (0..20).map(|_| s.sample(&mut logits.clone())).collect()
+        };
         assert_eq!(a, b);
-        assert!(a.iter().any(|&t| t != a[0]), "sampling at temperature 1 should vary: {a:?}");
+        assert!(
+            a.iter().any(|&t| t != a[0]),
+            "sampling at temperature 1 should vary: {a:?}"
+        );
     }
 
     #[test]
@@ -200,7 +257,12 @@ mod tests {
         let mut logits = vec![-10.0f32; 50];
         logits[3] = 5.0;
         logits[9] = 4.5;
-        let p = SamplingParams { temperature: 1.0, min_p: 0.05, seed: 1, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            min_p: 0.05,
+            seed: 1,
+            ..Default::default()
+        };
         let mut s = Sampler::new(p, &[]);
         for _ in 0..200 {
             let t = s.sample(&mut logits.clone());
@@ -210,7 +272,10 @@ mod tests {
 
     #[test]
     fn repetition_penalty_lowers_seen_tokens() {
-        let p = SamplingParams { repetition_penalty: 2.0, ..Default::default() };
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
         let mut s = Sampler::new(p, &[0]);
         let mut logits = vec![4.0, 3.0, -1.0];
         assert_eq!(s.sample(&mut logits), 1);

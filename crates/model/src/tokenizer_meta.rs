@@ -6,14 +6,26 @@ use q4moe_tokenizer::TokenizerSpec;
 use crate::{ModelError, Result};
 
 fn key_err(file: &str, key: &str, msg: impl Into<String>) -> ModelError {
-    ModelError::Key { file: file.into(), key: key.into(), msg: msg.into() }
+    ModelError::Key {
+        file: file.into(),
+        key: key.into(),
+        msg: msg.into(),
+    }
 }
 
 fn strings(h: &GgufHeader, file: &str, key: &str) -> Result<Vec<String>> {
-    let Some(v) = h.get(key) else { return Ok(Vec::new()) };
-    let arr = v.as_array().ok_or_else(|| key_err(file, key, "is not an array"))?;
+    let Some(v) = h.get(key) else {
+        return Ok(Vec::new());
+    };
+    let arr = v
+        .as_array()
+        .ok_or_else(|| key_err(file, key, "is not an array"))?;
     arr.iter()
-        .map(|x| x.as_str().map(str::to_string).ok_or_else(|| key_err(file, key, "holds a non-string element")))
+        .map(|x| {
+            x.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| key_err(file, key, "holds a non-string element"))
+        })
         .collect()
 }
 
@@ -30,7 +42,8 @@ fn opt_u32(h: &GgufHeader, file: &str, key: &str) -> Result<Option<u32>> {
 
 pub fn spec_from_gguf(h: &GgufHeader, file: &str) -> Result<TokenizerSpec> {
     let s = |key: &str| h.get(key).and_then(Value::as_str).map(str::to_string);
-    let model = s("tokenizer.ggml.model").ok_or_else(|| key_err(file, "tokenizer.ggml.model", "missing"))?;
+    let model = s("tokenizer.ggml.model")
+        .ok_or_else(|| key_err(file, "tokenizer.ggml.model", "missing"))?;
     let tokens = strings(h, file, "tokenizer.ggml.tokens")?;
     if tokens.is_empty() {
         return Err(key_err(file, "tokenizer.ggml.tokens", "missing or empty"));
@@ -43,7 +56,13 @@ pub fn spec_from_gguf(h: &GgufHeader, file: &str) -> Result<TokenizerSpec> {
             .iter()
             .map(|x| x.as_i64().map(|t| t as i32))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| key_err(file, "tokenizer.ggml.token_type", "holds a non-integer element"))?,
+            .ok_or_else(|| {
+                key_err(
+                    file,
+                    "tokenizer.ggml.token_type",
+                    "holds a non-integer element",
+                )
+            })?,
     };
     let eos_id = opt_u32(h, file, "tokenizer.ggml.eos_token_id")?
         .ok_or_else(|| key_err(file, "tokenizer.ggml.eos_token_id", "missing"))?;
@@ -56,22 +75,43 @@ pub fn spec_from_gguf(h: &GgufHeader, file: &str) -> Result<TokenizerSpec> {
         bos_id: opt_u32(h, file, "tokenizer.ggml.bos_token_id")?,
         eos_id,
         pad_id: opt_u32(h, file, "tokenizer.ggml.padding_token_id")?,
-        add_bos: h.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(false),
+        add_bos: h
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         chat_template: s("tokenizer.chat_template"),
     })
 }
 
 pub fn spec_to_metadata(spec: &TokenizerSpec) -> Vec<(String, Value)> {
     let mut m = vec![
-        ("tokenizer.ggml.model".to_string(), Value::String(spec.model.clone())),
-        ("tokenizer.ggml.pre".to_string(), Value::String(spec.pre.clone())),
-        ("tokenizer.ggml.tokens".to_string(), Value::string_array(spec.tokens.iter().cloned())),
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String(spec.model.clone()),
+        ),
+        (
+            "tokenizer.ggml.pre".to_string(),
+            Value::String(spec.pre.clone()),
+        ),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Value::string_array(spec.tokens.iter().cloned()),
+        ),
         (
             "tokenizer.ggml.token_type".to_string(),
-            Value::Array(ValueType::I32, spec.token_types.iter().map(|&t| Value::I32(t)).collect()),
+            Value::Array(
+                ValueType::I32,
+                spec.token_types.iter().map(|&t| Value::I32(t)).collect(),
+            ),
         ),
-        ("tokenizer.ggml.merges".to_string(), Value::string_array(spec.merges.iter().cloned())),
-        ("tokenizer.ggml.eos_token_id".to_string(), Value::U32(spec.eos_id)),
+        (
+            "tokenizer.ggml.merges".to_string(),
+            Value::string_array(spec.merges.iter().cloned()),
+        ),
+        (
+            "tokenizer.ggml.eos_token_id".to_string(),
+            Value::U32(spec.eos_id),
+        ),
     ];
     if let Some(b) = spec.bos_id {
         m.push(("tokenizer.ggml.bos_token_id".into(), Value::U32(b)));
@@ -79,7 +119,10 @@ pub fn spec_to_metadata(spec: &TokenizerSpec) -> Vec<(String, Value)> {
     if let Some(p) = spec.pad_id {
         m.push(("tokenizer.ggml.padding_token_id".into(), Value::U32(p)));
     }
-    m.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(spec.add_bos)));
+    m.push((
+        "tokenizer.ggml.add_bos_token".into(),
+        Value::Bool(spec.add_bos),
+    ));
     if let Some(t) = &spec.chat_template {
         m.push(("tokenizer.chat_template".into(), Value::String(t.clone())));
     }

@@ -16,17 +16,31 @@ fn tiny(dir: &Path) -> PathBuf {
 }
 
 /// Copies `src` to a new file after letting `edit` change the metadata and tensors.
-fn rewrite(src: &Path, dir: &Path, edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<Tensor>)) -> PathBuf {
+fn rewrite(
+    src: &Path,
+    dir: &Path,
+    edit: impl FnOnce(&mut Vec<(String, Value)>, &mut Vec<Tensor>),
+) -> PathBuf {
     let f = GgufFile::open(src).unwrap();
     let mut meta = f.header.metadata.clone();
     let mut tensors: Vec<Tensor> = f
         .tensors()
         .iter()
-        .map(|t| (t.name.clone(), t.dims.clone(), t.ggml_type, f.tensor(&t.name).unwrap().data.to_vec()))
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.dims.clone(),
+                t.ggml_type,
+                f.tensor(&t.name).unwrap().data.to_vec(),
+            )
+        })
         .collect();
     edit(&mut meta, &mut tensors);
     let out = dir.join("edited.gguf");
-    let dirs = tensors.iter().map(|(n, d, t, _)| (n.clone(), d.clone(), *t)).collect();
+    let dirs = tensors
+        .iter()
+        .map(|(n, d, t, _)| (n.clone(), d.clone(), *t))
+        .collect();
     let mut w = GgufWriter::new(std::fs::File::create(&out).unwrap(), &meta, dirs).unwrap();
     for (n, _, _, data) in &tensors {
         w.write_tensor_data(n, data).unwrap();
@@ -48,7 +62,11 @@ fn synthetic_model_loads_with_its_geometry_and_q4_k_m_mix() {
     let m = Model::load(tiny(dir.path())).unwrap();
     assert_eq!(m.config, Config::tiny());
     assert_eq!(m.output.ty, GgmlType::Q6_K);
-    assert_eq!(m.layers[1].attn_v.ty, GgmlType::Q6_K, "layer 1 of 2 uses more bits");
+    assert_eq!(
+        m.layers[1].attn_v.ty,
+        GgmlType::Q6_K,
+        "layer 1 of 2 uses more bits"
+    );
     assert_eq!(m.layers[0].attn_v.ty, GgmlType::Q4_K);
     assert_eq!(m.layers[0].attn_q.ty, GgmlType::Q4_K);
     assert_eq!(m.tokenizer.tokens.len(), Config::tiny().vocab_size);
@@ -58,21 +76,32 @@ fn synthetic_model_loads_with_its_geometry_and_q4_k_m_mix() {
 #[test]
 fn missing_tensor_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let p = rewrite(&tiny(dir.path()), dir.path(), |_, t| t.retain(|x| x.0 != "blk.1.ffn_up_exps.weight"));
+    let p = rewrite(&tiny(dir.path()), dir.path(), |_, t| {
+        t.retain(|x| x.0 != "blk.1.ffn_up_exps.weight")
+    });
     let e = load_err(&p);
-    assert!(e.contains("blk.1.ffn_up_exps.weight") && e.contains("missing"), "{e}");
+    assert!(
+        e.contains("blk.1.ffn_up_exps.weight") && e.contains("missing"),
+        "{e}"
+    );
 }
 
 #[test]
 fn wrong_shape_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let p = rewrite(&tiny(dir.path()), dir.path(), |_, t| {
-        let x = t.iter_mut().find(|x| x.0 == "blk.0.attn_k_norm.weight").unwrap();
+        let x = t
+            .iter_mut()
+            .find(|x| x.0 == "blk.0.attn_k_norm.weight")
+            .unwrap();
         x.1 = vec![32];
         x.3.truncate(32 * 4);
     });
     let e = load_err(&p);
-    assert!(e.contains("blk.0.attn_k_norm.weight") && e.contains("shape"), "{e}");
+    assert!(
+        e.contains("blk.0.attn_k_norm.weight") && e.contains("shape"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -80,19 +109,33 @@ fn unsupported_architecture_and_missing_key_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let src = tiny(dir.path());
     let p = rewrite(&src, dir.path(), |m, _| {
-        m.iter_mut().find(|(k, _)| k == "general.architecture").unwrap().1 = Value::String("llama".into());
+        m.iter_mut()
+            .find(|(k, _)| k == "general.architecture")
+            .unwrap()
+            .1 = Value::String("llama".into());
     });
     let e = load_err(&p);
     assert!(e.contains("llama") && e.contains("not supported"), "{e}");
-    let p = rewrite(&src, dir.path(), |m, _| m.retain(|(k, _)| k != "qwen3moe.expert_used_count"));
-    let e = load_err(&p);
-    assert!(e.contains("qwen3moe.expert_used_count") && e.contains("missing"), "{e}");
     let p = rewrite(&src, dir.path(), |m, _| {
-        m.iter_mut().find(|(k, _)| k == "qwen3moe.expert_used_count").unwrap().1 = Value::U32(99);
+        m.retain(|(k, _)| k != "qwen3moe.expert_used_count")
+    });
+    let e = load_err(&p);
+    assert!(
+        e.contains("qwen3moe.expert_used_count") && e.contains("missing"),
+        "{e}"
+    );
+    let p = rewrite(&src, dir.path(), |m, _| {
+        m.iter_mut()
+            .find(|(k, _)| k == "qwen3moe.expert_used_count")
+            .unwrap()
+            .1 = Value::U32(99);
     });
     assert!(load_err(&p).contains("expert_used_count"));
     let p = rewrite(&src, dir.path(), |m, _| {
-        m.iter_mut().find(|(k, _)| k == "qwen3moe.block_count").unwrap().1 = Value::String("two".into());
+        m.iter_mut()
+            .find(|(k, _)| k == "qwen3moe.block_count")
+            .unwrap()
+            .1 = Value::String("two".into());
     });
     assert!(load_err(&p).contains("qwen3moe.block_count"));
 }
@@ -107,13 +150,20 @@ fn unsupported_quant_type_is_named() {
         x.3 = vec![0x11; x.3.len() / 144 * 176];
     });
     let e = load_err(&p);
-    assert!(e.contains("blk.0.attn_q.weight") && e.contains("Q5_K"), "{e}");
+    assert!(
+        e.contains("blk.0.attn_q.weight") && e.contains("Q5_K"),
+        "{e}"
+    );
 }
 
 #[test]
 fn synth_is_deterministic_from_the_seed() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, b, c) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"));
+    let (a, b, c) = (
+        dir.path().join("a"),
+        dir.path().join("b"),
+        dir.path().join("c"),
+    );
     synth::write(&a, &Config::tiny(), SynthQuant::Q4_0, 5, false).unwrap();
     synth::write(&b, &Config::tiny(), SynthQuant::Q4_0, 5, false).unwrap();
     synth::write(&c, &Config::tiny(), SynthQuant::Q4_0, 6, false).unwrap();
@@ -125,7 +175,12 @@ fn synth_is_deterministic_from_the_seed() {
 #[test]
 fn synth_rejects_dimensions_that_do_not_fit_the_blocks() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Config { d_model: 96, ..Config::tiny() };
-    let e = synth::write(&dir.path().join("x.gguf"), &cfg, SynthQuant::Q4_K, 0, false).unwrap_err().to_string();
+    let cfg = Config {
+        d_model: 96,
+        ..Config::tiny()
+    };
+    let e = synth::write(&dir.path().join("x.gguf"), &cfg, SynthQuant::Q4_K, 0, false)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("block size"), "{e}");
 }

@@ -14,10 +14,13 @@ use serde_json::{json, Value};
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
-const PROMPT: &str = "The history of the mixture of experts architecture begins with a simple idea:";
+const PROMPT: &str =
+    "The history of the mixture of experts architecture begins with a simple idea:";
 
 /// Each request's number, least significant digit first, opens its prompt: neighbours differ in
 /// the first character, so no request reuses more than a token of another's KV (fair prefill).
@@ -33,7 +36,11 @@ fn stats(xs: &[f64]) -> Value {
 }
 
 /// Steady decode tok/s of the engine alone (first token excluded) and its first-token latency.
-fn isolated(engine: &mut Engine, tokens: usize, runs: usize) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+fn isolated(
+    engine: &mut Engine,
+    tokens: usize,
+    runs: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let (mut rates, mut ttft) = (Vec::new(), Vec::new());
     for i in 0..=runs {
         let mut req = GenerateRequest::new(engine.encode_prompt(&prompt(1000 + i))?, tokens);
@@ -56,24 +63,41 @@ struct StreamTiming {
     tokens: usize,
 }
 
-async fn one_stream(http: &reqwest::Client, base: &str, i: usize, tokens: usize) -> anyhow::Result<StreamTiming> {
+async fn one_stream(
+    http: &reqwest::Client,
+    base: &str,
+    i: usize,
+    tokens: usize,
+) -> anyhow::Result<StreamTiming> {
     let body = json!({
         "prompt": prompt(i), "max_tokens": tokens, "temperature": 0, "ignore_eos": true,
         "stream": true, "stream_options": { "include_usage": true },
     });
     let t0 = Instant::now();
-    let r = http.post(format!("{base}/v1/completions")).json(&body).send().await?.error_for_status()?;
+    let r = http
+        .post(format!("{base}/v1/completions"))
+        .json(&body)
+        .send()
+        .await?
+        .error_for_status()?;
     let mut bytes = r.bytes_stream();
     let (mut first, mut last, mut n, mut buf) = (None, t0, 0, String::new());
     while let Some(chunk) = bytes.next().await {
         buf.push_str(&String::from_utf8_lossy(&chunk?));
         while let Some(end) = buf.find("\n\n") {
             let event: String = buf.drain(..end + 2).collect();
-            let Some(data) = event.trim().strip_prefix("data: ") else { continue };
-            let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+            let Some(data) = event.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
             if let Some(u) = v["usage"]["completion_tokens"].as_u64() {
                 n = u as usize;
-            } else if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
+            } else if v["choices"][0]["text"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+            {
                 let now = Instant::now();
                 first.get_or_insert(now);
                 last = now;
@@ -81,11 +105,21 @@ async fn one_stream(http: &reqwest::Client, base: &str, i: usize, tokens: usize)
         }
     }
     let first = first.ok_or_else(|| anyhow::anyhow!("stream {i} produced no text"))?;
-    Ok(StreamTiming { ttft: first - t0, decode: last - first, tokens: n })
+    Ok(StreamTiming {
+        ttft: first - t0,
+        decode: last - first,
+        tokens: n,
+    })
 }
 
 /// `c` streams at once: aggregate tok/s over the wall time, and each stream's time to first token.
-async fn concurrent(http: &reqwest::Client, base: &str, c: usize, tokens: usize, seed: usize) -> anyhow::Result<(f64, Vec<f64>)> {
+async fn concurrent(
+    http: &reqwest::Client,
+    base: &str,
+    c: usize,
+    tokens: usize,
+    seed: usize,
+) -> anyhow::Result<(f64, Vec<f64>)> {
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..c)
         .map(|k| {
@@ -105,13 +139,30 @@ async fn concurrent(http: &reqwest::Client, base: &str, c: usize, tokens: usize,
 
 /// The server's own decode-time record: (sum of per-request mean seconds per token, requests).
 async fn server_tpot(http: &reqwest::Client, base: &str) -> anyhow::Result<(f64, f64)> {
-    let text = http.get(format!("{base}/metrics")).send().await?.text().await?;
-    let get = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0);
-    Ok((get("q4moe_time_per_output_token_seconds_sum "), get("q4moe_time_per_output_token_seconds_count ")))
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let get = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((
+        get("q4moe_time_per_output_token_seconds_sum "),
+        get("q4moe_time_per_output_token_seconds_count "),
+    ))
 }
 
 fn date() -> String {
-    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64 / 86400;
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+        / 86400;
     // Howard Hinnant's civil_from_days.
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -125,23 +176,36 @@ fn date() -> String {
 }
 
 fn machine() -> Value {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()));
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).ok();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("model name"))
+            .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+    });
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok();
     json!({ "cpu": cpu, "threads": std::thread::available_parallelism().map(|n| n.get()).ok(), "hostname": host })
 }
 
 fn commit() -> Option<String> {
-    let out = std::process::Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let out = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let tokens: usize = arg("--tokens").map_or(Ok(64), |s| s.parse())?;
     let runs: usize = arg("--runs").map_or(Ok(5), |s| s.parse())?.max(1);
-    let levels: Vec<usize> = arg("--concurrency").unwrap_or_else(|| "1,4,16".into()).split(',').map(str::parse).collect::<Result<_, _>>()?;
+    let levels: Vec<usize> = arg("--concurrency")
+        .unwrap_or_else(|| "1,4,16".into())
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
     let dir = tempfile::tempdir()?;
     let (model_path, quant) = match arg("--model") {
         Some(m) => (m.into(), "from file".to_string()),
@@ -149,20 +213,40 @@ async fn main() -> anyhow::Result<()> {
             let geometry = arg("--geometry").unwrap_or_else(|| "mid".into());
             let path = dir.path().join(format!("{geometry}.gguf"));
             eprintln!("writing a synthetic {geometry} model (q4_0)");
-            q4moe_model::synth::write(&path, &q4moe_model::Config::geometry(&geometry)?, q4moe_model::synth::SynthQuant::Q4_0, 0, false)?;
+            q4moe_model::synth::write(
+                &path,
+                &q4moe_model::Config::geometry(&geometry)?,
+                q4moe_model::synth::SynthQuant::Q4_0,
+                0,
+                false,
+            )?;
             (path, "q4_0 (synthetic)".to_string())
         }
     };
     let device = Device::parse(&arg("--device").unwrap_or_else(|| "auto".into()))?;
-    let mut engine = Engine::load(&model_path, &EngineOptions { device, ..Default::default() })?;
+    let mut engine = Engine::load(
+        &model_path,
+        &EngineOptions {
+            device,
+            ..Default::default()
+        },
+    )?;
     let info = engine.backend().info();
     let c = engine.model.config.clone();
-    eprintln!("backend {} ({}); isolated engine, {runs} runs of {tokens} tokens", info.kind, info.device);
+    eprintln!(
+        "backend {} ({}); isolated engine, {runs} runs of {tokens} tokens",
+        info.kind, info.device
+    );
     let (iso_rate, iso_ttft) = isolated(&mut engine, tokens, runs)?;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(q4moe_server::serve_on(listener, engine, ServeConfig::default(), std::future::pending()));
+    tokio::spawn(q4moe_server::serve_on(
+        listener,
+        engine,
+        ServeConfig::default(),
+        std::future::pending(),
+    ));
     let http = reqwest::Client::new();
     one_stream(&http, &base, 0, tokens).await?; // warm-up
     eprintln!("HTTP single stream");
@@ -182,11 +266,14 @@ async fn main() -> anyhow::Result<()> {
         eprintln!("HTTP {level} concurrent streams");
         let (mut agg, mut t) = (Vec::new(), Vec::new());
         for r in 0..runs {
-            let (a, tt) = concurrent(&http, &base, level, tokens, 10_000 * (r + 1) + 100 * level).await?;
+            let (a, tt) =
+                concurrent(&http, &base, level, tokens, 10_000 * (r + 1) + 100 * level).await?;
             agg.push(a);
             t.extend(tt);
         }
-        conc.push(json!({ "streams": level, "aggregate_tok_s": stats(&agg), "ttft_ms": stats(&t) }));
+        conc.push(
+            json!({ "streams": level, "aggregate_tok_s": stats(&agg), "ttft_ms": stats(&t) }),
+        );
     }
     let record = json!({
         "bench": "serve_bench",

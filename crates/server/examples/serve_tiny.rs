@@ -8,7 +8,9 @@ use q4moe_server::ServeConfig;
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
 #[tokio::main]
@@ -18,18 +20,35 @@ async fn main() -> anyhow::Result<()> {
         Some(m) => m.into(),
         None => {
             let path = dir.path().join("tiny.gguf");
-            q4moe_model::synth::write(&path, &q4moe_model::Config::tiny(), q4moe_model::synth::SynthQuant::Q4_0, 0, false)?;
+            q4moe_model::synth::write(
+                &path,
+                &q4moe_model::Config::tiny(),
+                q4moe_model::synth::SynthQuant::Q4_0,
+                0,
+                false,
+            )?;
             path
         }
     };
     let device = Device::parse(&arg("--device").unwrap_or_else(|| "cpu".into()))?;
-    let engine = Engine::load(&model, &EngineOptions { device, ..Default::default() })?;
+    let engine = Engine::load(
+        &model,
+        &EngineOptions {
+            device,
+            ..Default::default()
+        },
+    )?;
     let cfg = ServeConfig {
         port: arg("--port").map_or(Ok(8080), |p| p.parse())?,
         api_key: arg("--api-key"),
         model_name: arg("--model-name").unwrap_or_else(|| "q4moe".into()),
         ..Default::default()
     };
-    eprintln!("serving {} on http://{}:{}", model.display(), cfg.host, cfg.port);
+    eprintln!(
+        "serving {} on http://{}:{}",
+        model.display(),
+        cfg.host,
+        cfg.port
+    );
     q4moe_server::serve(engine, cfg).await
 }

@@ -30,7 +30,11 @@ impl ApiError {
 
     /// A 400 about the request as a whole (malformed JSON, invalid UTF-8).
     pub fn bad_body(message: impl Into<String>) -> Self {
-        ApiError { param: None, code: Some("invalid_body"), ..Self::invalid("", message) }
+        ApiError {
+            param: None,
+            code: Some("invalid_body"),
+            ..Self::invalid("", message)
+        }
     }
 
     pub fn with_status(mut self, status: StatusCode, code: &'static str) -> Self {
@@ -50,8 +54,11 @@ impl ApiError {
     }
 
     pub fn unknown_model(name: &str, served: &str) -> Self {
-        Self::invalid("model", format!("the model '{name}' does not exist; this server serves '{served}'"))
-            .with_status(StatusCode::NOT_FOUND, "model_not_found")
+        Self::invalid(
+            "model",
+            format!("the model '{name}' does not exist; this server serves '{served}'"),
+        )
+        .with_status(StatusCode::NOT_FOUND, "model_not_found")
     }
 
     /// The engine's queue is full: the request was not accepted, so the client may retry.
@@ -92,7 +99,9 @@ pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError
     match e {
         E::PromptTooLong { prompt, context } => ApiError::invalid(
             prompt_param,
-            format!("the prompt is {prompt} tokens; this model's context holds {context} positions"),
+            format!(
+                "the prompt is {prompt} tokens; this model's context holds {context} positions"
+            ),
         )
         .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded"),
         E::Invalid(msg) => ApiError::invalid(prompt_param, msg),

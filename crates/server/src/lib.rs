@@ -48,7 +48,9 @@ impl Default for ServeConfig {
 
 /// The application over an engine worker (tests bind it to their own listener).
 pub fn router(handle: EngineHandle, cfg: &ServeConfig) -> Router {
-    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let app = Arc::new(routes::AppState {
         engine: handle,
         model_name: cfg.model_name.clone(),
@@ -59,13 +61,19 @@ pub fn router(handle: EngineHandle, cfg: &ServeConfig) -> Router {
         .route("/v1/chat/completions", post(routes::chat_completions))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/models", get(routes::models))
-        .route_layer(axum::middleware::from_fn_with_state(app.clone(), routes::require_key));
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            routes::require_key,
+        ));
     Router::new()
         .merge(v1)
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .fallback(routes::not_found)
-        .layer(axum::middleware::from_fn_with_state(app.clone(), routes::observe))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            routes::observe,
+        ))
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
         .with_state(app)
 }
@@ -86,8 +94,14 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let handle = EngineHandle::spawn(engine, cfg.queue_capacity);
-    tracing::info!("serving '{}' on http://{}", cfg.model_name, listener.local_addr()?);
-    axum::serve(listener, router(handle, &cfg)).with_graceful_shutdown(shutdown).await?;
+    tracing::info!(
+        "serving '{}' on http://{}",
+        cfg.model_name,
+        listener.local_addr()?
+    );
+    axum::serve(listener, router(handle, &cfg))
+        .with_graceful_shutdown(shutdown)
+        .await?;
     Ok(())
 }
 

@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Upper bounds in seconds, wide enough for a CPU tiny model and a GPU 30B alike.
-const TTFT_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+const TTFT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 const TPOT_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 
 struct Histogram {
@@ -19,11 +21,19 @@ struct Histogram {
 
 impl Histogram {
     fn new(bounds: &'static [f64]) -> Self {
-        Histogram { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0 }
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+        }
     }
 
     fn observe(&mut self, v: f64) {
-        let i = self.bounds.iter().position(|&b| v <= b).unwrap_or(self.bounds.len());
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| v <= b)
+            .unwrap_or(self.bounds.len());
         self.counts[i] += 1;
         self.sum += v;
     }
@@ -33,7 +43,10 @@ impl Histogram {
         let mut cum = 0;
         for (i, c) in self.counts.iter().enumerate() {
             cum += c;
-            let le = self.bounds.get(i).map_or("+Inf".to_string(), |b| b.to_string());
+            let le = self
+                .bounds
+                .get(i)
+                .map_or("+Inf".to_string(), |b| b.to_string());
             let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cum}");
         }
         let _ = writeln!(out, "{name}_sum {}\n{name}_count {cum}", self.sum);
@@ -74,7 +87,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Metrics {
     pub fn request(&self, endpoint: &str, status: u16) {
-        *lock(&self.requests).entry((endpoint.to_string(), status)).or_default() += 1;
+        *lock(&self.requests)
+            .entry((endpoint.to_string(), status))
+            .or_default() += 1;
     }
 
     pub fn queue_delta(&self, d: i64) {
@@ -90,10 +105,20 @@ impl Metrics {
     }
 
     /// One finished generation: token counts, time to first token, mean time per later token.
-    pub fn generation(&self, prompt: usize, cached: usize, completion: usize, ttft: Option<f64>, tpot: Option<f64>) {
-        self.prompt_tokens.fetch_add(prompt as u64, Ordering::Relaxed);
-        self.cached_tokens.fetch_add(cached as u64, Ordering::Relaxed);
-        self.completion_tokens.fetch_add(completion as u64, Ordering::Relaxed);
+    pub fn generation(
+        &self,
+        prompt: usize,
+        cached: usize,
+        completion: usize,
+        ttft: Option<f64>,
+        tpot: Option<f64>,
+    ) {
+        self.prompt_tokens
+            .fetch_add(prompt as u64, Ordering::Relaxed);
+        self.cached_tokens
+            .fetch_add(cached as u64, Ordering::Relaxed);
+        self.completion_tokens
+            .fetch_add(completion as u64, Ordering::Relaxed);
         if let Some(t) = ttft {
             lock(&self.ttft).observe(t);
         }
@@ -106,24 +131,55 @@ impl Metrics {
         let mut out = String::new();
         out.push_str("# HELP q4moe_requests_total HTTP requests by endpoint and status.\n# TYPE q4moe_requests_total counter\n");
         for ((ep, st), n) in lock(&self.requests).iter() {
-            let _ = writeln!(out, "q4moe_requests_total{{endpoint=\"{ep}\",status=\"{st}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "q4moe_requests_total{{endpoint=\"{ep}\",status=\"{st}\"}} {n}"
+            );
         }
         let counters = [
-            ("q4moe_prompt_tokens_total", "Prompt tokens processed (cached ones included).", &self.prompt_tokens),
-            ("q4moe_cached_prompt_tokens_total", "Prompt tokens whose KV was reused.", &self.cached_tokens),
-            ("q4moe_completion_tokens_total", "Tokens generated.", &self.completion_tokens),
-            ("q4moe_cancelled_total", "Generations stopped because the client went away.", &self.cancelled),
+            (
+                "q4moe_prompt_tokens_total",
+                "Prompt tokens processed (cached ones included).",
+                &self.prompt_tokens,
+            ),
+            (
+                "q4moe_cached_prompt_tokens_total",
+                "Prompt tokens whose KV was reused.",
+                &self.cached_tokens,
+            ),
+            (
+                "q4moe_completion_tokens_total",
+                "Tokens generated.",
+                &self.completion_tokens,
+            ),
+            (
+                "q4moe_cancelled_total",
+                "Generations stopped because the client went away.",
+                &self.cancelled,
+            ),
         ];
         for (name, help, v) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", v.load(Ordering::Relaxed));
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Ordering::Relaxed)
+            );
         }
         let _ = writeln!(
             out,
             "# HELP q4moe_queue_depth Requests waiting for the engine.\n# TYPE q4moe_queue_depth gauge\nq4moe_queue_depth {}",
             self.queue_depth()
         );
-        lock(&self.ttft).render("q4moe_time_to_first_token_seconds", "From acceptance to the first generated token.", &mut out);
-        lock(&self.tpot).render("q4moe_time_per_output_token_seconds", "Mean decode time per token after the first, per request.", &mut out);
+        lock(&self.ttft).render(
+            "q4moe_time_to_first_token_seconds",
+            "From acceptance to the first generated token.",
+            &mut out,
+        );
+        lock(&self.tpot).render(
+            "q4moe_time_per_output_token_seconds",
+            "Mean decode time per token after the first, per request.",
+            &mut out,
+        );
         out
     }
 }

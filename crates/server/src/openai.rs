@@ -51,7 +51,9 @@ pub fn parse_body(body: &[u8]) -> Result<Obj, ApiError> {
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(o)) => Ok(o),
         Ok(_) => Err(ApiError::bad_body("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_body(format!("the request body is not valid JSON: {e}"))),
+        Err(e) => Err(ApiError::bad_body(format!(
+            "the request body is not valid JSON: {e}"
+        ))),
     }
 }
 
@@ -61,32 +63,52 @@ fn present<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
 
 fn opt_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
     present(o, name)
-        .map(|v| v.as_f64().map(|x| x as f32).ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a number"))))
+        .map(|v| {
+            v.as_f64()
+                .map(|x| x as f32)
+                .ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a number")))
+        })
         .transpose()
 }
 
 fn opt_uint(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
     present(o, name)
-        .map(|v| v.as_u64().ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a non-negative integer"))))
+        .map(|v| {
+            v.as_u64().ok_or_else(|| {
+                ApiError::invalid(name, format!("'{name}' must be a non-negative integer"))
+            })
+        })
         .transpose()
 }
 
 fn opt_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
     present(o, name)
-        .map(|v| v.as_bool().ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a boolean"))))
+        .map(|v| {
+            v.as_bool()
+                .ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a boolean")))
+        })
         .transpose()
 }
 
 fn opt_str(o: &Obj, name: &str) -> Result<Option<String>, ApiError> {
     present(o, name)
-        .map(|v| v.as_str().map(String::from).ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a string"))))
+        .map(|v| {
+            v.as_str()
+                .map(String::from)
+                .ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a string")))
+        })
         .transpose()
 }
 
 fn in_range(name: &str, v: f32, lo: f32, hi: f32, lo_open: bool) -> Result<f32, ApiError> {
     let ok = v.is_finite() && v <= hi && if lo_open { v > lo } else { v >= lo };
-    let bound = if lo_open { format!("({lo}, {hi}]") } else { format!("[{lo}, {hi}]") };
-    ok.then_some(v).ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be in {bound}, got {v}")))
+    let bound = if lo_open {
+        format!("({lo}, {hi}]")
+    } else {
+        format!("[{lo}, {hi}]")
+    };
+    ok.then_some(v)
+        .ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be in {bound}, got {v}")))
 }
 
 fn sampling(o: &Obj) -> Result<SamplingParams, ApiError> {
@@ -116,17 +138,25 @@ fn sampling(o: &Obj) -> Result<SamplingParams, ApiError> {
 
 fn fresh_seed() -> u64 {
     use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 fn stop_list(o: &Obj) -> Result<Vec<String>, ApiError> {
-    let bad = || ApiError::invalid("stop", "'stop' must be a string or an array of at most 16 strings");
+    let bad = || {
+        ApiError::invalid(
+            "stop",
+            "'stop' must be a string or an array of at most 16 strings",
+        )
+    };
     match present(o, "stop") {
         None => Ok(Vec::new()),
         Some(Value::String(s)) => Ok(vec![s.clone()]),
-        Some(Value::Array(items)) if items.len() <= 16 => {
-            items.iter().map(|v| v.as_str().map(String::from).ok_or_else(bad)).collect()
-        }
+        Some(Value::Array(items)) if items.len() <= 16 => items
+            .iter()
+            .map(|v| v.as_str().map(String::from).ok_or_else(bad))
+            .collect(),
         Some(_) => Err(bad()),
     }
 }
@@ -143,15 +173,27 @@ fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
         None => ("max_tokens", opt_uint(o, "max_tokens")?),
     };
     if max == Some(0) {
-        return Err(ApiError::invalid(name, format!("'{name}' must be at least 1")));
+        return Err(ApiError::invalid(
+            name,
+            format!("'{name}' must be at least 1"),
+        ));
     }
     let include_usage = match present(o, "stream_options") {
         None => false,
-        Some(Value::Object(so)) => opt_bool(so, "include_usage").map_err(|_| {
-            ApiError::invalid("stream_options.include_usage", "'stream_options.include_usage' must be a boolean")
-        })?
-        .unwrap_or(false),
-        Some(_) => return Err(ApiError::invalid("stream_options", "'stream_options' must be an object")),
+        Some(Value::Object(so)) => opt_bool(so, "include_usage")
+            .map_err(|_| {
+                ApiError::invalid(
+                    "stream_options.include_usage",
+                    "'stream_options.include_usage' must be a boolean",
+                )
+            })?
+            .unwrap_or(false),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "'stream_options' must be an object",
+            ))
+        }
     };
     Ok(GenParams {
         max_tokens: max.map(|m| m.min(usize::MAX as u64) as usize),
@@ -166,15 +208,25 @@ fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
 
 /// Message content: a string, or an array of `{"type": "text", "text": ...}` parts.
 fn content_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
-    let bad = || ApiError::invalid(at, format!("'{at}' must be a string or an array of text parts"));
+    let bad = || {
+        ApiError::invalid(
+            at,
+            format!("'{at}' must be a string or an array of text parts"),
+        )
+    };
     match v {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Array(parts)) => parts
             .iter()
-            .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                (Some("text"), Some(t)) => Ok(t),
-                _ => Err(bad()),
+            .map(|p| {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => Ok(t),
+                    _ => Err(bad()),
+                }
             })
             .collect::<Result<Vec<_>, _>>()
             .map(|t| t.concat()),
@@ -184,34 +236,59 @@ fn content_text(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
 
 fn message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
     let at = |f: &str| format!("messages[{i}].{f}");
-    let o = v.as_object().ok_or_else(|| ApiError::invalid(format!("messages[{i}]"), "each message must be an object"))?;
+    let o = v.as_object().ok_or_else(|| {
+        ApiError::invalid(format!("messages[{i}]"), "each message must be an object")
+    })?;
     let role = match o.get("role").and_then(Value::as_str) {
         Some("developer") => "system",
         Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
-        _ => return Err(ApiError::invalid(at("role"), "'role' must be one of system, developer, user, assistant, tool")),
+        _ => {
+            return Err(ApiError::invalid(
+                at("role"),
+                "'role' must be one of system, developer, user, assistant, tool",
+            ))
+        }
     };
-    if role != "assistant" && !matches!(o.get("content"), Some(Value::String(_) | Value::Array(_))) {
-        return Err(ApiError::invalid(at("content"), format!("a {role} message needs 'content'")));
+    if role != "assistant" && !matches!(o.get("content"), Some(Value::String(_) | Value::Array(_)))
+    {
+        return Err(ApiError::invalid(
+            at("content"),
+            format!("a {role} message needs 'content'"),
+        ));
     }
     let mut m = ChatMessage::new(role, content_text(o.get("content"), &at("content"))?);
-    m.reasoning_content = opt_str(o, "reasoning_content").map_err(|_| ApiError::invalid(at("reasoning_content"), "must be a string"))?;
+    m.reasoning_content = opt_str(o, "reasoning_content")
+        .map_err(|_| ApiError::invalid(at("reasoning_content"), "must be a string"))?;
     Ok(m)
 }
 
 pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
     let messages = match o.get("messages") {
-        Some(Value::Array(items)) if !items.is_empty() => {
-            items.iter().enumerate().map(|(i, v)| message(i, v)).collect::<Result<Vec<_>, _>>()?
+        Some(Value::Array(items)) if !items.is_empty() => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| message(i, v))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid(
+                "messages",
+                "'messages' must not be empty",
+            ))
         }
-        Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "'messages' must not be empty")),
         Some(_) => return Err(ApiError::invalid("messages", "'messages' must be an array")),
         None => return Err(ApiError::invalid("messages", "'messages' is required")),
     };
     let kwargs_thinking = match present(o, "chat_template_kwargs") {
         None => None,
-        Some(Value::Object(k)) => opt_bool(k, "enable_thinking")
-            .map_err(|_| ApiError::invalid("chat_template_kwargs.enable_thinking", "must be a boolean"))?,
-        Some(_) => return Err(ApiError::invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object")),
+        Some(Value::Object(k)) => opt_bool(k, "enable_thinking").map_err(|_| {
+            ApiError::invalid("chat_template_kwargs.enable_thinking", "must be a boolean")
+        })?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                "'chat_template_kwargs' must be an object",
+            ))
+        }
     };
     let explicit = opt_bool(o, "enable_thinking")?.or(kwargs_thinking);
     Ok(ChatRequest {
@@ -229,28 +306,51 @@ pub fn thinking_switch(messages: &[ChatMessage], explicit: Option<bool>) -> Opti
     if explicit == Some(false) {
         return explicit;
     }
-    let soft = messages.iter().rev().filter(|m| m.role == "user" || m.role == "system").find_map(|m| {
-        let (t, n) = (m.content.rfind("/think"), m.content.rfind("/no_think"));
-        match (t, n) {
-            (None, None) => None,
-            (Some(t), Some(n)) => Some(t > n),
-            (t, _) => Some(t.is_some()),
-        }
-    });
+    let soft = messages
+        .iter()
+        .rev()
+        .filter(|m| m.role == "user" || m.role == "system")
+        .find_map(|m| {
+            let (t, n) = (m.content.rfind("/think"), m.content.rfind("/no_think"));
+            match (t, n) {
+                (None, None) => None,
+                (Some(t), Some(n)) => Some(t > n),
+                (t, _) => Some(t.is_some()),
+            }
+        });
     soft.or(explicit)
 }
 
 pub fn completion_request(o: &Obj) -> Result<CompletionRequest, ApiError> {
-    let bad = || ApiError::invalid("prompt", "'prompt' must be a string, an array of one string, or an array of token ids");
+    let bad = || {
+        ApiError::invalid(
+            "prompt",
+            "'prompt' must be a string, an array of one string, or an array of token ids",
+        )
+    };
     let prompt = match o.get("prompt") {
-        None | Some(Value::Null) => return Err(ApiError::invalid("prompt", "'prompt' is required")),
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid("prompt", "'prompt' is required"))
+        }
         Some(Value::String(s)) => Prompt::Text(s.clone()),
         Some(Value::Array(items)) => match items.as_slice() {
             [] => return Err(ApiError::invalid("prompt", "'prompt' must not be empty")),
             [Value::String(s)] => Prompt::Text(s.clone()),
-            [Value::String(_), ..] => return Err(ApiError::invalid("prompt", "only one prompt per request is supported")),
+            [Value::String(_), ..] => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "only one prompt per request is supported",
+                ))
+            }
             ids => Prompt::Tokens(
-                ids.iter().map(|v| v.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(bad)).collect::<Result<_, _>>()?,
+                ids.iter()
+                    .map(|v| {
+                        v.as_u64()
+                            .filter(|&t| t <= u32::MAX as u64)
+                            .map(|t| t as u32)
+                            .ok_or_else(bad)
+                    })
+                    .collect::<Result<_, _>>()?,
             ),
         },
         Some(_) => return Err(bad()),
@@ -258,7 +358,11 @@ pub fn completion_request(o: &Obj) -> Result<CompletionRequest, ApiError> {
     if matches!(&prompt, Prompt::Text(s) if s.is_empty()) {
         return Err(ApiError::invalid("prompt", "'prompt' must not be empty"));
     }
-    Ok(CompletionRequest { model: opt_str(o, "model")?, prompt, gen: gen_params(o)? })
+    Ok(CompletionRequest {
+        model: opt_str(o, "model")?,
+        prompt,
+        gen: gen_params(o)?,
+    })
 }
 
 /// Token counts reported back.
@@ -293,12 +397,24 @@ impl Meta {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Meta { id: format!("{prefix}-{:x}{:06x}", fresh_seed() & 0xffff_ffff_ffff, n), created, model: model.to_string() }
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Meta {
+            id: format!("{prefix}-{:x}{:06x}", fresh_seed() & 0xffff_ffff_ffff, n),
+            created,
+            model: model.to_string(),
+        }
     }
 }
 
-pub fn chat_completion(meta: &Meta, content: &str, reasoning: Option<&str>, finish: &str, usage: Usage) -> Value {
+pub fn chat_completion(
+    meta: &Meta,
+    content: &str,
+    reasoning: Option<&str>,
+    finish: &str,
+    usage: Usage,
+) -> Value {
     let mut message = json!({ "role": "assistant", "content": content });
     if let Some(r) = reasoning {
         message["reasoning_content"] = json!(r);

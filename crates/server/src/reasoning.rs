@@ -8,7 +8,10 @@ pub fn split_whole(text: &str, think_open: bool) -> (Option<String>, String) {
     let mut s = ReasoningSplitter::new(think_open);
     let (a, b) = (s.push(text), s.finish());
     let reasoning = a.reasoning + &b.reasoning;
-    ((!reasoning.is_empty()).then_some(reasoning), a.content + &b.content)
+    (
+        (!reasoning.is_empty()).then_some(reasoning),
+        a.content + &b.content,
+    )
 }
 
 const OPEN: &str = "<think>";
@@ -43,7 +46,14 @@ pub struct ReasoningSplitter {
 impl ReasoningSplitter {
     /// `think_open`: the generation prompt already opened a `<think>` block.
     pub fn new(think_open: bool) -> Self {
-        ReasoningSplitter { mode: if think_open { Mode::ReasoningStart } else { Mode::Start }, held: String::new() }
+        ReasoningSplitter {
+            mode: if think_open {
+                Mode::ReasoningStart
+            } else {
+                Mode::Start
+            },
+            held: String::new(),
+        }
     }
 
     pub fn push(&mut self, text: &str) -> Split {
@@ -65,10 +75,20 @@ impl ReasoningSplitter {
             // `split_reasoning` treats an unclosed block as all reasoning, trimming its newlines.
             Mode::Reasoning | Mode::ReasoningStart => {
                 let r = held.trim_end_matches('\n');
-                Split { reasoning: if r.trim().is_empty() { String::new() } else { r.to_string() }, ..Default::default() }
+                Split {
+                    reasoning: if r.trim().is_empty() {
+                        String::new()
+                    } else {
+                        r.to_string()
+                    },
+                    ..Default::default()
+                }
             }
             Mode::Start if held.trim_start().starts_with(OPEN) => Split::default(),
-            _ => Split { content: held, ..Default::default() },
+            _ => Split {
+                content: held,
+                ..Default::default()
+            },
         }
     }
 
@@ -93,7 +113,8 @@ impl ReasoningSplitter {
             }
             Mode::Reasoning => {
                 if let Some(i) = self.held.find(CLOSE) {
-                    out.reasoning.push_str(self.held[..i].trim_end_matches('\n'));
+                    out.reasoning
+                        .push_str(self.held[..i].trim_end_matches('\n'));
                     self.held = self.held[i + CLOSE.len()..].to_string();
                     self.mode = Mode::ContentStart;
                 } else {
@@ -119,7 +140,10 @@ impl ReasoningSplitter {
 
 /// Bytes at the end of `s` to hold: trailing newlines plus a partial `</think>` after them.
 fn held_tail(s: &str) -> usize {
-    let partial = (1..CLOSE.len()).rev().find(|&n| s.ends_with(&CLOSE[..n])).unwrap_or(0);
+    let partial = (1..CLOSE.len())
+        .rev()
+        .find(|&n| s.ends_with(&CLOSE[..n]))
+        .unwrap_or(0);
     let body = &s[..s.len() - partial];
     partial + (body.len() - body.trim_end_matches('\n').len())
 }
@@ -157,15 +181,29 @@ mod tests {
         ];
         for text in cases {
             for chunk in [1, 2, 3, 7, 100] {
-                assert_eq!(streamed(text, false, chunk), split_reasoning(text), "{text:?} chunk {chunk}");
+                assert_eq!(
+                    streamed(text, false, chunk),
+                    split_reasoning(text),
+                    "{text:?} chunk {chunk}"
+                );
             }
         }
-        assert_eq!(streamed("plain </think> text", false, 3), (None, "plain </think> text".into()));
-        assert_eq!(split_whole("<think>\nr\n</think>\n\nc", false), (Some("r".into()), "c".into()));
+        assert_eq!(
+            streamed("plain </think> text", false, 3),
+            (None, "plain </think> text".into())
+        );
+        assert_eq!(
+            split_whole("<think>\nr\n</think>\n\nc", false),
+            (Some("r".into()), "c".into())
+        );
         // The prompt opened the block: generated text starts inside it.
         for chunk in [1, 4, 100] {
             let text = "thinking\n</think>\n\nanswer";
-            assert_eq!(streamed(text, true, chunk), split_reasoning(text), "open {chunk}");
+            assert_eq!(
+                streamed(text, true, chunk),
+                split_reasoning(text),
+                "open {chunk}"
+            );
         }
     }
 }

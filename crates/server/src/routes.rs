@@ -38,8 +38,16 @@ pub fn finish_reason(f: Finish) -> &'static str {
 fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         let status = r.status();
-        let code = if status == StatusCode::PAYLOAD_TOO_LARGE { "body_too_large" } else { "invalid_body" };
-        ApiError::bad_body(format!("could not read the request body: {}", r.body_text())).with_status(status, code)
+        let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "body_too_large"
+        } else {
+            "invalid_body"
+        };
+        ApiError::bad_body(format!(
+            "could not read the request body: {}",
+            r.body_text()
+        ))
+        .with_status(status, code)
     })
 }
 
@@ -58,7 +66,10 @@ impl AppState {
         match gen.max_tokens {
             Some(m) if m >= ctx => Err(ApiError::invalid(
                 gen.max_tokens_param,
-                format!("{} = {m} is beyond this model's context of {ctx} positions", gen.max_tokens_param),
+                format!(
+                    "{} = {m} is beyond this model's context of {ctx} positions",
+                    gen.max_tokens_param
+                ),
             )
             .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded")),
             _ => Ok(()),
@@ -74,8 +85,13 @@ fn order_headers(seq: u64, started: &Started, mut r: Response) -> Response {
     r
 }
 
-pub async fn chat_completions(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
-    chat(app, body).await.unwrap_or_else(IntoResponse::into_response)
+pub async fn chat_completions(
+    State(app): State<App>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    chat(app, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -83,22 +99,41 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
     app.check_model(req.model.as_deref())?;
     app.check_max_tokens(&req.gen)?;
     let (stream, include_usage) = (req.gen.stream, req.gen.include_usage);
-    let prompt = JobPrompt::Chat { messages: req.messages, enable_thinking: req.enable_thinking };
+    let prompt = JobPrompt::Chat {
+        messages: req.messages,
+        enable_thinking: req.enable_thinking,
+    };
     let mut ticket = app.engine.submit(prompt, req.gen)?;
     let started = ticket.started().await?;
     let meta = Meta::new("chatcmpl", &app.model_name);
     if stream {
         let seq = ticket.seq;
-        return Ok(order_headers(seq, &started, sse::chat(meta, started, ticket, include_usage)));
+        return Ok(order_headers(
+            seq,
+            &started,
+            sse::chat(meta, started, ticket, include_usage),
+        ));
     }
     let (text, finish, usage) = ticket.collect().await?;
     let (reasoning, content) = crate::reasoning::split_whole(&text, started.think_open);
-    let body = openai::chat_completion(&meta, &content, reasoning.as_deref(), finish_reason(finish), usage);
-    Ok(order_headers(ticket.seq, &started, Json(body).into_response()))
+    let body = openai::chat_completion(
+        &meta,
+        &content,
+        reasoning.as_deref(),
+        finish_reason(finish),
+        usage,
+    );
+    Ok(order_headers(
+        ticket.seq,
+        &started,
+        Json(body).into_response(),
+    ))
 }
 
 pub async fn completions(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
-    completion(app, body).await.unwrap_or_else(IntoResponse::into_response)
+    completion(app, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn completion(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -106,16 +141,26 @@ async fn completion(app: App, body: Result<Bytes, BytesRejection>) -> Result<Res
     app.check_model(req.model.as_deref())?;
     app.check_max_tokens(&req.gen)?;
     let (stream, include_usage) = (req.gen.stream, req.gen.include_usage);
-    let mut ticket = app.engine.submit(JobPrompt::Completion(req.prompt), req.gen)?;
+    let mut ticket = app
+        .engine
+        .submit(JobPrompt::Completion(req.prompt), req.gen)?;
     let started = ticket.started().await?;
     let meta = Meta::new("cmpl", &app.model_name);
     if stream {
         let seq = ticket.seq;
-        return Ok(order_headers(seq, &started, sse::completion(meta, ticket, include_usage)));
+        return Ok(order_headers(
+            seq,
+            &started,
+            sse::completion(meta, ticket, include_usage),
+        ));
     }
     let (text, finish, usage) = ticket.collect().await?;
     let body = openai::completion(&meta, &text, Some(finish_reason(finish)), Some(usage));
-    Ok(order_headers(ticket.seq, &started, Json(body).into_response()))
+    Ok(order_headers(
+        ticket.seq,
+        &started,
+        Json(body).into_response(),
+    ))
 }
 
 pub async fn models(State(app): State<App>) -> Response {
@@ -127,25 +172,44 @@ pub async fn health(State(app): State<App>) -> Response {
 }
 
 pub async fn metrics(State(app): State<App>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.engine.metrics.render()).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.engine.metrics.render(),
+    )
+        .into_response()
 }
 
 pub async fn not_found() -> Response {
-    ApiError::invalid("", "no such endpoint").with_status(StatusCode::NOT_FOUND, "not_found").into_response()
+    ApiError::invalid("", "no such endpoint")
+        .with_status(StatusCode::NOT_FOUND, "not_found")
+        .into_response()
 }
 
 /// Counts every response by route and status.
 pub async fn observe(State(app): State<App>, req: Request, next: Next) -> Response {
-    let endpoint = req.extensions().get::<MatchedPath>().map_or("other".to_string(), |p| p.as_str().to_string());
+    let endpoint = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("other".to_string(), |p| p.as_str().to_string());
     let r = next.run(req).await;
     app.engine.metrics.request(&endpoint, r.status().as_u16());
     r
 }
 
 /// With a key configured, `/v1/*` needs `Authorization: Bearer <key>`.
-pub async fn require_key(State(app): State<App>, headers: HeaderMap, req: Request, next: Next) -> Response {
-    let Some(key) = &app.api_key else { return next.run(req).await };
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+pub async fn require_key(
+    State(app): State<App>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
+    let Some(key) = &app.api_key else {
+        return next.run(req).await;
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
     if given.map(str::trim) == Some(key.as_str()) {
         next.run(req).await
     } else {

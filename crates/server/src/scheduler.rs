@@ -14,7 +14,10 @@ use crate::metrics::Metrics;
 use crate::openai::{GenParams, Prompt, Usage};
 
 pub enum JobPrompt {
-    Chat { messages: Vec<ChatMessage>, enable_thinking: Option<bool> },
+    Chat {
+        messages: Vec<ChatMessage>,
+        enable_thinking: Option<bool>,
+    },
     Completion(Prompt),
 }
 
@@ -40,7 +43,10 @@ pub enum Event {
     /// The prompt was accepted by the engine; generation begins.
     Started(Started),
     Text(String),
-    Done { finish: Finish, usage: Usage },
+    Done {
+        finish: Finish,
+        usage: Usage,
+    },
     Error(ApiError),
 }
 
@@ -105,7 +111,11 @@ impl EngineHandle {
             .name("q4moe-engine".into())
             .spawn(move || worker(engine, rx, m))
             .expect("spawning the engine worker thread");
-        EngineHandle { tx: Arc::new(Mutex::new((0, tx))), metrics, context }
+        EngineHandle {
+            tx: Arc::new(Mutex::new((0, tx))),
+            metrics,
+            context,
+        }
     }
 
     /// Positions one sequence may hold.
@@ -116,19 +126,29 @@ impl EngineHandle {
     /// Queues a job; a full queue is refused at once (503) rather than waited on.
     pub fn submit(&self, prompt: JobPrompt, gen: GenParams) -> Result<Ticket, ApiError> {
         let (etx, erx) = mpsc::unbounded_channel();
-        let job = Job { prompt, gen, accepted: Instant::now(), events: etx };
+        let job = Job {
+            prompt,
+            gen,
+            accepted: Instant::now(),
+            events: etx,
+        };
         let mut guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         self.metrics.queue_delta(1);
         match guard.1.try_send(job) {
             Ok(()) => {
                 guard.0 += 1;
-                Ok(Ticket { seq: guard.0, events: erx })
+                Ok(Ticket {
+                    seq: guard.0,
+                    events: erx,
+                })
             }
             Err(e) => {
                 self.metrics.queue_delta(-1);
                 Err(match e {
                     mpsc::error::TrySendError::Full(_) => ApiError::busy(),
-                    mpsc::error::TrySendError::Closed(_) => ApiError::internal("the engine worker stopped"),
+                    mpsc::error::TrySendError::Closed(_) => {
+                        ApiError::internal("the engine worker stopped")
+                    }
                 })
             }
         }
@@ -146,8 +166,14 @@ fn worker(mut engine: Engine, mut rx: mpsc::Receiver<Job>, metrics: Arc<Metrics>
             continue;
         }
         run += 1;
-        let ids = Started { think_open: false, run, seq };
-        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| run_job(&mut engine, &job, ids, &metrics)));
+        let ids = Started {
+            think_open: false,
+            run,
+            seq,
+        };
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            run_job(&mut engine, &job, ids, &metrics)
+        }));
         let err = match outcome {
             Ok(Ok(())) => continue,
             Ok(Err(e)) => e,
@@ -165,16 +191,32 @@ fn worker(mut engine: Engine, mut rx: mpsc::Receiver<Job>, metrics: Arc<Metrics>
 fn build_prompt(engine: &Engine, p: &JobPrompt) -> Result<(Vec<u32>, bool), ApiError> {
     let param = p.param();
     match p {
-        JobPrompt::Chat { messages, enable_thinking } => {
-            let text = engine.render_chat(messages, *enable_thinking).map_err(|e| from_engine(e, param))?;
+        JobPrompt::Chat {
+            messages,
+            enable_thinking,
+        } => {
+            let text = engine
+                .render_chat(messages, *enable_thinking)
+                .map_err(|e| from_engine(e, param))?;
             let open = text.trim_end_matches('\n').ends_with("<think>");
-            Ok((engine.encode_prompt(&text).map_err(|e| from_engine(e, param))?, open))
+            Ok((
+                engine
+                    .encode_prompt(&text)
+                    .map_err(|e| from_engine(e, param))?,
+                open,
+            ))
         }
-        JobPrompt::Completion(Prompt::Text(t)) => Ok((engine.encode_prompt(t).map_err(|e| from_engine(e, param))?, false)),
+        JobPrompt::Completion(Prompt::Text(t)) => Ok((
+            engine.encode_prompt(t).map_err(|e| from_engine(e, param))?,
+            false,
+        )),
         JobPrompt::Completion(Prompt::Tokens(ids)) => {
             let vocab = engine.model.config.vocab_size;
             match ids.iter().find(|&&t| t as usize >= vocab) {
-                Some(t) => Err(ApiError::invalid(param, format!("token id {t} is outside the vocabulary of {vocab}"))),
+                Some(t) => Err(ApiError::invalid(
+                    param,
+                    format!("token id {t} is outside the vocabulary of {vocab}"),
+                )),
                 None => Ok((ids.clone(), false)),
             }
         }
@@ -184,8 +226,16 @@ fn build_prompt(engine: &Engine, p: &JobPrompt) -> Result<(Vec<u32>, bool), ApiE
 /// Tokens to generate: what was asked, which must fit beside the prompt, else what fits.
 fn budget(prompt: usize, context: usize, gen: &GenParams, param: &str) -> Result<usize, ApiError> {
     if prompt >= context {
-        return Err(ApiError::invalid(param, format!("the prompt is {prompt} tokens; this model's context holds {context} positions"))
-            .with_status(axum::http::StatusCode::BAD_REQUEST, "context_length_exceeded"));
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "the prompt is {prompt} tokens; this model's context holds {context} positions"
+            ),
+        )
+        .with_status(
+            axum::http::StatusCode::BAD_REQUEST,
+            "context_length_exceeded",
+        ));
     }
     match gen.max_tokens {
         Some(m) if prompt + m > context => Err(ApiError::invalid(
@@ -198,9 +248,19 @@ fn budget(prompt: usize, context: usize, gen: &GenParams, param: &str) -> Result
     }
 }
 
-fn run_job(engine: &mut Engine, job: &Job, ids: Started, metrics: &Metrics) -> Result<(), ApiError> {
+fn run_job(
+    engine: &mut Engine,
+    job: &Job,
+    ids: Started,
+    metrics: &Metrics,
+) -> Result<(), ApiError> {
     let (prompt, think_open) = build_prompt(engine, &job.prompt)?;
-    let max_tokens = budget(prompt.len(), engine.context_capacity(), &job.gen, job.prompt.param())?;
+    let max_tokens = budget(
+        prompt.len(),
+        engine.context_capacity(),
+        &job.gen,
+        job.prompt.param(),
+    )?;
     let req = GenerateRequest {
         prompt,
         max_tokens,
@@ -210,19 +270,42 @@ fn run_job(engine: &mut Engine, job: &Job, ids: Started, metrics: &Metrics) -> R
         want_logits: false,
         reuse_prefix: true,
     };
-    let _ = job.events.send(Event::Started(Started { think_open, ..ids }));
+    let _ = job
+        .events
+        .send(Event::Started(Started { think_open, ..ids }));
     let t0 = Instant::now();
     // A closed channel means the client went away: stop generating at once.
-    let mut on_text = |s: &str| if job.events.send(Event::Text(s.to_string())).is_ok() { Flow::Continue } else { Flow::Stop };
-    let out = engine.generate(&req, &mut on_text).map_err(|e| from_engine(e, job.prompt.param()))?;
+    let mut on_text = |s: &str| {
+        if job.events.send(Event::Text(s.to_string())).is_ok() {
+            Flow::Continue
+        } else {
+            Flow::Stop
+        }
+    };
+    let out = engine
+        .generate(&req, &mut on_text)
+        .map_err(|e| from_engine(e, job.prompt.param()))?;
     let ttft = (t0 - job.accepted + out.prefill_time).as_secs_f64();
     let n = out.tokens.len();
     let tpot = (n > 1).then(|| out.decode_time.as_secs_f64() / (n - 1) as f64);
-    metrics.generation(out.prompt_tokens, out.cached_tokens, n, (n > 0).then_some(ttft), tpot);
+    metrics.generation(
+        out.prompt_tokens,
+        out.cached_tokens,
+        n,
+        (n > 0).then_some(ttft),
+        tpot,
+    );
     if out.finish == Finish::Cancelled {
         metrics.cancelled();
     }
-    let usage = Usage { prompt_tokens: out.prompt_tokens, completion_tokens: n, cached_tokens: out.cached_tokens };
-    let _ = job.events.send(Event::Done { finish: out.finish, usage });
+    let usage = Usage {
+        prompt_tokens: out.prompt_tokens,
+        completion_tokens: n,
+        cached_tokens: out.cached_tokens,
+    };
+    let _ = job.events.send(Event::Done {
+        finish: out.finish,
+        usage,
+    });
     Ok(())
 }

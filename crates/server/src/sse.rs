@@ -45,17 +45,27 @@ impl StreamState {
                 let split = splitter.push(text);
                 self.split_chunks(split, out);
             }
-            Shape::Completion if !text.is_empty() => out.push(data(&openai::completion(&self.meta, text, None, None))),
+            Shape::Completion if !text.is_empty() => {
+                out.push(data(&openai::completion(&self.meta, text, None, None)))
+            }
             Shape::Completion => {}
         }
     }
 
     fn split_chunks(&self, s: Split, out: &mut Vec<SseEvent>) {
         if !s.reasoning.is_empty() {
-            out.push(data(&openai::chat_chunk(&self.meta, json!({ "reasoning_content": s.reasoning }), None)));
+            out.push(data(&openai::chat_chunk(
+                &self.meta,
+                json!({ "reasoning_content": s.reasoning }),
+                None,
+            )));
         }
         if !s.content.is_empty() {
-            out.push(data(&openai::chat_chunk(&self.meta, json!({ "content": s.content }), None)));
+            out.push(data(&openai::chat_chunk(
+                &self.meta,
+                json!({ "content": s.content }),
+                None,
+            )));
         }
     }
 
@@ -92,7 +102,9 @@ impl StreamState {
                 self.done = true;
             }
             None => {
-                out.push(data(&crate::errors::ApiError::internal("the engine worker stopped").body()));
+                out.push(data(
+                    &crate::errors::ApiError::internal("the engine worker stopped").body(),
+                ));
                 self.done = true;
             }
         }
@@ -106,16 +118,36 @@ impl StreamState {
 fn respond(state: StreamState, first: Option<Value>) -> Response {
     let head = stream::iter(first.map(|v| data(&v)));
     let body = stream::unfold(state, StreamState::next).flat_map(stream::iter);
-    Sse::new(head.chain(body).map(Ok::<_, Infallible>)).keep_alive(KeepAlive::default()).into_response()
+    Sse::new(head.chain(body).map(Ok::<_, Infallible>))
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 pub fn chat(meta: Meta, started: Started, ticket: Ticket, include_usage: bool) -> Response {
     // OpenAI opens with the role in an otherwise empty delta.
     let first = openai::chat_chunk(&meta, json!({ "role": "assistant", "content": "" }), None);
     let shape = Shape::Chat(ReasoningSplitter::new(started.think_open));
-    respond(StreamState { ticket, shape, meta, include_usage, done: false }, Some(first))
+    respond(
+        StreamState {
+            ticket,
+            shape,
+            meta,
+            include_usage,
+            done: false,
+        },
+        Some(first),
+    )
 }
 
 pub fn completion(meta: Meta, ticket: Ticket, include_usage: bool) -> Response {
-    respond(StreamState { ticket, shape: Shape::Completion, meta, include_usage, done: false }, None)
+    respond(
+        StreamState {
+            ticket,
+            shape: Shape::Completion,
+            meta,
+            include_usage,
+            done: false,
+        },
+        None,
+    )
 }

@@ -15,7 +15,8 @@ fn model_path() -> &'static PathBuf {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("tiny.gguf");
             let cfg = q4moe_model::Config::tiny();
-            q4moe_model::synth::write(&path, &cfg, q4moe_model::synth::SynthQuant::Q4_0, 7, false).unwrap();
+            q4moe_model::synth::write(&path, &cfg, q4moe_model::synth::SynthQuant::Q4_0, 7, false)
+                .unwrap();
             (dir, path)
         })
         .1
@@ -27,16 +28,32 @@ struct Server {
 }
 
 async fn start(cfg: ServeConfig) -> Server {
-    let opts = EngineOptions { device: Device::Cpu, ..Default::default() };
+    let opts = EngineOptions {
+        device: Device::Cpu,
+        ..Default::default()
+    };
     let engine = Engine::load(model_path(), &opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(q4moe_server::serve_on(listener, engine, cfg, std::future::pending()));
-    Server { base, http: reqwest::Client::new() }
+    tokio::spawn(q4moe_server::serve_on(
+        listener,
+        engine,
+        cfg,
+        std::future::pending(),
+    ));
+    Server {
+        base,
+        http: reqwest::Client::new(),
+    }
 }
 
 async fn start_default() -> Server {
-    start(ServeConfig { model_name: "tiny".into(), max_body_bytes: 64 << 10, ..Default::default() }).await
+    start(ServeConfig {
+        model_name: "tiny".into(),
+        max_body_bytes: 64 << 10,
+        ..Default::default()
+    })
+    .await
 }
 
 impl Server {
@@ -45,23 +62,46 @@ impl Server {
     }
 
     async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
-        let r = self.http.post(format!("{}{path}", self.base)).body(body).send().await.unwrap();
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
     async fn get_text(&self, path: &str) -> (u16, String) {
-        let r = self.http.get(format!("{}{path}", self.base)).send().await.unwrap();
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
         (r.status().as_u16(), r.text().await.unwrap())
     }
 
     /// Posts a streaming request and returns every `data:` payload.
     async fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let r = self.http.post(format!("{}{path}", self.base)).json(body).send().await.unwrap();
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), 200);
-        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+        assert!(r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"));
         let text = r.text().await.unwrap();
-        text.lines().filter_map(|l| l.strip_prefix("data: ")).map(String::from).collect()
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(String::from)
+            .collect()
     }
 }
 
@@ -76,7 +116,9 @@ fn user(text: &str) -> Value {
 #[tokio::test]
 async fn chat_non_streaming_has_openai_shape() {
     let s = start_default().await;
-    let (status, v) = s.post("/v1/chat/completions", &chat_body(user("Hello there"), 6)).await;
+    let (status, v) = s
+        .post("/v1/chat/completions", &chat_body(user("Hello there"), 6))
+        .await;
     assert_eq!(status, 200, "{v}");
     assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
     assert_eq!(v["object"], "chat.completion");
@@ -90,7 +132,10 @@ async fn chat_non_streaming_has_openai_shape() {
     assert!(u["prompt_tokens"].as_u64().unwrap() > 0);
     let completion = u["completion_tokens"].as_u64().unwrap();
     assert!((1..=6).contains(&completion));
-    assert_eq!(u["total_tokens"].as_u64().unwrap(), u["prompt_tokens"].as_u64().unwrap() + completion);
+    assert_eq!(
+        u["total_tokens"].as_u64().unwrap(),
+        u["prompt_tokens"].as_u64().unwrap() + completion
+    );
     assert!(u["prompt_tokens_details"]["cached_tokens"].is_u64());
 }
 
@@ -104,11 +149,22 @@ async fn chat_streaming_matches_non_streaming() {
     body["stream_options"] = json!({ "include_usage": true });
     let events = s.stream("/v1/chat/completions", &body).await;
     assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
-    let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
-    assert_eq!(content, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk" && c["id"] == chunks[0]["id"]));
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(
+        content,
+        whole["choices"][0]["message"]["content"].as_str().unwrap()
+    );
     let finish = &chunks[chunks.len() - 2];
     assert_eq!(finish["choices"][0]["finish_reason"], "length");
     let usage = &chunks[chunks.len() - 1];
@@ -137,7 +193,12 @@ async fn completions_streaming_and_not() {
         .collect();
     assert_eq!(text, v["choices"][0]["text"].as_str().unwrap());
     // Token ids as the prompt.
-    let (status, v) = s.post("/v1/completions", &json!({ "prompt": [1, 2, 3, 4], "max_tokens": 2, "temperature": 0 })).await;
+    let (status, v) = s
+        .post(
+            "/v1/completions",
+            &json!({ "prompt": [1, 2, 3, 4], "max_tokens": 2, "temperature": 0 }),
+        )
+        .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["usage"]["prompt_tokens"], 4);
 }
@@ -165,7 +226,10 @@ async fn concurrent_requests_all_complete_in_queue_order() {
     assert!(done.iter().all(|d| d.0 == 200), "{done:?}");
     done.sort_by_key(|d| d.1);
     let runs: Vec<u64> = done.iter().map(|d| d.2).collect();
-    assert!(runs.windows(2).all(|w| w[0] < w[1]), "served out of queue order: {runs:?}");
+    assert!(
+        runs.windows(2).all(|w| w[0] < w[1]),
+        "served out of queue order: {runs:?}"
+    );
     assert!(done.iter().all(|d| d.3.contains("finish_reason")));
 }
 
@@ -175,21 +239,33 @@ async fn concurrent_requests_all_complete_in_queue_order() {
 async fn prefix_reuse_reports_cached_tokens_and_changes_nothing() {
     let a = start_default().await;
     let turn1 = user("What is the capital of France?");
-    let (_, r1) = a.post("/v1/chat/completions", &chat_body(turn1.clone(), 6)).await;
-    let answer = r1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let (_, r1) = a
+        .post("/v1/chat/completions", &chat_body(turn1.clone(), 6))
+        .await;
+    let answer = r1["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let turn2 = json!([
         turn1[0],
         { "role": "assistant", "content": answer },
         { "role": "user", "content": "And of Germany?" },
     ]);
-    let (_, r2) = a.post("/v1/chat/completions", &chat_body(turn2.clone(), 8)).await;
-    let cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let (_, r2) = a
+        .post("/v1/chat/completions", &chat_body(turn2.clone(), 8))
+        .await;
+    let cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     assert!(cached > 0, "second turn reused nothing: {r2}");
     let b = start_default().await;
     let (_, fresh) = b.post("/v1/chat/completions", &chat_body(turn2, 8)).await;
     assert_eq!(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     assert_eq!(r2["choices"][0]["message"], fresh["choices"][0]["message"]);
-    assert_eq!(r2["usage"]["completion_tokens"], fresh["usage"]["completion_tokens"]);
+    assert_eq!(
+        r2["usage"]["completion_tokens"],
+        fresh["usage"]["completion_tokens"]
+    );
 }
 
 #[tokio::test]
@@ -205,11 +281,17 @@ async fn thinking_switches_change_the_prompt() {
     body.as_object_mut().unwrap().remove("enable_thinking");
     body["chat_template_kwargs"] = json!({ "enable_thinking": false });
     let (_, kwargs) = s.post("/v1/chat/completions", &body).await;
-    let (_, plain) = s.post("/v1/chat/completions", &chat_body(user("hi /think"), 1)).await;
+    let (_, plain) = s
+        .post("/v1/chat/completions", &chat_body(user("hi /think"), 1))
+        .await;
     // enable_thinking=false opens and closes an empty think block in the generation prompt.
     assert_eq!(tokens(&soft), tokens(&explicit));
     assert_eq!(tokens(&kwargs), tokens(&explicit));
-    assert_eq!(tokens(&on), tokens(&explicit), "/no_think wins over enable_thinking=true");
+    assert_eq!(
+        tokens(&on),
+        tokens(&explicit),
+        "/no_think wins over enable_thinking=true"
+    );
     assert!(tokens(&plain) < tokens(&explicit));
 }
 
@@ -220,39 +302,184 @@ async fn bad_inputs_get_openai_errors_naming_the_field() {
     let chat: Vec<(Vec<u8>, u16, Option<&str>)> = vec![
         (b"{".to_vec(), 400, None),
         (b"[1, 2]".to_vec(), 400, None),
-        (b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(), 400, None),
+        (
+            b"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\xfe\"}]}".to_vec(),
+            400,
+            None,
+        ),
         (json!({}).to_string().into(), 400, Some("messages")),
-        (json!({ "messages": "hi" }).to_string().into(), 400, Some("messages")),
-        (json!({ "messages": [] }).to_string().into(), 400, Some("messages")),
-        (json!({ "messages": [{ "role": "user", "content": 5 }] }).to_string().into(), 400, Some("messages[0].content")),
-        (json!({ "messages": [{ "role": "robot", "content": "x" }] }).to_string().into(), 400, Some("messages[0].role")),
-        (json!({ "model": "gpt-4", "messages": user("x") }).to_string().into(), 404, Some("model")),
-        (json!({ "messages": user("x"), "temperature": "hot" }).to_string().into(), 400, Some("temperature")),
-        (json!({ "messages": user("x"), "temperature": 5 }).to_string().into(), 400, Some("temperature")),
-        (json!({ "messages": user("x"), "top_p": 0 }).to_string().into(), 400, Some("top_p")),
-        (json!({ "messages": user("x"), "top_k": -1 }).to_string().into(), 400, Some("top_k")),
-        (json!({ "messages": user("x"), "min_p": 2 }).to_string().into(), 400, Some("min_p")),
-        (json!({ "messages": user("x"), "repetition_penalty": 0 }).to_string().into(), 400, Some("repetition_penalty")),
-        (json!({ "messages": user("x"), "presence_penalty": 3 }).to_string().into(), 400, Some("presence_penalty")),
-        (json!({ "messages": user("x"), "frequency_penalty": -3 }).to_string().into(), 400, Some("frequency_penalty")),
-        (json!({ "messages": user("x"), "n": 2 }).to_string().into(), 400, Some("n")),
-        (json!({ "messages": user("x"), "stop": 5 }).to_string().into(), 400, Some("stop")),
-        (json!({ "messages": user("x"), "stream": "yes" }).to_string().into(), 400, Some("stream")),
-        (json!({ "messages": user("x"), "seed": "s" }).to_string().into(), 400, Some("seed")),
-        (json!({ "messages": user("x"), "enable_thinking": "no" }).to_string().into(), 400, Some("enable_thinking")),
-        (json!({ "messages": user("x"), "max_tokens": "x" }).to_string().into(), 400, Some("max_tokens")),
-        (json!({ "messages": user("x"), "max_tokens": 100000 }).to_string().into(), 400, Some("max_tokens")),
-        (json!({ "messages": user("x"), "max_completion_tokens": 0 }).to_string().into(), 400, Some("max_completion_tokens")),
+        (
+            json!({ "messages": "hi" }).to_string().into(),
+            400,
+            Some("messages"),
+        ),
+        (
+            json!({ "messages": [] }).to_string().into(),
+            400,
+            Some("messages"),
+        ),
+        (
+            json!({ "messages": [{ "role": "user", "content": 5 }] })
+                .to_string()
+                .into(),
+            400,
+            Some("messages[0].content"),
+        ),
+        (
+            json!({ "messages": [{ "role": "robot", "content": "x" }] })
+                .to_string()
+                .into(),
+            400,
+            Some("messages[0].role"),
+        ),
+        (
+            json!({ "model": "gpt-4", "messages": user("x") })
+                .to_string()
+                .into(),
+            404,
+            Some("model"),
+        ),
+        (
+            json!({ "messages": user("x"), "temperature": "hot" })
+                .to_string()
+                .into(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            json!({ "messages": user("x"), "temperature": 5 })
+                .to_string()
+                .into(),
+            400,
+            Some("temperature"),
+        ),
+        (
+            json!({ "messages": user("x"), "top_p": 0 })
+                .to_string()
+                .into(),
+            400,
+            Some("top_p"),
+        ),
+        (
+            json!({ "messages": user("x"), "top_k": -1 })
+                .to_string()
+                .into(),
+            400,
+            Some("top_k"),
+        ),
+        (
+            json!({ "messages": user("x"), "min_p": 2 })
+                .to_string()
+                .into(),
+            400,
+            Some("min_p"),
+        ),
+        (
+            json!({ "messages": user("x"), "repetition_penalty": 0 })
+                .to_string()
+                .into(),
+            400,
+            Some("repetition_penalty"),
+        ),
+        (
+            json!({ "messages": user("x"), "presence_penalty": 3 })
+                .to_string()
+                .into(),
+            400,
+            Some("presence_penalty"),
+        ),
+        (
+            json!({ "messages": user("x"), "frequency_penalty": -3 })
+                .to_string()
+                .into(),
+            400,
+            Some("frequency_penalty"),
+        ),
+        (
+            json!({ "messages": user("x"), "n": 2 }).to_string().into(),
+            400,
+            Some("n"),
+        ),
+        (
+            json!({ "messages": user("x"), "stop": 5 })
+                .to_string()
+                .into(),
+            400,
+            Some("stop"),
+        ),
+        (
+            json!({ "messages": user("x"), "stream": "yes" })
+                .to_string()
+                .into(),
+            400,
+            Some("stream"),
+        ),
+        (
+            json!({ "messages": user("x"), "seed": "s" })
+                .to_string()
+                .into(),
+            400,
+            Some("seed"),
+        ),
+        (
+            json!({ "messages": user("x"), "enable_thinking": "no" })
+                .to_string()
+                .into(),
+            400,
+            Some("enable_thinking"),
+        ),
+        (
+            json!({ "messages": user("x"), "max_tokens": "x" })
+                .to_string()
+                .into(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({ "messages": user("x"), "max_tokens": 100000 })
+                .to_string()
+                .into(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({ "messages": user("x"), "max_completion_tokens": 0 })
+                .to_string()
+                .into(),
+            400,
+            Some("max_completion_tokens"),
+        ),
         // Fits alone, not beside the prompt: found by the worker after tokenising.
-        (json!({ "messages": user("x"), "max_tokens": 505 }).to_string().into(), 400, Some("max_tokens")),
-        (json!({ "messages": user(&long) }).to_string().into(), 400, Some("messages")),
-        (json!({ "messages": user(&"x".repeat(70 << 10)) }).to_string().into(), 413, None),
+        (
+            json!({ "messages": user("x"), "max_tokens": 505 })
+                .to_string()
+                .into(),
+            400,
+            Some("max_tokens"),
+        ),
+        (
+            json!({ "messages": user(&long) }).to_string().into(),
+            400,
+            Some("messages"),
+        ),
+        (
+            json!({ "messages": user(&"x".repeat(70 << 10)) })
+                .to_string()
+                .into(),
+            413,
+            None,
+        ),
     ];
     for (body, want, param) in chat {
         let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).to_string();
         let (status, v) = s.post_raw("/v1/chat/completions", body).await;
         assert_eq!(status, want, "{shown}: {v}");
-        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{shown}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{shown}: {v}"
+        );
         assert_eq!(v["error"]["type"], "invalid_request_error", "{shown}: {v}");
         assert_eq!(v["error"]["param"].as_str(), param, "{shown}: {v}");
     }
@@ -271,13 +498,20 @@ async fn bad_inputs_get_openai_errors_naming_the_field() {
         assert_eq!(v["error"]["param"], param, "{body}: {v}");
     }
     // Still serving.
-    let (status, _) = s.post("/v1/chat/completions", &chat_body(user("still there?"), 2)).await;
+    let (status, _) = s
+        .post("/v1/chat/completions", &chat_body(user("still there?"), 2))
+        .await;
     assert_eq!(status, 200);
 }
 
 #[tokio::test]
 async fn api_key_is_required_when_set() {
-    let s = start(ServeConfig { api_key: Some("sekret".into()), model_name: "tiny".into(), ..Default::default() }).await;
+    let s = start(ServeConfig {
+        api_key: Some("sekret".into()),
+        model_name: "tiny".into(),
+        ..Default::default()
+    })
+    .await;
     let url = format!("{}/v1/chat/completions", s.base);
     let body = chat_body(user("hi"), 1);
     for auth in [None, Some("Bearer wrong"), Some("sekret")] {
@@ -290,11 +524,28 @@ async fn api_key_is_required_when_set() {
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"]["code"], "invalid_api_key");
     }
-    let r = s.http.post(&url).bearer_auth("sekret").json(&body).send().await.unwrap();
+    let r = s
+        .http
+        .post(&url)
+        .bearer_auth("sekret")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let r = s.http.get(format!("{}/v1/models", s.base)).bearer_auth("sekret").send().await.unwrap();
+    let r = s
+        .http
+        .get(format!("{}/v1/models", s.base))
+        .bearer_auth("sekret")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    assert_eq!(s.get_text("/health").await.0, 200, "health stays open for probes");
+    assert_eq!(
+        s.get_text("/health").await.0,
+        200,
+        "health stays open for probes"
+    );
 }
 
 #[tokio::test]
@@ -304,38 +555,64 @@ async fn client_disconnect_mid_stream_frees_the_engine() {
     let mut body = chat_body(user("go on forever"), 480);
     body["ignore_eos"] = json!(true);
     body["stream"] = json!(true);
-    let r = s.http.post(format!("{}/v1/chat/completions", s.base)).json(&body).send().await.unwrap();
+    let r = s
+        .http
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     let mut bytes = r.bytes_stream();
     let first = bytes.next().await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first).contains("data:"));
     drop(bytes);
     // The next request runs only once the engine is free: it must not wait for 480 tokens.
     let t = std::time::Instant::now();
-    let (status, _) = s.post("/v1/chat/completions", &chat_body(user("next"), 2)).await;
+    let (status, _) = s
+        .post("/v1/chat/completions", &chat_body(user("next"), 2))
+        .await;
     assert_eq!(status, 200);
     let metrics = s.get_text("/metrics").await.1;
     let tokens: u64 = metric(&metrics, "q4moe_completion_tokens_total");
-    assert!(tokens < 400, "the abandoned stream ran on ({tokens} tokens, {:?})", t.elapsed());
+    assert!(
+        tokens < 400,
+        "the abandoned stream ran on ({tokens} tokens, {:?})",
+        t.elapsed()
+    );
     assert!(metric(&metrics, "q4moe_cancelled_total") >= 1);
 }
 
 fn metric(text: &str, name: &str) -> u64 {
-    text.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.parse().ok()).unwrap_or(0)
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::test]
 async fn metrics_models_health_and_unknown_paths() {
     let s = start_default().await;
-    s.post("/v1/chat/completions", &chat_body(user("count me"), 3)).await;
-    s.post("/v1/chat/completions", &json!({ "messages": [] })).await;
+    s.post("/v1/chat/completions", &chat_body(user("count me"), 3))
+        .await;
+    s.post("/v1/chat/completions", &json!({ "messages": [] }))
+        .await;
     let (status, m) = s.get_text("/metrics").await;
     assert_eq!(status, 200);
-    assert!(m.contains("q4moe_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1"), "{m}");
-    assert!(m.contains("q4moe_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1"), "{m}");
+    assert!(
+        m.contains("q4moe_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("q4moe_requests_total{endpoint=\"/v1/chat/completions\",status=\"400\"} 1"),
+        "{m}"
+    );
     assert!(metric(&m, "q4moe_prompt_tokens_total") > 0);
     assert!(metric(&m, "q4moe_completion_tokens_total") > 0);
     assert!(m.contains("q4moe_queue_depth 0"));
-    assert!(m.contains("q4moe_time_to_first_token_seconds_count 1"), "{m}");
+    assert!(
+        m.contains("q4moe_time_to_first_token_seconds_count 1"),
+        "{m}"
+    );
     assert!(m.contains("q4moe_time_per_output_token_seconds_bucket{le=\"+Inf\"}"));
     let (status, models) = s.get_text("/v1/models").await;
     assert_eq!(status, 200);
@@ -352,11 +629,22 @@ async fn metrics_models_health_and_unknown_paths() {
 #[tokio::test]
 async fn full_queue_refuses_new_requests_and_loses_none() {
     use futures_util::StreamExt;
-    let s = start(ServeConfig { model_name: "tiny".into(), queue_capacity: 1, ..Default::default() }).await;
+    let s = start(ServeConfig {
+        model_name: "tiny".into(),
+        queue_capacity: 1,
+        ..Default::default()
+    })
+    .await;
     let mut body = chat_body(user("keep the engine busy"), 480);
     body["ignore_eos"] = json!(true);
     body["stream"] = json!(true);
-    let r = s.http.post(format!("{}/v1/chat/completions", s.base)).json(&body).send().await.unwrap();
+    let r = s
+        .http
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     let mut busy = r.bytes_stream();
     busy.next().await.unwrap().unwrap();
     // The engine is taken and one request may wait: of a burst, the surplus is refused at once,
@@ -376,9 +664,15 @@ async fn full_queue_refuses_new_requests_and_loses_none() {
         answers.push(t.await.unwrap());
     }
     drop(busy);
-    assert!(answers.iter().all(|(st, _)| *st == 200 || *st == 503), "{answers:?}");
+    assert!(
+        answers.iter().all(|(st, _)| *st == 200 || *st == 503),
+        "{answers:?}"
+    );
     assert!(answers.iter().any(|(st, _)| *st == 200), "{answers:?}");
-    let refused = answers.iter().find(|(st, _)| *st == 503).expect("a full queue refused nothing");
+    let refused = answers
+        .iter()
+        .find(|(st, _)| *st == 503)
+        .expect("a full queue refused nothing");
     assert_eq!(refused.1["error"]["code"], "queue_full");
 }
 
@@ -393,7 +687,10 @@ async fn sampling_fields_seed_and_stop_strings() {
     let (status, a) = s.post("/v1/completions", &body).await;
     assert_eq!(status, 200, "{a}");
     let (_, b) = s.post("/v1/completions", &body).await;
-    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "same seed, same text");
+    assert_eq!(
+        a["choices"][0]["text"], b["choices"][0]["text"],
+        "same seed, same text"
+    );
     // Stop at a piece of the greedy text: cut before it, finish_reason stop.
     let greedy = json!({ "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "ignore_eos": true });
     let (_, g) = s.post("/v1/completions", &greedy).await;
@@ -404,5 +701,8 @@ async fn sampling_fields_seed_and_stop_strings() {
     stopped["stop"] = json!(["\u{1}never", stop]);
     let (_, st) = s.post("/v1/completions", &stopped).await;
     assert_eq!(st["choices"][0]["finish_reason"], "stop", "{st}");
-    assert_eq!(st["choices"][0]["text"].as_str().unwrap(), &text[..text.find(&stop).unwrap()]);
+    assert_eq!(
+        st["choices"][0]["text"].as_str().unwrap(),
+        &text[..text.find(&stop).unwrap()]
+    );
 }

@@ -3,10 +3,18 @@
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let n: usize = args.next().map_or(4096, |a| a.parse().expect("N must be an integer"));
-    let seed: u64 = args.next().map_or(0, |a| a.parse().expect("SEED must be an integer"));
+    let n: usize = args
+        .next()
+        .map_or(4096, |a| a.parse().expect("N must be an integer"));
+    let seed: u64 = args
+        .next()
+        .map_or(0, |a| a.parse().expect("SEED must be an integer"));
     let t0 = std::time::Instant::now();
     let spec = q4moe_tokenizer::synthetic_spec(n, seed);
-    eprintln!("synthetic_spec({n}, {seed}): {} merges in {:?}", spec.merges.len(), t0.elapsed());
+    eprintln!(
+        "synthetic_spec({n}, {seed}): {} merges in {:?}",
+        spec.merges.len(),
+        t0.elapsed()
+    );
     println!("{}", serde_json::to_string(&spec).expect("spec serializes"));
 }

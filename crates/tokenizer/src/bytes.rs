@@ -6,7 +6,9 @@ fn tables() -> &'static ([char; 256], std::collections::HashMap<char, u8>) {
     static T: OnceLock<([char; 256], std::collections::HashMap<char, u8>)> = OnceLock::new();
     T.get_or_init(|| {
         // Printable Latin-1 bytes keep their own code point; the rest are moved to 256.. in order.
-        let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let printable = |b: u32| {
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b)
+        };
         let mut fwd = ['\0'; 256];
         let mut next = 256u32;
         for b in 0..256u32 {

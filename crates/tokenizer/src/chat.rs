@@ -22,7 +22,11 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into(), reasoning_content: None }
+        Self {
+            role: role.into(),
+            content: content.into(),
+            reasoning_content: None,
+        }
     }
     pub fn system(content: impl Into<String>) -> Self {
         Self::new("system", content)
@@ -62,7 +66,12 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String, TokenizerError> {
-        self.render_with(Value::from_serialize(messages), None, add_generation_prompt, enable_thinking)
+        self.render_with(
+            Value::from_serialize(messages),
+            None,
+            add_generation_prompt,
+            enable_thinking,
+        )
     }
 
     /// Renders OpenAI-style JSON messages (which may carry `tool_calls`) and an optional `tools` list.
@@ -76,7 +85,12 @@ impl ChatTemplate {
         enable_thinking: Option<bool>,
     ) -> Result<String, TokenizerError> {
         let tools = tools.map(Value::from_serialize);
-        self.render_with(Value::from_serialize(messages), tools, add_generation_prompt, enable_thinking)
+        self.render_with(
+            Value::from_serialize(messages),
+            tools,
+            add_generation_prompt,
+            enable_thinking,
+        )
     }
 
     fn render_with(
@@ -88,7 +102,10 @@ impl ChatTemplate {
     ) -> Result<String, TokenizerError> {
         let tmpl = self.env.get_template(NAME)?;
         // Absent values stay undefined: templates test `enable_thinking is defined`.
-        let mut ctx = vec![("messages", messages), ("add_generation_prompt", Value::from(add_generation_prompt))];
+        let mut ctx = vec![
+            ("messages", messages),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+        ];
         ctx.extend(tools.map(|t| ("tools", t)));
         ctx.extend(enable_thinking.map(|on| ("enable_thinking", Value::from(on))));
         let ctx: Value = ctx.into_iter().collect();
@@ -102,8 +119,8 @@ fn raise_exception(msg: String) -> Result<Value, Error> {
 
 /// Python's `json.dumps` (transformers' `tojson`): no HTML escaping, ", " and ": " separators.
 fn tojson(value: Value, _kw: Kwargs) -> Result<Value, Error> {
-    let json: serde_json::Value =
-        serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let json: serde_json::Value = serde_json::to_value(&value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = String::new();
     write_py_json(&json, &mut out);
     Ok(Value::from_safe_string(out))
@@ -135,7 +152,12 @@ fn write_py_json(v: &serde_json::Value, out: &mut String) {
 
 /// The Python `str` methods chat templates call (`startswith`, `split`, `strip`, ...), which
 /// minijinja does not provide natively.
-fn python_str_methods(_: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
+fn python_str_methods(
+    _: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
     let Some(s) = value.as_str() else {
         return Err(Error::from(ErrorKind::UnknownMethod));
     };
@@ -143,7 +165,10 @@ fn python_str_methods(_: &State, value: &Value, method: &str, args: &[Value]) ->
     let chars = |i: usize| arg(i).map(|c| c.chars().collect::<Vec<char>>());
     let strip = |s: &str, i: usize, left: bool, right: bool| -> String {
         let set = chars(i);
-        let pred = |c: char| set.as_ref().map_or(c.is_whitespace(), |set| set.contains(&c));
+        let pred = |c: char| {
+            set.as_ref()
+                .map_or(c.is_whitespace(), |set| set.contains(&c))
+        };
         let s = if left { s.trim_start_matches(pred) } else { s };
         let s = if right { s.trim_end_matches(pred) } else { s };
         s.to_string()
@@ -158,10 +183,17 @@ fn python_str_methods(_: &State, value: &Value, method: &str, args: &[Value]) ->
         "upper" => Value::from(s.to_uppercase()),
         "replace" => match (arg(0), arg(1)) {
             (Some(from), Some(to)) => Value::from(s.replace(from, to)),
-            _ => return Err(Error::new(ErrorKind::InvalidOperation, "replace needs two strings")),
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "replace needs two strings",
+                ))
+            }
         },
         "split" => match arg(0) {
-            Some(sep) if !sep.is_empty() => Value::from(s.split(sep).map(String::from).collect::<Vec<_>>()),
+            Some(sep) if !sep.is_empty() => {
+                Value::from(s.split(sep).map(String::from).collect::<Vec<_>>())
+            }
             _ => Value::from(s.split_whitespace().map(String::from).collect::<Vec<_>>()),
         },
         _ => return Err(Error::from(ErrorKind::UnknownMethod)),
@@ -179,7 +211,10 @@ pub fn split_reasoning(text: &str) -> (Option<String>, String) {
     };
     if let Some((before, after)) = text.split_once("</think>") {
         let reasoning = before.rsplit_once("<think>").map_or(before, |(_, r)| r);
-        return (nonempty(reasoning), after.trim_start_matches('\n').to_string());
+        return (
+            nonempty(reasoning),
+            after.trim_start_matches('\n').to_string(),
+        );
     }
     match text.trim_start().strip_prefix("<think>") {
         Some(reasoning) => (nonempty(reasoning), String::new()),

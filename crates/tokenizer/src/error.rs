@@ -4,9 +4,16 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum TokenizerError {
     #[error("invalid tokenizer spec: field `{field}`: {message}")]
-    InvalidSpec { field: &'static str, message: String },
+    InvalidSpec {
+        field: &'static str,
+        message: String,
+    },
     #[error("unsupported tokenizer: field `{field}` = {value:?} ({supported})")]
-    Unsupported { field: &'static str, value: String, supported: &'static str },
+    Unsupported {
+        field: &'static str,
+        value: String,
+        supported: &'static str,
+    },
     #[error("token id {id} out of range (vocab size {vocab_size})")]
     UnknownId { id: u32, vocab_size: usize },
     #[error("tokenizer backend: {0}")]
@@ -17,7 +24,10 @@ pub enum TokenizerError {
 
 impl TokenizerError {
     pub(crate) fn spec(field: &'static str, message: impl Into<String>) -> Self {
-        Self::InvalidSpec { field, message: message.into() }
+        Self::InvalidSpec {
+            field,
+            message: message.into(),
+        }
     }
 }
 

@@ -14,7 +14,11 @@ pub struct StreamDecoder<'a> {
 
 impl<'a> StreamDecoder<'a> {
     pub fn new(tokenizer: &'a Tokenizer, skip_special: bool) -> Self {
-        Self { tokenizer, skip_special, pending: Vec::new() }
+        Self {
+            tokenizer,
+            skip_special,
+            pending: Vec::new(),
+        }
     }
 
     /// Adds one token; returns the newly complete text, or `None` when nothing new is complete yet
@@ -50,7 +54,9 @@ impl<'a> StreamDecoder<'a> {
                 }
                 Err(e) => {
                     let valid = start + e.valid_up_to();
-                    out.push_str(std::str::from_utf8(&self.pending[start..valid]).expect("validated"));
+                    out.push_str(
+                        std::str::from_utf8(&self.pending[start..valid]).expect("validated"),
+                    );
                     match e.error_len() {
                         // Invalid bytes in the middle: one U+FFFD per maximal bad run, like lossy.
                         Some(len) => {

@@ -61,13 +61,20 @@ const MAX_PIECE_CHARS: usize = 16;
 /// A deterministic Qwen3-like spec of exactly `vocab_size` tokens (see the module docs).
 /// eos = `<|im_end|>`, bos = pad = `<|endoftext|>`, add_bos false: as in Qwen3 GGUFs.
 pub fn synthetic_spec(vocab_size: usize, seed: u64) -> TokenizerSpec {
-    assert!(vocab_size >= MIN_VOCAB, "synthetic_spec: vocab_size {vocab_size} < minimum {MIN_VOCAB}");
+    assert!(
+        vocab_size >= MIN_VOCAB,
+        "synthetic_spec: vocab_size {vocab_size} < minimum {MIN_VOCAB}"
+    );
     let n_bpe = (vocab_size - QWEN3_ADDED_TOKENS.len()).min(QWEN3_BPE_TOKENS);
     let mut v = VocabBuilder::bytes();
     train(&mut v, n_bpe);
     add_base_pieces(&mut v, n_bpe);
     grow(&mut v, n_bpe, seed);
-    assert_eq!(v.tokens.len(), n_bpe, "synthetic vocabulary generation fell short");
+    assert_eq!(
+        v.tokens.len(),
+        n_bpe,
+        "synthetic vocabulary generation fell short"
+    );
 
     let mut token_types = vec![TokenType::Normal as i32; n_bpe];
     let first_added = v.tokens.len() as u32;
@@ -102,9 +109,19 @@ struct VocabBuilder {
 
 impl VocabBuilder {
     fn bytes() -> Self {
-        let tokens: Vec<String> = (0..=255u8).map(|b| byte_to_unicode(b).to_string()).collect();
-        let ids = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-        Self { tokens, ids, merges: Vec::new() }
+        let tokens: Vec<String> = (0..=255u8)
+            .map(|b| byte_to_unicode(b).to_string())
+            .collect();
+        let ids = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        Self {
+            tokens,
+            ids,
+            merges: Vec::new(),
+        }
     }
 
     /// Records merge `a b` and its new token; `None` when the result already exists.
@@ -114,7 +131,10 @@ impl VocabBuilder {
             return None;
         }
         let id = self.tokens.len() as u32;
-        self.merges.push(format!("{} {}", self.tokens[a as usize], self.tokens[b as usize]));
+        self.merges.push(format!(
+            "{} {}",
+            self.tokens[a as usize], self.tokens[b as usize]
+        ));
         self.ids.insert(piece.clone(), id);
         self.tokens.push(piece);
         Some(id)
@@ -128,12 +148,17 @@ impl VocabBuilder {
 /// Byte-level words of the sample under the Qwen2 split, with counts, in first-seen order.
 fn sample_words() -> Vec<(Vec<u32>, usize)> {
     let mut pts = PreTokenizedString::from(SAMPLE);
-    split_then_bytes(QWEN2_SPLIT).pre_tokenize(&mut pts).expect("pre-tokenize sample");
+    split_then_bytes(QWEN2_SPLIT)
+        .pre_tokenize(&mut pts)
+        .expect("pre-tokenize sample");
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut words: Vec<(Vec<u32>, usize)> = Vec::new();
     for (piece, _, _) in pts.get_splits(OffsetReferential::Original, OffsetType::Byte) {
         let i = *index.entry(piece.to_string()).or_insert_with(|| {
-            let syms = piece.chars().map(|c| u32::from(crate::unicode_to_byte(c).expect("byte char"))).collect();
+            let syms = piece
+                .chars()
+                .map(|c| u32::from(crate::unicode_to_byte(c).expect("byte char")))
+                .collect();
             words.push((syms, 0));
             words.len() - 1
         });
@@ -153,8 +178,12 @@ fn train(v: &mut VocabBuilder, n_bpe: usize) {
                 *counts.entry((w[0], w[1])).or_default() += n;
             }
         }
-        let best = counts.into_iter().max_by(|(p, c), (q, d)| c.cmp(d).then(q.cmp(p)));
-        let Some(((a, b), _)) = best.filter(|&(_, c)| c >= 2) else { break };
+        let best = counts
+            .into_iter()
+            .max_by(|(p, c), (q, d)| c.cmp(d).then(q.cmp(p)));
+        let Some(((a, b), _)) = best.filter(|&(_, c)| c >= 2) else {
+            break;
+        };
         let new = match v.merge(a, b) {
             Some(id) => id,
             // The result exists already (reached by another split): a second merge, no new token.
@@ -188,7 +217,9 @@ fn replace_pair(syms: &mut Vec<u32>, a: u32, b: u32, new: u32) {
 /// Pieces every real vocabulary has: space + letter, indentation runs, blank lines.
 fn add_base_pieces(v: &mut VocabBuilder, n_bpe: usize) {
     let letters = (b'a'..=b'z').chain(b'A'..=b'Z');
-    let mut pairs: Vec<(String, String)> = letters.map(|c| ("Ġ".to_string(), (c as char).to_string())).collect();
+    let mut pairs: Vec<(String, String)> = letters
+        .map(|c| ("Ġ".to_string(), (c as char).to_string()))
+        .collect();
     for (unit, max) in [("Ġ", 16), ("Ċ", 4), ("ĉ", 4)] {
         for n in 2..=max {
             pairs.push((unit.repeat(n - 1), unit.to_string()));
@@ -223,7 +254,9 @@ fn grow(v: &mut VocabBuilder, n_bpe: usize, seed: u64) {
         !rest.is_empty() && rest.len() <= 10 && rest.bytes().all(|b| b.is_ascii_alphabetic())
     };
     let filter = |v: &VocabBuilder, f: &dyn Fn(&str) -> bool| -> Vec<u32> {
-        (0..v.tokens.len() as u32).filter(|&i| f(&v.tokens[i as usize])).collect()
+        (0..v.tokens.len() as u32)
+            .filter(|&i| f(&v.tokens[i as usize]))
+            .collect()
     };
     let mut starts = filter(v, &is_start);
     let conts = filter(v, &is_cont);
@@ -231,7 +264,8 @@ fn grow(v: &mut VocabBuilder, n_bpe: usize, seed: u64) {
     while v.tokens.len() < n_bpe {
         // Squaring a uniform draw favours low ids; after repeated misses fall back to uniform.
         let skew = if misses > 32 { 1 } else { 2 };
-        let mut pick = |pool: &[u32]| pool[(rng.gen::<f64>().powi(skew) * pool.len() as f64) as usize];
+        let mut pick =
+            |pool: &[u32]| pool[(rng.gen::<f64>().powi(skew) * pool.len() as f64) as usize];
         let (a, b) = (pick(&starts), pick(&conts));
         let joined = format!("{}{}", v.tokens[a as usize], v.tokens[b as usize]);
         let ok = joined.chars().count() <= MAX_PIECE_CHARS && pronounceable(&joined);
@@ -250,7 +284,11 @@ fn grow(v: &mut VocabBuilder, n_bpe: usize, seed: u64) {
 /// No more than three consonants or two vowels in a row (y counts as both).
 fn pronounceable(piece: &str) -> bool {
     let (mut cons, mut vows) = (0, 0);
-    for c in piece.trim_start_matches('Ġ').chars().map(|c| c.to_ascii_lowercase()) {
+    for c in piece
+        .trim_start_matches('Ġ')
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+    {
         let vowel = "aeiouy".contains(c);
         let consonant = c != 'a' && c != 'e' && c != 'i' && c != 'o' && c != 'u';
         cons = if consonant { cons + 1 } else { 0 };

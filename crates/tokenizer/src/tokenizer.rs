@@ -57,8 +57,15 @@ impl Tokenizer {
         let n = spec.tokens.len();
         let piece = |id: usize| special.id_to_token(id as u32).unwrap_or_default();
         let token_bytes = (0..n).map(|id| decode_piece(&piece(id))).collect();
-        let is_control = (0..n).map(|id| special.get_added_vocabulary().is_special_token(&piece(id))).collect();
-        let ids: HashMap<String, u32> = spec.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let is_control = (0..n)
+            .map(|id| special.get_added_vocabulary().is_special_token(&piece(id)))
+            .collect();
+        let ids: HashMap<String, u32> = spec
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
         let mut stop_ids = vec![spec.eos_id];
         for s in ["<|im_end|>", "<|endoftext|>"] {
             if let Some(&id) = ids.get(s) {
@@ -85,8 +92,14 @@ impl Tokenizer {
     /// tokens written in the text (`<|im_start|>`) become their ids; user-defined tokens (`<think>`)
     /// are always matched whole, as in llama.cpp and transformers.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let tk = if parse_special { &self.special } else { &self.plain };
-        let enc = tk.encode(text, false).map_err(|e| TokenizerError::Backend(e.to_string()))?;
+        let tk = if parse_special {
+            &self.special
+        } else {
+            &self.plain
+        };
+        let enc = tk
+            .encode(text, false)
+            .map_err(|e| TokenizerError::Backend(e.to_string()))?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if let (true, Some(bos)) = (self.add_bos, self.bos_id) {
             ids.push(bos);
@@ -98,12 +111,17 @@ impl Tokenizer {
     /// Text of `ids`; invalid UTF-8 (a cut multi-byte char) becomes U+FFFD, as in transformers.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
         self.check_ids(ids)?;
-        self.special.decode(ids, skip_special).map_err(|e| TokenizerError::Backend(e.to_string()))
+        self.special
+            .decode(ids, skip_special)
+            .map_err(|e| TokenizerError::Backend(e.to_string()))
     }
 
     pub(crate) fn check_ids(&self, ids: &[u32]) -> Result<(), TokenizerError> {
         match ids.iter().find(|&&id| id as usize >= self.vocab_size()) {
-            Some(&id) => Err(TokenizerError::UnknownId { id, vocab_size: self.vocab_size() }),
+            Some(&id) => Err(TokenizerError::UnknownId {
+                id,
+                vocab_size: self.vocab_size(),
+            }),
             None => Ok(()),
         }
     }
@@ -167,14 +185,20 @@ fn validate(spec: &TokenizerSpec) -> Result<(), TokenizerError> {
         return Err(TokenizerError::spec("token_types", msg));
     }
     let check = |field: &'static str, id: Option<u32>| match id {
-        Some(id) if id as usize >= n => Err(TokenizerError::spec(field, format!("id {id} >= vocab size {n}"))),
+        Some(id) if id as usize >= n => Err(TokenizerError::spec(
+            field,
+            format!("id {id} >= vocab size {n}"),
+        )),
         _ => Ok(()),
     };
     check("bos_id", spec.bos_id)?;
     check("eos_id", Some(spec.eos_id))?;
     check("pad_id", spec.pad_id)?;
     if spec.add_bos && spec.bos_id.is_none() {
-        return Err(TokenizerError::spec("add_bos", "is true but bos_id is missing"));
+        return Err(TokenizerError::spec(
+            "add_bos",
+            "is true but bos_id is missing",
+        ));
     }
     Ok(())
 }
@@ -186,7 +210,11 @@ fn vocab_of(spec: &TokenizerSpec) -> Vocab {
         .iter()
         .enumerate()
         .map(|(id, t)| {
-            let t = if in_alphabet(t) { t.clone() } else { encode_bytes(t.as_bytes()) };
+            let t = if in_alphabet(t) {
+                t.clone()
+            } else {
+                encode_bytes(t.as_bytes())
+            };
             (t, id as u32)
         })
         .collect()
@@ -201,7 +229,12 @@ fn merges_of(spec: &TokenizerSpec, vocab: &Vocab) -> Result<Vec<(String, String)
             let (a, b) = m
                 .split_once(' ')
                 .filter(|(a, b)| !a.is_empty() && !b.is_empty() && !b.contains(' '))
-                .ok_or_else(|| TokenizerError::spec("merges", format!("merges[{i}] = {m:?} is not \"left right\"")))?;
+                .ok_or_else(|| {
+                    TokenizerError::spec(
+                        "merges",
+                        format!("merges[{i}] = {m:?} is not \"left right\""),
+                    )
+                })?;
             for part in [a, b, &format!("{a}{b}")] {
                 if !vocab.contains_key(part) {
                     let msg = format!("merges[{i}] = {m:?} references unknown token {part:?}");
@@ -219,23 +252,42 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper, TokenizerError> {
         "llama-bpe" | "llama3" | "llama-v3" => LLAMA3_SPLIT,
         // GPT-2's own regex lives inside the ByteLevel pre-tokenizer.
         "default" | "gpt-2" | "gpt2" => return Ok(ByteLevel::new(false, true, true).into()),
-        _ => return Err(TokenizerError::Unsupported { field: "pre", value: pre.into(), supported: SUPPORTED_PRE }),
+        _ => {
+            return Err(TokenizerError::Unsupported {
+                field: "pre",
+                value: pre.into(),
+                supported: SUPPORTED_PRE,
+            })
+        }
     };
     Ok(split_then_bytes(regex))
 }
 
 /// The regex split, then byte-level respelling without GPT-2's own regex.
 pub(crate) fn split_then_bytes(regex: &str) -> PreTokenizerWrapper {
-    let split = Split::new(SplitPattern::Regex(regex.into()), SplitDelimiterBehavior::Isolated, false)
-        .expect("built-in split regex compiles");
-    Sequence::new(vec![split.into(), ByteLevel::new(false, true, false).into()]).into()
+    let split = Split::new(
+        SplitPattern::Regex(regex.into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .expect("built-in split regex compiles");
+    Sequence::new(vec![
+        split.into(),
+        ByteLevel::new(false, true, false).into(),
+    ])
+    .into()
 }
 
 /// Control tokens become special added tokens, user-defined ones non-special added tokens: both are
 /// matched whole in the text. Control tokens spelled outside the byte alphabet are skipped, as
 /// transformers does (they are llama.cpp mislabels).
 fn add_added_tokens(tk: &mut tokenizers::Tokenizer, spec: &TokenizerSpec, vocab: &Vocab) {
-    let of_type = |ty: TokenType| spec.tokens.iter().zip(&spec.token_types).filter(move |(_, &t)| t == ty as i32);
+    let of_type = |ty: TokenType| {
+        spec.tokens
+            .iter()
+            .zip(&spec.token_types)
+            .filter(move |(_, &t)| t == ty as i32)
+    };
     let control: Vec<AddedToken> = of_type(TokenType::Control)
         .filter(|(t, _)| in_alphabet(t))
         .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))

@@ -20,14 +20,20 @@ fn multi_turn_qwen3_format() {
                 <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n";
     assert_eq!(text, want);
     let no_gen = qwen3().render(&msgs, false, None).unwrap();
-    assert_eq!(no_gen, want.strip_suffix("<|im_start|>assistant\n").unwrap());
+    assert_eq!(
+        no_gen,
+        want.strip_suffix("<|im_start|>assistant\n").unwrap()
+    );
 }
 
 #[test]
 fn enable_thinking_false_adds_empty_think_block() {
     let msgs = [ChatMessage::user("2+2?")];
     let base = "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n";
-    assert_eq!(qwen3().render(&msgs, true, Some(false)).unwrap(), format!("{base}<think>\n\n</think>\n\n"));
+    assert_eq!(
+        qwen3().render(&msgs, true, Some(false)).unwrap(),
+        format!("{base}<think>\n\n</think>\n\n")
+    );
     assert_eq!(qwen3().render(&msgs, true, Some(true)).unwrap(), base);
     assert_eq!(qwen3().render(&msgs, true, None).unwrap(), base);
 }
@@ -36,8 +42,13 @@ fn enable_thinking_false_adds_empty_think_block() {
 fn reasoning_content_of_the_last_turn_is_kept() {
     let mut a = ChatMessage::assistant("4");
     a.reasoning_content = Some("add".into());
-    let text = qwen3().render(&[ChatMessage::user("2+2?"), a], false, None).unwrap();
-    assert!(text.ends_with("<|im_start|>assistant\n<think>\nadd\n</think>\n\n4<|im_end|>\n"), "{text:?}");
+    let text = qwen3()
+        .render(&[ChatMessage::user("2+2?"), a], false, None)
+        .unwrap();
+    assert!(
+        text.ends_with("<|im_start|>assistant\n<think>\nadd\n</think>\n\n4<|im_end|>\n"),
+        "{text:?}"
+    );
 }
 
 #[test]
@@ -51,11 +62,20 @@ fn template_errors_are_reported() {
 #[test]
 fn split_reasoning_cases() {
     let s = |t: &str| split_reasoning(t);
-    assert_eq!(s("<think>\nplan\n</think>\n\nanswer"), (Some("plan".into()), "answer".into()));
+    assert_eq!(
+        s("<think>\nplan\n</think>\n\nanswer"),
+        (Some("plan".into()), "answer".into())
+    );
     // The generation prompt already opened <think>: the text starts inside the block.
-    assert_eq!(s("plan\n</think>\n\nanswer"), (Some("plan".into()), "answer".into()));
+    assert_eq!(
+        s("plan\n</think>\n\nanswer"),
+        (Some("plan".into()), "answer".into())
+    );
     assert_eq!(s("<think>\n\n</think>\n\nanswer"), (None, "answer".into()));
-    assert_eq!(s("<think>\nstill thinking"), (Some("still thinking".into()), String::new()));
+    assert_eq!(
+        s("<think>\nstill thinking"),
+        (Some("still thinking".into()), String::new())
+    );
     assert_eq!(s("just an answer"), (None, "just an answer".into()));
 }
 
@@ -68,8 +88,13 @@ fn tools_and_tool_calls_render_like_qwen3() {
         {"role": "tool", "content": "sunny"},
     ]);
     let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather"}}]);
-    let text = qwen3().render_json(&messages, Some(&tools), true, None).unwrap();
-    assert!(text.starts_with("<|im_start|>system\n# Tools\n\n"), "{text}");
+    let text = qwen3()
+        .render_json(&messages, Some(&tools), true, None)
+        .unwrap();
+    assert!(
+        text.starts_with("<|im_start|>system\n# Tools\n\n"),
+        "{text}"
+    );
     assert!(text.contains("<tools>\n{\"function\": {\"name\": \"get_weather\"}, \"type\": \"function\"}\n</tools>"), "{text}");
     assert!(text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"), "{text}");
     assert!(text.ends_with("<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{text}");

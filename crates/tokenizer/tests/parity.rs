@@ -34,11 +34,17 @@ struct Case {
 }
 
 fn fixtures() -> Vec<std::path::PathBuf> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer");
     let mut paths: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("parity_"))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("parity_")
+        })
         .collect();
     paths.sort();
     paths
@@ -54,20 +60,36 @@ fn check(path: &std::path::Path) -> usize {
         let plain = tok.encode(&c.text, false).unwrap();
         let dec = tok.decode(&c.ids, false).unwrap();
         let dec_skip = tok.decode(&c.ids, true).unwrap();
-        if ids != c.ids || plain != c.ids_no_special || dec != c.decoded || dec_skip != c.decoded_skip_special {
+        if ids != c.ids
+            || plain != c.ids_no_special
+            || dec != c.decoded
+            || dec_skip != c.decoded_skip_special
+        {
             failures.push(format!("{:?}: ids {:?} vs hf {:?}; plain {:?} vs {:?}; dec {:?} vs {:?}; skip {:?} vs {:?}",
                 c.text, ids, c.ids, plain, c.ids_no_special, dec, c.decoded, dec_skip, c.decoded_skip_special));
         }
     }
     let template = ChatTemplate::new(tok.chat_template().unwrap()).unwrap();
     for c in &fx.chat {
-        let text = template.render(&c.messages, c.add_generation_prompt, c.enable_thinking).unwrap();
+        let text = template
+            .render(&c.messages, c.add_generation_prompt, c.enable_thinking)
+            .unwrap();
         let ids = tok.encode(&text, true).unwrap();
         if text != c.rendered || ids != c.ids {
-            failures.push(format!("chat {:?}: rendered {text:?} vs hf {:?}", c.messages, c.rendered));
+            failures.push(format!(
+                "chat {:?}: rendered {text:?} vs hf {:?}",
+                c.messages, c.rendered
+            ));
         }
     }
-    assert!(failures.is_empty(), "{}: {} of {} cases differ:\n{}", path.display(), failures.len(), fx.cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{}: {} of {} cases differ:\n{}",
+        path.display(),
+        failures.len(),
+        fx.cases.len(),
+        failures.join("\n")
+    );
     fx.cases.len()
 }
 

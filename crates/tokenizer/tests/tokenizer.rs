@@ -65,7 +65,10 @@ fn ids_and_stop_tokens_mirror_qwen3() {
     assert_eq!(t.token_id("<think>"), Some(151_667));
     assert_eq!(t.token_id("</think>"), Some(151_668));
     assert_eq!(t.token_id("[PAD151935]"), Some(151_935));
-    assert_eq!((t.eos_id(), t.bos_id(), t.add_bos()), (151_645, Some(151_643), false));
+    assert_eq!(
+        (t.eos_id(), t.bos_id(), t.add_bos()),
+        (151_645, Some(151_643), false)
+    );
     assert_eq!(t.stop_ids(), vec![151_645, 151_643]);
     assert!(t.chat_template().unwrap().contains("enable_thinking"));
 }
@@ -109,7 +112,9 @@ fn stream_decoder_holds_split_chars_and_matches_lossy_decode() {
 #[test]
 fn stream_decoder_skips_control_tokens() {
     let t = tok(1024);
-    let ids = t.encode("<|im_start|>assistant\nok<|im_end|>", true).unwrap();
+    let ids = t
+        .encode("<|im_start|>assistant\nok<|im_end|>", true)
+        .unwrap();
     let mut s = t.stream_decoder(true);
     let mut out: String = ids.iter().filter_map(|&id| s.push(id)).collect();
     out.push_str(&s.finish());
@@ -172,5 +177,8 @@ fn bad_specs_name_the_field() {
     s.pre = "made-up".into();
     expect_field(&s, "pre");
     let t = Tokenizer::from_spec(&good).unwrap();
-    assert!(matches!(t.decode(&[400], false), Err(TokenizerError::UnknownId { id: 400, .. })));
+    assert!(matches!(
+        t.decode(&[400], false),
+        Err(TokenizerError::UnknownId { id: 400, .. })
+    ));
 }

@@ -17,7 +17,11 @@ pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let n = s.len();
-    if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
 }
 
 pub fn stats(v: &[f64]) -> Value {
@@ -38,7 +42,13 @@ fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn variant_json(v: &Variant, runs: &[RunResult], bytes_per_token: u64, copy_gbs: Option<f64>, reference: &[u32]) -> Value {
+fn variant_json(
+    v: &Variant,
+    runs: &[RunResult],
+    bytes_per_token: u64,
+    copy_gbs: Option<f64>,
+    reference: &[u32],
+) -> Value {
     let tok_s: Vec<f64> = runs.iter().map(|r| r.steady_tok_s).collect();
     let med = median(&tok_s);
     let p = super::mean_phases(&runs.iter().map(|r| r.phases).collect::<Vec<_>>());
@@ -74,8 +84,13 @@ pub fn build(
 ) -> Value {
     let bpt = m.bytes_per_token();
     let reference = &results[0].1[0].tokens;
-    let variants: Vec<Value> = results.iter().map(|(v, r)| variant_json(v, r, bpt, extras.copy_gbs, reference)).collect();
-    let parity = variants.iter().all(|v| v["greedy_tokens_identical_to_first_variant"] == json!(true));
+    let variants: Vec<Value> = results
+        .iter()
+        .map(|(v, r)| variant_json(v, r, bpt, extras.copy_gbs, reference))
+        .collect();
+    let parity = variants
+        .iter()
+        .all(|v| v["greedy_tokens_identical_to_first_variant"] == json!(true));
     let kernels: Vec<Value> = extras
         .kernels
         .iter()
@@ -106,9 +121,34 @@ pub fn build(
 }
 
 pub fn print_table(r: &Value) {
-    println!("\nq4moe bench | {} | {} | {} | commit {}", r["model"].as_str().unwrap_or(""), r["backend"], r["device"], r["commit"]);
-    println!("prompt {} tok, decode {} tok, {} runs, {:.3} GB read per token", r["prompt_len"], r["decode_len"], r["runs"], r["bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e9);
-    println!("{:<24} {:>10} {:>10} {:>10} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}", "variant", "tok/s", "min", "max", "ms/tok", "setup%", "submit", "wait", "tail", "GB/s", "%copy");
+    println!(
+        "\nq4moe bench | {} | {} | {} | commit {}",
+        r["model"].as_str().unwrap_or(""),
+        r["backend"],
+        r["device"],
+        r["commit"]
+    );
+    println!(
+        "prompt {} tok, decode {} tok, {} runs, {:.3} GB read per token",
+        r["prompt_len"],
+        r["decode_len"],
+        r["runs"],
+        r["bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e9
+    );
+    println!(
+        "{:<24} {:>10} {:>10} {:>10} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        "variant",
+        "tok/s",
+        "min",
+        "max",
+        "ms/tok",
+        "setup%",
+        "submit",
+        "wait",
+        "tail",
+        "GB/s",
+        "%copy"
+    );
     for v in r["variants"].as_array().into_iter().flatten() {
         let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
         let p = &v["phases_ms"];
@@ -121,15 +161,26 @@ pub fn print_table(r: &Value) {
         );
     }
     if let Some(l) = r.get("long_context").filter(|l| !l.is_null()) {
-        println!("decode at {} context: median {:.1} tok/s", l["context"], l["tok_s"]["median"].as_f64().unwrap_or(0.0));
+        println!(
+            "decode at {} context: median {:.1} tok/s",
+            l["context"],
+            l["tok_s"]["median"].as_f64().unwrap_or(0.0)
+        );
     }
-    println!("parity (greedy tokens identical across variants): {}", r["parity_all_variants_identical"]);
+    println!(
+        "parity (greedy tokens identical across variants): {}",
+        r["parity_all_variants_identical"]
+    );
 }
 
 pub fn write_json(out: &Path, record: &Value) -> anyhow::Result<PathBuf> {
     let path = if out.is_dir() || out.extension().is_none() {
         std::fs::create_dir_all(out)?;
-        out.join(format!("bench-{}-{}.json", record["backend"].as_str().unwrap_or("x"), record["date_unix"]))
+        out.join(format!(
+            "bench-{}-{}.json",
+            record["backend"].as_str().unwrap_or("x"),
+            record["date_unix"]
+        ))
     } else {
         out.to_path_buf()
     };

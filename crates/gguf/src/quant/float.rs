@@ -59,5 +59,8 @@ pub(crate) fn vec_dot_ref(ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
         GgmlType::F16 => |b| f16_to_f32([b[0], b[1]]),
         _ => |b| bf16_to_f32([b[0], b[1]]),
     };
-    row.chunks_exact(ty.type_size()).zip(x).map(|(b, &x)| w(b) * x).sum()
+    row.chunks_exact(ty.type_size())
+        .zip(x)
+        .map(|(b, &x)| w(b) * x)
+        .sum()
 }

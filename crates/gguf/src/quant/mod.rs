@@ -20,10 +20,10 @@
 
 mod float;
 mod q4_0;
+pub mod q4_0x;
 mod q4_k;
 mod q6_k;
 mod q8_0;
-pub mod q4_0x;
 mod q8_k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -60,7 +60,8 @@ pub(crate) fn blocks<B: Block>(bytes: &[u8]) -> &[B] {
 /// Appends blocks to a byte vector.
 pub(crate) fn push_blocks<B: Block>(out: &mut Vec<u8>, bs: &[B]) {
     // SAFETY: as in `blocks`: B is plain bytes.
-    let bytes = unsafe { std::slice::from_raw_parts(bs.as_ptr().cast::<u8>(), std::mem::size_of_val(bs)) };
+    let bytes =
+        unsafe { std::slice::from_raw_parts(bs.as_ptr().cast::<u8>(), std::mem::size_of_val(bs)) };
     out.extend_from_slice(bytes);
 }
 
@@ -103,14 +104,20 @@ pub fn detected_isa() -> Isa {
         return isa;
     }
     let isa = detect();
-    CACHE.store(ALL.iter().position(|&i| i == isa).unwrap() as u8, Ordering::Relaxed);
+    CACHE.store(
+        ALL.iter().position(|&i| i == isa).unwrap() as u8,
+        Ordering::Relaxed,
+    );
     isa
 }
 
 fn detect() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
             return Isa::Scalar;
         }
         if is_x86_feature_detected!("avx512f")
@@ -156,7 +163,9 @@ fn has_avxvnni() -> bool {
 
 fn check_len(ty: GgmlType, what: &str, bytes: usize, n: usize) -> Result<()> {
     if !ty.is_supported() {
-        return Err(GgufError::Other(format!("{what}: type {ty} is not supported")));
+        return Err(GgufError::Other(format!(
+            "{what}: type {ty} is not supported"
+        )));
     }
     match ty.row_bytes(n) {
         Some(b) if b == bytes => Ok(()),
@@ -239,7 +248,10 @@ pub fn vec_dot_isa(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        assert!(isa_available(isa), "{isa:?} kernels requested on a CPU without them");
+        assert!(
+            isa_available(isa),
+            "{isa:?} kernels requested on a CPU without them"
+        );
         // SAFETY: the features of `isa` were detected at run time (asserted above).
         return unsafe { x86::vec_dot_f32(isa, ty, row, x) };
     }
@@ -293,7 +305,10 @@ pub fn vec_dot_q8_isa(isa: Isa, ty: GgmlType, row: &[u8], xq: &[u8]) -> f32 {
     debug_assert_q8_lengths(ty, row, xq);
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        assert!(isa_available(isa), "{isa:?} kernels requested on a CPU without them");
+        assert!(
+            isa_available(isa),
+            "{isa:?} kernels requested on a CPU without them"
+        );
         // SAFETY: the features of `isa` were detected at run time (asserted above).
         return unsafe { x86::vec_dot_q8(isa, ty, row, xq) };
     }
@@ -333,7 +348,11 @@ pub fn q4_0x_act_bytes(n: usize) -> usize {
 /// Quantises `x` (a multiple of 64 elements) to Q8_0 exactly as `quantize_activation_q8` does,
 /// laid out for `vec_dot_q4_0x` (see `q4_0x`), appending to `out`.
 pub fn quantize_activation_q4_0x(x: &[f32], out: &mut Vec<u8>) {
-    assert_eq!(x.len() % 64, 0, "Q8_0x2 activations need a multiple of 64 elements");
+    assert_eq!(
+        x.len() % 64,
+        0,
+        "Q8_0x2 activations need a multiple of 64 elements"
+    );
     out.reserve(q4_0x_act_bytes(x.len()));
     for c in x.chunks_exact(64) {
         let pair = [quantize_q8_0_block(&c[..32]), quantize_q8_0_block(&c[32..])];
@@ -369,10 +388,16 @@ pub fn vec_dot_q4_0x(row: &[u8], act: &[u8]) -> f32 {
 /// `vec_dot_q4_0x` with an explicit ISA (must be one of `available_isas()`).
 pub fn vec_dot_q4_0x_isa(isa: Isa, row: &[u8], act: &[u8]) -> f32 {
     let bs: &[BlockQ4_0] = blocks(row);
-    assert!(bs.len() % 2 == 0 && act.len() == bs.len() / 2 * q4_0x::PAIR_BYTES, "vec_dot_q4_0x: row and activations differ");
+    assert!(
+        bs.len() % 2 == 0 && act.len() == bs.len() / 2 * q4_0x::PAIR_BYTES,
+        "vec_dot_q4_0x: row and activations differ"
+    );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        assert!(isa_available(isa), "{isa:?} kernels requested on a CPU without them");
+        assert!(
+            isa_available(isa),
+            "{isa:?} kernels requested on a CPU without them"
+        );
         // SAFETY: AVX2/FMA/F16C detected (every isa >= Avx2 implies them); lengths asserted.
         return unsafe { x86_q8::q4_0x(bs, act) };
     }
@@ -383,8 +408,14 @@ pub fn vec_dot_q4_0x_isa(isa: Isa, row: &[u8], act: &[u8]) -> f32 {
 /// `out[i] = vec_dot_q4_0x(row i of rows, act)` for `out.len()` consecutive rows of `row_bytes`
 /// bytes each: one dispatch for many rows (rows of 768 weights are only ~100 cycles of work).
 pub fn vec_dot_q4_0x_rows(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]) {
-    assert!(rows.len() >= out.len() * row_bytes, "vec_dot_q4_0x_rows: too few rows");
-    assert!(row_bytes % 36 == 0 && act.len() == row_bytes / 36 * q4_0x::PAIR_BYTES, "vec_dot_q4_0x_rows: row and activations differ");
+    assert!(
+        rows.len() >= out.len() * row_bytes,
+        "vec_dot_q4_0x_rows: too few rows"
+    );
+    assert!(
+        row_bytes % 36 == 0 && act.len() == row_bytes / 36 * q4_0x::PAIR_BYTES,
+        "vec_dot_q4_0x_rows: row and activations differ"
+    );
     #[cfg(target_arch = "x86_64")]
     if detected_isa() >= Isa::Avx2 {
         // SAFETY: AVX2/FMA/F16C detected; `out.len()` rows of the activations' length (asserted).

@@ -55,7 +55,10 @@ fn quantize_block(x: &[f32]) -> BlockQ4_0 {
     for j in 0..16 {
         qs[j] = q(x[j]) | (q(x[j + 16]) << 4);
     }
-    BlockQ4_0 { d: f32_to_f16(d), qs }
+    BlockQ4_0 {
+        d: f32_to_f16(d),
+        qs,
+    }
 }
 
 pub(crate) fn vec_dot_ref(bs: &[BlockQ4_0], x: &[f32]) -> f32 {

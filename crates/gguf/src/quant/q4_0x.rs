@@ -62,7 +62,12 @@ pub(crate) fn vec_dot_ref(row: &[u8], act: &[u8]) -> f32 {
     for (p, pa) in bs.chunks_exact(2).zip(act.chunks_exact(PAIR_BYTES)) {
         let (ya, yb, da, db) = unpack(pa);
         for (b, y, dy) in [(&p[0], ya, da), (&p[1], yb, db)] {
-            let s: i32 = b.values().iter().zip(y).map(|(&w, y)| w as i32 * y as i32).sum();
+            let s: i32 = b
+                .values()
+                .iter()
+                .zip(y)
+                .map(|(&w, y)| w as i32 * y as i32)
+                .sum();
             sum += f16_to_f32(b.d) * dy * s as f32;
         }
     }
@@ -114,7 +119,10 @@ mod tests {
         for i in 0..=u16::MAX {
             let want = super::f16_to_f32(i.to_le_bytes());
             let got = super::F16_LUT[i as usize];
-            assert!(want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()), "{i:#x}: {want} vs {got}");
+            assert!(
+                want.to_bits() == got.to_bits() || (want.is_nan() && got.is_nan()),
+                "{i:#x}: {want} vs {got}"
+            );
         }
     }
 }

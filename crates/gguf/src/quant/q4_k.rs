@@ -74,7 +74,9 @@ pub(crate) fn vec_dot_q8_ref(bs: &[BlockQ4K], xq: &[BlockQ8K]) -> f32 {
         let (mut sumi, mut summ) = (0i32, 0i32);
         for s in 0..8 {
             let (sc, m) = b.scale_min(s);
-            let dot: i32 = (0..32).map(|l| b.q(32 * s + l) as i32 * y.qs[32 * s + l] as i32).sum();
+            let dot: i32 = (0..32)
+                .map(|l| b.q(32 * s + l) as i32 * y.qs[32 * s + l] as i32)
+                .sum();
             sumi += sc as i32 * dot;
             summ += m as i32 * (y.bsum(2 * s) + y.bsum(2 * s + 1));
         }
@@ -101,11 +103,16 @@ fn quantize_block(x: &[f32]) -> BlockQ4K {
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = av_x + v.abs();
         }
-        (scales[j], mins[j]) = make_qkx2_quants(15, xs, &weights, &mut l[32 * j..32 * j + 32], -1.0, 0.1, 20);
+        (scales[j], mins[j]) =
+            make_qkx2_quants(15, xs, &weights, &mut l[32 * j..32 * j + 32], -1.0, 0.1, 20);
     }
     let max_scale = scales.iter().fold(0f32, |a, &b| a.max(b));
     let max_min = mins.iter().fold(0f32, |a, &b| a.max(b));
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut b = BlockQ4K {
         d: f32_to_f16(max_scale / 63.0),
@@ -147,7 +154,15 @@ fn quantize_block(x: &[f32]) -> BlockQ4K {
 }
 
 /// Returns (scale, -min) such that x ≈ scale*L + min, L in 0..=nmax, min <= 0.
-fn make_qkx2_quants(nmax: i32, x: &[f32], w: &[f32], l: &mut [u8], rmin: f32, rdelta: f32, nstep: i32) -> (f32, f32) {
+fn make_qkx2_quants(
+    nmax: i32,
+    x: &[f32],
+    w: &[f32],
+    l: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+) -> (f32, f32) {
     let n = x.len();
     let mut min = x.iter().fold(x[0], |a, &b| a.min(b));
     let max = x.iter().fold(x[0], |a, &b| a.max(b));
@@ -160,7 +175,8 @@ fn make_qkx2_quants(nmax: i32, x: &[f32], w: &[f32], l: &mut [u8], rmin: f32, rd
         l.fill(0);
         return (0.0, -min);
     }
-    let quant = |iscale: f32, min: f32, i: usize| nearest_int(iscale * (x[i] - min)).clamp(0, nmax) as u8;
+    let quant =
+        |iscale: f32, min: f32, i: usize| nearest_int(iscale * (x[i] - min)).clamp(0, nmax) as u8;
     let iscale = nmax as f32 / (max - min);
     let mut scale = 1.0 / iscale;
     let mut best_err = 0f32;

@@ -74,7 +74,9 @@ pub(super) unsafe fn to_array(v: __m256) -> [f32; 8] {
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn f16(b: [u8; 2]) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes(b) as i32)))
+    _mm_cvtss_f32(_mm_cvtph_ps(
+        _mm_cvtsi32_si128(u16::from_le_bytes(b) as i32),
+    ))
 }
 
 /// Eight bytes at `p`, zero-extended to i32 lanes.
@@ -111,7 +113,9 @@ unsafe fn dot_f32(row: &[u8], x: &[f32]) -> f32 {
     let p = row.as_ptr().cast::<f32>();
     let main = n / 8 * 8;
     let s = dot_lanes(main, x, |i| _mm256_loadu_ps(p.add(i)));
-    s + (main..n).map(|i| p.add(i).read_unaligned() * x[i]).sum::<f32>()
+    s + (main..n)
+        .map(|i| p.add(i).read_unaligned() * x[i])
+        .sum::<f32>()
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -119,8 +123,12 @@ unsafe fn dot_f16(row: &[u8], x: &[f32]) -> f32 {
     let n = x.len().min(row.len() / 2);
     let p = row.as_ptr();
     let main = n / 8 * 8;
-    let s = dot_lanes(main, x, |i| _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i).cast())));
-    s + (main..n).map(|i| f16([row[2 * i], row[2 * i + 1]]) * x[i]).sum::<f32>()
+    let s = dot_lanes(main, x, |i| {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i).cast()))
+    });
+    s + (main..n)
+        .map(|i| f16([row[2 * i], row[2 * i + 1]]) * x[i])
+        .sum::<f32>()
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -151,8 +159,16 @@ unsafe fn dot_q4_0(bs: &[BlockQ4_0], x: &[f32]) -> f32 {
             let lane = |q: __m256i| _mm256_cvtepi32_ps(_mm256_sub_epi32(q, m8));
             let s0 = _mm256_mul_ps(lane(_mm256_and_si256(q0, m15)), _mm256_loadu_ps(xp));
             let s1 = _mm256_mul_ps(lane(_mm256_and_si256(q1, m15)), _mm256_loadu_ps(xp.add(8)));
-            let s0 = _mm256_fmadd_ps(lane(_mm256_srli_epi32(q0, 4)), _mm256_loadu_ps(xp.add(16)), s0);
-            let s1 = _mm256_fmadd_ps(lane(_mm256_srli_epi32(q1, 4)), _mm256_loadu_ps(xp.add(24)), s1);
+            let s0 = _mm256_fmadd_ps(
+                lane(_mm256_srli_epi32(q0, 4)),
+                _mm256_loadu_ps(xp.add(16)),
+                s0,
+            );
+            let s1 = _mm256_fmadd_ps(
+                lane(_mm256_srli_epi32(q1, 4)),
+                _mm256_loadu_ps(xp.add(24)),
+                s1,
+            );
             acc[i % 4] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_add_ps(s0, s1), acc[i % 4]);
         }
     }
@@ -166,9 +182,19 @@ unsafe fn dot_q8_0(bs: &[BlockQ8_0], x: &[f32]) -> f32 {
         let ds = f16x8_array(bc.len(), |i| bc[i].d);
         for (i, ((b, x), d)) in bc.iter().zip(xc.chunks_exact(32)).zip(ds).enumerate() {
             let (xp, qp) = (x.as_ptr(), b.qs.as_ptr());
-            let lane = |k: usize| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(qp.add(8 * k).cast())));
-            let s0 = _mm256_fmadd_ps(lane(1), _mm256_loadu_ps(xp.add(8)), _mm256_mul_ps(lane(0), _mm256_loadu_ps(xp)));
-            let s1 = _mm256_fmadd_ps(lane(3), _mm256_loadu_ps(xp.add(24)), _mm256_mul_ps(lane(2), _mm256_loadu_ps(xp.add(16))));
+            let lane = |k: usize| {
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(qp.add(8 * k).cast())))
+            };
+            let s0 = _mm256_fmadd_ps(
+                lane(1),
+                _mm256_loadu_ps(xp.add(8)),
+                _mm256_mul_ps(lane(0), _mm256_loadu_ps(xp)),
+            );
+            let s1 = _mm256_fmadd_ps(
+                lane(3),
+                _mm256_loadu_ps(xp.add(24)),
+                _mm256_mul_ps(lane(2), _mm256_loadu_ps(xp.add(16))),
+            );
             acc[i % 4] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_add_ps(s0, s1), acc[i % 4]);
         }
     }
@@ -186,7 +212,13 @@ unsafe fn sum4(a: [__m256; 4]) -> __m256 {
 unsafe fn dot_q4_k(bs: &[BlockQ4K], x: &[f32]) -> f32 {
     let mut acc = [_mm256_setzero_ps(); 4];
     for (bc, xc) in bs.chunks(4).zip(x.chunks(4 * QK_K)) {
-        let ds = f16x8_array(2 * bc.len(), |i| if i % 2 == 0 { bc[i / 2].d } else { bc[i / 2].dmin });
+        let ds = f16x8_array(2 * bc.len(), |i| {
+            if i % 2 == 0 {
+                bc[i / 2].d
+            } else {
+                bc[i / 2].dmin
+            }
+        });
         for (i, (b, x)) in bc.iter().zip(xc.chunks_exact(QK_K)).enumerate() {
             q4_k_block(b, x, ds[2 * i], ds[2 * i + 1], &mut acc);
         }
@@ -201,8 +233,14 @@ unsafe fn q4_k_block(b: &BlockQ4K, x: &[f32], d: f32, dmin: f32, acc: &mut [__m2
     for c in 0..4 {
         let (sc0, m0) = b.scale_min(2 * c);
         let (sc1, m1) = b.scale_min(2 * c + 1);
-        let (d0, mn0) = (_mm256_set1_ps(d * sc0 as f32), _mm256_set1_ps(dmin * m0 as f32));
-        let (d1, mn1) = (_mm256_set1_ps(d * sc1 as f32), _mm256_set1_ps(dmin * m1 as f32));
+        let (d0, mn0) = (
+            _mm256_set1_ps(d * sc0 as f32),
+            _mm256_set1_ps(dmin * m0 as f32),
+        );
+        let (d1, mn1) = (
+            _mm256_set1_ps(d * sc1 as f32),
+            _mm256_set1_ps(dmin * m1 as f32),
+        );
         let (qp, xp) = (b.qs.as_ptr().add(32 * c), x.as_ptr().add(64 * c));
         for g in 0..4 {
             let q = u8x8(qp.add(8 * g));
@@ -235,7 +273,11 @@ unsafe fn dot_q6_k(bs: &[BlockQ6K], x: &[f32]) -> f32 {
                     x.as_ptr().add(128 * h),
                 );
                 for g in 0..4 {
-                    let (lo_a, lo_b, hb) = (u8x8(ql.add(8 * g)), u8x8(ql.add(32 + 8 * g)), u8x8(qh.add(8 * g)));
+                    let (lo_a, lo_b, hb) = (
+                        u8x8(ql.add(8 * g)),
+                        u8x8(ql.add(32 + 8 * g)),
+                        u8x8(qh.add(8 * g)),
+                    );
                     let q = [
                         _mm256_or_si256(
                             _mm256_and_si256(lo_a, m15),

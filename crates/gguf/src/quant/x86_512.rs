@@ -12,7 +12,9 @@ use super::{BlockQ4K, BlockQ4_0, BlockQ8_0, QK_K};
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn iota16() -> __m512 {
-    _mm512_setr_ps(0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.)
+    _mm512_setr_ps(
+        0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.,
+    )
 }
 
 /// Sixteen bytes at `p`, zero-extended to i32 lanes.
@@ -65,7 +67,13 @@ pub(crate) unsafe fn dot_q8_0(bs: &[BlockQ8_0], x: &[f32]) -> f32 {
 pub(crate) unsafe fn dot_q4_k(bs: &[BlockQ4K], x: &[f32]) -> f32 {
     let mut acc = [_mm512_setzero_ps(); 4];
     for (bc, xc) in bs.chunks(4).zip(x.chunks(4 * QK_K)) {
-        let ds = f16x8_array(2 * bc.len(), |i| if i % 2 == 0 { bc[i / 2].d } else { bc[i / 2].dmin });
+        let ds = f16x8_array(2 * bc.len(), |i| {
+            if i % 2 == 0 {
+                bc[i / 2].d
+            } else {
+                bc[i / 2].dmin
+            }
+        });
         for (i, (b, x)) in bc.iter().zip(xc.chunks_exact(QK_K)).enumerate() {
             q4_k_block(b, x, ds[2 * i], ds[2 * i + 1], &mut acc);
         }
@@ -80,7 +88,10 @@ unsafe fn q4_k_block(b: &BlockQ4K, x: &[f32], d: f32, dmin: f32, acc: &mut [__m5
     // Reference weight: (d*sc)*q - dmin*m, rounded as the scalar code rounds it.
     let table = |s: usize| {
         let (sc, m) = b.scale_min(s);
-        _mm512_sub_ps(_mm512_mul_ps(iota16(), _mm512_set1_ps(d * sc as f32)), _mm512_set1_ps(dmin * m as f32))
+        _mm512_sub_ps(
+            _mm512_mul_ps(iota16(), _mm512_set1_ps(d * sc as f32)),
+            _mm512_set1_ps(dmin * m as f32),
+        )
     };
     for c in 0..4 {
         let (t0, t1) = (table(2 * c), table(2 * c + 1));
@@ -98,5 +109,8 @@ unsafe fn q4_k_block(b: &BlockQ4K, x: &[f32], d: f32, dmin: f32, acc: &mut [__m5
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn sum4(a: [__m512; 4]) -> f32 {
-    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])))
+    _mm512_reduce_add_ps(_mm512_add_ps(
+        _mm512_add_ps(a[0], a[1]),
+        _mm512_add_ps(a[2], a[3]),
+    ))
 }

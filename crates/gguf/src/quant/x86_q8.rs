@@ -30,7 +30,10 @@ pub(crate) unsafe fn vec_dot_q8(isa: Isa, ty: GgmlType, row: &[u8], xq: &[u8]) -
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn dot_u8i8_avx2(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)))
+    _mm256_add_epi32(
+        acc,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)),
+    )
 }
 
 #[inline]
@@ -53,7 +56,10 @@ unsafe fn q4_0_bytes(qs: &[u8; 16]) -> __m256i {
     // right by 4 with one variable shift: two ALU ops fewer than insert + shift.
     let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs.as_ptr().cast()));
     let v = _mm256_srlv_epi64(t, _mm256_setr_epi64x(0, 0, 4, 4));
-    _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(15)), _mm256_set1_epi8(8))
+    _mm256_sub_epi8(
+        _mm256_and_si256(v, _mm256_set1_epi8(15)),
+        _mm256_set1_epi8(8),
+    )
 }
 
 /// A 32-weight block with an f16 scale first.
@@ -108,7 +114,10 @@ macro_rules! q8_0_kernels {
                         acc[i % 4] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[i % 4]);
                     }
                 }
-                hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+                hsum(_mm256_add_ps(
+                    _mm256_add_ps(acc[0], acc[1]),
+                    _mm256_add_ps(acc[2], acc[3]),
+                ))
             }
 
             #[target_feature(enable = $features)]
@@ -122,7 +131,10 @@ macro_rules! q8_0_kernels {
                         acc[i % 4] = _mm256_fmadd_ps(_mm256_set1_ps(d), p, acc[i % 4]);
                     }
                 }
-                hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
+                hsum(_mm256_add_ps(
+                    _mm256_add_ps(acc[0], acc[1]),
+                    _mm256_add_ps(acc[2], acc[3]),
+                ))
             }
         }
     };
@@ -130,7 +142,11 @@ macro_rules! q8_0_kernels {
 
 q8_0_kernels!(avx2, "avx2,fma,f16c", dot_u8i8_avx2);
 q8_0_kernels!(avxvnni, "avx2,fma,f16c,avxvnni", dot_u8i8_avxvnni);
-q8_0_kernels!(vnni512, "avx2,fma,f16c,avx512vnni,avx512vl", dot_u8i8_vnni512);
+q8_0_kernels!(
+    vnni512,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    dot_u8i8_vnni512
+);
 
 /// Q4_K x Q8_K: per 64-weight chunk two `vpmaddubsw` (nibbles are unsigned, activations
 /// |q| <= 127, so no saturation) scaled by `vpmaddwd`; the min term comes from `bsums`.
@@ -140,7 +156,13 @@ unsafe fn q4_k(bs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut acc_m = 0f32;
     for (bc, yc) in bs.chunks(4).zip(ys.chunks(4)) {
-        let ds = f16x8_array(2 * bc.len(), |i| if i % 2 == 0 { bc[i / 2].d } else { bc[i / 2].dmin });
+        let ds = f16x8_array(2 * bc.len(), |i| {
+            if i % 2 == 0 {
+                bc[i / 2].d
+            } else {
+                bc[i / 2].dmin
+            }
+        });
         for (i, (b, y)) in bc.iter().zip(yc).enumerate() {
             let dy = y.d();
             let mut sumi = _mm256_setzero_si256();
@@ -159,7 +181,11 @@ unsafe fn q4_k(bs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sc0 as i16)));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sc1 as i16)));
             }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(ds[2 * i] * dy), _mm256_cvtepi32_ps(sumi), acc);
+            acc = _mm256_fmadd_ps(
+                _mm256_set1_ps(ds[2 * i] * dy),
+                _mm256_cvtepi32_ps(sumi),
+                acc,
+            );
             acc_m += ds[2 * i + 1] * dy * summ as f32;
         }
     }
@@ -185,7 +211,11 @@ static Q6_SCALE_SHUFFLE: [[u8; 16]; 8] = {
 /// `vpmaddubsw`; each 32-weight group spans two scales, one per 128-bit lane.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k(bs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
-    let (m4, m2, m32) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
+    let (m4, m2, m32) = (
+        _mm256_set1_epi8(15),
+        _mm256_set1_epi8(3),
+        _mm256_set1_epi8(32),
+    );
     let mut acc = _mm256_setzero_ps();
     for (bc, yc) in bs.chunks(8).zip(ys.chunks(8)) {
         let ds = f16x8_array(bc.len(), |i| bc[i].d);
@@ -213,7 +243,10 @@ unsafe fn q6_k(bs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
                 ];
                 for (k, q) in q.into_iter().enumerate() {
                     let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(128 * h + 32 * k).cast());
-                    let p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, q8), _mm256_maddubs_epi16(m32, q8));
+                    let p = _mm256_sub_epi16(
+                        _mm256_maddubs_epi16(q, q8),
+                        _mm256_maddubs_epi16(m32, q8),
+                    );
                     let shuf = _mm_loadu_si128(Q6_SCALE_SHUFFLE[4 * h + k].as_ptr().cast());
                     let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
                     sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
@@ -240,7 +273,10 @@ unsafe fn q4_0x_pair(acc: __m256, b: *const BlockQ4_0, y: *const u8, lut: *const
         _mm256_maddubs_epi16(lo, _mm256_loadu_si256(y.cast())),
         _mm256_maddubs_epi16(hi, _mm256_loadu_si256(y.add(32).cast())),
     );
-    let s = _mm256_sub_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), _mm256_loadu_si256(y.add(64).cast()));
+    let s = _mm256_sub_epi32(
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1)),
+        _mm256_loadu_si256(y.add(64).cast()),
+    );
     let da = *lut.add(u16::from_le_bytes((*b).d) as usize);
     let db = *lut.add(u16::from_le_bytes((*b.add(1)).d) as usize);
     let dw = _mm256_set_m128(_mm_set1_ps(db), _mm_set1_ps(da));
@@ -276,7 +312,12 @@ pub(crate) unsafe fn quantize_q8_0_block(x: &[f32]) -> BlockQ8_0 {
     debug_assert!(x.len() >= 32);
     let p = x.as_ptr();
     let sign = _mm256_set1_ps(-0.0);
-    let v = [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)), _mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24))];
+    let v = [
+        _mm256_loadu_ps(p),
+        _mm256_loadu_ps(p.add(8)),
+        _mm256_loadu_ps(p.add(16)),
+        _mm256_loadu_ps(p.add(24)),
+    ];
     let a = v.map(|v| _mm256_andnot_ps(sign, v));
     let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
     let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
@@ -291,12 +332,21 @@ pub(crate) unsafe fn quantize_q8_0_block(x: &[f32]) -> BlockQ8_0 {
         // |t - trunc(t)| is exact; at >= 0.5 step away from zero (f32::round).
         let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(t, tr));
         let step = _mm256_or_ps(_mm256_and_ps(t, sign), one);
-        let r = _mm256_add_ps(tr, _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), step));
+        let r = _mm256_add_ps(
+            tr,
+            _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), step),
+        );
         _mm256_cvttps_epi32(r)
     });
-    let w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    let w = _mm256_packs_epi16(
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    );
     let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    let mut b = BlockQ8_0 { d: super::f32_to_f16(d), qs: [0; 32] };
+    let mut b = BlockQ8_0 {
+        d: super::f32_to_f16(d),
+        qs: [0; 32],
+    };
     _mm256_storeu_si256(b.qs.as_mut_ptr().cast(), w);
     b
 }

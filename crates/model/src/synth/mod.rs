@@ -31,7 +31,9 @@ impl SynthQuant {
             "q4_k" | "q4_k_s" => Ok(Self::Q4_K),
             "q4_k_m" => Ok(Self::Q4_K_M),
             "q8_0" => Ok(Self::Q8_0),
-            other => Err(ModelError::Invalid(format!("unknown quant '{other}' (known: q4_0, q4_k, q4_k_m, q8_0)"))),
+            other => Err(ModelError::Invalid(format!(
+                "unknown quant '{other}' (known: q4_0, q4_k, q4_k_m, q8_0)"
+            ))),
         }
     }
 
@@ -78,29 +80,73 @@ fn plan(c: &Config, q: SynthQuant) -> Vec<Plan> {
         std,
         is_norm: false,
     };
-    let norm = |name: String, n: usize| Plan { name, dims: vec![n as u64], ty: GgmlType::F32, std: 0.1, is_norm: true };
+    let norm = |name: String, n: usize| Plan {
+        name,
+        dims: vec![n as u64],
+        ty: GgmlType::F32,
+        std: 0.1,
+        is_norm: true,
+    };
     let (d, inv_d) = (c.d_model, 1.0 / (c.d_model as f32).sqrt());
-    let head_ty = if q == SynthQuant::Q4_K_M { GgmlType::Q6_K } else { base };
+    let head_ty = if q == SynthQuant::Q4_K_M {
+        GgmlType::Q6_K
+    } else {
+        base
+    };
     let mut p = vec![
         mat("token_embd.weight".into(), vec![d, c.vocab_size], base, 1.0),
         norm("output_norm.weight".into(), d),
-        mat("output.weight".into(), vec![d, c.vocab_size], head_ty, 3.0 * inv_d),
+        mat(
+            "output.weight".into(),
+            vec![d, c.vocab_size],
+            head_ty,
+            3.0 * inv_d,
+        ),
     ];
     for i in 0..c.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
-        let more = if q == SynthQuant::Q4_K_M && use_more_bits(i, c.n_layer) { GgmlType::Q6_K } else { base };
+        let more = if q == SynthQuant::Q4_K_M && use_more_bits(i, c.n_layer) {
+            GgmlType::Q6_K
+        } else {
+            base
+        };
         p.push(norm(n("attn_norm"), d));
         p.push(mat(n("attn_q"), vec![d, c.q_dim()], base, inv_d));
         p.push(mat(n("attn_k"), vec![d, c.kv_dim()], base, inv_d));
         p.push(mat(n("attn_v"), vec![d, c.kv_dim()], more, inv_d));
-        p.push(mat(n("attn_output"), vec![c.q_dim(), d], base, 1.0 / (c.q_dim() as f32).sqrt()));
+        p.push(mat(
+            n("attn_output"),
+            vec![c.q_dim(), d],
+            base,
+            1.0 / (c.q_dim() as f32).sqrt(),
+        ));
         p.push(norm(n("attn_q_norm"), c.head_dim));
         p.push(norm(n("attn_k_norm"), c.head_dim));
         p.push(norm(n("ffn_norm"), d));
-        p.push(mat(n("ffn_gate_inp"), vec![d, c.n_expert], GgmlType::F32, 4.0 * inv_d));
-        p.push(mat(n("ffn_gate_exps"), vec![d, c.d_ff_expert, c.n_expert], base, inv_d));
-        p.push(mat(n("ffn_up_exps"), vec![d, c.d_ff_expert, c.n_expert], base, inv_d));
-        p.push(mat(n("ffn_down_exps"), vec![c.d_ff_expert, d, c.n_expert], more, 1.0 / (c.d_ff_expert as f32).sqrt()));
+        p.push(mat(
+            n("ffn_gate_inp"),
+            vec![d, c.n_expert],
+            GgmlType::F32,
+            4.0 * inv_d,
+        ));
+        p.push(mat(
+            n("ffn_gate_exps"),
+            vec![d, c.d_ff_expert, c.n_expert],
+            base,
+            inv_d,
+        ));
+        p.push(mat(
+            n("ffn_up_exps"),
+            vec![d, c.d_ff_expert, c.n_expert],
+            base,
+            inv_d,
+        ));
+        p.push(mat(
+            n("ffn_down_exps"),
+            vec![c.d_ff_expert, d, c.n_expert],
+            more,
+            1.0 / (c.d_ff_expert as f32).sqrt(),
+        ));
     }
     p
 }
@@ -117,19 +163,41 @@ pub struct SynthReport {
 const CHUNK_BYTES: usize = 1 << 20;
 
 /// Writes the model. Deterministic from `seed`; `progress` draws a bar on stderr.
-pub fn write(path: &Path, c: &Config, q: SynthQuant, seed: u64, progress: bool) -> Result<SynthReport> {
-    c.validate().map_err(|m| ModelError::Invalid(format!("invalid geometry: {m}")))?;
+pub fn write(
+    path: &Path,
+    c: &Config,
+    q: SynthQuant,
+    seed: u64,
+    progress: bool,
+) -> Result<SynthReport> {
+    c.validate()
+        .map_err(|m| ModelError::Invalid(format!("invalid geometry: {m}")))?;
     let plans = plan(c, q);
     check_block_sizes(&plans)?;
     let spec = q4moe_tokenizer::synthetic_spec(c.vocab_size, seed);
     let mut meta = c.to_metadata();
-    meta.insert(1, ("general.name".into(), Value::String(format!("q4moe synthetic {} seed {seed}", c.arch.gguf_name()))));
+    meta.insert(
+        1,
+        (
+            "general.name".into(),
+            Value::String(format!(
+                "q4moe synthetic {} seed {seed}",
+                c.arch.gguf_name()
+            )),
+        ),
+    );
     meta.push(("general.file_type".into(), Value::U32(q.file_type())));
     meta.push(("general.quantization_version".into(), Value::U32(2)));
     meta.extend(crate::spec_to_metadata(&spec));
-    let io = |e| ModelError::Io { path: path.display().to_string(), error: e };
+    let io = |e| ModelError::Io {
+        path: path.display().to_string(),
+        error: e,
+    };
     let file = std::fs::File::create(path).map_err(io)?;
-    let dir = plans.iter().map(|p| (p.name.clone(), p.dims.clone(), p.ty)).collect();
+    let dir = plans
+        .iter()
+        .map(|p| (p.name.clone(), p.dims.clone(), p.ty))
+        .collect();
     let mut w = GgufWriter::new(BufWriter::with_capacity(8 << 20, file), &meta, dir)?;
     let total: u64 = w.tensors().iter().map(|t| t.n_bytes().unwrap_or(0)).sum();
     let bar = progress_bar(progress, total);
@@ -139,9 +207,15 @@ pub fn write(path: &Path, c: &Config, q: SynthQuant, seed: u64, progress: bool) 
         bar.inc(bytes.len() as u64);
     }
     let out = w.finish()?;
-    out.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)?;
+    out.into_inner()
+        .map_err(|e| io(e.into_error()))?
+        .sync_all()
+        .map_err(io)?;
     bar.finish_and_clear();
-    Ok(SynthReport { bytes: std::fs::metadata(path).map_err(io)?.len(), tensors: plans.len() })
+    Ok(SynthReport {
+        bytes: std::fs::metadata(path).map_err(io)?.len(),
+        tensors: plans.len(),
+    })
 }
 
 fn check_block_sizes(plans: &[Plan]) -> Result<()> {
@@ -165,28 +239,41 @@ fn progress_bar(show: bool, total: u64) -> indicatif::ProgressBar {
     }
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("writing {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
-            .expect("static template"),
+        indicatif::ProgressStyle::with_template(
+            "writing {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .expect("static template"),
     );
     bar
 }
 
 /// Generates one tensor's bytes in parallel, one RNG stream per fixed-size chunk.
 fn generate(p: &Plan, seed: u64, tensor_index: u64) -> Vec<u8> {
-    let info = q4moe_gguf::TensorInfo { name: p.name.clone(), dims: p.dims.clone(), ggml_type: p.ty, offset: 0 };
+    let info = q4moe_gguf::TensorInfo {
+        name: p.name.clone(),
+        dims: p.dims.clone(),
+        ggml_type: p.ty,
+        offset: 0,
+    };
     let n = info.n_bytes().expect("checked block sizes") as usize;
     let mut bytes = vec![0u8; n];
     let chunk = CHUNK_BYTES / p.ty.type_size() * p.ty.type_size();
-    bytes.par_chunks_mut(chunk).enumerate().for_each(|(ci, out)| {
-        let mut rng = Rng::new(seed ^ tensor_index.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (ci as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
-        blocks::fill(p.ty, p.std, &mut rng, out);
-        if p.is_norm {
-            for v in out.chunks_exact_mut(4) {
-                let x = 1.0 + f32::from_le_bytes(v.try_into().expect("4 bytes"));
-                v.copy_from_slice(&x.to_le_bytes());
+    bytes
+        .par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(ci, out)| {
+            let mut rng = Rng::new(
+                seed ^ tensor_index.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    ^ (ci as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
+            );
+            blocks::fill(p.ty, p.std, &mut rng, out);
+            if p.is_norm {
+                for v in out.chunks_exact_mut(4) {
+                    let x = 1.0 + f32::from_le_bytes(v.try_into().expect("4 bytes"));
+                    v.copy_from_slice(&x.to_le_bytes());
+                }
             }
-        }
-    });
+        });
     bytes
 }
 
