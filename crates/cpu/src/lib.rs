@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use q4moe_model::backend::{
-    Backend, BackendError, BackendInfo, BackendResult, DecodeRequest, DecodeStats, Flow,
-    PhaseTimes, SessionId, TokenEvent,
+    check_room, check_token, Backend, BackendError, BackendInfo, BackendResult, DecodeRequest,
+    DecodeStats, Flow, PhaseTimes, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
@@ -50,23 +50,11 @@ impl CpuBackend {
     }
 
     fn check_room(&self, session: SessionId, extra: usize) -> BackendResult<()> {
-        let needed = self.kv_len(session) + extra;
-        if needed > self.kv_capacity {
-            return Err(BackendError::ContextFull {
-                session,
-                needed,
-                capacity: self.kv_capacity,
-            });
-        }
-        Ok(())
+        check_room(session, self.kv_len(session), extra, self.kv_capacity)
     }
 
     fn check_token(&self, token: u32) -> BackendResult<()> {
-        let vocab = self.model.config.vocab_size;
-        if token as usize >= vocab {
-            return Err(BackendError::BadToken { token, vocab });
-        }
-        Ok(())
+        check_token(&self.model.config, token)
     }
 
     /// Runs one token and leaves the logits in the scratch.
@@ -114,24 +102,12 @@ fn populate(bytes: &[u8]) {
 }
 
 fn cpu_description() -> String {
-    let threads = par::pool().threads();
-    let simd = if cfg!(target_arch = "x86_64") {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                "avx512f"
-            } else if std::arch::is_x86_feature_detected!("avx2") {
-                "avx2"
-            } else {
-                "scalar"
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        "scalar"
-    } else {
-        "scalar"
-    };
-    format!("{threads} threads, {simd}")
+    // The instruction set the quantised dot products actually run with.
+    format!(
+        "{} threads, {:?}",
+        par::pool().threads(),
+        q4moe_gguf::quant::detected_isa()
+    )
 }
 
 impl Backend for CpuBackend {

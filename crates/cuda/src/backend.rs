@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result, sys};
 use q4moe_model::backend::{
-    Backend, BackendError, BackendInfo, BackendResult, DecodeRequest, DecodeStats, Flow,
+    self, Backend, BackendError, BackendInfo, BackendResult, DecodeRequest, DecodeStats, Flow,
     PhaseTimes, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
@@ -314,23 +314,11 @@ impl CudaBackend {
     }
 
     fn check_token(&self, token: u32) -> BackendResult<()> {
-        let vocab = self.model.config.vocab_size;
-        if token as usize >= vocab {
-            return Err(BackendError::BadToken { token, vocab });
-        }
-        Ok(())
+        backend::check_token(&self.model.config, token)
     }
 
     fn room(&self, id: SessionId, extra: usize) -> BackendResult<()> {
-        let needed = self.kv_len(id) + extra;
-        if needed > self.opts.kv_capacity {
-            return Err(BackendError::ContextFull {
-                session: id,
-                needed,
-                capacity: self.opts.kv_capacity,
-            });
-        }
-        Ok(())
+        backend::check_room(id, self.kv_len(id), extra, self.opts.kv_capacity)
     }
 
     fn decode_device(

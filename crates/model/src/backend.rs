@@ -29,6 +29,33 @@ pub enum BackendError {
 
 pub type BackendResult<T> = std::result::Result<T, BackendError>;
 
+/// A token id every backend accepts: inside the model's vocabulary.
+pub fn check_token(config: &Config, token: u32) -> BackendResult<()> {
+    let vocab = config.vocab_size;
+    if token as usize >= vocab {
+        return Err(BackendError::BadToken { token, vocab });
+    }
+    Ok(())
+}
+
+/// Whether a session holding `held` positions has room for `extra` more within `capacity`.
+pub fn check_room(
+    session: SessionId,
+    held: usize,
+    extra: usize,
+    capacity: usize,
+) -> BackendResult<()> {
+    let needed = held + extra;
+    if needed > capacity {
+        return Err(BackendError::ContextFull {
+            session,
+            needed,
+            capacity,
+        });
+    }
+    Ok(())
+}
+
 /// What a backend is and holds, for summaries and benchmark records.
 #[derive(Debug, Clone, Default)]
 pub struct BackendInfo {
