@@ -335,28 +335,32 @@ fn debug_assert_q8_lengths(ty: GgmlType, row: &[u8], xq: &[u8]) {
 }
 
 /// Whether `quantize_activation_q4_0x` / `vec_dot_q4_0x` apply: Q4_0 weights, rows of a whole
-/// number of 64-weight pairs.
+/// number of 256-weight groups.
 pub fn q4_0x_applies(ty: GgmlType, n: usize) -> bool {
-    ty == GgmlType::Q4_0 && n % 64 == 0
+    ty == GgmlType::Q4_0 && n % GROUP_WEIGHTS == 0
 }
 
-/// Bytes of `quantize_activation_q4_0x` output for `n` elements (a multiple of 64).
+/// Weights per Q8_0x8 group (`q4_0x`).
+const GROUP_WEIGHTS: usize = 32 * q4_0x::GROUP_BLOCKS;
+
+/// Bytes of `quantize_activation_q4_0x` output for `n` elements (a multiple of 256).
 pub fn q4_0x_act_bytes(n: usize) -> usize {
-    n / 64 * q4_0x::PAIR_BYTES
+    n / GROUP_WEIGHTS * q4_0x::GROUP_BYTES
 }
 
-/// Quantises `x` (a multiple of 64 elements) to Q8_0 exactly as `quantize_activation_q8` does,
+/// Quantises `x` (a multiple of 256 elements) to Q8_0 exactly as `quantize_activation_q8` does,
 /// laid out for `vec_dot_q4_0x` (see `q4_0x`), appending to `out`.
 pub fn quantize_activation_q4_0x(x: &[f32], out: &mut Vec<u8>) {
     assert_eq!(
-        x.len() % 64,
+        x.len() % GROUP_WEIGHTS,
         0,
-        "Q8_0x2 activations need a multiple of 64 elements"
+        "Q8_0x8 activations need a multiple of 256 elements"
     );
     out.reserve(q4_0x_act_bytes(x.len()));
-    for c in x.chunks_exact(64) {
-        let pair = [quantize_q8_0_block(&c[..32]), quantize_q8_0_block(&c[32..])];
-        q4_0x::from_q8_0(&pair, out);
+    for c in x.chunks_exact(GROUP_WEIGHTS) {
+        let group: [BlockQ8_0; q4_0x::GROUP_BLOCKS] =
+            std::array::from_fn(|b| quantize_q8_0_block(&c[32 * b..]));
+        q4_0x::from_q8_0(&group, out);
     }
 }
 
@@ -378,7 +382,7 @@ pub fn vec_dot_q4_0x_ref(row: &[u8], act: &[u8]) -> f32 {
     q4_0x::vec_dot_ref(row, act)
 }
 
-/// A Q4_0 row (a whole number of 64-weight pairs) against `quantize_activation_q4_0x` output:
+/// A Q4_0 row (a whole number of 256-weight groups) against `quantize_activation_q4_0x` output:
 /// the same per-block integer sums as `vec_dot_q8`, fewer instructions per block.
 #[inline]
 pub fn vec_dot_q4_0x(row: &[u8], act: &[u8]) -> f32 {
@@ -389,7 +393,8 @@ pub fn vec_dot_q4_0x(row: &[u8], act: &[u8]) -> f32 {
 pub fn vec_dot_q4_0x_isa(isa: Isa, row: &[u8], act: &[u8]) -> f32 {
     let bs: &[BlockQ4_0] = blocks(row);
     assert!(
-        bs.len() % 2 == 0 && act.len() == bs.len() / 2 * q4_0x::PAIR_BYTES,
+        bs.len() % q4_0x::GROUP_BLOCKS == 0
+            && act.len() == bs.len() / q4_0x::GROUP_BLOCKS * q4_0x::GROUP_BYTES,
         "vec_dot_q4_0x: row and activations differ"
     );
     #[cfg(target_arch = "x86_64")]
@@ -405,6 +410,9 @@ pub fn vec_dot_q4_0x_isa(isa: Isa, row: &[u8], act: &[u8]) -> f32 {
     q4_0x::vec_dot_ref(row, act)
 }
 
+/// Bytes of a Q4_0 row per Q8_0x8 group.
+const GROUP_ROW_BYTES: usize = std::mem::size_of::<BlockQ4_0>() * q4_0x::GROUP_BLOCKS;
+
 /// `out[i] = vec_dot_q4_0x(row i of rows, act)` for `out.len()` consecutive rows of `row_bytes`
 /// bytes each: one dispatch for many rows (rows of 768 weights are only ~100 cycles of work).
 pub fn vec_dot_q4_0x_rows(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]) {
@@ -413,7 +421,8 @@ pub fn vec_dot_q4_0x_rows(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [
         "vec_dot_q4_0x_rows: too few rows"
     );
     assert!(
-        row_bytes % 36 == 0 && act.len() == row_bytes / 36 * q4_0x::PAIR_BYTES,
+        row_bytes % GROUP_ROW_BYTES == 0
+            && act.len() == row_bytes / GROUP_ROW_BYTES * q4_0x::GROUP_BYTES,
         "vec_dot_q4_0x_rows: row and activations differ"
     );
     #[cfg(target_arch = "x86_64")]

@@ -258,51 +258,59 @@ unsafe fn q6_k(bs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
     hsum(acc)
 }
 
-/// `acc` plus one pair of Q4_0 blocks against one prepared pair (see `q4_0x`): per-lane
-/// products, offset-corrected and scaled (lanes 0..4 block A, 4..8 block B).
+/// The f16 scales of 8 consecutive Q4_0 blocks (18-byte stride) as f32 lanes, gathered in
+/// general-purpose registers (idle in this loop) so the vector ports only see one convert.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn q4_0x_pair(acc: __m256, b: *const BlockQ4_0, y: *const u8, lut: *const f32) -> __m256 {
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q4_0_scales8(b: *const BlockQ4_0) -> __m256 {
+    let d = |i: usize| u16::from_le_bytes((*b.add(i)).d) as u64;
+    let lo = d(0) | d(1) << 16 | d(2) << 32 | d(3) << 48;
+    let hi = d(4) | d(5) << 16 | d(6) << 32 | d(7) << 48;
+    _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
+}
+
+/// `acc` plus 8 Q4_0 blocks against one prepared group (see `q4_0x`): lane b ends up with
+/// block b's scaled, offset-corrected product.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0x_group(acc: __m256, b: *const BlockQ4_0, y: *const u8) -> __m256 {
     let m4 = _mm256_set1_epi8(15);
-    let lo128 = _mm_loadu_si128((*b).qs.as_ptr().cast());
-    let hi128 = _mm_loadu_si128((*b.add(1)).qs.as_ptr().cast());
-    let w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo128), hi128, 1);
-    let lo = _mm256_and_si256(w, m4);
-    let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
-    let p = _mm256_add_epi16(
-        _mm256_maddubs_epi16(lo, _mm256_loadu_si256(y.cast())),
-        _mm256_maddubs_epi16(hi, _mm256_loadu_si256(y.add(32).cast())),
-    );
+    let p: [__m256i; 4] = std::array::from_fn(|k| {
+        let lo128 = _mm_loadu_si128((*b.add(k)).qs.as_ptr().cast());
+        let hi128 = _mm_loadu_si128((*b.add(k + 4)).qs.as_ptr().cast());
+        let w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo128), hi128, 1);
+        let lo = _mm256_and_si256(w, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+        let yk = y.add(64 * k);
+        // Each i16 lane sums 4 products of <= 15 * 128, so the adds below cannot overflow.
+        _mm256_add_epi16(
+            _mm256_maddubs_epi16(lo, _mm256_loadu_si256(yk.cast())),
+            _mm256_maddubs_epi16(hi, _mm256_loadu_si256(yk.add(32).cast())),
+        )
+    });
+    // Pairwise i16 adds leave 2 lanes per block (<= 8 * 3840 < 2^15), in block order.
+    let h = _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3]));
     let s = _mm256_sub_epi32(
-        _mm256_madd_epi16(p, _mm256_set1_epi16(1)),
-        _mm256_loadu_si256(y.add(64).cast()),
+        _mm256_madd_epi16(h, _mm256_set1_epi16(1)),
+        _mm256_loadu_si256(y.add(256).cast()),
     );
-    let da = *lut.add(u16::from_le_bytes((*b).d) as usize);
-    let db = *lut.add(u16::from_le_bytes((*b.add(1)).d) as usize);
-    let dw = _mm256_set_m128(_mm_set1_ps(db), _mm_set1_ps(da));
-    let d = _mm256_mul_ps(dw, _mm256_loadu_ps(y.add(96).cast()));
+    let d = _mm256_mul_ps(q4_0_scales8(b), _mm256_loadu_ps(y.add(288).cast()));
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc)
 }
 
-/// Q4_0 row x Q8_0x2 activations (`q4_0x`), AVX2. `bs.len()` is even and `act` holds
-/// `bs.len() / 2` prepared pairs.
+/// Q4_0 row x Q8_0x8 activations (`q4_0x`), AVX2. `bs.len()` is a multiple of 8 and `act`
+/// holds `bs.len() / 8` prepared groups.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q4_0x(bs: &[BlockQ4_0], act: &[u8]) -> f32 {
-    let pairs = bs.len() / 2;
-    debug_assert!(act.len() >= pairs * super::q4_0x::PAIR_BYTES);
-    let lut = super::q4_0x::F16_LUT.as_ptr();
+    use super::q4_0x::{GROUP_BLOCKS, GROUP_BYTES};
+    let groups = bs.len() / GROUP_BLOCKS;
+    debug_assert!(act.len() >= groups * GROUP_BYTES);
     let (b, y) = (bs.as_ptr(), act.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let mut p = 0;
-    while p + 2 <= pairs {
-        acc[0] = q4_0x_pair(acc[0], b.add(2 * p), y.add(128 * p), lut);
-        acc[1] = q4_0x_pair(acc[1], b.add(2 * p + 2), y.add(128 * p + 128), lut);
-        p += 2;
+    let mut acc = _mm256_setzero_ps();
+    for g in 0..groups {
+        acc = q4_0x_group(acc, b.add(GROUP_BLOCKS * g), y.add(GROUP_BYTES * g));
     }
-    if p < pairs {
-        acc[0] = q4_0x_pair(acc[0], b.add(2 * p), y.add(128 * p), lut);
-    }
-    hsum(_mm256_add_ps(acc[0], acc[1]))
+    hsum(acc)
 }
 
 /// One Q8_0 block of `x` (32 values), bit-exact with `q8_0::quantize` (round half away from
