@@ -9,7 +9,9 @@
 #                 run with the first passing configuration (or are skipped). A speed-up that breaks
 #                 parity is not kept.
 #   sanitize      compute-sanitizer memcheck + racecheck on the tiny Q4_0 parity test.
-#   ab            quick A/B on Q4_0 (cache on, in-flight 2, 3 runs) with Q4MOE_CUDA_PDL=1.
+#   ab            quick A/B on Q4_0 (cache on, in-flight 2, 3 runs): the graph of launches, the
+#                 fused step with 2 and with 1 block per SM.
+#   stamps        per-op times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
 #                 on the device machine; JSON to $OUT/bench-<quant>.json. Q4_0 adds --profile kernels.
 #                 bench:<quant>@N uses --long-context N (default 4096; 0 skips it).
@@ -50,11 +52,22 @@ for s in $steps; do
     ab)
       [ $ok = 1 ] || continue
       model q4_0
-      for env in Q4MOE_CUDA_PDL=1; do
+      for env in Q4MOE_NONE=1 "Q4MOE_CUDA_FUSED=1 Q4MOE_CUDA_FUSED_BLOCKS=2" Q4MOE_CUDA_FUSED=1; do
         r=$(env $env timeout 120 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
               --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
         echo "ab [$env]: $r"; summary+="ab [$env]: $r\n"
       done ;;
+    stamps)
+      # Per-op time inside the fused step (block 0's %globaltimer at each op start).
+      [ $ok = 1 ] || continue
+      model q4_0
+      Q4MOE_CUDA_FUSED=1 Q4MOE_CUDA_STAMPS=1 timeout 120 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 64 \
+        --runs 1 --setup-cache on --in-flight 1 --json-out "$OUT/stamps.json" > "$OUT/stamps.log" 2>&1
+      python3 -c "
+import json; r = json.load(open('$OUT/stamps.json'))
+for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
+    print('%-22s %6d calls %9.3f ms %8.2f us/call' % (k['name'], k['calls'], k['total_ms'], 1e3 * k['total_ms'] / max(k['calls'], 1)))
+" 2>&1 | head -20 ;;
     bench:*)
       [ $ok = 1 ] || { echo "skipping $s: tests failed"; continue; }
       q=${s#bench:}; long=4096

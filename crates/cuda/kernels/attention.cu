@@ -116,9 +116,9 @@ extern "C" __global__ void attn_split(const AttnParams p) {
 }
 
 // grid n_head, head_dim threads: merges the chunks that hold positions, in index order.
-extern "C" __global__ void attn_combine(const AttnParams p) {
-    pdl_start();
-    int h = blockIdx.x, d = threadIdx.x, hd = p.head_dim;
+__device__ __forceinline__ void attn_combine_unit(const AttnParams& p, Unit u) {
+    int h = u.x, d = threadIdx.x, hd = p.head_dim;
+    if (d >= hd) return;
     int len = (int)((const StepState*)p.state)->pos + 1;
     int n_active = min(p.n_split, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     const float* base = (const float*)p.part + (u64)h * p.n_split * (hd + 2);
@@ -132,6 +132,11 @@ extern "C" __global__ void attn_combine(const AttnParams p) {
         acc += f * pt[2 + d];
     }
     ((float*)p.out)[h * hd + d] = acc / l;
+}
+
+extern "C" __global__ void attn_combine(const AttnParams p) {
+    pdl_start();
+    attn_combine_unit(p, this_unit());
 }
 
 // Grouped-query attention with the per-head RMSNorm + RoPE + KV append fused in: one block per
@@ -186,16 +191,24 @@ __device__ __forceinline__ void gqa_norm_rope(const float* src, const float* nw,
     }
 }
 
+struct GqaSmem {
+    __align__(16) float qs[8][128];
+    __align__(16) float knew[128];
+    __align__(16) float vnew[128];
+    float sc[8][ATT_CHUNK];
+    float ml[8][2];
+    __align__(16) float red[8][8][128];
+};
+
 // grid (n_kv_head, n_split), 256 threads.
-extern "C" __global__ void attn_gqa(const AttnGqaParams p) {
-    __shared__ __align__(16) float qs[8][128];
-    __shared__ __align__(16) float knew[128];
-    __shared__ __align__(16) float vnew[128];
-    __shared__ float sc[8][ATT_CHUNK];
-    __shared__ float ml[8][2];
-    __shared__ __align__(16) float red[8][8][128];
-    pdl_start();
-    int kvh = blockIdx.x, s = blockIdx.y, hd = p.head_dim;
+__device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u) {
+    float (&qs)[8][128] = sm.qs;
+    float* knew = sm.knew;
+    float* vnew = sm.vnew;
+    float (&sc)[8][ATT_CHUNK] = sm.sc;
+    float (&ml)[8][2] = sm.ml;
+    float (&red)[8][8][128] = sm.red;
+    int kvh = u.x, s = u.y, hd = p.head_dim;
     int G = p.n_head / p.n_kv_head, kv_dim = p.n_kv_head * hd, q_dim = p.n_head * hd;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32 pos = ((const StepState*)p.state)->pos;
@@ -331,4 +344,10 @@ extern "C" __global__ void attn_gqa(const AttnGqaParams p) {
         part[2 + d] = v;
         if (d == 0) { part[0] = ml[g][0]; part[1] = ml[g][1]; }
     }
+}
+
+extern "C" __global__ void attn_gqa(const AttnGqaParams p) {
+    __shared__ GqaSmem sm;
+    pdl_start();
+    attn_gqa_unit(p, sm, this_unit());
 }

@@ -31,6 +31,14 @@ struct StepState {
     u32 pos;    // position it is written at
 };
 
+// A block's place in its op's grid. Standalone kernels take blockIdx/gridDim; the fused step
+// (fused.cu) runs every op of the step in one persistent grid and hands each block its units.
+struct Unit {
+    int x, y;  // this unit
+    int nx;    // units along x (grid-stride loops)
+};
+__device__ __forceinline__ Unit this_unit() { return Unit{(int)blockIdx.x, (int)blockIdx.y, (int)gridDim.x}; }
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -25,17 +25,17 @@ struct MatvecParams {
     int mode;
 };
 
-__device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float* red) {
+__device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float* red, Unit u) {
     load_x(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
-    if (p.xn_out && blockIdx.x == 0)
+    if (p.xn_out && u.x == 0)
         for (int i = threadIdx.x; i < p.k; i += blockDim.x) ((float*)p.xn_out)[i] = xs[pad_idx(i)];
 }
 
 template <int NR, class Rows>
-__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red) {
+__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u, bool pdl) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
-    int first = (blockIdx.x * nwarps + warp) * NR;
+    int first = (u.x * nwarps + warp) * NR;
     int m = 0, r0 = first;
     while (m < p.n_w - 1 && r0 >= p.rows[m]) { r0 -= p.rows[m]; m++; }
     QW w = p.w[m];
@@ -44,8 +44,8 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     for (int i = 0; i < NR; i++) rows[i] = first + i < total ? (long long)(r0 + i) : -1;
     Rows R;
     R.load(w, rows, lane);
-    pdl_start();
-    mv_input(p, xs, red);
+    if (pdl) pdl_start();
+    mv_input(p, xs, red, u);
     float acc[NR];
     const float* xp[NR];
 #pragma unroll
@@ -62,28 +62,28 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     }
 }
 
-extern "C" __global__ void matvec(const MatvecParams p) {
-    extern __shared__ __align__(16) float smem[];
+// One block's rows. `pdl`: standalone launch (wait for the predecessor grid after staging).
+__device__ __forceinline__ void matvec_unit(const MatvecParams& p, float* smem, Unit u, bool pdl) {
     float* red = smem;            // [33]
     float* xs = smem + 36;        // padded [k], 16-byte aligned
     switch (p.mode) {
-        case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, xs, red); return;
-        case MV_Q4_0_2: mv_staged<4, Q4_0Rows<4, 2>>(p, xs, red); return;
-        case MV_Q4_0_4: mv_staged<2, Q4_0Rows<2, 4>>(p, xs, red); return;
-        case MV_Q4_K_1: mv_staged<4, Q4_KRows<4, 1>>(p, xs, red); return;
-        case MV_Q4_K_2: mv_staged<2, Q4_KRows<2, 2>>(p, xs, red); return;
+        case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, xs, red, u, pdl); return;
+        case MV_Q4_0_2: mv_staged<4, Q4_0Rows<4, 2>>(p, xs, red, u, pdl); return;
+        case MV_Q4_0_4: mv_staged<2, Q4_0Rows<2, 4>>(p, xs, red, u, pdl); return;
+        case MV_Q4_K_1: mv_staged<4, Q4_KRows<4, 1>>(p, xs, red, u, pdl); return;
+        case MV_Q4_K_2: mv_staged<2, Q4_KRows<2, 2>>(p, xs, red, u, pdl); return;
         default: break;
     }
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
-    int first = (blockIdx.x * nwarps + warp) * p.rows_per_warp;
+    int first = (u.x * nwarps + warp) * p.rows_per_warp;
     for (int r = first; r < first + p.rows_per_warp && r < total; r++) {
         int m = 0, rr = r;
         while (m < p.n_w - 1 && rr >= p.rows[m]) { rr -= p.rows[m]; m++; }
         prefetch_row(p.w[m], (u64)rr, lane);
     }
-    pdl_start();
-    mv_input(p, xs, red);
+    if (pdl) pdl_start();
+    mv_input(p, xs, red, u);
     for (int r = first; r < first + p.rows_per_warp && r < total; r++) {
         int m = 0, rr = r;
         while (m < p.n_w - 1 && rr >= p.rows[m]) { rr -= p.rows[m]; m++; }
@@ -95,6 +95,11 @@ extern "C" __global__ void matvec(const MatvecParams p) {
     }
 }
 
+extern "C" __global__ void matvec(const MatvecParams p) {
+    extern __shared__ __align__(16) float smem[];
+    matvec_unit(p, smem, this_unit(), true);
+}
+
 // Embedding look-up of the step's token: x = row `state.token` of the embedding matrix.
 struct EmbedParams {
     QW w;
@@ -102,9 +107,13 @@ struct EmbedParams {
     u64 x;      // float* [k]
 };
 
+__device__ __forceinline__ void embed_unit(const EmbedParams& p, Unit u) {
+    u32 tok = ((const StepState*)p.state)->token;
+    for (int i = u.x * blockDim.x + threadIdx.x; i < p.w.k; i += u.nx * blockDim.x)
+        ((float*)p.x)[i] = weight_at(p.w, (u64)tok, i);
+}
+
 extern "C" __global__ void embed(const EmbedParams p) {
     pdl_start();
-    u32 tok = ((const StepState*)p.state)->token;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.w.k; i += gridDim.x * blockDim.x)
-        ((float*)p.x)[i] = weight_at(p.w, (u64)tok, i);
+    embed_unit(p, this_unit());
 }

@@ -69,21 +69,20 @@ struct RouterParams {
     float eps;
 };
 
-// grid ceil(n_expert / 8), 256 threads, dynamic smem (36 + k) floats.
-extern "C" __global__ void router_topk(const RouterParams p) {
-    extern __shared__ __align__(16) float smem[];
-    __shared__ float pr[4096];
-    __shared__ int is_last;
+// grid ceil(n_expert / 8), 256 threads, dynamic smem (36 + k + n_expert + 4) floats.
+__device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* smem, Unit u, bool pdl) {
     float* red = smem;
     float* xs = smem + 36;  // 16-byte aligned, unpadded
+    float* pr = xs + p.k;   // [n_expert] top-k scratch
+    int* is_last = (int*)(pr + p.n_expert);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int row = blockIdx.x * nw + warp, nq = p.k >> 7;
+    int row = u.x * nw + warp, nq = p.k >> 7;
     float4 wv[16];
     const float4* wr = (const float4*)((const float*)p.w + (u64)(row < p.n_expert ? row : 0) * p.k);
 #pragma unroll
     for (int j = 0; j < 16; j++)
         if (j < nq) wv[j] = wr[lane + 32 * j];
-    pdl_start();
+    if (pdl) pdl_start();
     const float* x = (const float*)p.in;
     const float* nv = (const float*)p.norm;
     float ss = 0.f;
@@ -97,7 +96,7 @@ extern "C" __global__ void router_topk(const RouterParams p) {
     for (int i = threadIdx.x; i < p.k; i += blockDim.x) {
         float v = xs[i] * r * nv[i];
         xs[i] = v;
-        if (blockIdx.x == 0) ((float*)p.xn_out)[i] = v;
+        if (u.x == 0) ((float*)p.xn_out)[i] = v;
     }
     __syncthreads();
     float acc = 0.f;
@@ -112,12 +111,17 @@ extern "C" __global__ void router_topk(const RouterParams p) {
     if (lane == 0 && row < p.n_expert) ((float*)p.logits)[row] = acc;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd((int*)p.counter, 1) == (int)gridDim.x - 1;
+    if (threadIdx.x == 0) *is_last = atomicAdd((int*)p.counter, 1) == u.nx - 1;
     __syncthreads();
-    if (!is_last) return;
+    if (!*is_last) return;
     __threadfence();
     if (warp == 0) topk_warp((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr);
     if (threadIdx.x == 0) *(volatile int*)p.counter = 0;
+}
+
+extern "C" __global__ void router_topk(const RouterParams p) {
+    extern __shared__ __align__(16) float smem[];
+    router_topk_unit(p, smem, this_unit(), true);
 }
 
 struct GateUpParams {
@@ -132,10 +136,10 @@ struct GateUpParams {
 };
 
 template <int NR, class Rows>
-__device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs) {
-    int slot = blockIdx.y, e = ((const int*)p.ids)[slot];
+__device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs, Unit u) {
+    int slot = u.y, e = ((const int*)p.ids)[slot];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int first = (blockIdx.x * nwarps + warp) * NR;
+    int first = (u.x * nwarps + warp) * NR;
     long long rows[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) rows[i] = first + i < p.d_ff ? (long long)e * p.d_ff + first + i : -1;
@@ -157,26 +161,29 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs)
 }
 
 // grid (ceil(d_ff / rows per block), n_used).
-extern "C" __global__ void moe_gate_up(const GateUpParams p) {
-    extern __shared__ __align__(16) float smem[];
-    float* xs = smem;
-    pdl_start();
+__device__ __forceinline__ void gate_up_unit(const GateUpParams& p, float* xs, Unit u) {
     switch (p.mode) {
-        case 1: gate_up_staged<2, Q4_0Rows<2, 1>>(p, xs); return;
-        case 2: gate_up_staged<2, Q4_0Rows<2, 2>>(p, xs); return;
-        case 4: gate_up_staged<2, Q4_KRows<2, 1>>(p, xs); return;
+        case 1: gate_up_staged<2, Q4_0Rows<2, 1>>(p, xs, u); return;
+        case 2: gate_up_staged<2, Q4_0Rows<2, 2>>(p, xs, u); return;
+        case 4: gate_up_staged<2, Q4_KRows<2, 1>>(p, xs, u); return;
         default: break;
     }
     load_x(xs, (const float*)p.xn, p.gate.k, 0, 0.f, 0);
-    int slot = blockIdx.y, e = ((const int*)p.ids)[slot];
+    int slot = u.y, e = ((const int*)p.ids)[slot];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int first = (blockIdx.x * nwarps + warp) * p.rows_per_warp;
+    int first = (u.x * nwarps + warp) * p.rows_per_warp;
     for (int r = first; r < first + p.rows_per_warp && r < p.d_ff; r++) {
         u64 row = (u64)e * p.d_ff + r;
         float g = row_dot(p.gate, row, xs, lane);
-        float u = row_dot(p.up, row, xs, lane);
-        if (lane == 0) ((float*)p.h)[slot * p.d_ff + r] = g / (1.f + expf(-g)) * u;
+        float up = row_dot(p.up, row, xs, lane);
+        if (lane == 0) ((float*)p.h)[slot * p.d_ff + r] = g / (1.f + expf(-g)) * up;
     }
+}
+
+extern "C" __global__ void moe_gate_up(const GateUpParams p) {
+    extern __shared__ __align__(16) float smem[];
+    pdl_start();
+    gate_up_unit(p, smem, this_unit());
 }
 
 struct DownParams {
@@ -205,9 +212,9 @@ __device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
 // all slots' loads are in flight at once. Q4_0 piece f: slot f / nb, block f % nb.
 template <int NR, int CH>
-__device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int plen, float* sw) {
+__device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int plen, float* sw, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int first = (blockIdx.x * nwarps + warp) * NR;
+    int first = (u.x * nwarps + warp) * NR;
     int nb = p.down.k >> 5, items = p.n_used * nb;
     const int* ids = (const int*)p.ids;
     const uint4* qs = (const uint4*)p.down.data;
@@ -252,9 +259,9 @@ __device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int pl
 
 // Q4_K piece f: quarter f & 3 of super-block t % nsb of slot t / nsb, t = f >> 2.
 template <int CH>
-__device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int plen, float* sw) {
+__device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int plen, float* sw, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int r = blockIdx.x * nwarps + warp;
+    int r = u.x * nwarps + warp;
     int nsb = p.down.k >> 8, items = p.n_used * nsb * 4;
     const int* ids = (const int*)p.ids;
     uint4 h[CH], a[CH], b[CH];
@@ -283,21 +290,20 @@ __device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int pl
     if (lane == 0 && r < p.d_model) ((float*)p.x)[r] += v;
 }
 
-// grid ceil(d_model / rows per block). Generic mode sums the slots in order.
-extern "C" __global__ void moe_down(const DownParams p) {
-    extern __shared__ __align__(16) float smem[];
-    __shared__ float sw[16];
+// grid ceil(d_model / rows per block); dynamic smem n_used * plen + 16 floats (h, then the
+// slot weights). Generic mode sums the slots in order.
+__device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit u) {
     int dff = p.down.k, plen = padded_len(dff) - XS;  // d_ff is a multiple of 32
-    pdl_start();
+    float* sw = smem + p.n_used * plen;
     if (p.mode != 0) {
         // The staged paths issue their weight loads first, then stage h (stage_h).
         switch (p.mode) {
-            case 1: down_q4_0<2, 2>(p, smem, plen, sw); return;
-            case 2: down_q4_0<2, 6>(p, smem, plen, sw); return;
-            case 3: down_q4_0<2, 8>(p, smem, plen, sw); return;
-            case 4: down_q4_k<1>(p, smem, plen, sw); return;
-            case 5: down_q4_k<3>(p, smem, plen, sw); return;
-            default: down_q4_k<4>(p, smem, plen, sw); return;
+            case 1: down_q4_0<2, 2>(p, smem, plen, sw, u); return;
+            case 2: down_q4_0<2, 6>(p, smem, plen, sw, u); return;
+            case 3: down_q4_0<2, 8>(p, smem, plen, sw, u); return;
+            case 4: down_q4_k<1>(p, smem, plen, sw, u); return;
+            case 5: down_q4_k<3>(p, smem, plen, sw, u); return;
+            default: down_q4_k<4>(p, smem, plen, sw, u); return;
         }
     }
     for (int s = 0; s < p.n_used; s++)
@@ -305,7 +311,7 @@ extern "C" __global__ void moe_down(const DownParams p) {
             smem[s * plen + pad_idx(i)] = ((const float*)p.h)[s * dff + i];
     __syncthreads();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int first = (blockIdx.x * nwarps + warp) * p.rows_per_warp;
+    int first = (u.x * nwarps + warp) * p.rows_per_warp;
     for (int r = first; r < first + p.rows_per_warp && r < p.d_model; r++) {
         float acc = 0.f;
         for (int s = 0; s < p.n_used; s++) {
@@ -314,4 +320,10 @@ extern "C" __global__ void moe_down(const DownParams p) {
         }
         if (lane == 0) ((float*)p.x)[r] += acc;
     }
+}
+
+extern "C" __global__ void moe_down(const DownParams p) {
+    extern __shared__ __align__(16) float smem[];
+    pdl_start();
+    down_unit(p, smem, this_unit());
 }

@@ -36,25 +36,27 @@ __device__ void block_argmax(float& bv, int& bi, float* sv, int* si) {
     }
 }
 
-extern "C" __global__ void argmax_partial(const ArgmaxParams p) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    pdl_start();
+// `sv`, `si`: 32 floats and 32 ints of shared memory.
+__device__ __forceinline__ void argmax_partial_unit(const ArgmaxParams& p, float* sv, int* si, Unit u) {
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     const float* lg = (const float*)p.logits;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.n; i += gridDim.x * blockDim.x) {
+    for (int i = u.x * blockDim.x + threadIdx.x; i < p.n; i += u.nx * blockDim.x) {
         float v = lg[i];
         if (v == v) better(bv, bi, v, i);
     }
     block_argmax(bv, bi, sv, si);
-    if (threadIdx.x == 0) { ((float*)p.part_v)[blockIdx.x] = bv; ((int*)p.part_i)[blockIdx.x] = bi; }
+    if (threadIdx.x == 0) { ((float*)p.part_v)[u.x] = bv; ((int*)p.part_i)[u.x] = bi; }
 }
 
-extern "C" __global__ void argmax_final(const ArgmaxParams p) {
+extern "C" __global__ void argmax_partial(const ArgmaxParams p) {
     __shared__ float sv[32];
     __shared__ int si[32];
     pdl_start();
+    argmax_partial_unit(p, sv, si, this_unit());
+}
+
+__device__ __forceinline__ void argmax_final_unit(const ArgmaxParams& p, float* sv, int* si) {
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < p.n_blocks; i += blockDim.x)
@@ -65,4 +67,11 @@ extern "C" __global__ void argmax_final(const ArgmaxParams p) {
         st->token = bi == 0x7fffffff ? 0u : (u32)bi;  // all NaN: token 0, like sampling::argmax
         st->pos += 1;
     }
+}
+
+extern "C" __global__ void argmax_final(const ArgmaxParams p) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    pdl_start();
+    argmax_final_unit(p, sv, si);
 }

@@ -13,6 +13,7 @@ use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
 
 use crate::device::{DevBuf, Device, Launch};
+use crate::fused::FusedStep;
 use crate::graph::Graph;
 use crate::params::StepState;
 use crate::step::{self, Kv, Scratch};
@@ -29,12 +30,15 @@ struct SessionKey {
     geometry: String,
     batch: usize,
     kv_capacity: usize,
+    fused: bool,
 }
 
-/// The setup cache entry: resolved launches and the graph captured from them.
+/// The setup cache entry: resolved launches, their fused form (op table, barrier) and the
+/// graph captured from it (one node), or from the launches when there is no fused form.
 struct StepCache {
     key: SessionKey,
     _launches: Vec<Launch>,
+    fused: Option<FusedStep>,
     graph: Graph,
 }
 
@@ -68,6 +72,8 @@ pub struct CudaBackend {
     /// Per-launch event pairs of the profiled eager path.
     prof_events: Vec<(sys::CUevent, sys::CUevent)>,
     profile: HashMap<&'static str, (u64, f64, u64)>,
+    /// Per-op times inside the fused step (Q4MOE_CUDA_STAMPS=1), same layout as `profile`.
+    fused_profile: HashMap<&'static str, (u64, f64, u64)>,
     dev: Device,
 }
 
@@ -112,12 +118,17 @@ impl CudaBackend {
             events,
             prof_events: Vec::new(),
             profile: HashMap::new(),
+            fused_profile: HashMap::new(),
             dev,
         })
     }
 
     pub fn set_setup_cache(&mut self, on: bool) {
         self.opts.setup_cache = on;
+    }
+
+    pub fn set_fused_step(&mut self, on: bool) {
+        self.opts.fused_step = on;
     }
 
     pub fn set_in_flight(&mut self, n: usize) {
@@ -128,17 +139,24 @@ impl CudaBackend {
         &self.opts
     }
 
-    /// Per-kernel GPU times gathered on the eager path with `profile_kernels` on.
+    /// Per-kernel GPU times gathered on the eager path with `profile_kernels` on, and per-op
+    /// times inside the fused step (named "fused <op>") with Q4MOE_CUDA_STAMPS=1.
     pub fn kernel_profile(&self) -> Vec<KernelTime> {
+        let entry = |name: String, &(calls, secs, bytes): &(u64, f64, u64)| KernelTime {
+            name,
+            calls,
+            total: Duration::from_secs_f64(secs),
+            bytes_read: bytes,
+        };
         let mut v: Vec<KernelTime> = self
             .profile
             .iter()
-            .map(|(n, &(calls, secs, bytes))| KernelTime {
-                name: n.to_string(),
-                calls,
-                total: Duration::from_secs_f64(secs),
-                bytes_read: bytes,
-            })
+            .map(|(n, e)| entry(n.to_string(), e))
+            .chain(
+                self.fused_profile
+                    .iter()
+                    .map(|(n, e)| entry(format!("fused {n}"), e)),
+            )
             .collect();
         v.sort_by(|a, b| b.total.cmp(&a.total));
         v
@@ -146,6 +164,7 @@ impl CudaBackend {
 
     pub fn reset_kernel_profile(&mut self) {
         self.profile.clear();
+        self.fused_profile.clear();
     }
 
     pub fn set_profile_kernels(&mut self, on: bool) {
@@ -191,6 +210,7 @@ impl CudaBackend {
             geometry: format!("{:?}", self.model.config),
             batch: 1,
             kv_capacity: self.opts.kv_capacity,
+            fused: self.opts.fused_step,
         }
     }
 
@@ -223,10 +243,18 @@ impl CudaBackend {
         if sess.cache.as_ref().map(|c| &c.key) != Some(&key) {
             sess.cache = None;
             let launches = step::build(&cfg, w, s, &sess.kv);
-            let graph = Graph::capture(dev, &launches)?;
+            let fused = match key.fused {
+                true => FusedStep::new(dev, &launches)?,
+                false => None,
+            };
+            let graph = match &fused {
+                Some(f) => Graph::capture(dev, std::slice::from_ref(f.launch()))?,
+                None => Graph::capture(dev, &launches)?,
+            };
             sess.cache = Some(StepCache {
                 key,
                 _launches: launches,
+                fused,
                 graph,
             });
         }
@@ -239,12 +267,17 @@ impl CudaBackend {
         let (e0, e1) = self.events[slot % RING];
         unsafe { result::event::record(e0, self.dev.stream)? };
         match eager {
-            None => self.sessions[&id]
-                .cache
-                .as_ref()
-                .expect("setup ran")
-                .graph
-                .launch(&self.dev)?,
+            None => {
+                let cache = self.sessions[&id].cache.as_ref().expect("setup ran");
+                cache.graph.launch(&self.dev)?;
+                if let Some(f) = &cache.fused {
+                    for (name, secs) in f.op_times(&self.dev)? {
+                        let e = self.fused_profile.entry(name).or_insert((0, 0.0, 0));
+                        e.0 += 1;
+                        e.1 += secs;
+                    }
+                }
+            }
             Some(ls) if self.opts.profile_kernels => self.launch_profiled(&ls)?,
             Some(ls) => ls.iter().try_for_each(|l| self.dev.launch(l))?,
         }

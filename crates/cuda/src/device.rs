@@ -25,10 +25,12 @@ pub enum Kernel {
     MoeDown,
     ArgmaxPartial,
     ArgmaxFinal,
+    StepFused,
+    StepFused2,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 12] = [
+    pub const ALL: [Kernel; 14] = [
         Kernel::Matvec,
         Kernel::Embed,
         Kernel::QkNormRope,
@@ -41,6 +43,8 @@ impl Kernel {
         Kernel::MoeDown,
         Kernel::ArgmaxPartial,
         Kernel::ArgmaxFinal,
+        Kernel::StepFused,
+        Kernel::StepFused2,
     ];
     pub fn symbol(self) -> &'static str {
         match self {
@@ -56,17 +60,20 @@ impl Kernel {
             Kernel::MoeDown => "moe_down",
             Kernel::ArgmaxPartial => "argmax_partial",
             Kernel::ArgmaxFinal => "argmax_final",
+            Kernel::StepFused => "step_fused",
+            Kernel::StepFused2 => "step_fused_2",
         }
     }
 }
 
 /// Kernel sources, one file per op family; compiled as one program behind `common.cuh`.
-const SOURCES: [(&str, &str); 5] = [
+const SOURCES: [(&str, &str); 6] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
+    ("fused.cu", include_str!("../kernels/fused.cu")),
 ];
 
 /// Probes the libraries before any cudarc call (cudarc panics when libcuda is missing).
@@ -118,7 +125,14 @@ impl Device {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
         for (k, f) in Kernel::ALL.iter().zip(&funcs) {
-            if matches!(k, Kernel::Matvec | Kernel::MoeGateUp | Kernel::MoeDown) {
+            if matches!(
+                k,
+                Kernel::Matvec
+                    | Kernel::MoeGateUp
+                    | Kernel::MoeDown
+                    | Kernel::StepFused
+                    | Kernel::StepFused2
+            ) {
                 // Large activations (d_ff * n_used floats) need more than the default 48 KB.
                 unsafe {
                     result::function::set_function_attribute(
@@ -145,9 +159,33 @@ impl Device {
         Ok(self.ctx.bind_to_thread()?)
     }
 
+    fn func(&self, k: Kernel) -> sys::CUfunction {
+        self.funcs[Kernel::ALL.iter().position(|x| *x == k).unwrap()]
+    }
+
+    /// Blocks of `k` (at `block` threads, `smem` dynamic bytes) the whole device keeps resident
+    /// at once: the grid a persistent kernel with grid-wide barriers may use.
+    pub fn resident_blocks(&self, k: Kernel, block: u32, smem: u32) -> Result<u32> {
+        let mut per_sm = 0;
+        // SAFETY: plain queries on a live function and device.
+        unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut per_sm,
+                self.func(k),
+                block as i32,
+                smem as usize,
+            )
+            .result()?
+        };
+        let sms = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok((per_sm.max(0) * sms.max(0)) as u32)
+    }
+
     /// Launches `k` with one params struct passed by value.
     pub fn launch(&self, l: &Launch) -> Result<()> {
-        let f = self.funcs[Kernel::ALL.iter().position(|x| *x == l.kernel).unwrap()];
+        let f = self.func(l.kernel);
         let mut args = [l.params.as_ptr() as *mut c_void];
         // SAFETY: the params bytes mirror the kernel's struct; every pointer in them is a live
         // device allocation owned by the backend for as long as launches may run.

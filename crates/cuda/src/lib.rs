@@ -7,6 +7,7 @@
 
 mod backend;
 mod device;
+mod fused;
 mod graph;
 mod params;
 mod step;
@@ -29,6 +30,10 @@ pub struct CudaOptions {
     pub kv_capacity: usize,
     /// Time every kernel with events (eager path only; slows decoding).
     pub profile_kernels: bool,
+    /// With the setup cache on: run the step as one persistent kernel (kernels/fused.cu)
+    /// instead of a graph of ~340 launches. Experimental and slower today (NOTES.md);
+    /// default from Q4MOE_CUDA_FUSED=1.
+    pub fused_step: bool,
 }
 
 impl Default for CudaOptions {
@@ -38,6 +43,7 @@ impl Default for CudaOptions {
             in_flight: 2,
             kv_capacity: 4096,
             profile_kernels: false,
+            fused_step: std::env::var_os("Q4MOE_CUDA_FUSED").is_some(),
         }
     }
 }

@@ -172,3 +172,33 @@ pub struct AttnGqaParams {
     pub theta: f32,
 }
 const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 88);
+
+/// `FusedOp`: one op of the fused step (fused.cu), its params inline.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FusedOp {
+    pub kind: i32,
+    pub nx: i32,
+    pub ny: i32,
+    pub pad: i32,
+    pub params: [u64; FUSED_PARAM_WORDS],
+}
+const _: () = assert!(std::mem::size_of::<FusedOp>() == 8 * (2 + FUSED_PARAM_WORDS));
+
+/// `FusedParams`: the fused step's launch argument.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FusedParams {
+    pub ops: u64,
+    pub bar: u64,
+    pub stamps: u64,
+    pub n_ops: i32,
+}
+
+/// `FUSED_PARAM_WORDS` in fused.cu: the largest params struct an op may have, in u64 words.
+pub const FUSED_PARAM_WORDS: usize = 32;
+
+/// `sizeof(GqaSmem)` in attention.cu: attn_gqa's shared memory, which the fused step carves
+/// from its dynamic shared memory.
+pub const GQA_SMEM_BYTES: u32 =
+    ((8 * 128 + 128 + 128 + 8 * ATT_CHUNK + 8 * 2 + 8 * 8 * 128) * 4) as u32;

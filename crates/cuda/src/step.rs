@@ -415,7 +415,7 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             "router_topk",
             grid,
             THREADS,
-            ((36 + c.d_model) * 4) as u32,
+            ((36 + c.d_model + c.n_expert + 4) * 4) as u32,
             &r,
             weight_bytes(&lw.router, c.n_expert),
         ));
@@ -486,7 +486,8 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         rows_per_warp: drpw as i32,
         mode: dmode,
     };
-    let smem = (c.n_expert_used * (c.d_ff_expert / 32) * 36 * 4) as u32;
+    // h staged per slot (padded), then the slot weights
+    let smem = ((c.n_expert_used * (c.d_ff_expert / 32) * 36 + 16) * 4) as u32;
     let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
     out.push(Launch::new(
         Kernel::MoeDown,

@@ -91,8 +91,16 @@ fn run(cfg: Config, q: SynthQuant) {
     let first = q4moe_model::sampling::argmax(&lc[lc.len() - cfg.vocab_size..]);
     let want = greedy(&mut cpu, 1, first, 64, None);
     let mut streams = Vec::new();
-    for (cache, fl) in [(true, 2), (false, 1), (true, 1), (false, 2)] {
+    for (cache, fl, fused) in [
+        (true, 2, false),
+        (false, 1, false),
+        (true, 1, false),
+        (false, 2, false),
+        (true, 2, true),
+        (true, 1, true),
+    ] {
         gpu.set_setup_cache(cache);
+        gpu.set_fused_step(fused);
         gpu.set_in_flight(fl);
         gpu.truncate(1, prompt.len());
         streams.push(greedy(&mut gpu, 1, first, 64, None));
@@ -113,9 +121,10 @@ fn run(cfg: Config, q: SynthQuant) {
     );
     assert!(
         streams.iter().all(|s| *s == streams[0]),
-        "setup cache / in-flight variants differ"
+        "setup cache / in-flight / fused-step variants differ"
     );
     // A stop found late (in-flight 2) must leave the KV as if decoding ran one step at a time.
+    gpu.set_fused_step(false);
     gpu.set_in_flight(2);
     gpu.truncate(1, prompt.len());
     let short = greedy(&mut gpu, 1, first, 64, Some(10));

@@ -61,6 +61,7 @@ pub fn open_backend(model: Arc<Model>, opts: &EngineOptions) -> Result<Box<dyn B
         in_flight: opts.in_flight.max(1),
         kv_capacity,
         profile_kernels: opts.profile_kernels,
+        ..Default::default()
     };
     match opts.device {
         Device::Cpu => Ok(Box::new(CpuBackend::new(model, kv_capacity))),
