@@ -91,8 +91,12 @@ fn prepare<'a>(
     Act::Q8(buf, stride)
 }
 
-/// Rows per parallel task: enough work to amortise scheduling, small enough to balance 2+ cores.
-const ROWS_PER_TASK: usize = 64;
+/// The smallest piece of a matrix a thread claims (`par::guided_mut`): the last claims of a
+/// region are this small, so the threads finish within a few microseconds of each other.
+const MIN_ROWS: usize = 16;
+
+/// Rows per step of the experts' loops (their stack buffers' length).
+const RUN_ROWS: usize = 64;
 
 /// Norm vectors, dequantised once at load (a few KB per layer).
 pub struct HostWeights {
@@ -212,8 +216,8 @@ fn prefetch_head(bytes: &[u8]) {
 
 /// `out[r] = row_r(w) . x` for the rows of a quantised matrix given as raw bytes.
 fn matvec(ty: GgmlType, data: &[u8], row_bytes: usize, x: Act<'_>, out: &mut [f32]) {
-    par::chunks_mut(out, ROWS_PER_TASK, |ci, chunk| {
-        rows_dot(ty, data, row_bytes, ci * ROWS_PER_TASK, x, chunk);
+    par::guided_mut(out, MIN_ROWS, |r0, chunk| {
+        rows_dot(ty, data, row_bytes, r0, x, chunk);
     });
 }
 
@@ -226,8 +230,8 @@ fn matvec_concat(
     x: Act<'_>,
     out: &mut [f32],
 ) {
-    par::chunks_mut(out, ROWS_PER_TASK, |ci, chunk| {
-        let (mut r, mut done) = (ci * ROWS_PER_TASK, 0);
+    par::guided_mut(out, MIN_ROWS, |r0, chunk| {
+        let (mut r, mut done) = (r0, 0);
         let mut base = 0;
         for &(data, rows) in parts {
             if done == chunk.len() {
@@ -370,14 +374,14 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
             && is_quantised(up.ty)
             && activation_type(gate.ty) == activation_type(up.ty));
     let (grb, urb) = (gate.row_bytes(), up.row_bytes());
-    par::chunks_mut(&mut s.hidden, ROWS_PER_TASK, |ci, chunk| {
-        let mut u = [0f32; ROWS_PER_TASK];
+    par::guided_mut(&mut s.hidden, MIN_ROWS, |r0, chunk| {
+        let mut u = [0f32; RUN_ROWS];
         let mut done = 0;
         while done < chunk.len() {
             // A run of rows within one expert.
-            let idx = ci * ROWS_PER_TASK + done;
+            let idx = r0 + done;
             let (k, r) = (idx / ff, idx % ff);
-            let len = (ff - r).min(chunk.len() - done);
+            let len = (ff - r).min(chunk.len() - done).min(RUN_ROWS);
             let e = chosen[k];
             let hs = &mut chunk[done..done + len];
             // The up rows come next: start their first page now (prefetchers stop at pages).
@@ -398,26 +402,19 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
     });
     let hidden = prepare(p, down.ty, &s.hidden, ff, &mut s.xq);
     let drb = down.row_bytes();
-    par::chunks_mut(&mut s.proj, ROWS_PER_TASK, |ci, chunk| {
-        let mut t = [0f32; ROWS_PER_TASK];
-        let t = &mut t[..chunk.len()];
-        chunk.fill(0.0);
-        for (k, (&e, &p)) in chosen.iter().zip(&weights).enumerate() {
-            if let Some(&next) = chosen.get(k + 1) {
-                prefetch_head(&m.expert(down, next)[ci * ROWS_PER_TASK * drb..]);
+    par::guided_mut(&mut s.proj, MIN_ROWS, |r0, chunk| {
+        for (j, run) in chunk.chunks_mut(RUN_ROWS).enumerate() {
+            let r = r0 + j * RUN_ROWS;
+            let mut t = [0f32; RUN_ROWS];
+            let t = &mut t[..run.len()];
+            run.fill(0.0);
+            for (k, (&e, &p)) in chosen.iter().zip(&weights).enumerate() {
+                if let Some(&next) = chosen.get(k + 1) {
+                    prefetch_head(&m.expert(down, next)[r * drb..]);
+                }
+                rows_dot(down.ty, m.expert(down, e), drb, r, hidden.part(k, ff), t);
+                run.iter_mut().zip(t.iter()).for_each(|(o, &d)| *o += p * d);
             }
-            rows_dot(
-                down.ty,
-                m.expert(down, e),
-                drb,
-                ci * ROWS_PER_TASK,
-                hidden.part(k, ff),
-                t,
-            );
-            chunk
-                .iter_mut()
-                .zip(t.iter())
-                .for_each(|(o, &d)| *o += p * d);
         }
     });
     s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);

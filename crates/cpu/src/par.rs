@@ -165,22 +165,38 @@ impl<T> Copy for SendPtr<T> {}
 unsafe impl<T> Send for SendPtr<T> {}
 unsafe impl<T> Sync for SendPtr<T> {}
 
-/// `f(i, chunk i)` for the `chunk`-sized pieces of `out` (the last may be shorter), in parallel.
-pub(crate) fn chunks_mut<T: Send>(out: &mut [T], chunk: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+/// `f(start, piece)` over disjoint pieces covering `out`, in parallel. Pieces are claimed
+/// largest first (a quarter of what is left per claim with 2 threads, never under `min`
+/// elements): a region's work splits into few long contiguous runs, and the last claims are
+/// small, so the threads reach the join together instead of one waiting out a whole task.
+pub(crate) fn guided_mut<T: Send>(out: &mut [T], min: usize, f: impl Fn(usize, &mut [T]) + Sync) {
     let len = out.len();
     let p = SendPtr(out.as_mut_ptr());
-    pool().run(len.div_ceil(chunk), &|i| {
-        let start = i * chunk;
-        let n = chunk.min(len - start);
-        let p = p;
-        // SAFETY: chunks are disjoint and within `out`, which outlives the region.
-        f(i, unsafe {
-            std::slice::from_raw_parts_mut(p.0.add(start), n)
-        })
+    let next = AtomicUsize::new(0);
+    let pool = pool();
+    let share = 2 * pool.threads();
+    // One task per thread, each claiming pieces until none are left.
+    pool.run(pool.threads(), &|_| loop {
+        let start = next.load(Relaxed);
+        if start >= len {
+            break;
+        }
+        let n = ((len - start) / share).max(min).min(len - start);
+        if next
+            .compare_exchange_weak(start, start + n, Relaxed, Relaxed)
+            .is_ok()
+        {
+            let p = p;
+            // SAFETY: each range [start, start + n) is claimed once and lies within `out`,
+            // which outlives the region.
+            f(start, unsafe {
+                std::slice::from_raw_parts_mut(p.0.add(start), n)
+            })
+        }
     });
 }
 
-/// `chunks_mut` over two slices in step: `f(i, a chunk i, b chunk i)`.
+/// Two slices split in step into fixed chunks: `f(i, a chunk i, b chunk i)` in parallel.
 pub(crate) fn chunks_mut2<A: Send, B: Send>(
     a: &mut [A],
     ca: usize,
@@ -193,9 +209,41 @@ pub(crate) fn chunks_mut2<A: Send, B: Send>(
     let (pa, pb) = (SendPtr(a.as_mut_ptr()), SendPtr(b.as_mut_ptr()));
     pool().run(n, &|i| {
         let (pa, pb) = (pa, pb);
-        // SAFETY: as in `chunks_mut`, for each slice.
+        // SAFETY: chunks are disjoint and within each slice, which outlive the region.
         let x = unsafe { std::slice::from_raw_parts_mut(pa.0.add(i * ca), ca.min(la - i * ca)) };
         let y = unsafe { std::slice::from_raw_parts_mut(pb.0.add(i * cb), cb.min(lb - i * cb)) };
         f(i, x, y)
     });
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn guided_mut_covers_every_element_once() {
+        for (len, min) in [
+            (0, 16),
+            (1, 16),
+            (15, 16),
+            (17, 16),
+            (6144, 16),
+            (151_936, 16),
+            (100, 1),
+        ] {
+            let mut v = vec![0u32; len];
+            super::guided_mut(&mut v, min, |start, piece| {
+                assert!(!piece.is_empty());
+                assert!(
+                    piece.len() >= min.min(len - start),
+                    "a piece below the minimum"
+                );
+                for (i, x) in piece.iter_mut().enumerate() {
+                    *x += (start + i) as u32 + 1;
+                }
+            });
+            assert!(
+                v.iter().enumerate().all(|(i, &x)| x == i as u32 + 1),
+                "len {len}: an element visited other than once"
+            );
+        }
+    }
 }
