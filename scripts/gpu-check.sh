@@ -14,7 +14,8 @@
 #   stamps        per-op times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
 #                 on the device machine; JSON to $OUT/bench-<quant>.json. Q4_0 adds --profile kernels.
-#                 bench:<quant>@N uses --long-context N (default 4096; 0 skips it).
+#                 bench:<quant>@N uses --long-context N (default 4096; 0 skips it). --sampled adds
+#                 device-sampler (top-k 20) and host-sampler (top-k off) variants.
 set -u -o pipefail
 OUT=${OUT:-/tmp/q4moe-out}
 mkdir -p "$OUT"
@@ -76,7 +77,7 @@ for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
       prof=""; [ "$q" = q4_0 ] && prof="--profile kernels"
       echo "== bench $q"
       timeout 300 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 5 \
-        --long-context $long $prof --json-out "$OUT/bench-$q.json" > "$OUT/bench-$q.log" 2>&1
+        --long-context $long $prof --sampled --json-out "$OUT/bench-$q.json" > "$OUT/bench-$q.log" 2>&1
       tail -45 "$OUT/bench-$q.log"
       summary+="bench $q: $(grep -E 'cache on, in-flight 2' "$OUT/bench-$q.log" | head -1)\n" ;;
   esac

@@ -51,6 +51,11 @@ pub struct BenchArgs {
     json_out: Option<PathBuf>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// GPU: also measure sampled decoding (cache on) with Qwen3's recommended settings
+    /// (temperature 0.6, top-k 20, top-p 0.95: the device sampler) and with top-k off (the
+    /// host sampler).
+    #[arg(long)]
+    sampled: bool,
 }
 
 /// One measured configuration of the backend.
@@ -59,6 +64,7 @@ struct Variant {
     name: String,
     setup_cache: bool,
     in_flight: usize,
+    sampling: SamplingParams,
 }
 
 /// What one run measured.
@@ -149,6 +155,7 @@ fn variants(a: &BenchArgs, backend: &AnyBackend) -> Vec<Variant> {
             name: "cpu".into(),
             setup_cache: false,
             in_flight: 1,
+            sampling: SamplingParams::greedy(),
         }];
     }
     let mut v = Vec::new();
@@ -157,6 +164,7 @@ fn variants(a: &BenchArgs, backend: &AnyBackend) -> Vec<Variant> {
             name: "cache off, in-flight 1".into(),
             setup_cache: false,
             in_flight: 1,
+            sampling: SamplingParams::greedy(),
         });
     }
     if a.setup_cache != "off" {
@@ -165,8 +173,31 @@ fn variants(a: &BenchArgs, backend: &AnyBackend) -> Vec<Variant> {
                 name: format!("cache on, in-flight {n}"),
                 setup_cache: true,
                 in_flight: n.max(1),
+                sampling: SamplingParams::greedy(),
             });
         }
+    }
+    if a.sampled && a.setup_cache != "off" {
+        let qwen3 = SamplingParams {
+            temperature: 0.6,
+            top_k: 20,
+            top_p: 0.95,
+            seed: 7,
+            ..Default::default()
+        };
+        let in_flight = *a.in_flight.iter().max().unwrap_or(&1);
+        v.push(Variant {
+            name: format!("sampled k20, in-flight {in_flight}"),
+            setup_cache: true,
+            in_flight,
+            sampling: qwen3.clone(),
+        });
+        v.push(Variant {
+            name: "sampled k off (host)".into(),
+            setup_cache: true,
+            in_flight,
+            sampling: SamplingParams { top_k: 0, ..qwen3 },
+        });
     }
     v
 }
@@ -178,23 +209,23 @@ fn random_prompt(len: usize, vocab: usize, seed: u64) -> Vec<u32> {
     (0..len).map(|_| (rng.next_u64() % hi) as u32).collect()
 }
 
-/// Prefill `prompt` in `session`, then decode `n` greedy tokens, timing every token.
+/// Prefill `prompt` in `session`, then decode `n` tokens with `sampling`, timing every token.
 fn one_run(
     b: &mut dyn Backend,
     session: u64,
     prompt: &[u32],
     n: usize,
+    sampling: &SamplingParams,
 ) -> anyhow::Result<RunResult> {
     let t0 = Instant::now();
     let logits = b.prefill(session, prompt, false)?;
     let prefill = t0.elapsed();
     let first = argmax(&logits);
-    let sampling = SamplingParams::greedy();
     let req = DecodeRequest {
         session,
         first_token: first,
         max_tokens: n,
-        sampling: &sampling,
+        sampling,
         history: prompt,
         want_logits: false,
     };
@@ -251,7 +282,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         backend.configure(&v);
         let mut runs = Vec::new();
         for _ in 0..a.runs {
-            runs.push(one_run(backend.get(), session, &prompt, a.decode_len)?);
+            runs.push(one_run(
+                backend.get(),
+                session,
+                &prompt,
+                a.decode_len,
+                &v.sampling,
+            )?);
             backend.get().drop_session(session);
             session += 1;
         }
@@ -303,6 +340,7 @@ fn long_context_run(
         name: "long".into(),
         setup_cache: true,
         in_flight: *a.in_flight.iter().max().unwrap_or(&1),
+        sampling: SamplingParams::greedy(),
     };
     b.configure(&v);
     let ctx_prompt = random_prompt(a.long_context, vocab, a.seed ^ 1);

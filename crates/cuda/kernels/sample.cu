@@ -75,3 +75,199 @@ extern "C" __global__ void argmax_final(const ArgmaxParams p) {
     pdl_start();
     argmax_final_unit(p, sv, si);
 }
+
+// ---- Sampling on the device: temperature + top-k (1..=1024) + top-p + min-p, SplitMix64 draw.
+// Mirrors q4moe_model::Sampler step for step: the k largest of logit / temperature (ties: lower
+// id first), sorted; probabilities exp(v - max) summed in sorted order and normalised; top-p and
+// min-p cut in sorted order; r = u * kept mass walked in sorted order. exp is evaluated in double
+// and rounded, so it agrees with the host's correctly rounded expf except in rare ties.
+struct SampleConfig {
+    float temperature;  // > 0
+    int top_k;          // 1..=SAMPLE_MAX_K
+    float top_p;        // (0, 1]; 1 = off
+    float min_p;        // [0, 1]; 0 = off
+};
+
+struct SampleParams {
+    u64 logits;  // const float* [n]
+    u64 state;   // StepState*: token written, pos advanced
+    u64 cfg;     // const SampleConfig*
+    u64 rng;     // u64* SplitMix64 state (advanced once per draw)
+    int n;
+};
+
+#define SAMPLE_MAX_K 1024
+
+// Order-preserving key: a larger float (total order, -0 < +0) gives a larger key.
+__device__ __forceinline__ u32 fkey(float v) {
+    u32 b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float next_f32(u64* state) {
+    u64 z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) / 16777216.f;
+}
+
+struct SampleSmem {
+    u32 hist[256];
+    u32 key[SAMPLE_MAX_K];
+    u32 idx[SAMPLE_MAX_K];
+    float pr[SAMPLE_MAX_K];
+    u32 scan[SAMPLE_MAX_K];
+    u32 prefix, want, count, n_finite;
+};
+
+// Key of the k-th largest candidate (radix select, 8 bits a pass) and how many candidates equal
+// to it are taken (the lowest ids). Needs k <= the number of finite candidates.
+__device__ void select_kth(const float* lg, int n, float t, int k, SampleSmem& s, u32& thr, u32& take) {
+    u32 prefix = 0, mask = 0, want = (u32)k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        if (threadIdx.x < 256) s.hist[threadIdx.x] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            float x = lg[i];
+            if (!isfinite(x)) continue;
+            u32 key = fkey(x / t);
+            if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u32 acc = 0;
+            int b = 255;
+            while (b > 0 && acc + s.hist[b] < want) acc += s.hist[b--];
+            s.prefix = prefix | ((u32)b << shift);
+            s.want = want - acc;
+        }
+        __syncthreads();
+        prefix = s.prefix;
+        want = s.want;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    thr = prefix;
+    take = want;
+}
+
+// Gathers the k candidates (unsorted): every key above thr, and the `take` lowest ids equal to it
+// (per-thread contiguous ranges + an exclusive scan give the ids' order).
+__device__ void gather(const float* lg, int n, float t, u32 thr, u32 take, SampleSmem& s) {
+    int chunk = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk, hi = min(n, lo + chunk);
+    u32 eq = 0;
+    for (int i = lo; i < hi; i++) {
+        float x = lg[i];
+        eq += isfinite(x) && fkey(x / t) == thr;
+    }
+    s.scan[threadIdx.x] = eq;
+    if (threadIdx.x == 0) s.count = 0;
+    __syncthreads();
+    for (int o = 1; o < (int)blockDim.x; o <<= 1) {  // inclusive Hillis-Steele scan
+        u32 v = threadIdx.x >= o ? s.scan[threadIdx.x - o] : 0;
+        __syncthreads();
+        s.scan[threadIdx.x] += v;
+        __syncthreads();
+    }
+    u32 rank = s.scan[threadIdx.x] - eq;
+    for (int i = lo; i < hi; i++) {
+        float x = lg[i];
+        if (!isfinite(x)) continue;
+        u32 key = fkey(x / t);
+        bool in = key > thr || (key == thr && rank++ < take);
+        if (in) {
+            u32 at = atomicAdd(&s.count, 1u);
+            s.key[at] = key;
+            s.idx[at] = (u32)i;
+        }
+    }
+    __syncthreads();
+}
+
+// Bitonic sort of SAMPLE_MAX_K (key desc, id asc); slots past `count` are padding that sorts last.
+__device__ void sort_candidates(SampleSmem& s) {
+    int t = threadIdx.x;
+    if (t >= (int)s.count) { s.key[t] = 0; s.idx[t] = 0xffffffffu; }
+    __syncthreads();
+    for (int size = 2; size <= SAMPLE_MAX_K; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            int j = t ^ stride;
+            if (j > t) {
+                // "before(a, b)": a comes first in the final order
+                bool jb = s.key[j] > s.key[t] || (s.key[j] == s.key[t] && s.idx[j] < s.idx[t]);
+                bool up = (t & size) == 0;
+                if (up == jb) {
+                    u32 k = s.key[t], i = s.idx[t];
+                    s.key[t] = s.key[j]; s.idx[t] = s.idx[j];
+                    s.key[j] = k; s.idx[j] = i;
+                }
+            }
+            __syncthreads();
+        }
+}
+
+// One block of SAMPLE_MAX_K threads.
+extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const SampleParams p) {
+    __shared__ SampleSmem s;
+    pdl_start();
+    const SampleConfig c = *(const SampleConfig*)p.cfg;
+    const float* lg = (const float*)p.logits;
+    u32 fin = 0;
+    for (int i = threadIdx.x; i < p.n; i += blockDim.x) fin += isfinite(lg[i]);
+    if (threadIdx.x == 0) s.n_finite = 0;
+    __syncthreads();
+    atomicAdd(&s.n_finite, fin);
+    __syncthreads();
+    StepState* st = (StepState*)p.state;
+    if (s.n_finite == 0) {  // like the host: arg-max of the raw logits (+inf wins, NaN never)
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int i = threadIdx.x; i < p.n; i += blockDim.x)
+            if (lg[i] == lg[i]) better(bv, bi, lg[i], i);
+        block_argmax(bv, bi, s.pr, (int*)s.scan);
+        if (threadIdx.x == 0) {
+            st->token = bi == 0x7fffffff ? 0u : (u32)bi;
+            st->pos += 1;
+        }
+        return;
+    }
+    int k = min(min(c.top_k, SAMPLE_MAX_K), (int)s.n_finite);
+    u32 thr, take;
+    select_kth(lg, p.n, c.temperature, k, s, thr, take);
+    gather(lg, p.n, c.temperature, thr, take, s);
+    sort_candidates(s);
+    int t = threadIdx.x;
+    float mx = lg[s.idx[0]] / c.temperature;
+    if (t < k) s.pr[t] = (float)exp((double)(lg[s.idx[t]] / c.temperature - mx));
+    __syncthreads();
+    if (t != 0) return;
+    // Sequential in sorted order, exactly as the host sums and walks.
+    float sum = 0.f;
+    for (int i = 0; i < k; i++) sum += s.pr[i];
+    for (int i = 0; i < k; i++) s.pr[i] /= sum;
+    int keep = k;
+    if (c.top_p < 1.f) {
+        float acc = 0.f;
+        for (int i = 0; i < k; i++) {
+            acc += s.pr[i];
+            if (acc >= c.top_p) { keep = i + 1; break; }
+        }
+    }
+    if (c.min_p > 0.f) {
+        float floor = s.pr[0] * c.min_p;
+        int n = 0;
+        while (n < k && s.pr[n] >= floor) n++;
+        keep = min(keep, max(n, 1));
+    }
+    float total = 0.f;
+    for (int i = 0; i < keep; i++) total += s.pr[i];
+    float r = next_f32((u64*)p.rng) * total;
+    u32 tok = s.idx[keep - 1];
+    for (int i = 0; i < keep; i++) {
+        r -= s.pr[i];
+        if (r < 0.f) { tok = s.idx[i]; break; }
+    }
+    st->token = tok;
+    st->pos += 1;
+}

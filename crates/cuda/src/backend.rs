@@ -31,6 +31,8 @@ struct SessionKey {
     batch: usize,
     kv_capacity: usize,
     fused: bool,
+    /// The step ends in the device sampler instead of the arg-max.
+    sampled: bool,
 }
 
 /// The setup cache entry: resolved launches, their fused form (op table, barrier) and the
@@ -45,7 +47,17 @@ struct StepCache {
 struct Session {
     kv: Kv,
     len: usize,
-    cache: Option<StepCache>,
+    /// At most one entry per step variant (greedy, sampled): prefill and a sampled decode
+    /// alternate without rebuilding.
+    cache: Vec<StepCache>,
+}
+
+/// What `setup` resolved for one step.
+enum StepRef {
+    /// The cache is off: launches rebuilt for this token.
+    Eager(Vec<Launch>),
+    /// Index into the session's cache.
+    Cached(usize),
 }
 
 /// Pinned host memory for asynchronous read-back of the step state.
@@ -204,13 +216,14 @@ impl CudaBackend {
         Ok(2.0 * bytes as f64 * reps as f64 / (ms as f64 * 1e-3) / 1e9)
     }
 
-    fn key(&self, session: SessionId) -> SessionKey {
+    fn key(&self, session: SessionId, sampled: bool) -> SessionKey {
         SessionKey {
             session,
             geometry: format!("{:?}", self.model.config),
             batch: 1,
             kv_capacity: self.opts.kv_capacity,
             fused: self.opts.fused_step,
+            sampled,
         }
     }
 
@@ -222,7 +235,7 @@ impl CudaBackend {
                 Session {
                     kv,
                     len: 0,
-                    cache: None,
+                    cache: Vec::new(),
                 },
             );
         }
@@ -231,18 +244,22 @@ impl CudaBackend {
 
     /// Host setup for one step: a cache hit costs a key comparison; a miss (or the cache off)
     /// resolves every launch again from the weights' tables.
-    fn setup(&mut self, id: SessionId) -> Result<Option<Vec<Launch>>> {
-        let key = self.key(id);
+    fn setup(&mut self, id: SessionId, sampled: bool) -> Result<StepRef> {
+        let key = self.key(id, sampled);
         let cfg = self.model.config.clone();
         self.session(id)?;
         let (dev, w, s) = (&self.dev, &self.w, &self.scratch);
         let sess = self.sessions.get_mut(&id).expect("created");
         if !self.opts.setup_cache {
-            return Ok(Some(step::build(&cfg, w, s, &sess.kv)));
+            return Ok(StepRef::Eager(step::build(&cfg, w, s, &sess.kv, sampled)));
         }
-        if sess.cache.as_ref().map(|c| &c.key) != Some(&key) {
-            sess.cache = None;
-            let launches = step::build(&cfg, w, s, &sess.kv);
+        if let Some(i) = sess.cache.iter().position(|c| c.key == key) {
+            return Ok(StepRef::Cached(i));
+        }
+        // A stale entry of the same variant (options changed) is replaced.
+        sess.cache.retain(|c| c.key.sampled != sampled);
+        {
+            let launches = step::build(&cfg, w, s, &sess.kv, sampled);
             let fused = match key.fused {
                 true => FusedStep::new(dev, &launches)?,
                 false => None,
@@ -251,24 +268,24 @@ impl CudaBackend {
                 Some(f) => Graph::capture(dev, std::slice::from_ref(f.launch()))?,
                 None => Graph::capture(dev, &launches)?,
             };
-            sess.cache = Some(StepCache {
+            sess.cache.push(StepCache {
                 key,
                 _launches: launches,
                 fused,
                 graph,
             });
         }
-        Ok(None)
+        Ok(StepRef::Cached(sess.cache.len() - 1))
     }
 
     /// Submits one step (graph replay or eager launches), then the state read-back into pinned
     /// slot `slot`, bracketed by the slot's events.
-    fn submit(&mut self, id: SessionId, eager: Option<Vec<Launch>>, slot: usize) -> Result<()> {
+    fn submit(&mut self, id: SessionId, step: StepRef, slot: usize) -> Result<()> {
         let (e0, e1) = self.events[slot % RING];
         unsafe { result::event::record(e0, self.dev.stream)? };
-        match eager {
-            None => {
-                let cache = self.sessions[&id].cache.as_ref().expect("setup ran");
+        match step {
+            StepRef::Cached(i) => {
+                let cache = &self.sessions[&id].cache[i];
                 cache.graph.launch(&self.dev)?;
                 if let Some(f) = &cache.fused {
                     for (name, secs) in f.op_times(&self.dev)? {
@@ -278,8 +295,8 @@ impl CudaBackend {
                     }
                 }
             }
-            Some(ls) if self.opts.profile_kernels => self.launch_profiled(&ls)?,
-            Some(ls) => ls.iter().try_for_each(|l| self.dev.launch(l))?,
+            StepRef::Eager(ls) if self.opts.profile_kernels => self.launch_profiled(&ls)?,
+            StepRef::Eager(ls) => ls.iter().try_for_each(|l| self.dev.launch(l))?,
         }
         let st = self.scratch.state.ptr;
         // SAFETY: pinned slot of one StepState; copied in stream order after the step.
@@ -335,8 +352,8 @@ impl CudaBackend {
             token,
             pos: pos as u32,
         })?;
-        let eager = self.setup(id)?;
-        self.submit(id, eager, 0)?;
+        let step = self.setup(id, false)?;
+        self.submit(id, step, 0)?;
         Ok(self.wait(0)?.1)
     }
 
@@ -367,14 +384,22 @@ impl CudaBackend {
             token: req.first_token,
             pos: len0 as u32,
         })?;
+        let sampled = !req.sampling.is_greedy();
+        if let Some(cfg) = step::sample_config(req.sampling).filter(|_| sampled) {
+            // The draw sequence starts at the seed, like the host sampler's.
+            let s = &self.scratch;
+            s.sample_cfg
+                .upload(&self.dev, 0, std::slice::from_ref(&cfg))?;
+            s.rng.upload(&self.dev, 0, &[req.sampling.seed])?;
+        }
         let mut phases = vec![PhaseTimes::default(); steps];
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
         while handed < steps && !stopped {
             while submitted < steps && submitted < handed + f {
                 let t0 = Instant::now();
-                let eager = self.setup(id)?;
+                let step = self.setup(id, sampled)?;
                 let t1 = Instant::now();
-                self.submit(id, eager, submitted)?;
+                self.submit(id, step, submitted)?;
                 phases[submitted].setup = t1 - t0;
                 phases[submitted].submit = t1.elapsed();
                 submitted += 1;
@@ -496,7 +521,10 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let len0 = self.kv_len(req.session);
         self.session(req.session)?;
-        let host = req.want_logits || !req.sampling.is_greedy() || req.sampling.has_penalties();
+        // The device handles greedy and the samplers step::sample_config accepts; the rest
+        // (penalties, top-k off or above SAMPLE_MAX_K, logits wanted) samples on the host.
+        let device_ok = req.sampling.is_greedy() || step::sample_config(req.sampling).is_some();
+        let host = req.want_logits || req.sampling.has_penalties() || !device_ok;
         let (stats, handed, full) = if host {
             self.decode_host(req, on_token)?
         } else {

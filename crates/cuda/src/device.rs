@@ -27,10 +27,11 @@ pub enum Kernel {
     ArgmaxFinal,
     StepFused,
     StepFused2,
+    SampleTopk,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 14] = [
+    pub const ALL: [Kernel; 15] = [
         Kernel::Matvec,
         Kernel::Embed,
         Kernel::QkNormRope,
@@ -45,6 +46,7 @@ impl Kernel {
         Kernel::ArgmaxFinal,
         Kernel::StepFused,
         Kernel::StepFused2,
+        Kernel::SampleTopk,
     ];
     pub fn symbol(self) -> &'static str {
         match self {
@@ -62,6 +64,7 @@ impl Kernel {
             Kernel::ArgmaxFinal => "argmax_final",
             Kernel::StepFused => "step_fused",
             Kernel::StepFused2 => "step_fused_2",
+            Kernel::SampleTopk => "sample_topk",
         }
     }
 }

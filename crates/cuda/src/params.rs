@@ -202,3 +202,27 @@ pub const FUSED_PARAM_WORDS: usize = 32;
 /// from its dynamic shared memory.
 pub const GQA_SMEM_BYTES: u32 =
     ((8 * 128 + 128 + 128 + 8 * ATT_CHUNK + 8 * 2 + 8 * 8 * 128) * 4) as u32;
+
+/// `SampleConfig` in sample.cu: the device sampler's settings, uploaded per request.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SampleConfig {
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+}
+
+/// `SampleParams` in sample.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SampleParams {
+    pub logits: u64,
+    pub state: u64,
+    pub cfg: u64,
+    pub rng: u64,
+    pub n: i32,
+}
+
+/// `SAMPLE_MAX_K` in sample.cu: the largest top-k the device sampler takes (its block size).
+pub const SAMPLE_MAX_K: usize = 1024;

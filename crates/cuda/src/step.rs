@@ -1,6 +1,7 @@
 //! One decode step as a list of resolved launches. The setup cache keeps this list (and the
 //! graph captured from it) per session; the eager path rebuilds it every token.
 
+use q4moe_model::sampling::SamplingParams;
 use q4moe_model::Config;
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
@@ -43,6 +44,10 @@ pub struct Scratch {
     pub am_i: DevBuf,
     /// i32 completion counter of router_topk's last-block pattern (0 between launches)
     pub counter: DevBuf,
+    /// SampleConfig of the request being decoded with the device sampler
+    pub sample_cfg: DevBuf,
+    /// u64 SplitMix64 state of that request
+    pub rng: DevBuf,
     pub n_split: usize,
 }
 
@@ -68,6 +73,8 @@ impl Scratch {
             am_v: f(ARGMAX_BLOCKS)?,
             am_i: f(ARGMAX_BLOCKS)?,
             counter,
+            sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
+            rng: DevBuf::new(dev, 8)?,
             n_split,
         })
     }
@@ -210,8 +217,20 @@ pub(crate) fn matvec(
     )
 }
 
-/// The whole step for a session's KV: embedding, every layer, head, arg-max.
-pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
+/// The device sampler's settings for `p`, or None when it needs the host sampler (penalties,
+/// top-k off or above SAMPLE_MAX_K).
+pub fn sample_config(p: &SamplingParams) -> Option<SampleConfig> {
+    (!p.has_penalties() && (1..=SAMPLE_MAX_K).contains(&p.top_k)).then_some(SampleConfig {
+        temperature: p.temperature,
+        top_k: p.top_k as i32,
+        top_p: p.top_p,
+        min_p: p.min_p,
+    })
+}
+
+/// The whole step for a session's KV: embedding, every layer, head, then arg-max or (`sampled`)
+/// the device sampler with the settings in `s.sample_cfg`.
+pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, sampled: bool) -> Vec<Launch> {
     let mut out = Vec::with_capacity(8 * c.n_layer + 4);
     let e = EmbedParams {
         w: w.embd,
@@ -240,6 +259,25 @@ pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
         false,
         c.rms_eps,
     ));
+    if sampled {
+        let p = SampleParams {
+            logits: s.logits.ptr,
+            state: s.state.ptr,
+            cfg: s.sample_cfg.ptr,
+            rng: s.rng.ptr,
+            n: c.vocab_size as i32,
+        };
+        out.push(Launch::new(
+            Kernel::SampleTopk,
+            "sample",
+            (1, 1, 1),
+            SAMPLE_MAX_K as u32,
+            0,
+            &p,
+            0,
+        ));
+        return out;
+    }
     let am = ArgmaxParams {
         logits: s.logits.ptr,
         part_v: s.am_v.ptr,

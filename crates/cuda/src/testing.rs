@@ -193,4 +193,38 @@ impl TestDevice {
         assert_eq!(s[0].pos, 8, "arg-max advances the position");
         Ok(s[0].token)
     }
+
+    /// `draws` device samples of one logits vector, the RNG state carried from draw to draw
+    /// (starting at `params.seed`), as a decode would; None when the device sampler does not
+    /// take these settings.
+    pub fn sample(
+        &self,
+        logits: &[f32],
+        params: &q4moe_model::sampling::SamplingParams,
+        draws: usize,
+    ) -> Result<Option<Vec<u32>>> {
+        let Some(cfg) = crate::step::sample_config(params) else {
+            return Ok(None);
+        };
+        let lb = self.upload(logits)?;
+        let (cb, rng) = (self.upload(&[cfg])?, self.upload(&[params.seed])?);
+        let st = self.upload(&[StepState { token: 0, pos: 0 }])?;
+        let p = SampleParams {
+            logits: lb.ptr,
+            state: st.ptr,
+            cfg: cb.ptr,
+            rng: rng.ptr,
+            n: logits.len() as i32,
+        };
+        let mut out = Vec::with_capacity(draws);
+        for i in 0..draws {
+            let l = Launch::new(Kernel::SampleTopk, "sample", (1, 1, 1), 1024, 0, &p, 0);
+            self.dev.launch(&l)?;
+            let mut s = [StepState::default()];
+            st.download(&self.dev, 0, &mut s)?;
+            assert_eq!(s[0].pos as usize, i + 1, "sampling advances the position");
+            out.push(s[0].token);
+        }
+        Ok(Some(out))
+    }
 }

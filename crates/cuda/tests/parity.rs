@@ -26,12 +26,22 @@ fn greedy(
     n: usize,
     stop_after: Option<usize>,
 ) -> Vec<u32> {
-    let params = SamplingParams::greedy();
+    decode(b, session, first, n, stop_after, &SamplingParams::greedy())
+}
+
+fn decode(
+    b: &mut dyn Backend,
+    session: u64,
+    first: u32,
+    n: usize,
+    stop_after: Option<usize>,
+    params: &SamplingParams,
+) -> Vec<u32> {
     let req = DecodeRequest {
         session,
         first_token: first,
         max_tokens: n,
-        sampling: &params,
+        sampling: params,
         history: &[],
         want_logits: false,
     };
@@ -135,6 +145,33 @@ fn run(cfg: Config, q: SynthQuant) {
         more,
         want[10..30],
         "decode after a late stop continues the same stream"
+    );
+    // Sampled decoding on the device (temperature, top-k, top-p, min-p, seeded) draws the
+    // CPU's host-sampler tokens; pipelined and eager runs draw the same.
+    let p = SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.9,
+        min_p: 0.02,
+        seed: 5,
+        ..Default::default()
+    };
+    gpu.set_in_flight(2);
+    gpu.set_setup_cache(true);
+    cpu.truncate(1, prompt.len());
+    let want = decode(&mut cpu, 1, first, 48, None, &p);
+    let mut streams = Vec::new();
+    for (cache, fl) in [(true, 2), (true, 1), (false, 1)] {
+        gpu.set_setup_cache(cache);
+        gpu.set_in_flight(fl);
+        gpu.truncate(1, prompt.len());
+        streams.push(decode(&mut gpu, 1, first, 48, None, &p));
+    }
+    assert!(want.iter().any(|&t| t != want[0]), "sampling never varied");
+    assert_eq!(streams[0], want, "device sampler differs from the host's");
+    assert!(
+        streams.iter().all(|s| *s == want),
+        "sampled variants differ"
     );
     // Prefill logits of a second session match the first's.
     let l2 = gpu.prefill(2, &prompt, false).unwrap();
