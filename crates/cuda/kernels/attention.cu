@@ -122,9 +122,13 @@ __device__ __forceinline__ void attn_combine_unit(const AttnParams& p, Unit u) {
     int len = (int)((const StepState*)p.state)->pos + 1;
     int n_active = min(p.n_split, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     const float* base = (const float*)p.part + (u64)h * p.n_split * (hd + 2);
+    // Unrolled so several chunks' loads are in flight (a rolled loop waits one L2 round trip
+    // per chunk: 64 of them at 4,096 positions).
     float m = -INFINITY;
+#pragma unroll 8
     for (int s = 0; s < n_active; s++) m = fmaxf(m, base[s * (hd + 2)]);
     float l = 0.f, acc = 0.f;
+#pragma unroll 8
     for (int s = 0; s < n_active; s++) {
         const float* pt = base + s * (hd + 2);
         float f = expf(pt[0] - m);

@@ -83,22 +83,9 @@ __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* s
     for (int j = 0; j < 16; j++)
         if (j < nq) wv[j] = wr[lane + 32 * j];
     if (pdl) pdl_start();
-    const float* x = (const float*)p.in;
-    const float* nv = (const float*)p.norm;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < p.k; i += blockDim.x) {
-        float v = x[i];
-        xs[i] = v;
-        ss += v * v;
-    }
-    float tot = block_sum(ss, red);
-    float r = rsqrtf(tot / (float)p.k + p.eps);
-    for (int i = threadIdx.x; i < p.k; i += blockDim.x) {
-        float v = xs[i] * r * nv[i];
-        xs[i] = v;
-        if (u.x == 0) ((float*)p.xn_out)[i] = v;
-    }
-    __syncthreads();
+    load_x_fast<false>(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);  // k % 128 == 0, <= 2048
+    if (u.x == 0)
+        for (int i = threadIdx.x; i < p.k; i += blockDim.x) ((float*)p.xn_out)[i] = xs[i];
     float acc = 0.f;
     const float4* x4 = (const float4*)xs;
 #pragma unroll
@@ -199,13 +186,27 @@ struct DownParams {
                  // 4/5/6 Q4_K (items <= 32/96/128, 1 row per warp)
 };
 
-// Stages the slot weights and h (padded: XS floats per 32 values) in shared memory.
+// Stages the slot weights and h (padded: XS floats per 32 values) in shared memory, float4
+// loads issued LOAD_V * 2 at a time per thread (d_ff is a multiple of 32).
 __device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen, float* sw) {
-    int dff = p.down.k;
+    int dff = p.down.k, nv = p.n_used * dff >> 2;
     if (threadIdx.x < p.n_used) sw[threadIdx.x] = ((const float*)p.weights)[threadIdx.x];
-    for (int s = 0; s < p.n_used; s++)
-        for (int i = threadIdx.x; i < dff; i += blockDim.x)
-            hs[s * plen + pad_idx(i)] = ((const float*)p.h)[s * dff + i];
+    const float4* h4 = (const float4*)p.h;
+    for (int base = 0; base < nv; base += 2 * LOAD_V * blockDim.x) {
+        float4 v[2 * LOAD_V];
+#pragma unroll
+        for (int j = 0; j < 2 * LOAD_V; j++) {
+            int i = base + threadIdx.x + j * blockDim.x;
+            if (i < nv) v[j] = h4[i];
+        }
+#pragma unroll
+        for (int j = 0; j < 2 * LOAD_V; j++) {
+            int i = base + threadIdx.x + j * blockDim.x;
+            if (i >= nv) continue;
+            int s = 4 * i / dff, e = 4 * i - s * dff;
+            *(float4*)(hs + s * plen + pad_idx(e)) = v[j];
+        }
+    }
     __syncthreads();
 }
 
