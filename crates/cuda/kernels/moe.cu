@@ -167,7 +167,8 @@ __device__ __forceinline__ void gate_up_unit(const GateUpParams& p, float* xs, U
     }
 }
 
-extern "C" __global__ void moe_gate_up(const GateUpParams p) {
+// 3 blocks per SM (<= 85 registers): its 384 blocks then fit in one wave on 132 SMs.
+extern "C" __global__ void __launch_bounds__(256, 3) moe_gate_up(const GateUpParams p) {
     extern __shared__ __align__(16) float smem[];
     pdl_start();
     gate_up_unit(p, smem, this_unit());

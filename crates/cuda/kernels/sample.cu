@@ -121,6 +121,8 @@ struct SampleSmem {
     u32 prefix, want, count, n_finite;
 };
 
+// The logits loops are unrolled so 8 loads per thread are in flight (a rolled loop waits one L2
+// round trip per element: ~150 of them over the full vocabulary).
 // Key of the k-th largest candidate (radix select, 8 bits a pass) and how many candidates equal
 // to it are taken (the lowest ids). Needs k <= the number of finite candidates.
 __device__ void select_kth(const float* lg, int n, float t, int k, SampleSmem& s, u32& thr, u32& take) {
@@ -128,6 +130,7 @@ __device__ void select_kth(const float* lg, int n, float t, int k, SampleSmem& s
     for (int shift = 24; shift >= 0; shift -= 8) {
         if (threadIdx.x < 256) s.hist[threadIdx.x] = 0;
         __syncthreads();
+#pragma unroll 8
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             float x = lg[i];
             if (!isfinite(x)) continue;
@@ -157,6 +160,7 @@ __device__ void select_kth(const float* lg, int n, float t, int k, SampleSmem& s
 __device__ void gather(const float* lg, int n, float t, u32 thr, u32 take, SampleSmem& s) {
     int chunk = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk, hi = min(n, lo + chunk);
     u32 eq = 0;
+#pragma unroll 8
     for (int i = lo; i < hi; i++) {
         float x = lg[i];
         eq += isfinite(x) && fkey(x / t) == thr;
@@ -171,6 +175,7 @@ __device__ void gather(const float* lg, int n, float t, u32 thr, u32 take, Sampl
         __syncthreads();
     }
     u32 rank = s.scan[threadIdx.x] - eq;
+#pragma unroll 8
     for (int i = lo; i < hi; i++) {
         float x = lg[i];
         if (!isfinite(x)) continue;
@@ -214,6 +219,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
     const SampleConfig c = *(const SampleConfig*)p.cfg;
     const float* lg = (const float*)p.logits;
     u32 fin = 0;
+#pragma unroll 8
     for (int i = threadIdx.x; i < p.n; i += blockDim.x) fin += isfinite(lg[i]);
     if (threadIdx.x == 0) s.n_finite = 0;
     __syncthreads();
