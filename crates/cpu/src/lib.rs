@@ -158,7 +158,7 @@ impl Backend for CpuBackend {
         on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
     ) -> BackendResult<DecodeStats> {
         self.check_token(req.first_token)?;
-        let mut sampler = Sampler::new(req.sampling.clone(), req.history);
+        let mut sampler = Sampler::continuing(req.sampling.clone(), req.history);
         let mut stats = DecodeStats::default();
         let mut token = req.first_token;
         let mut logits = Vec::new();

@@ -386,11 +386,12 @@ impl CudaBackend {
         })?;
         let sampled = !req.sampling.is_greedy();
         if let Some(cfg) = step::sample_config(req.sampling).filter(|_| sampled) {
-            // The draw sequence starts at the seed, like the host sampler's.
+            // The draw sequence continues where the host sampler's would (DecodeRequest).
+            let rng = Sampler::continuing(req.sampling.clone(), &[]).rng_state();
             let s = &self.scratch;
             s.sample_cfg
                 .upload(&self.dev, 0, std::slice::from_ref(&cfg))?;
-            s.rng.upload(&self.dev, 0, &[req.sampling.seed])?;
+            s.rng.upload(&self.dev, 0, &[rng])?;
         }
         let mut phases = vec![PhaseTimes::default(); steps];
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
@@ -433,7 +434,7 @@ impl CudaBackend {
         let id = req.session;
         let len0 = self.kv_len(id);
         let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
-        let mut sampler = Sampler::new(req.sampling.clone(), req.history);
+        let mut sampler = Sampler::continuing(req.sampling.clone(), req.history);
         let mut stats = DecodeStats::default();
         let (mut token, mut handed) = (req.first_token, 0);
         while handed < steps {

@@ -124,6 +124,33 @@ fn sampled_generation_is_seeded() {
     assert_ne!(run(&mut e, 3), run(&mut e, 4));
 }
 
+/// A sampled generation is one draw sequence: replaying the returned logits through a single
+/// host sampler gives the same tokens (the first token's draw is not reused by decode).
+#[test]
+fn sampled_generation_is_one_draw_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = tiny_engine(&dir, SynthQuant::Q4_0);
+    let ids = e.encode_prompt("Once upon a time").unwrap();
+    let mut req = GenerateRequest::new(ids.clone(), 24);
+    req.stop_at_eos = false;
+    req.want_logits = true;
+    req.sampling = SamplingParams {
+        temperature: 1.0,
+        top_k: 40,
+        seed: 12,
+        ..Default::default()
+    };
+    let out = e.generate(&req, &mut |_| Flow::Continue).unwrap();
+    assert_eq!(out.logits.len(), out.tokens.len());
+    let mut s = q4moe_model::sampling::Sampler::new(req.sampling.clone(), &ids);
+    let replay: Vec<u32> = out
+        .logits
+        .iter()
+        .map(|l| s.sample(&mut l.clone()))
+        .collect();
+    assert_eq!(replay, out.tokens);
+}
+
 #[test]
 fn prefix_reuse_gives_identical_tokens() {
     let dir = tempfile::tempdir().unwrap();

@@ -75,6 +75,9 @@ pub struct DecodeRequest<'a> {
     pub session: SessionId,
     pub first_token: u32,
     pub max_tokens: usize,
+    /// One draw sequence per generation: `first_token` took the seed's first draw (the engine
+    /// samples it from the prefill logits with `Sampler::new`), so decode continues at the
+    /// second (`Sampler::continuing`).
     pub sampling: &'a SamplingParams,
     /// Tokens already in the context, for repetition/presence/frequency penalties.
     pub history: &'a [u32],
