@@ -7,8 +7,9 @@
 //! claimed from one atomic counter, so a region costs two cache-line round trips.
 
 use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, TryLockError};
 
 type Task = dyn Fn(usize) + Sync;
 
@@ -28,6 +29,8 @@ struct Shared {
     lock: Mutex<()>,
     cv: Condvar,
     stop: AtomicBool,
+    /// A helper's task panicked in the current region (re-raised by the caller).
+    panicked: AtomicBool,
 }
 
 // SAFETY: `job` is written by the region's caller only while no helper reads it (all acked),
@@ -57,6 +60,7 @@ impl Pool {
             lock: Mutex::new(()),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
         });
         for h in 0..helpers {
             let s = shared.clone();
@@ -75,11 +79,17 @@ impl Pool {
         self.shared.acks.len() + 1
     }
 
-    /// Runs `f(0..n)` across the pool (the caller works too); returns when all are done.
+    /// Runs `f(0..n)` across the pool (the caller works too); returns when all are done. A
+    /// panic in any task is raised here, after every helper has let go of `f`.
     pub(crate) fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        if n <= 1 || self.shared.acks.is_empty() {
+            return (0..n).for_each(f);
+        }
         let guard = match self.busy.try_lock() {
-            Ok(g) if n > 1 && !self.shared.acks.is_empty() => g,
-            _ => return (0..n).for_each(f),
+            Ok(g) => g,
+            // A region that panicked left the lock poisoned; the pool itself is consistent.
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return (0..n).for_each(f),
         };
         let s = &*self.shared;
         // SAFETY: lifetime erased; every helper acks this epoch (drops all use of `f`) before
@@ -90,18 +100,33 @@ impl Pool {
         // SAFETY: all helpers acked epoch e - 1, so none reads `job` now.
         unsafe { *s.job.get() = (f_static, n) };
         s.next.0.store(0, Relaxed);
+        s.panicked.store(false, Relaxed);
         s.epoch.0.store(e, SeqCst);
         if s.sleepers.load(SeqCst) > 0 {
             let _g = s.lock.lock().unwrap();
             s.cv.notify_all();
         }
+        // Waits for the helpers even when the caller's own task unwinds: they still use `f`.
+        let acks = AwaitAcks(s, e);
         work(s, f, n);
-        for a in &s.acks {
-            while a.0.load(Acquire) != e {
+        drop(acks);
+        drop(guard);
+        if s.panicked.load(Acquire) {
+            panic!("a task of a parallel region panicked on a CPU worker thread");
+        }
+    }
+}
+
+/// Spins until every helper has acked epoch `.1` (on drop, so also during unwinding).
+struct AwaitAcks<'a>(&'a Shared, usize);
+
+impl Drop for AwaitAcks<'_> {
+    fn drop(&mut self) {
+        for a in &self.0.acks {
+            while a.0.load(Acquire) != self.1 {
                 std::hint::spin_loop();
             }
         }
-        drop(guard);
     }
 }
 
@@ -142,7 +167,10 @@ fn helper(s: &Shared, h: usize) {
         };
         // SAFETY: published by the Release/SeqCst store of `epoch`; valid until we ack `e`.
         let (f, n) = unsafe { *s.job.get() };
-        work(s, unsafe { &*f }, n);
+        // A panicking task must still ack, or the caller would wait forever.
+        if catch_unwind(AssertUnwindSafe(|| work(s, unsafe { &*f }, n))).is_err() {
+            s.panicked.store(true, Release);
+        }
         s.acks[h].0.store(e, Release);
         last = e;
     }
@@ -218,6 +246,27 @@ pub(crate) fn chunks_mut2<A: Send, B: Send>(
 
 #[cfg(test)]
 mod tests {
+    /// A panicking task is raised in the caller (not a hang), and the pool keeps working.
+    #[test]
+    fn a_panicking_task_is_raised_and_the_pool_recovers() {
+        let pool = super::pool();
+        for _ in 0..3 {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.run(64, &|i| {
+                    if i % 2 == 1 {
+                        panic!("task {i} fails on purpose");
+                    }
+                })
+            }));
+            assert!(r.is_err(), "the panic was lost");
+            let done = std::sync::atomic::AtomicUsize::new(0);
+            pool.run(64, &|_| {
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            });
+            assert_eq!(done.into_inner(), 64);
+        }
+    }
+
     #[test]
     fn guided_mut_covers_every_element_once() {
         for (len, min) in [
