@@ -2,9 +2,11 @@
 // path makes (embed, per layer qkv .. moe_down, head, arg-max), in order; here every resident
 // block loops over each op's units (what a standalone launch's blocks would be) and a grid-wide
 // barrier separates the ops. Why: a graph of ~340 dependent kernels pays launch + block
-// scheduling + grid drain per kernel (~10 us measured), far more than the bytes each reads;
-// a barrier between ops costs a few hundred ns. The units run the same device functions as
-// the standalone kernels with the same unit geometry, so results are bit-identical.
+// scheduling + grid drain per kernel. The units run the same device functions as the
+// standalone kernels with the same unit geometry, so results are bit-identical.
+// Opt-in and slower than the graph today (NOTES.md v7): a block runs its units one after
+// another with nothing in flight between them, the barrier costs ~1.5-2 us, and the units spill
+// 2-2.5 KB of stack here. The next version must pipeline loads across units and barriers.
 //
 // Requires every block to be resident at once: the host sizes the grid with the occupancy API.
 
@@ -70,8 +72,8 @@ __device__ __forceinline__ u64 global_ns() {
     return t;
 }
 
-// One out-of-line function per op kind: each is register-allocated on its own like the
-// standalone kernel (inlined into one switch, the staged arrays spilled to the stack).
+// One out-of-line function per op kind keeps the dispatch small (inlined, the switch spilled
+// just as much).
 #define FUSED_UNIT(name, P, call) \
     __device__ __noinline__ void name(const void* prm, float* smem, Unit u) { const P& p = *(const P*)prm; call; }
 FUSED_UNIT(fu_embed, EmbedParams, embed_unit(p, u))
