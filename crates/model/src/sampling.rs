@@ -188,10 +188,15 @@ impl Sampler {
         if cand.is_empty() {
             return argmax(logits);
         }
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 {
+        // Best first; ties by lower id (a total order, so the result is unique).
+        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < cand.len() {
+            // Only the k best need ordering: select them in O(n), then sort just those (a full
+            // sort of a 151,936-token vocabulary is ~7 ms a token).
+            cand.select_nth_unstable_by(p.top_k - 1, order);
             cand.truncate(p.top_k);
         }
+        cand.sort_unstable_by(order);
         let max = cand[0].1;
         let mut probs: Vec<f32> = cand.iter().map(|&(_, v)| (v - max).exp()).collect();
         let sum: f32 = probs.iter().sum();
@@ -284,6 +289,42 @@ mod tests {
         assert_eq!(split, all);
         let greedy = Sampler::continuing(SamplingParams::greedy(), &[]);
         assert_eq!(greedy.rng_state(), 0, "greedy first tokens draw nothing");
+    }
+
+    /// top-k selects and then sorts only k candidates: it must order them exactly as the full
+    /// sort does. With k tokens far above the rest (whose probabilities underflow to 0), top-k
+    /// k and top-k off draw the same tokens; exact ties among the k test the id order.
+    #[test]
+    fn top_k_selection_orders_like_a_full_sort() {
+        let mut rng = Rng::new(3);
+        let n = 5000;
+        for k in [1usize, 7, 40, 300] {
+            let mut logits: Vec<f32> = (0..n).map(|_| -200.0 + (rng.next_f32() - 0.5)).collect();
+            for j in 0..k {
+                let at = (rng.next_u64() % n as u64) as usize;
+                logits[at] = if j % 3 == 0 {
+                    2.5
+                } else {
+                    rng.next_f32() * 4.0
+                };
+            }
+            let hot = logits.iter().filter(|&&v| v > -100.0).count();
+            let p = SamplingParams {
+                temperature: 1.0,
+                top_k: hot,
+                top_p: 0.9,
+                seed: k as u64,
+                ..Default::default()
+            };
+            let off = SamplingParams {
+                top_k: 0,
+                ..p.clone()
+            };
+            let (mut a, mut b) = (Sampler::new(p, &[]), Sampler::new(off, &[]));
+            for _ in 0..50 {
+                assert_eq!(a.sample(&mut logits.clone()), b.sample(&mut logits.clone()));
+            }
+        }
     }
 
     #[test]
