@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use q4moe_model::backend::{
-    check_room, check_token, Backend, BackendError, BackendInfo, BackendResult, DecodeRequest,
-    DecodeStats, Flow, PhaseTimes, SessionId, TokenEvent,
+    check_room, check_token, sample_and_emit, Backend, BackendError, BackendInfo, BackendResult,
+    DecodeRequest, DecodeStats, Flow, PhaseTimes, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
@@ -168,12 +168,8 @@ impl Backend for CpuBackend {
             logits.clear();
             logits.extend_from_slice(self.step(req.session, token));
             let t1 = Instant::now();
-            let event_logits = req.want_logits.then(|| logits.clone());
-            token = sampler.sample(&mut logits);
-            let flow = on_token(TokenEvent {
-                token,
-                logits: event_logits.as_deref(),
-            });
+            let flow;
+            (token, flow) = sample_and_emit(&mut sampler, &mut logits, req.want_logits, on_token);
             stats.phases.push(PhaseTimes {
                 wait: t1 - t0,
                 tail: t1.elapsed(),

@@ -442,12 +442,9 @@ impl CudaBackend {
             let gpu = self.step_sync(id, token, len0 + handed)?;
             let t1 = Instant::now();
             let mut logits = self.logits()?;
-            let shown = req.want_logits.then(|| logits.clone());
-            token = sampler.sample(&mut logits);
-            let flow = on_token(TokenEvent {
-                token,
-                logits: shown.as_deref(),
-            });
+            let flow;
+            (token, flow) =
+                backend::sample_and_emit(&mut sampler, &mut logits, req.want_logits, on_token);
             stats.phases.push(PhaseTimes {
                 wait: t1 - t0,
                 tail: t1.elapsed(),

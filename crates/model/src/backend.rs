@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::sampling::SamplingParams;
+use crate::sampling::{Sampler, SamplingParams};
 use crate::{Config, ModelError};
 
 /// A conversation's KV cache identity inside a backend.
@@ -30,6 +30,24 @@ pub enum BackendError {
 pub type BackendResult<T> = std::result::Result<T, BackendError>;
 
 /// A token id every backend accepts: inside the model's vocabulary.
+/// One host-sampled decode step, the same on every backend: samples from `logits` (penalties
+/// are applied in place) and hands the token to `on_token`, with the logits as they were
+/// before the penalties when `want_logits`.
+pub fn sample_and_emit(
+    sampler: &mut Sampler,
+    logits: &mut [f32],
+    want_logits: bool,
+    on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
+) -> (u32, Flow) {
+    let shown = want_logits.then(|| logits.to_vec());
+    let token = sampler.sample(logits);
+    let flow = on_token(TokenEvent {
+        token,
+        logits: shown.as_deref(),
+    });
+    (token, flow)
+}
+
 pub fn check_token(config: &Config, token: u32) -> BackendResult<()> {
     let vocab = config.vocab_size;
     if token as usize >= vocab {
