@@ -9,9 +9,9 @@
 #                 run with the first passing configuration (or are skipped). A speed-up that breaks
 #                 parity is not kept.
 #   sanitize      compute-sanitizer memcheck + racecheck on the tiny Q4_0 parity test.
-#   ab            quick A/B on Q4_0 (cache on, in-flight 2, 3 runs): the graph of launches, the
-#                 fused step with 2 and with 1 block per SM.
-#   stamps        per-op times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
+#   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches
+#                 against the fused step.
+#   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
 #                 on the device machine; JSON to $OUT/bench-<quant>.json. Q4_0 adds --profile kernels.
 #                 bench:<quant>@N uses --long-context N (default 4096; 0 skips it). --sampled adds
@@ -50,16 +50,17 @@ for s in $steps; do
         echo "== compute-sanitizer $tool (tiny)"
         timeout 90 compute-sanitizer --tool $tool --print-limit 20 "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -25
       done | tee "$OUT/sanitizer.log" ;;
-    ab)
+    ab|ab:*)
       [ $ok = 1 ] || continue
-      model q4_0
-      for env in Q4MOE_NONE=1 "Q4MOE_CUDA_FUSED=1 Q4MOE_CUDA_FUSED_BLOCKS=2" Q4MOE_CUDA_FUSED=1; do
-        r=$(env $env timeout 120 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
+      q=q4_0; [[ $s == ab:* ]] && q=${s#ab:}
+      model $q
+      for env in Q4MOE_CUDA_FUSED=0 Q4MOE_CUDA_FUSED=1; do
+        r=$(env $env timeout 120 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
               --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
-        echo "ab [$env]: $r"; summary+="ab [$env]: $r\n"
+        echo "ab $q [$env]: $r"; summary+="ab $q [$env]: $r\n"
       done ;;
     stamps)
-      # Per-op time inside the fused step (block 0's %globaltimer at each op start).
+      # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).
       [ $ok = 1 ] || continue
       model q4_0
       Q4MOE_CUDA_FUSED=1 Q4MOE_CUDA_STAMPS=1 timeout 120 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 64 \

@@ -1,67 +1,200 @@
-// The whole decode step as ONE persistent grid. The op list is exactly the launches the eager
-// path makes (embed, per layer qkv .. moe_down, head, arg-max), in order; here every resident
-// block loops over each op's units (what a standalone launch's blocks would be) and a grid-wide
-// barrier separates the ops. Why: a graph of ~340 dependent kernels pays launch + block
-// scheduling + grid drain per kernel. The units run the same device functions as the
-// standalone kernels with the same unit geometry, so results are bit-identical.
-// Opt-in and slower than the graph today (NOTES.md v7): a block runs its units one after
-// another with nothing in flight between them, the barrier costs ~1.5-2 us, and the units spill
-// 2-2.5 KB of stack here. The next version must pipeline loads across units and barriers.
+// Every layer of the decode step as ONE persistent grid: one block per SM, grid-wide barriers
+// between the phases of a layer (qkv, attention, [combine], o_proj, router, gate_up, down).
+// Why: a graph of ~340 dependent launches pays launch, block scheduling and a cold weight
+// fetch per kernel (NOTES.md). Here each block owns a fixed slice of every op (one round, no
+// serial units) and its weights are copied into shared memory with cp.async one or two
+// phases AHEAD of use: qkv/o_proj/router of layer L+1 stream in during layer L's down phase,
+// the experts' gate/up and down rows as soon as top-k (computed redundantly by every block)
+// names them. A phase then waits for its own copy group, not for DRAM.
+// Results match the launch path's arithmetic (same dot functions, per-output fixed order),
+// not bit for bit: the parity tests hold both to the CPU reference and to each other's tokens.
 //
-// Requires every block to be resident at once: the host sizes the grid with the occupancy API.
+// Requires every block to be resident at once (host: grid = SM count, occupancy checked).
 
-#define FK_EMBED 0
-#define FK_MATVEC 1
-#define FK_ATTN_GQA 2
-#define FK_ATTN_COMBINE 3
-#define FK_ROUTER_TOPK 4
-#define FK_GATE_UP 5
-#define FK_DOWN 6
-#define FK_ARGMAX_PARTIAL 7
-#define FK_ARGMAX_FINAL 8
+// Phases stamped per layer (Q4MOE_CUDA_STAMPS=1).
+#define PH_QKV 0
+#define PH_ATTN 1
+#define PH_O 2
+#define PH_ROUTER 3
+#define PH_GATE_UP 4
+#define PH_DOWN 5
+#define N_PH 6
 
-// Largest params struct of any op, in 8-byte words (host asserts it).
-#define FUSED_PARAM_WORDS 32
+// Inline the attention combine into o_proj's prologue up to this many 64-position chunks;
+// past it a separate combine phase (one more barrier) reads fewer bytes per block.
+#define INLINE_CHUNKS 4
+#define MAX_USED 16
+#define MAX_RUNS 2
+#define MAX_EXPERT 256
 
-// One op: a header and its params inline, so a block stages the whole record with one
-// independent load per thread (no header -> params dependency).
-struct FusedOp {
-    int kind;    // FK_*
-    int nx, ny;  // unit grid (the standalone launch's grid)
-    int pad;
-    u64 params[FUSED_PARAM_WORDS];
+struct LayerDesc {
+    QW q, k, v, o, router, gate, up, down;
+    u64 attn_norm, q_norm, k_norm, ffn_norm;
+    u64 k_cache, v_cache;  // float* [capacity, kv_dim] of this layer
 };
-#define FUSED_OP_WORDS (2 + FUSED_PARAM_WORDS)
 
-// Self-resetting barrier: `count` is back to 0 after every barrier; `gen` counts barriers.
-struct GridBar {
-    u32 count;
-    u32 gen;
+// Monotonic arrival counter: barrier i of a step waits for base + (i+1) * grid arrivals; the
+// last action of a step stores its final count as the next step's base (read at start).
+struct StepBar {
+    u64 count;
+    u64 base;
 };
 
 struct FusedParams {
-    u64 ops;     // const FusedOp* [n_ops]
-    u64 bar;     // GridBar*, zeroed once
-    u64 stamps;  // u64* [n_ops]: %globaltimer when block 0 starts each op (0 = off)
-    int n_ops;
+    u64 layers;  // const LayerDesc* [n_layer]
+    QW embd;
+    u64 state;   // const StepState*
+    u64 x;       // float* [d_model] residual stream
+    u64 qkv;     // float* [q_dim + 2 kv_dim]
+    u64 part;    // float* [n_head, n_split, head_dim + 2]
+    u64 attn;    // float* [q_dim] (combine phase only)
+    u64 logits;  // float* [n_expert]
+    u64 h;       // float* [n_used, d_ff]
+    u64 bar;     // StepBar*
+    u64 stamps;  // u64* [n_layer * N_PH + 1] or 0
+    int n_layer, d_model, n_head, n_kv_head, head_dim, n_split;
+    int n_expert, n_used, d_ff, norm_topk;
+    float eps, theta, scale;
+    u32 a_off, x_off, y_off;  // byte offsets of the activation, X and Y regions in smem
 };
 
-// Release/acquire at GPU scope (no full fences): thread 0's release after bar.sync publishes
-// the block's writes; the waiters' acquire + bar.sync makes them visible to their blocks.
-__device__ __forceinline__ void grid_barrier(GridBar* b) {
+// A staged slice of a matrix: `v` reads rows 0..n-1 (generic pointers into shared memory);
+// they are rows row0.. of the global matrix.
+struct SegV {
+    QW v;
+    long long row0;
+    int n;
+    int pad;
+};
+
+struct FusedPlan {
+    SegV qkv[3];
+    SegV o;
+    SegV router;
+    SegV gate[MAX_RUNS], up[MAX_RUNS];
+    int run_slot[MAX_RUNS];
+    int n_run;
+    SegV down[MAX_USED];
+    int ids[MAX_USED];
+    float ws[MAX_USED];
+    float pr[MAX_EXPERT];
+    float red[36];
+};
+
+__device__ __forceinline__ void cp16(u32 dst, u64 src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ u32 round16(u64 n) { return (u32)((n + 15) & ~15ull); }
+
+// Copies [src, src + bytes) rounded out to 16 bytes to `dst` (16-aligned) with cp.async;
+// returns src's offset in the copy. Tensors are 256-aligned with 256-aligned ends on the
+// device, so the rounding never leaves the allocation.
+__device__ __forceinline__ u32 stage_bytes(u8* dst, u64 src, u64 bytes) {
+    u64 a = src & ~15ull;
+    u32 delta = (u32)(src - a), n = (delta + (u32)bytes + 15) >> 4;
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    for (u32 i = threadIdx.x; i < n; i += blockDim.x) cp16(d + 16 * i, a + 16 * (u64)i);
+    return delta;
+}
+
+// Stages rows [row0, row0 + n) of w at dst; thread 0 stores the view in `out` (read after the
+// next __syncthreads); returns the bytes used.
+__device__ u32 stage_rows(const QW& w, long long row0, int n, u8* dst, SegV& out) {
+    SegV s;
+    s.v = w;
+    s.row0 = row0;
+    s.n = max(n, 0);
+    s.pad = 0;
+    u32 used = 0;
+    if (n > 0 && w.type == T_Q4_0) {
+        u64 nb = w.k >> 5, qb = (u64)n * nb * 16, sb = (u64)n * nb * 2;
+        u32 d0 = stage_bytes(dst, w.data + row0 * nb * 16, qb);
+        used = round16(d0 + qb);
+        u32 d1 = stage_bytes(dst + used, w.scales + row0 * nb * 2, sb);
+        s.v.data = (u64)(dst + d0);
+        s.v.scales = (u64)(dst + used + d1);
+        used += round16(d1 + sb);
+    } else if (n > 0) {
+        u64 rb = row_bytes(w.type, w.k);
+        u32 d0 = stage_bytes(dst, w.data + (u64)row0 * rb, (u64)n * rb);
+        s.v.data = (u64)(dst + d0);
+        used = round16(d0 + (u64)n * rb);
+    }
+    if (threadIdx.x == 0) out = s;
+    return used;
+}
+
+__device__ __forceinline__ void part_range(long long total, int b, int g, long long& lo, long long& hi) {
+    lo = total * b / g;
+    hi = total * (b + 1) / g;
+}
+
+__device__ __forceinline__ const LayerDesc& layer_desc(const FusedParams& p, int l) {
+    return ((const LayerDesc*)p.layers)[l];
+}
+
+// qkv, o_proj and router slices of layer l into region X (three copy groups, in that order).
+__device__ void stage_attn_weights(const FusedParams& p, int l, u8* X, FusedPlan& pl) {
+    const LayerDesc& L = layer_desc(p, l);
+    int q_dim = p.n_head * p.head_dim, kv_dim = p.n_kv_head * p.head_dim;
+    long long lo, hi;
+    part_range(q_dim + 2 * kv_dim, blockIdx.x, gridDim.x, lo, hi);
+    const QW* m[3] = {&L.q, &L.k, &L.v};
+    int start[3] = {0, q_dim, q_dim + kv_dim}, len[3] = {q_dim, kv_dim, kv_dim};
+    u32 off = 0;
+#pragma unroll
+    for (int j = 0; j < 3; j++) {
+        long long a = max(lo, (long long)start[j]), b = min(hi, (long long)(start[j] + len[j]));
+        off += stage_rows(*m[j], a - start[j], (int)max(b - a, 0ll), X + off, pl.qkv[j]);
+    }
+    cp_commit();
+    part_range(p.d_model, blockIdx.x, gridDim.x, lo, hi);
+    off += stage_rows(L.o, lo, (int)(hi - lo), X + off, pl.o);
+    cp_commit();
+    part_range(p.n_expert, blockIdx.x, gridDim.x, lo, hi);
+    stage_rows(L.router, lo, (int)(hi - lo), X + off, pl.router);
+    cp_commit();
+}
+
+// The selected experts' gate/up rows of this block's (slot, row) pairs into X and down rows
+// into Y (two copy groups). Needs pl.ids.
+__device__ void stage_expert_weights(const FusedParams& p, int l, u8* X, u8* Y, FusedPlan& pl) {
+    const LayerDesc& L = layer_desc(p, l);
+    long long lo, hi;
+    part_range((long long)p.n_used * p.d_ff, blockIdx.x, gridDim.x, lo, hi);
+    u32 off = 0;
+    int nr = 0;
+    for (long long a = lo; a < hi && nr < MAX_RUNS; nr++) {
+        int slot = (int)(a / p.d_ff);
+        long long b = min(hi, (long long)(slot + 1) * p.d_ff);
+        long long row0 = (long long)pl.ids[slot] * p.d_ff + (a - (long long)slot * p.d_ff);
+        off += stage_rows(L.gate, row0, (int)(b - a), X + off, pl.gate[nr]);
+        off += stage_rows(L.up, row0, (int)(b - a), X + off, pl.up[nr]);
+        if (threadIdx.x == 0) pl.run_slot[nr] = slot;
+        a = b;
+    }
+    if (threadIdx.x == 0) pl.n_run = nr;
+    cp_commit();
+    part_range(p.d_model, blockIdx.x, gridDim.x, lo, hi);
+    off = 0;
+    for (int s = 0; s < p.n_used; s++)
+        off += stage_rows(L.down, (long long)pl.ids[s] * p.d_model + lo, (int)(hi - lo), Y + off, pl.down[s]);
+    cp_commit();
+}
+
+__device__ __forceinline__ void bar_wait(StepBar* b, u64& target) {
+    target += gridDim.x;
     __syncthreads();
     if (threadIdx.x == 0) {
-        u32 g, old, cur;
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(&b->gen) : "memory");
-        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(&b->count) : "memory");
-        if (old == gridDim.x - 1) {
-            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" :: "l"(&b->count) : "memory");
-            asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(&b->gen), "r"(g + 1) : "memory");
-        } else {
-            do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(&b->gen) : "memory");
-            } while (cur == g);
-        }
+        asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(&b->count) : "memory");
+        u64 c;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(&b->count) : "memory");
+        } while (c < target);
     }
     __syncthreads();
 }
@@ -72,66 +205,279 @@ __device__ __forceinline__ u64 global_ns() {
     return t;
 }
 
-// One out-of-line function per op kind keeps the dispatch small (inlined, the switch spilled
-// just as much).
-#define FUSED_UNIT(name, P, call) \
-    __device__ __noinline__ void name(const void* prm, float* smem, Unit u) { const P& p = *(const P*)prm; call; }
-FUSED_UNIT(fu_embed, EmbedParams, embed_unit(p, u))
-FUSED_UNIT(fu_matvec, MatvecParams, matvec_unit(p, smem, u, false))
-FUSED_UNIT(fu_attn_gqa, AttnGqaParams, attn_gqa_unit(p, *(GqaSmem*)smem, u))
-FUSED_UNIT(fu_attn_combine, AttnParams, attn_combine_unit(p, u))
-FUSED_UNIT(fu_router_topk, RouterParams, router_topk_unit(p, smem, u, false))
-FUSED_UNIT(fu_gate_up, GateUpParams, gate_up_unit(p, smem, u))
-FUSED_UNIT(fu_down, DownParams, down_unit(p, smem, u))
-FUSED_UNIT(fu_argmax_partial, ArgmaxParams, argmax_partial_unit(p, smem, (int*)(smem + 32), u))
-FUSED_UNIT(fu_argmax_final, ArgmaxParams, argmax_final_unit(p, smem, (int*)(smem + 32)))
-
-__device__ __forceinline__ void run_unit(int kind, const void* prm, float* smem, Unit u) {
-    switch (kind) {
-        case FK_EMBED: fu_embed(prm, smem, u); break;
-        case FK_MATVEC: fu_matvec(prm, smem, u); break;
-        case FK_ATTN_GQA: fu_attn_gqa(prm, smem, u); break;
-        case FK_ATTN_COMBINE: fu_attn_combine(prm, smem, u); break;
-        case FK_ROUTER_TOPK: fu_router_topk(prm, smem, u); break;
-        case FK_GATE_UP: fu_gate_up(prm, smem, u); break;
-        case FK_DOWN: fu_down(prm, smem, u); break;
-        case FK_ARGMAX_PARTIAL: fu_argmax_partial(prm, smem, u); break;
-        default: fu_argmax_final(prm, smem, u); break;
-    }
+__device__ __forceinline__ void stamp(const FusedParams& p, int i) {
+    if (p.stamps && blockIdx.x == 0 && threadIdx.x == 0) ((u64*)p.stamps)[i] = global_ns();
 }
 
-__device__ __forceinline__ void stage_op(FusedOp* dst, const FusedOp* src) {
-    if (threadIdx.x < FUSED_OP_WORDS) ((u64*)dst)[threadIdx.x] = ((const u64*)src)[threadIdx.x];
-}
-
-// grid = resident blocks (all co-resident), 256 threads, dynamic smem = the largest op's need.
-// Op i+1's record is staged (double buffer) while op i runs: it is immutable.
-__device__ __forceinline__ void fused_step(const FusedParams& fp, float* smem) {
-    __shared__ __align__(16) FusedOp op[2];
-    const FusedOp* ops = (const FusedOp*)fp.ops;
-    GridBar* bar = (GridBar*)fp.bar;
-    stage_op(&op[0], ops);
-    __syncthreads();
-    for (int i = 0; i < fp.n_ops; i++) {
-        if (i > 0) grid_barrier(bar);
-        if (fp.stamps && blockIdx.x == 0 && threadIdx.x == 0) ((u64*)fp.stamps)[i] = global_ns();
-        const FusedOp& o = op[i & 1];
-        if (i + 1 < fp.n_ops) stage_op(&op[(i + 1) & 1], ops + i + 1);
-        int n = o.nx * o.ny;
-        for (int t = blockIdx.x; t < n; t += gridDim.x) {
-            run_unit(o.kind, o.params, smem, Unit{t % o.nx, t / o.nx, o.nx});
-            __syncthreads();  // shared memory is reused by the next unit
+// Rows of up to three staged segments, warp-strided; out[j][row0 + i] (+)= dot. The same
+// per-lane order and warp_sum as matvec's paths, so results match the launch path's bits.
+__device__ void seg_matvec(const SegV* segs, int nseg, float* const* outs, const float* xs, bool acc) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int total = 0;
+    for (int j = 0; j < nseg; j++) total += segs[j].n;
+    for (int t = warp; t < total; t += nw) {
+        int j = 0, i = t;
+        while (j < nseg - 1 && i >= segs[j].n) { i -= segs[j].n; j++; }
+        float v = row_dot(segs[j].v, (u64)i, xs, lane);
+        if (lane == 0) {
+            float* o = outs[j] + segs[j].row0 + i;
+            *o = acc ? *o + v : v;
         }
     }
 }
 
-// Two register budgets: one block per SM with up to 255 registers, or two with up to 128 (more
-// warps in flight); the host picks one (Q4MOE_CUDA_FUSED_BLOCKS=2 selects the second).
-extern "C" __global__ void __launch_bounds__(256, 1) step_fused(const FusedParams fp) {
-    extern __shared__ __align__(16) float smem[];
-    fused_step(fp, smem);
+// Router logits of this block's rows. F32 rows with k % 128 == 0, k <= 2048 use router_topk's
+// float4 expression (same bits); others matvec's row_dot.
+__device__ void router_rows(const SegV& sg, float* logits, const float* xs) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int k = sg.v.k, nq = k >> 7;
+    bool f4 = sg.v.type == T_F32 && (k & 127) == 0 && k <= 2048;
+    for (int i = warp; i < sg.n; i += nw) {
+        float v;
+        if (f4) {
+            const float4* wr = (const float4*)((const float*)sg.v.data + (u64)i * k);
+            float acc = 0.f;
+            for (int j = 0; j < nq; j++) {
+                float4 a = wr[lane + 32 * j], b = *(const float4*)(xs + pad_idx(4 * (lane + 32 * j)));
+                acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
+            v = warp_sum(acc);
+        } else {
+            v = row_dot(sg.v, (u64)i, xs, lane);
+        }
+        if (lane == 0) logits[sg.row0 + i] = v;
+    }
 }
-extern "C" __global__ void __launch_bounds__(256, 2) step_fused_2(const FusedParams fp) {
-    extern __shared__ __align__(16) float smem[];
-    fused_step(fp, smem);
+
+// Attention output of every head into padded xs, merging <= INLINE_CHUNKS chunk partials.
+__device__ void combine_into(const FusedParams& p, int n_active, float* xs) {
+    int hd = p.head_dim, q_dim = p.n_head * hd;
+    const float* part = (const float*)p.part;
+    for (int o = threadIdx.x; o < q_dim; o += blockDim.x) {
+        int h = o / hd, d = o - h * hd;
+        const float* base = part + (u64)h * p.n_split * (hd + 2);
+        float m_s[INLINE_CHUNKS], l_s[INLINE_CHUNKS], a_s[INLINE_CHUNKS];
+#pragma unroll
+        for (int s = 0; s < INLINE_CHUNKS; s++)
+            if (s < n_active) {
+                const float* pt = base + s * (hd + 2);
+                m_s[s] = pt[0];
+                l_s[s] = pt[1];
+                a_s[s] = pt[2 + d];
+            }
+        float m = -INFINITY;
+#pragma unroll
+        for (int s = 0; s < INLINE_CHUNKS; s++)
+            if (s < n_active) m = fmaxf(m, m_s[s]);
+        float l = 0.f, acc = 0.f;
+#pragma unroll
+        for (int s = 0; s < INLINE_CHUNKS; s++)
+            if (s < n_active) {
+                float f = expf(m_s[s] - m);
+                l += f * l_s[s];
+                acc += f * a_s[s];
+            }
+        xs[pad_idx(o)] = acc / l;
+    }
+    __syncthreads();
+}
+
+__device__ void attention_phase(const FusedParams& p, const LayerDesc& L, int n_active, u8* Y) {
+    AttnGqaParams a;
+    a.qkv = p.qkv;
+    a.q_norm = L.q_norm;
+    a.k_norm = L.k_norm;
+    a.k_cache = L.k_cache;
+    a.v_cache = L.v_cache;
+    a.part = p.part;
+    a.state = p.state;
+    a.n_head = p.n_head;
+    a.n_kv_head = p.n_kv_head;
+    a.head_dim = p.head_dim;
+    a.n_split = p.n_split;
+    a.scale = p.scale;
+    a.eps = p.eps;
+    a.theta = p.theta;
+    int n = p.n_kv_head * n_active;
+    for (int t = blockIdx.x; t < n; t += gridDim.x) {
+        attn_gqa_unit(a, *(GqaSmem*)Y, Unit{t % p.n_kv_head, t / p.n_kv_head, p.n_kv_head});
+        __syncthreads();
+    }
+}
+
+__device__ void combine_phase(const FusedParams& p) {
+    AttnParams a;
+    a.part = p.part;
+    a.out = p.attn;
+    a.state = p.state;
+    a.n_head = p.n_head;
+    a.n_kv_head = p.n_kv_head;
+    a.head_dim = p.head_dim;
+    a.n_split = p.n_split;
+    for (int h = blockIdx.x; h < p.n_head; h += gridDim.x) attn_combine_unit(a, Unit{h, 0, p.n_head});
+}
+
+// h[slot, r] = silu(gate . xn) * (up . xn) for this block's pairs (one pair per warp at a time).
+__device__ void gate_up_phase(const FusedParams& p, const FusedPlan& pl, const float* xs) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int j = 0; j < pl.n_run; j++) {
+        const SegV& g = pl.gate[j];
+        const SegV& u = pl.up[j];
+        int slot = pl.run_slot[j];
+        for (int i = warp; i < g.n; i += nw) {
+            float gv = row_dot(g.v, (u64)i, xs, lane), uv = row_dot(u.v, (u64)i, xs, lane);
+            long long r = g.row0 - (long long)pl.ids[slot] * p.d_ff + i;
+            if (lane == 0) ((float*)p.h)[(u64)slot * p.d_ff + r] = gv / (1.f + expf(-gv)) * uv;
+        }
+    }
+}
+
+// h of every slot into padded shared memory, float4 loads issued LOAD_V at a time.
+__device__ void load_h(const FusedParams& p, float* hs, int plen) {
+    int nv = p.n_used * p.d_ff >> 2;
+    const float4* h4 = (const float4*)p.h;
+    for (int base = 0; base < nv; base += LOAD_V * blockDim.x) {
+        float4 v[LOAD_V];
+#pragma unroll
+        for (int j = 0; j < LOAD_V; j++) {
+            int i = base + threadIdx.x + j * blockDim.x;
+            if (i < nv) v[j] = h4[i];
+        }
+#pragma unroll
+        for (int j = 0; j < LOAD_V; j++) {
+            int i = base + threadIdx.x + j * blockDim.x;
+            if (i >= nv) continue;
+            int s = 4 * i / p.d_ff, e = 4 * i - s * p.d_ff;
+            *(float4*)(hs + s * plen + pad_idx(e)) = v[j];
+        }
+    }
+    __syncthreads();
+}
+
+// One output row of down for every slot, weighted: moe_down's flattened piece order (Q4_0
+// items <= 256, Q4_K items <= 128: every (slot, block) piece spread over the lanes) or its
+// generic order (slot by slot), so results match the launch path's bits.
+__device__ float down_row(const FusedParams& p, const FusedPlan& pl, int i, const float* hs, int plen, int lane) {
+    const QW& w0 = pl.down[0].v;
+    float acc = 0.f;
+    if (w0.type == T_Q4_0 && p.n_used * (w0.k >> 5) <= 256) {
+        int nb = w0.k >> 5, items = p.n_used * nb;
+        for (int f = lane; f < items; f += 32) {
+            int s = f / nb, b = f - s * nb;
+            const QW& v = pl.down[s].v;
+            u64 bi = (u64)i * nb + b;
+            acc += pl.ws[s] * q4_0_item(((const uint4*)v.data)[bi], ((const u16*)v.scales)[bi], hs + s * plen + b * XS);
+        }
+        return warp_sum(acc);
+    }
+    if (w0.type == T_Q4_K && p.n_used * (w0.k >> 8) * 4 <= 128) {
+        int nsb = w0.k >> 8, items = p.n_used * nsb * 4;
+        for (int f = lane; f < items; f += 32) {
+            int c = f & 3, t = f >> 2, s = t / nsb, sb = t - s * nsb;
+            const u8* bp = (const u8*)pl.down[s].v.data + ((u64)i * nsb + sb) * 144;
+            acc += pl.ws[s] * q4_k_item(*(const uint4*)bp, *(const uint4*)(bp + 16 + 32 * c), *(const uint4*)(bp + 32 + 32 * c), c,
+                                        hs + s * plen + sb * 8 * XS);
+        }
+        return warp_sum(acc);
+    }
+    for (int s = 0; s < p.n_used; s++) acc += pl.ws[s] * row_dot(pl.down[s].v, (u64)i, hs + s * plen, lane);
+    return acc;
+}
+
+// x[r] += the weighted expert outputs for this block's rows (one row per warp at a time).
+__device__ void down_phase(const FusedParams& p, const FusedPlan& pl, const float* hs, int plen) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int n = pl.down[0].n;
+    for (int i = warp; i < n; i += nw) {
+        float acc = down_row(p, pl, i, hs, plen, lane);
+        if (lane == 0) ((float*)p.x)[pl.down[0].row0 - (long long)pl.ids[0] * p.d_model + i] += acc;
+    }
+}
+
+__device__ void embed_phase(const FusedParams& p) {
+    u32 tok = ((const StepState*)p.state)->token;
+    long long lo, hi;
+    part_range(p.d_model, blockIdx.x, gridDim.x, lo, hi);
+    for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) ((float*)p.x)[i] = weight_at(p.embd, (u64)tok, (int)i);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) step_fused(const FusedParams p) {
+    extern __shared__ __align__(16) u8 dsm[];
+    __shared__ FusedPlan pl;
+    float* xs = (float*)(dsm + p.a_off);
+    u8* X = dsm + p.x_off;
+    u8* Y = dsm + p.y_off;
+    StepBar* bar = (StepBar*)p.bar;
+    u64 target = __ldcg(&bar->base);
+    int len = (int)((const StepState*)p.state)->pos + 1;
+    int n_active = (len + ATT_CHUNK - 1) / ATT_CHUNK;
+    int q_dim = p.n_head * p.head_dim, kv_dim = p.n_kv_head * p.head_dim;
+    int plen = (p.d_ff >> 5) * XS;
+    float* qkv_out[3] = {(float*)p.qkv, (float*)p.qkv + q_dim, (float*)p.qkv + q_dim + kv_dim};
+    float* x_out[1] = {(float*)p.x};
+
+    stage_attn_weights(p, 0, X, pl);
+    embed_phase(p);
+    bar_wait(bar, target);
+    for (int l = 0; l < p.n_layer; l++) {
+        const LayerDesc& L = layer_desc(p, l);
+        stamp(p, l * N_PH + PH_QKV);
+        load_x(xs, (const float*)p.x, p.d_model, (const float*)L.attn_norm, p.eps, pl.red);
+        cp_wait<2>();
+        __syncthreads();
+        seg_matvec(pl.qkv, 3, qkv_out, xs, false);
+        bar_wait(bar, target);
+
+        stamp(p, l * N_PH + PH_ATTN);
+        attention_phase(p, L, n_active, Y);
+        bar_wait(bar, target);
+
+        stamp(p, l * N_PH + PH_O);
+        if (n_active <= INLINE_CHUNKS) {
+            combine_into(p, n_active, xs);
+        } else {
+            combine_phase(p);
+            bar_wait(bar, target);
+            load_x(xs, (const float*)p.attn, q_dim, 0, 0.f, pl.red);
+        }
+        cp_wait<1>();
+        __syncthreads();
+        seg_matvec(&pl.o, 1, x_out, xs, true);
+        bar_wait(bar, target);
+
+        stamp(p, l * N_PH + PH_ROUTER);
+        load_x(xs, (const float*)p.x, p.d_model, (const float*)L.ffn_norm, p.eps, pl.red);
+        cp_wait<0>();
+        __syncthreads();
+        router_rows(pl.router, (float*)p.logits, xs);
+        bar_wait(bar, target);
+
+        // xs still holds the normalised FFN input: the experts read it from here.
+        stamp(p, l * N_PH + PH_GATE_UP);
+        if (threadIdx.x < 32)
+            topk_warp((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, pl.ids, pl.ws, pl.pr);
+        __syncthreads();
+        stage_expert_weights(p, l, X, Y, pl);
+        cp_wait<1>();
+        __syncthreads();
+        gate_up_phase(p, pl, xs);
+        bar_wait(bar, target);
+
+        stamp(p, l * N_PH + PH_DOWN);
+        if (l + 1 < p.n_layer) {
+            stage_attn_weights(p, l + 1, X, pl);
+        } else {
+            cp_commit();
+            cp_commit();
+            cp_commit();
+        }
+        load_h(p, xs, plen);
+        cp_wait<3>();
+        __syncthreads();
+        down_phase(p, pl, xs, plen);
+        if (l + 1 < p.n_layer) bar_wait(bar, target);
+    }
+    stamp(p, p.n_layer * N_PH);
+    // Every block passed the same barriers: the next step counts from here.
+    if (blockIdx.x == 0 && threadIdx.x == 0) bar->base = target;
 }

@@ -259,15 +259,20 @@ impl CudaBackend {
         // A stale entry of the same variant (options changed) is replaced.
         sess.cache.retain(|c| c.key.sampled != sampled);
         {
-            let launches = step::build(&cfg, w, s, &sess.kv, sampled);
+            let mut launches = step::layers(&cfg, w, s, &sess.kv);
+            let tail = step::tail(&cfg, w, s, sampled);
             let fused = match key.fused {
-                true => FusedStep::new(dev, &launches)?,
+                true => {
+                    let bytes = launches.iter().map(|l| l.bytes_read).sum();
+                    FusedStep::new(dev, &cfg, w, s, &sess.kv, bytes)?
+                }
                 false => None,
             };
             let graph = match &fused {
-                Some(f) => Graph::capture(dev, std::slice::from_ref(f.launch()))?,
-                None => Graph::capture(dev, &launches)?,
+                Some(f) => Graph::capture(dev, std::iter::once(f.launch()).chain(&tail))?,
+                None => Graph::capture(dev, launches.iter().chain(&tail))?,
             };
+            launches.extend(tail);
             sess.cache.push(StepCache {
                 key,
                 _launches: launches,
@@ -288,7 +293,7 @@ impl CudaBackend {
                 let cache = &self.sessions[&id].cache[i];
                 cache.graph.launch(&self.dev)?;
                 if let Some(f) = &cache.fused {
-                    for (name, secs) in f.op_times(&self.dev)? {
+                    for (name, secs) in f.phase_times(&self.dev)? {
                         let e = self.fused_profile.entry(name).or_insert((0, 0.0, 0));
                         e.0 += 1;
                         e.1 += secs;

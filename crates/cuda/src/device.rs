@@ -26,12 +26,11 @@ pub enum Kernel {
     ArgmaxPartial,
     ArgmaxFinal,
     StepFused,
-    StepFused2,
     SampleTopk,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 14] = [
         Kernel::Matvec,
         Kernel::Embed,
         Kernel::QkNormRope,
@@ -45,7 +44,6 @@ impl Kernel {
         Kernel::ArgmaxPartial,
         Kernel::ArgmaxFinal,
         Kernel::StepFused,
-        Kernel::StepFused2,
         Kernel::SampleTopk,
     ];
     pub fn symbol(self) -> &'static str {
@@ -63,7 +61,6 @@ impl Kernel {
             Kernel::ArgmaxPartial => "argmax_partial",
             Kernel::ArgmaxFinal => "argmax_final",
             Kernel::StepFused => "step_fused",
-            Kernel::StepFused2 => "step_fused_2",
             Kernel::SampleTopk => "sample_topk",
         }
     }
@@ -128,14 +125,7 @@ impl Device {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
         for (k, f) in Kernel::ALL.iter().zip(&funcs) {
-            if matches!(
-                k,
-                Kernel::Matvec
-                    | Kernel::MoeGateUp
-                    | Kernel::MoeDown
-                    | Kernel::StepFused
-                    | Kernel::StepFused2
-            ) {
+            if matches!(k, Kernel::Matvec | Kernel::MoeGateUp | Kernel::MoeDown) {
                 // Large activations (d_ff * n_used floats) need more than the default 48 KB.
                 unsafe {
                     result::function::set_function_attribute(
@@ -164,6 +154,46 @@ impl Device {
 
     fn func(&self, k: Kernel) -> sys::CUfunction {
         self.funcs[Kernel::ALL.iter().position(|x| *x == k).unwrap()]
+    }
+
+    pub fn sm_count(&self) -> Result<u32> {
+        let n = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(n.max(0) as u32)
+    }
+
+    /// Shared memory a block may opt in to (static + dynamic).
+    pub fn max_smem_optin(&self) -> Result<usize> {
+        let n = self.ctx.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )?;
+        Ok(n.max(0) as usize)
+    }
+
+    /// Static shared memory `k` declares.
+    pub fn static_smem(&self, k: Kernel) -> Result<usize> {
+        // SAFETY: plain query on a live function.
+        let n = unsafe {
+            result::function::get_function_attribute(
+                self.func(k),
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )?
+        };
+        Ok(n.max(0) as usize)
+    }
+
+    /// Lets launches of `k` use `bytes` of dynamic shared memory.
+    pub fn set_max_dynamic_smem(&self, k: Kernel, bytes: u32) -> Result<()> {
+        // SAFETY: plain attribute on a live function.
+        unsafe {
+            result::function::set_function_attribute(
+                self.func(k),
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )?
+        };
+        Ok(())
     }
 
     /// Blocks of `k` (at `block` threads, `smem` dynamic bytes) the whole device keeps resident

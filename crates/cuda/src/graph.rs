@@ -15,14 +15,17 @@ unsafe impl Send for Graph {}
 
 impl Graph {
     /// Captures `launches` on the device's stream.
-    pub fn capture(dev: &Device, launches: &[Launch]) -> Result<Graph> {
+    pub fn capture<'a>(
+        dev: &Device,
+        launches: impl IntoIterator<Item = &'a Launch>,
+    ) -> Result<Graph> {
         // SAFETY: the stream is ours and idle; the launches only reference live allocations.
         unsafe {
             result::stream::begin_capture(
                 dev.stream,
                 sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
             )?;
-            let launched = launches.iter().try_for_each(|l| dev.launch(l));
+            let launched = launches.into_iter().try_for_each(|l| dev.launch(l));
             let graph = result::stream::end_capture(dev.stream)?;
             launched?;
             let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0))?;

@@ -30,9 +30,9 @@ pub struct CudaOptions {
     pub kv_capacity: usize,
     /// Time every kernel with events (eager path only; slows decoding).
     pub profile_kernels: bool,
-    /// With the setup cache on: run the step as one persistent kernel (kernels/fused.cu)
-    /// instead of a graph of ~340 launches. Experimental and slower today (NOTES.md);
-    /// default from Q4MOE_CUDA_FUSED=1.
+    /// With the setup cache on: run the embedding and every layer as one persistent kernel
+    /// (kernels/fused.cu) instead of a graph of ~340 launches; the head and the token choice
+    /// stay launches in the same graph. Default on; Q4MOE_CUDA_FUSED=0 turns it off.
     pub fused_step: bool,
 }
 
@@ -43,7 +43,7 @@ impl Default for CudaOptions {
             in_flight: 2,
             kv_capacity: 4096,
             profile_kernels: false,
-            fused_step: std::env::var_os("Q4MOE_CUDA_FUSED").is_some(),
+            fused_step: std::env::var("Q4MOE_CUDA_FUSED").map_or(true, |v| v != "0"),
         }
     }
 }

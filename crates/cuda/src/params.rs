@@ -173,30 +173,67 @@ pub struct AttnGqaParams {
 }
 const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 88);
 
-/// `FusedOp`: one op of the fused step (fused.cu), its params inline.
+/// `LayerDesc` in fused.cu: one layer's weights and KV slices for the fused step.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct FusedOp {
-    pub kind: i32,
-    pub nx: i32,
-    pub ny: i32,
-    pub pad: i32,
-    pub params: [u64; FUSED_PARAM_WORDS],
+pub struct LayerDesc {
+    pub q: Qw,
+    pub k: Qw,
+    pub v: Qw,
+    pub o: Qw,
+    pub router: Qw,
+    pub gate: Qw,
+    pub up: Qw,
+    pub down: Qw,
+    pub attn_norm: u64,
+    pub q_norm: u64,
+    pub k_norm: u64,
+    pub ffn_norm: u64,
+    pub k_cache: u64,
+    pub v_cache: u64,
 }
-const _: () = assert!(std::mem::size_of::<FusedOp>() == 8 * (2 + FUSED_PARAM_WORDS));
+const _: () = assert!(std::mem::size_of::<LayerDesc>() == 8 * 24 + 6 * 8);
 
 /// `FusedParams`: the fused step's launch argument.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct FusedParams {
-    pub ops: u64,
+    pub layers: u64,
+    pub embd: Qw,
+    pub state: u64,
+    pub x: u64,
+    pub qkv: u64,
+    pub part: u64,
+    pub attn: u64,
+    pub logits: u64,
+    pub h: u64,
     pub bar: u64,
     pub stamps: u64,
-    pub n_ops: i32,
+    pub n_layer: i32,
+    pub d_model: i32,
+    pub n_head: i32,
+    pub n_kv_head: i32,
+    pub head_dim: i32,
+    pub n_split: i32,
+    pub n_expert: i32,
+    pub n_used: i32,
+    pub d_ff: i32,
+    pub norm_topk: i32,
+    pub eps: f32,
+    pub theta: f32,
+    pub scale: f32,
+    pub a_off: u32,
+    pub x_off: u32,
+    pub y_off: u32,
 }
+const _: () = assert!(std::mem::size_of::<FusedParams>() == 168);
 
-/// `FUSED_PARAM_WORDS` in fused.cu: the largest params struct an op may have, in u64 words.
-pub const FUSED_PARAM_WORDS: usize = 32;
+/// Limits of the fused step's shared plan (fused.cu).
+pub const FUSED_MAX_USED: usize = 16;
+pub const FUSED_MAX_RUNS: usize = 2;
+pub const FUSED_MAX_EXPERT: usize = 256;
+/// Phases of a layer the fused step stamps, in order (N_PH in fused.cu).
+pub const FUSED_PHASES: [&str; 6] = ["qkv", "attn", "o_proj", "router", "gate_up", "down"];
 
 /// `sizeof(GqaSmem)` in attention.cu: attn_gqa's shared memory, which the fused step carves
 /// from its dynamic shared memory.

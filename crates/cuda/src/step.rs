@@ -107,7 +107,7 @@ impl Kv {
             capacity,
         })
     }
-    fn layer(&self, c: &Config, l: usize) -> (u64, u64) {
+    pub(crate) fn layer(&self, c: &Config, l: usize) -> (u64, u64) {
         let off = (l * self.capacity * c.kv_dim() * 4) as u64;
         (self.k.ptr + off, self.v.ptr + off)
     }
@@ -231,7 +231,14 @@ pub fn sample_config(p: &SamplingParams) -> Option<SampleConfig> {
 /// The whole step for a session's KV: embedding, every layer, head, then arg-max or (`sampled`)
 /// the device sampler with the settings in `s.sample_cfg`.
 pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, sampled: bool) -> Vec<Launch> {
-    let mut out = Vec::with_capacity(8 * c.n_layer + 4);
+    let mut out = layers(c, w, s, kv);
+    out.extend(tail(c, w, s, sampled));
+    out
+}
+
+/// The embedding and every layer (what the fused step replaces).
+pub fn layers(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
+    let mut out = Vec::with_capacity(8 * c.n_layer + 1);
     let e = EmbedParams {
         w: w.embd,
         state: s.state.ptr,
@@ -249,7 +256,12 @@ pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, sampled: bool) -> Ve
     for l in 0..c.n_layer {
         layer(c, w, s, kv, l, &mut out);
     }
-    out.push(matvec(
+    out
+}
+
+/// The output head, then the token choice (arg-max, or the device sampler when `sampled`).
+pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> {
+    let mut out = vec![matvec(
         "head",
         &[(w.output, s.logits.ptr, c.vocab_size)],
         s.x.ptr,
@@ -258,7 +270,7 @@ pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, sampled: bool) -> Ve
         0,
         false,
         c.rms_eps,
-    ));
+    )];
     if sampled {
         let p = SampleParams {
             logits: s.logits.ptr,

@@ -205,3 +205,44 @@ fn missing_cuda_is_a_clear_error() {
         Err(why) => assert!(!why.is_empty()),
     }
 }
+
+/// Past four 64-position chunks the fused step merges attention chunks in a phase of its own
+/// (fused.cu INLINE_CHUNKS): a 300-token prompt takes that path; the launch path must agree.
+#[test]
+fn tiny_long_context() {
+    if let Err(why) = q4moe_cuda::cuda_available() {
+        eprintln!("skipping CUDA parity test: {why}");
+        return;
+    }
+    let cfg = Config::tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    let prompt: Vec<u32> = (0..300)
+        .map(|i| (i * 37 + 5) % cfg.vocab_size as u32)
+        .collect();
+    let mut cpu = CpuBackend::with_precision(m.clone(), CAP, Precision::Exact);
+    let mut gpu = CudaBackend::new(
+        m.clone(),
+        CudaOptions {
+            kv_capacity: CAP,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let lc = cpu.prefill(1, &prompt, false).unwrap();
+    let lg = gpu.prefill(1, &prompt, false).unwrap();
+    let e = rel_err(&lg, &lc);
+    eprintln!("300-token prompt: relative logit error {e:.2e}");
+    assert!(e <= 2e-3, "relative logit error {e}");
+    let first = q4moe_model::sampling::argmax(&lc);
+    let want = greedy(&mut cpu, 1, first, 32, None);
+    for fused in [true, false] {
+        gpu.set_fused_step(fused);
+        gpu.truncate(1, prompt.len());
+        let got = greedy(&mut gpu, 1, first, 32, None);
+        assert_eq!(
+            got, want,
+            "fused step {fused}: greedy stream differs from the CPU's"
+        );
+    }
+}
