@@ -226,6 +226,24 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
         }
         return;
     }
+    // K and V rows of this warp's positions (4 dims per lane, zeros past hd/4 and at the new
+    // position), loaded first: they do not depend on this step's projections, so their DRAM
+    // latency overlaps the query norm + RoPE below.
+    const float* kc = (const float*)p.k_cache + kvh * hd;
+    const float* vc = (const float*)p.v_cache + kvh * hd;
+    const int NP = ATT_CHUNK / 8;
+    float4 kr[NP], vr[NP];
+    bool dl = lane * 4 < hd;
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        int t = start + warp + 8 * i;
+        kr[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        vr[i] = kr[i];
+        if (t < end && dl && t != (int)pos) {
+            kr[i] = *(const float4*)(kc + (u64)t * kv_dim + lane * 4);
+            vr[i] = *(const float4*)(vc + (u64)t * kv_dim + lane * 4);
+        }
+    }
     const float* qkv = (const float*)p.qkv;
     bool has_new = (int)pos >= start && (int)pos < end;
     // Queries of the group (warp g -> head g), zero padding past G; the new K/V by warp 0 / 1
@@ -247,27 +265,13 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
         }
     }
     __syncthreads();
-    // K and V rows of this warp's positions, 4 dims per lane (lanes past hd/4 hold zeros).
-    const float* kc = (const float*)p.k_cache + kvh * hd;
-    const float* vc = (const float*)p.v_cache + kvh * hd;
-    const int NP = ATT_CHUNK / 8;
-    float4 kr[NP], vr[NP];
-    bool dl = lane * 4 < hd;
+    // The new position's K/V (produced above) replaces its zero placeholder.
 #pragma unroll
-    for (int i = 0; i < NP; i++) {
-        int t = start + warp + 8 * i;
-        kr[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-        vr[i] = kr[i];
-        if (t < end && dl) {
-            if (t == (int)pos) {
-                kr[i] = *(const float4*)(knew + lane * 4);
-                vr[i] = *(const float4*)(vnew + lane * 4);
-            } else {
-                kr[i] = *(const float4*)(kc + (u64)t * kv_dim + lane * 4);
-                vr[i] = *(const float4*)(vc + (u64)t * kv_dim + lane * 4);
-            }
+    for (int i = 0; i < NP; i++)
+        if (start + warp + 8 * i == (int)pos && dl) {
+            kr[i] = *(const float4*)(knew + lane * 4);
+            vr[i] = *(const float4*)(vnew + lane * 4);
         }
-    }
     // Scores: 8 head partials per lane, reduced by a transposing butterfly (9 shuffles for 8
     // heads); lane 4g ends with head g's total.
 #pragma unroll

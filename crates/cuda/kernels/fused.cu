@@ -79,31 +79,50 @@ struct FusedPlan {
     float ws[MAX_USED];
     float pr[MAX_EXPERT];
     float red[36];
+    u64 mbar[5];  // MB_* copy groups
 };
+#define MB_QKV 0
+#define MB_O 1
+#define MB_ROUTER 2
+#define MB_GATE_UP 3
+#define MB_DOWN 4
 
-__device__ __forceinline__ void cp16(u32 dst, u64 src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// Completion of each copy group: one mbarrier per group, one phase per layer (parity l & 1).
+__device__ __forceinline__ void mbar_init(u64* m) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(m)) : "memory");
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void mbar_arrive_tx(u64* m, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(m)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* m, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(smem_u32(m)), "r"(parity) : "memory");
+    } while (!done);
+}
 
 __device__ __forceinline__ u32 round16(u64 n) { return (u32)((n + 15) & ~15ull); }
 
-// Copies [src, src + bytes) rounded out to 16 bytes to `dst` (16-aligned) with cp.async;
-// returns src's offset in the copy. Tensors are 256-aligned with 256-aligned ends on the
-// device, so the rounding never leaves the allocation.
-__device__ __forceinline__ u32 stage_bytes(u8* dst, u64 src, u64 bytes) {
+// Bulk (TMA) copy of [src, src + bytes) rounded out to 16 bytes to `dst` (16-aligned), issued
+// by thread 0 and counted on `m`; returns src's offset in the copy. Why TMA: a few bulk copies
+// per block keep ~100 KB a SM in flight where per-thread 16-byte copies are capped by the
+// load unit. Tensors are 256-aligned with 256-aligned ends, so rounding stays in the
+// allocation.
+__device__ __forceinline__ u32 stage_bytes(u8* dst, u64 src, u64 bytes, u64* m) {
     u64 a = src & ~15ull;
-    u32 delta = (u32)(src - a), n = (delta + (u32)bytes + 15) >> 4;
-    u32 d = (u32)__cvta_generic_to_shared(dst);
-    for (u32 i = threadIdx.x; i < n; i += blockDim.x) cp16(d + 16 * i, a + 16 * (u64)i);
+    u32 delta = (u32)(src - a), n = round16(delta + bytes);
+    if (threadIdx.x == 0 && n > 0)
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                     ::"r"(smem_u32(dst)), "l"(a), "r"(n), "r"(smem_u32(m)) : "memory");
     return delta;
 }
 
 // Stages rows [row0, row0 + n) of w at dst; thread 0 stores the view in `out` (read after the
-// next __syncthreads); returns the bytes used.
-__device__ u32 stage_rows(const QW& w, long long row0, int n, u8* dst, SegV& out) {
+// group's mbarrier wait); returns the bytes copied.
+__device__ u32 stage_rows(const QW& w, long long row0, int n, u8* dst, SegV& out, u64* m) {
     SegV s;
     s.v = w;
     s.row0 = row0;
@@ -112,20 +131,29 @@ __device__ u32 stage_rows(const QW& w, long long row0, int n, u8* dst, SegV& out
     u32 used = 0;
     if (n > 0 && w.type == T_Q4_0) {
         u64 nb = w.k >> 5, qb = (u64)n * nb * 16, sb = (u64)n * nb * 2;
-        u32 d0 = stage_bytes(dst, w.data + row0 * nb * 16, qb);
+        u32 d0 = stage_bytes(dst, w.data + row0 * nb * 16, qb, m);
         used = round16(d0 + qb);
-        u32 d1 = stage_bytes(dst + used, w.scales + row0 * nb * 2, sb);
+        u32 d1 = stage_bytes(dst + used, w.scales + row0 * nb * 2, sb, m);
         s.v.data = (u64)(dst + d0);
         s.v.scales = (u64)(dst + used + d1);
         used += round16(d1 + sb);
     } else if (n > 0) {
         u64 rb = row_bytes(w.type, w.k);
-        u32 d0 = stage_bytes(dst, w.data + (u64)row0 * rb, (u64)n * rb);
+        u32 d0 = stage_bytes(dst, w.data + (u64)row0 * rb, (u64)n * rb, m);
         s.v.data = (u64)(dst + d0);
         used = round16(d0 + (u64)n * rb);
     }
     if (threadIdx.x == 0) out = s;
     return used;
+}
+
+// Before a group's copies: earlier generic-proxy accesses of the region (reads of the last
+// weights, attention's scratch) are ordered before the async-proxy writes.
+__device__ __forceinline__ void begin_group() {
+    if (threadIdx.x == 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void end_group(u64* m, u32 bytes) {
+    if (threadIdx.x == 0) mbar_arrive_tx(m, bytes);
 }
 
 __device__ __forceinline__ void part_range(long long total, int b, int g, long long& lo, long long& hi) {
@@ -137,11 +165,12 @@ __device__ __forceinline__ const LayerDesc& layer_desc(const FusedParams& p, int
     return ((const LayerDesc*)p.layers)[l];
 }
 
-// qkv, o_proj and router slices of layer l into region X (three copy groups, in that order).
+// qkv, o_proj and router slices of layer l into region X (groups MB_QKV, MB_O, MB_ROUTER).
 __device__ void stage_attn_weights(const FusedParams& p, int l, u8* X, FusedPlan& pl) {
     const LayerDesc& L = layer_desc(p, l);
     int q_dim = p.n_head * p.head_dim, kv_dim = p.n_kv_head * p.head_dim;
     long long lo, hi;
+    begin_group();
     part_range(q_dim + 2 * kv_dim, blockIdx.x, gridDim.x, lo, hi);
     const QW* m[3] = {&L.q, &L.k, &L.v};
     int start[3] = {0, q_dim, q_dim + kv_dim}, len[3] = {q_dim, kv_dim, kv_dim};
@@ -149,41 +178,45 @@ __device__ void stage_attn_weights(const FusedParams& p, int l, u8* X, FusedPlan
 #pragma unroll
     for (int j = 0; j < 3; j++) {
         long long a = max(lo, (long long)start[j]), b = min(hi, (long long)(start[j] + len[j]));
-        off += stage_rows(*m[j], a - start[j], (int)max(b - a, 0ll), X + off, pl.qkv[j]);
+        off += stage_rows(*m[j], a - start[j], (int)max(b - a, 0ll), X + off, pl.qkv[j], &pl.mbar[MB_QKV]);
     }
-    cp_commit();
+    end_group(&pl.mbar[MB_QKV], off);
     part_range(p.d_model, blockIdx.x, gridDim.x, lo, hi);
-    off += stage_rows(L.o, lo, (int)(hi - lo), X + off, pl.o);
-    cp_commit();
+    u32 n = stage_rows(L.o, lo, (int)(hi - lo), X + off, pl.o, &pl.mbar[MB_O]);
+    end_group(&pl.mbar[MB_O], n);
+    off += n;
     part_range(p.n_expert, blockIdx.x, gridDim.x, lo, hi);
-    stage_rows(L.router, lo, (int)(hi - lo), X + off, pl.router);
-    cp_commit();
+    n = stage_rows(L.router, lo, (int)(hi - lo), X + off, pl.router, &pl.mbar[MB_ROUTER]);
+    end_group(&pl.mbar[MB_ROUTER], n);
 }
 
 // The selected experts' gate/up rows of this block's (slot, row) pairs into X and down rows
-// into Y (two copy groups). Needs pl.ids.
+// into Y (groups MB_GATE_UP, MB_DOWN). Needs pl.ids.
 __device__ void stage_expert_weights(const FusedParams& p, int l, u8* X, u8* Y, FusedPlan& pl) {
     const LayerDesc& L = layer_desc(p, l);
     long long lo, hi;
+    begin_group();
     part_range((long long)p.n_used * p.d_ff, blockIdx.x, gridDim.x, lo, hi);
     u32 off = 0;
     int nr = 0;
+    u64* m = &pl.mbar[MB_GATE_UP];
     for (long long a = lo; a < hi && nr < MAX_RUNS; nr++) {
         int slot = (int)(a / p.d_ff);
         long long b = min(hi, (long long)(slot + 1) * p.d_ff);
         long long row0 = (long long)pl.ids[slot] * p.d_ff + (a - (long long)slot * p.d_ff);
-        off += stage_rows(L.gate, row0, (int)(b - a), X + off, pl.gate[nr]);
-        off += stage_rows(L.up, row0, (int)(b - a), X + off, pl.up[nr]);
+        off += stage_rows(L.gate, row0, (int)(b - a), X + off, pl.gate[nr], m);
+        off += stage_rows(L.up, row0, (int)(b - a), X + off, pl.up[nr], m);
         if (threadIdx.x == 0) pl.run_slot[nr] = slot;
         a = b;
     }
     if (threadIdx.x == 0) pl.n_run = nr;
-    cp_commit();
+    end_group(m, off);
     part_range(p.d_model, blockIdx.x, gridDim.x, lo, hi);
     off = 0;
+    m = &pl.mbar[MB_DOWN];
     for (int s = 0; s < p.n_used; s++)
-        off += stage_rows(L.down, (long long)pl.ids[s] * p.d_model + lo, (int)(hi - lo), Y + off, pl.down[s]);
-    cp_commit();
+        off += stage_rows(L.down, (long long)pl.ids[s] * p.d_model + lo, (int)(hi - lo), Y + off, pl.down[s], m);
+    end_group(m, off);
 }
 
 __device__ __forceinline__ void bar_wait(StepBar* b, u64& target) {
@@ -205,8 +238,48 @@ __device__ __forceinline__ u64 global_ns() {
     return t;
 }
 
-__device__ __forceinline__ void stamp(const FusedParams& p, int i) {
-    if (p.stamps && blockIdx.x == 0 && threadIdx.x == 0) ((u64*)p.stamps)[i] = global_ns();
+// Block 0's clock in phase i at mark `which`: 0 start, 1 prologue done (activations in
+// shared memory / copies issued), 2 weights arrived, 3 barrier reached.
+#define N_MARK 4
+__device__ __forceinline__ void stamp(const FusedParams& p, int i, int which) {
+    if (p.stamps && blockIdx.x == 0 && threadIdx.x == 0) ((u64*)p.stamps)[N_MARK * i + which] = global_ns();
+}
+
+// topk_warp's result with the whole block: warp 0 computes the max and the sum of
+// exponentials exactly as topk_warp does, then every expert's rank (larger first, lower index
+// on ties) places it; the weights are summed in rank order as there. Why: topk_warp's n_used
+// serial arg-max rounds sat between the router and the expert weight fetch.
+__device__ void topk_block(const float* lg, int n_expert, int n_used, int norm_topk, int* ids, float* ws, float* pr, float* red) {
+    int lane = threadIdx.x & 31;
+    if (threadIdx.x < 32) {
+        float m = -INFINITY;
+        for (int i = lane; i < n_expert; i += 32) m = fmaxf(m, __ldcg(lg + i));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+        float s = 0.f;
+        for (int i = lane; i < n_expert; i += 32) { float e = expf(__ldcg(lg + i) - m); pr[i] = e; s += e; }
+        s = warp_sum(s);
+        if (lane == 0) red[0] = s;
+    }
+    __syncthreads();
+    float s = red[0];
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) {
+        float v = pr[i];
+        int rank = 0;
+        for (int j = 0; j < n_expert; j++) {
+            float u = pr[j];
+            rank += (u > v) || (u == v && j < i);
+        }
+        if (rank < n_used) { ids[rank] = i; ws[rank] = v / s; }
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float chosen = 0.f;
+        for (int k = 0; k < n_used; k++) chosen += ws[k];
+        __syncwarp();
+        if (norm_topk && lane < n_used) ws[lane] /= chosen;
+    }
+    __syncthreads();
 }
 
 // Rows of up to three staged segments, warp-strided; out[j][row0 + i] (+)= dot. The same
@@ -401,6 +474,11 @@ __device__ void embed_phase(const FusedParams& p) {
     for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) ((float*)p.x)[i] = weight_at(p.embd, (u64)tok, (int)i);
 }
 
+// A phase's weights are waited for on its group's mbarrier: one phase per layer.
+#define WAIT_GROUP(g) \
+    do { mbar_wait(&pl.mbar[g], (u32)l & 1); } while (0)
+#define MARK(ph, which) stamp(p, l * N_PH + (ph), which)
+
 extern "C" __global__ void __launch_bounds__(256, 1) step_fused(const FusedParams p) {
     extern __shared__ __align__(16) u8 dsm[];
     __shared__ FusedPlan pl;
@@ -416,23 +494,31 @@ extern "C" __global__ void __launch_bounds__(256, 1) step_fused(const FusedParam
     float* qkv_out[3] = {(float*)p.qkv, (float*)p.qkv + q_dim, (float*)p.qkv + q_dim + kv_dim};
     float* x_out[1] = {(float*)p.x};
 
+    if (threadIdx.x == 0)
+        for (int g = 0; g < 5; g++) mbar_init(&pl.mbar[g]);
+    __syncthreads();
     stage_attn_weights(p, 0, X, pl);
     embed_phase(p);
     bar_wait(bar, target);
     for (int l = 0; l < p.n_layer; l++) {
         const LayerDesc& L = layer_desc(p, l);
-        stamp(p, l * N_PH + PH_QKV);
+        MARK(PH_QKV, 0);
         load_x(xs, (const float*)p.x, p.d_model, (const float*)L.attn_norm, p.eps, pl.red);
-        cp_wait<2>();
-        __syncthreads();
+        MARK(PH_QKV, 1);
+        WAIT_GROUP(MB_QKV);
+        MARK(PH_QKV, 2);
         seg_matvec(pl.qkv, 3, qkv_out, xs, false);
+        MARK(PH_QKV, 3);
         bar_wait(bar, target);
 
-        stamp(p, l * N_PH + PH_ATTN);
+        MARK(PH_ATTN, 0);
+        MARK(PH_ATTN, 1);
+        MARK(PH_ATTN, 2);
         attention_phase(p, L, n_active, Y);
+        MARK(PH_ATTN, 3);
         bar_wait(bar, target);
 
-        stamp(p, l * N_PH + PH_O);
+        MARK(PH_O, 0);
         if (n_active <= INLINE_CHUNKS) {
             combine_into(p, n_active, xs);
         } else {
@@ -440,44 +526,44 @@ extern "C" __global__ void __launch_bounds__(256, 1) step_fused(const FusedParam
             bar_wait(bar, target);
             load_x(xs, (const float*)p.attn, q_dim, 0, 0.f, pl.red);
         }
-        cp_wait<1>();
-        __syncthreads();
+        MARK(PH_O, 1);
+        WAIT_GROUP(MB_O);
+        MARK(PH_O, 2);
         seg_matvec(&pl.o, 1, x_out, xs, true);
+        MARK(PH_O, 3);
         bar_wait(bar, target);
 
-        stamp(p, l * N_PH + PH_ROUTER);
+        MARK(PH_ROUTER, 0);
         load_x(xs, (const float*)p.x, p.d_model, (const float*)L.ffn_norm, p.eps, pl.red);
-        cp_wait<0>();
-        __syncthreads();
+        MARK(PH_ROUTER, 1);
+        WAIT_GROUP(MB_ROUTER);
+        MARK(PH_ROUTER, 2);
         router_rows(pl.router, (float*)p.logits, xs);
+        MARK(PH_ROUTER, 3);
         bar_wait(bar, target);
 
         // xs still holds the normalised FFN input: the experts read it from here.
-        stamp(p, l * N_PH + PH_GATE_UP);
-        if (threadIdx.x < 32)
-            topk_warp((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, pl.ids, pl.ws, pl.pr);
-        __syncthreads();
+        MARK(PH_GATE_UP, 0);
+        topk_block((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, pl.ids, pl.ws, pl.pr, pl.red);
         stage_expert_weights(p, l, X, Y, pl);
-        cp_wait<1>();
-        __syncthreads();
+        MARK(PH_GATE_UP, 1);
+        WAIT_GROUP(MB_GATE_UP);
+        MARK(PH_GATE_UP, 2);
         gate_up_phase(p, pl, xs);
+        MARK(PH_GATE_UP, 3);
         bar_wait(bar, target);
 
-        stamp(p, l * N_PH + PH_DOWN);
-        if (l + 1 < p.n_layer) {
-            stage_attn_weights(p, l + 1, X, pl);
-        } else {
-            cp_commit();
-            cp_commit();
-            cp_commit();
-        }
+        MARK(PH_DOWN, 0);
+        if (l + 1 < p.n_layer) stage_attn_weights(p, l + 1, X, pl);
         load_h(p, xs, plen);
-        cp_wait<3>();
-        __syncthreads();
+        MARK(PH_DOWN, 1);
+        WAIT_GROUP(MB_DOWN);
+        MARK(PH_DOWN, 2);
         down_phase(p, pl, xs, plen);
+        MARK(PH_DOWN, 3);
         if (l + 1 < p.n_layer) bar_wait(bar, target);
     }
-    stamp(p, p.n_layer * N_PH);
+    stamp(p, p.n_layer * N_PH, 0);
     // Every block passed the same barriers: the next step counts from here.
     if (blockIdx.x == 0 && threadIdx.x == 0) bar->base = target;
 }

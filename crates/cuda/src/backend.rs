@@ -85,7 +85,7 @@ pub struct CudaBackend {
     prof_events: Vec<(sys::CUevent, sys::CUevent)>,
     profile: HashMap<&'static str, (u64, f64, u64)>,
     /// Per-op times inside the fused step (Q4MOE_CUDA_STAMPS=1), same layout as `profile`.
-    fused_profile: HashMap<&'static str, (u64, f64, u64)>,
+    fused_profile: HashMap<String, (u64, f64, u64)>,
     dev: Device,
 }
 

@@ -17,7 +17,8 @@ const THREADS: u32 = 256;
 pub struct FusedStep {
     launch: Launch,
     n_layer: usize,
-    /// [n_layer * phases + 1] %globaltimer per phase start, written when the profile is on.
+    /// [n_layer * phases * marks + 1] %globaltimer at each phase's marks (block 0), then the
+    /// step's end; written when the profile is on.
     stamps: Option<DevBuf>,
     _layers: DevBuf,
     _bar: DevBuf,
@@ -183,7 +184,7 @@ impl FusedStep {
         layers.upload(dev, 0, &descs)?;
         let bar = DevBuf::new(dev, 16)?;
         bar.fill(dev, 0)?;
-        let n_stamps = c.n_layer * FUSED_PHASES.len() + 1;
+        let n_stamps = c.n_layer * FUSED_PHASES.len() * FUSED_INTERVALS.len() + 1;
         let stamps = match stamps_enabled() {
             true => Some(DevBuf::new(dev, 8 * n_stamps)?),
             false => None,
@@ -238,20 +239,25 @@ impl FusedStep {
         &self.launch
     }
 
-    /// (phase name, seconds from its start to the next phase's start) for every layer of the
-    /// last step. Empty when stamps are off. Synchronises the stream.
-    pub fn phase_times(&self, dev: &Device) -> Result<Vec<(&'static str, f64)>> {
+    /// (name, seconds) of every interval of every layer's phases in the last step, named
+    /// "<phase> <interval>". Empty when stamps are off. Synchronises the stream.
+    pub fn phase_times(&self, dev: &Device) -> Result<Vec<(String, f64)>> {
         let Some(st) = &self.stamps else {
             return Ok(Vec::new());
         };
-        let mut ns = vec![0u64; self.n_layer * FUSED_PHASES.len() + 1];
+        let marks = self.n_layer * FUSED_PHASES.len() * FUSED_INTERVALS.len();
+        let mut ns = vec![0u64; marks + 1];
         st.download(dev, 0, &mut ns)?;
         Ok(ns
             .windows(2)
             .enumerate()
             .map(|(i, w)| {
-                let name = FUSED_PHASES[i % FUSED_PHASES.len()];
-                (name, w[1].saturating_sub(w[0]) as f64 * 1e-9)
+                let ph = FUSED_PHASES[(i / FUSED_INTERVALS.len()) % FUSED_PHASES.len()];
+                let iv = FUSED_INTERVALS[i % FUSED_INTERVALS.len()];
+                (
+                    format!("{ph} {iv}"),
+                    w[1].saturating_sub(w[0]) as f64 * 1e-9,
+                )
             })
             .collect())
     }

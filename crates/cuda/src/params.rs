@@ -232,8 +232,11 @@ const _: () = assert!(std::mem::size_of::<FusedParams>() == 168);
 pub const FUSED_MAX_USED: usize = 16;
 pub const FUSED_MAX_RUNS: usize = 2;
 pub const FUSED_MAX_EXPERT: usize = 256;
-/// Phases of a layer the fused step stamps, in order (N_PH in fused.cu).
+/// Phases of a layer the fused step stamps (N_PH in fused.cu), and what each mark-to-mark
+/// interval is (N_MARK): activations in / copies issued, weights' arrival, arithmetic, then the
+/// wait at the grid barrier (block 0's view).
 pub const FUSED_PHASES: [&str; 6] = ["qkv", "attn", "o_proj", "router", "gate_up", "down"];
+pub const FUSED_INTERVALS: [&str; 4] = ["prologue", "weights", "compute", "barrier"];
 
 /// `sizeof(GqaSmem)` in attention.cu: attn_gqa's shared memory, which the fused step carves
 /// from its dynamic shared memory.
