@@ -25,7 +25,7 @@
 #define INLINE_CHUNKS 4
 #define MAX_USED 16
 #define MAX_RUNS 2
-#define MAX_EXPERT 256
+#define FUSED_MAX_EXPERT 256
 
 struct LayerDesc {
     QW q, k, v, o, router, gate, up, down;
@@ -77,7 +77,7 @@ struct FusedPlan {
     SegV down[MAX_USED];
     int ids[MAX_USED];
     float ws[MAX_USED];
-    float pr[MAX_EXPERT];
+    float pr[FUSED_MAX_EXPERT];
     float red[36];
     u64 mbar[5];  // MB_* copy groups
 };
@@ -166,7 +166,7 @@ __device__ __forceinline__ const LayerDesc& layer_desc(const FusedParams& p, int
 }
 
 // qkv, o_proj and router slices of layer l into region X (groups MB_QKV, MB_O, MB_ROUTER).
-__device__ __noinline__ void stage_attn_weights(const FusedParams& p, int l, u8* X, FusedPlan& pl) {
+__device__ void stage_attn_weights(const FusedParams& p, int l, u8* X, FusedPlan& pl) {
     const LayerDesc& L = layer_desc(p, l);
     int q_dim = p.n_head * p.head_dim, kv_dim = p.n_kv_head * p.head_dim;
     long long lo, hi;
@@ -192,7 +192,7 @@ __device__ __noinline__ void stage_attn_weights(const FusedParams& p, int l, u8*
 
 // The selected experts' gate/up rows of this block's (slot, row) pairs into X and down rows
 // into Y (groups MB_GATE_UP, MB_DOWN). Needs pl.ids.
-__device__ __noinline__ void stage_expert_weights(const FusedParams& p, int l, u8* X, u8* Y, FusedPlan& pl) {
+__device__ void stage_expert_weights(const FusedParams& p, int l, u8* X, u8* Y, FusedPlan& pl) {
     const LayerDesc& L = layer_desc(p, l);
     long long lo, hi;
     begin_group();
@@ -243,55 +243,6 @@ __device__ __forceinline__ u64 global_ns() {
 #define N_MARK 4
 __device__ __forceinline__ void stamp(const FusedParams& p, int i, int which) {
     if (p.stamps && blockIdx.x == 0 && threadIdx.x == 0) ((u64*)p.stamps)[N_MARK * i + which] = global_ns();
-}
-
-// topk_warp's result with the whole block: warp 0 computes the max and the sum of
-// exponentials exactly as topk_warp does, then every expert's rank (larger first, lower index
-// on ties) places it; the weights are summed in rank order as there. Why: topk_warp's n_used
-// serial arg-max rounds sat between the router and the expert weight fetch.
-__device__ __noinline__ void topk_block(const float* lg, int n_expert, int n_used, int norm_topk, int* ids, float* ws, float* pr, float* red) {
-    int lane = threadIdx.x & 31;
-    if (threadIdx.x < 32) {
-        float v[MAX_EXPERT / 32];  // every logit of the lane loaded at once
-#pragma unroll
-        for (int j = 0; j < MAX_EXPERT / 32; j++)
-            if (lane + 32 * j < n_expert) v[j] = __ldcg(lg + lane + 32 * j);
-        float m = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < MAX_EXPERT / 32; j++)
-            if (lane + 32 * j < n_expert) m = fmaxf(m, v[j]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < MAX_EXPERT / 32; j++)
-            if (lane + 32 * j < n_expert) {
-                float e = expf(v[j] - m);
-                pr[lane + 32 * j] = e;
-                s += e;
-            }
-        s = warp_sum(s);
-        if (lane == 0) red[0] = s;
-    }
-    __syncthreads();
-    float s = red[0];
-    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) {
-        float v = pr[i];
-        int rank = 0;
-        for (int j = 0; j < n_expert; j++) {
-            float u = pr[j];
-            rank += (u > v) || (u == v && j < i);
-        }
-        if (rank < n_used) { ids[rank] = i; ws[rank] = v / s; }
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float chosen = 0.f;
-        for (int k = 0; k < n_used; k++) chosen += ws[k];
-        __syncwarp();
-        if (norm_topk && lane < n_used) ws[lane] /= chosen;
-    }
-    __syncthreads();
 }
 
 // Rows first, first + stride, .. (< n, at most R) of one staged segment for one warp; res[r]
@@ -345,7 +296,7 @@ __device__ __forceinline__ void seg_rows(const QW& v, int first, int stride, int
 #define ROWS_R 8
 
 // Every row of up to three staged segments (warp-strided per segment): out[j][row0 + i] (+)= dot.
-__device__ __noinline__ void seg_matvec(const SegV* segs, int nseg, float* const* outs, const float* xs, bool acc) {
+__device__ void seg_matvec(const SegV* segs, int nseg, float* const* outs, const float* xs, bool acc) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int j = 0; j < nseg; j++) {
         const SegV& sg = segs[j];
@@ -366,7 +317,7 @@ __device__ __noinline__ void seg_matvec(const SegV* segs, int nseg, float* const
 
 // Router logits of this block's rows. F32 rows with k % 128 == 0, k <= 2048 use router_topk's
 // float4 expression (same bits); others matvec's row_dot.
-__device__ __noinline__ void router_rows(const SegV& sg, float* logits, const float* xs) {
+__device__ void router_rows(const SegV& sg, float* logits, const float* xs) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int k = sg.v.k, nq = k >> 7;
     bool f4 = sg.v.type == T_F32 && (k & 127) == 0 && k <= 2048;
@@ -390,7 +341,7 @@ __device__ __noinline__ void router_rows(const SegV& sg, float* logits, const fl
 // Attention output of every head into padded xs, merging <= INLINE_CHUNKS chunk partials in
 // attn_combine's order. A thread takes 16 outputs of one head and issues all their loads at
 // once (one L2 round trip; a loop over outputs waited one per output).
-__device__ __noinline__ void combine_into(const FusedParams& p, int n_active, float* xs) {
+__device__ void combine_into(const FusedParams& p, int n_active, float* xs) {
     int hd = p.head_dim, q_dim = p.n_head * hd;
     const float* part = (const float*)p.part;
     for (int o0 = threadIdx.x * 16; o0 < q_dim; o0 += blockDim.x * 16) {
@@ -432,7 +383,7 @@ __device__ __noinline__ void combine_into(const FusedParams& p, int n_active, fl
     __syncthreads();
 }
 
-__device__ __noinline__ void attention_phase(const FusedParams& p, const LayerDesc& L, int n_active, u8* Y) {
+__device__ void attention_phase(const FusedParams& p, const LayerDesc& L, int n_active, u8* Y) {
     AttnGqaParams a;
     a.qkv = p.qkv;
     a.q_norm = L.q_norm;
@@ -455,7 +406,7 @@ __device__ __noinline__ void attention_phase(const FusedParams& p, const LayerDe
     }
 }
 
-__device__ __noinline__ void combine_phase(const FusedParams& p) {
+__device__ void combine_phase(const FusedParams& p) {
     AttnParams a;
     a.part = p.part;
     a.out = p.attn;
@@ -468,7 +419,7 @@ __device__ __noinline__ void combine_phase(const FusedParams& p) {
 }
 
 // h[slot, r] = silu(gate . xn) * (up . xn) for this block's pairs.
-__device__ __noinline__ void gate_up_phase(const FusedParams& p, const FusedPlan& pl, const float* xs) {
+__device__ void gate_up_phase(const FusedParams& p, const FusedPlan& pl, const float* xs) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int j = 0; j < pl.n_run; j++) {
         const SegV& g = pl.gate[j];
@@ -489,7 +440,7 @@ __device__ __noinline__ void gate_up_phase(const FusedParams& p, const FusedPlan
 
 // h of every slot into padded shared memory, float4 loads issued 2 * LOAD_V at a time (all of
 // a thread's at 8 x 768 floats).
-__device__ __noinline__ void load_h(const FusedParams& p, float* hs, int plen) {
+__device__ void load_h(const FusedParams& p, float* hs, int plen) {
     int nv = p.n_used * p.d_ff >> 2;
     const float4* h4 = (const float4*)p.h;
     for (int base = 0; base < nv; base += 2 * LOAD_V * blockDim.x) {
@@ -565,7 +516,7 @@ __device__ __forceinline__ void down_rows(const FusedParams& p, const FusedPlan&
 }
 
 // x[r] += the weighted expert outputs for this block's rows.
-__device__ __noinline__ void down_phase(const FusedParams& p, const FusedPlan& pl, const float* hs, int plen) {
+__device__ void down_phase(const FusedParams& p, const FusedPlan& pl, const float* hs, int plen) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int n = pl.down[0].n;
     long long r0 = pl.down[0].row0 - (long long)pl.ids[0] * p.d_model;
@@ -580,7 +531,7 @@ __device__ __noinline__ void down_phase(const FusedParams& p, const FusedPlan& p
     }
 }
 
-__device__ __noinline__ void embed_phase(const FusedParams& p) {
+__device__ void embed_phase(const FusedParams& p) {
     u32 tok = ((const StepState*)p.state)->token;
     long long lo, hi;
     part_range(p.d_model, blockIdx.x, gridDim.x, lo, hi);

@@ -9,46 +9,81 @@ struct TopkParams {
     int norm_topk;
 };
 
-// One warp. Picks the largest probability n_used times (lowest index wins ties). Logits are
-// read through L2 (__ldcg): in router_topk other blocks of the same grid wrote them.
-__device__ void topk_warp(const float* lg, int n_expert, int n_used, int norm_topk, int* ids, float* ws, float* pr) {
+// Logits a lane of topk_block's first warp holds in registers (n_expert <= 256).
+#define TOPK_REG 8
+
+// Softmax over the router logits, the n_used largest probabilities (lower index first on ties)
+// and, with norm_topk, their renormalisation, by the whole block: warp 0 takes the max and the
+// sum of exponentials (a lane sums i = lane, lane + 32, .. in order, then warp_sum), then every
+// expert's rank among all places it, and warp 0 sums the chosen weights in rank order. Why the
+// rank: n_used serial warp arg-max rounds sat between the router and the experts' weight
+// fetches. Logits are read through L2 (__ldcg): other blocks of the same grid wrote them.
+// `pr`: n_expert floats of shared scratch; `red`: at least one float of shared memory.
+__device__ void topk_block(const float* lg, int n_expert, int n_used, int norm_topk, int* ids, float* ws, float* pr, float* red) {
     int lane = threadIdx.x & 31;
-    float m = -INFINITY;
-    for (int i = lane; i < n_expert; i += 32) m = fmaxf(m, __ldcg(lg + i));
+    if (threadIdx.x < 32) {
+        float m = -INFINITY, s = 0.f;
+        if (n_expert <= 32 * TOPK_REG) {
+            float v[TOPK_REG];  // all of a lane's logits loaded at once
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-    float s = 0.f;
-    for (int i = lane; i < n_expert; i += 32) { float e = expf(__ldcg(lg + i) - m); pr[i] = e; s += e; }
-    s = warp_sum(s);
-    __syncwarp();
-    float chosen_sum = 0.f;
-    for (int k = 0; k < n_used; k++) {
-        float bv = -1.f;
-        int bi = 0x7fffffff;
-        for (int i = lane; i < n_expert; i += 32)
-            if (pr[i] > bv) { bv = pr[i]; bi = i; }
+            for (int j = 0; j < TOPK_REG; j++)
+                if (lane + 32 * j < n_expert) v[j] = __ldcg(lg + lane + 32 * j);
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffff, bv, o);
-            int oi = __shfl_xor_sync(0xffffffff, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+            for (int j = 0; j < TOPK_REG; j++)
+                if (lane + 32 * j < n_expert) m = fmaxf(m, v[j]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+#pragma unroll
+            for (int j = 0; j < TOPK_REG; j++)
+                if (lane + 32 * j < n_expert) {
+                    float e = expf(v[j] - m);
+                    pr[lane + 32 * j] = e;
+                    s += e;
+                }
+        } else {
+            for (int i = lane; i < n_expert; i += 32) m = fmaxf(m, __ldcg(lg + i));
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+            for (int i = lane; i < n_expert; i += 32) {
+                float e = expf(__ldcg(lg + i) - m);
+                pr[i] = e;
+                s += e;
+            }
         }
-        if (lane == 0) {
-            ids[k] = bi;
-            ws[k] = bv / s;
-            pr[bi] = -2.f;
-        }
-        chosen_sum += bv / s;
-        __syncwarp();
+        s = warp_sum(s);
+        if (lane == 0) red[0] = s;
     }
-    __syncwarp();
-    if (norm_topk && lane < n_used) ws[lane] /= chosen_sum;
+    __syncthreads();
+    float s = red[0];
+    for (int i = threadIdx.x; i < n_expert; i += blockDim.x) {
+        float v = pr[i];
+        v = v == v ? v : -1.f;  // NaN ranks last, as the arg-max rounds skipped it
+        int rank = 0;
+        for (int j = 0; j < n_expert; j++) {
+            float u = pr[j];
+            u = u == u ? u : -1.f;
+            rank += (u > v) || (u == v && j < i);
+        }
+        if (rank < n_used) {
+            ids[rank] = i;
+            ws[rank] = v / s;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float chosen = 0.f;
+        for (int k = 0; k < n_used; k++) chosen += ws[k];
+        __syncwarp();
+        if (norm_topk && lane < n_used) ws[lane] /= chosen;
+    }
+    __syncthreads();
 }
 
 extern "C" __global__ void moe_topk(const TopkParams p) {
     __shared__ float pr[4096];
+    __shared__ float red[1];
     pdl_start();
-    topk_warp((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr);
+    topk_block((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr, red);
 }
 
 // RMSNorm + F32 router (one row per warp, the row staged in registers before pdl_wait) +
@@ -102,7 +137,7 @@ __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* s
     __syncthreads();
     if (!*is_last) return;
     __threadfence();
-    if (warp == 0) topk_warp((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr);
+    topk_block((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr, red);
     if (threadIdx.x == 0) *(volatile int*)p.counter = 0;
 }
 

@@ -14,6 +14,7 @@ use crate::{CudaError, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
     Matvec,
+    MatvecGeneric,
     Embed,
     QkNormRope,
     AttnSplit,
@@ -30,8 +31,9 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 14] = [
+    pub const ALL: [Kernel; 15] = [
         Kernel::Matvec,
+        Kernel::MatvecGeneric,
         Kernel::Embed,
         Kernel::QkNormRope,
         Kernel::AttnSplit,
@@ -49,6 +51,7 @@ impl Kernel {
     pub fn symbol(self) -> &'static str {
         match self {
             Kernel::Matvec => "matvec",
+            Kernel::MatvecGeneric => "matvec_generic",
             Kernel::Embed => "embed",
             Kernel::QkNormRope => "qk_norm_rope",
             Kernel::AttnSplit => "attn_split",
@@ -125,7 +128,10 @@ impl Device {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
         for (k, f) in Kernel::ALL.iter().zip(&funcs) {
-            if matches!(k, Kernel::Matvec | Kernel::MoeGateUp | Kernel::MoeDown) {
+            if matches!(
+                k,
+                Kernel::Matvec | Kernel::MatvecGeneric | Kernel::MoeGateUp | Kernel::MoeDown
+            ) {
                 // Large activations (d_ff * n_used floats) need more than the default 48 KB.
                 unsafe {
                     result::function::set_function_attribute(

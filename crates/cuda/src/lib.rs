@@ -32,7 +32,8 @@ pub struct CudaOptions {
     pub profile_kernels: bool,
     /// With the setup cache on: run the embedding and every layer as one persistent kernel
     /// (kernels/fused.cu) instead of a graph of ~340 launches; the head and the token choice
-    /// stay launches in the same graph. Default on; Q4MOE_CUDA_FUSED=0 turns it off.
+    /// stay launches in the same graph. Off by default: measured slower than the graph so far
+    /// (NOTES.md v9); Q4MOE_CUDA_FUSED=1 turns it on.
     pub fused_step: bool,
 }
 
@@ -43,7 +44,7 @@ impl Default for CudaOptions {
             in_flight: 2,
             kv_capacity: 4096,
             profile_kernels: false,
-            fused_step: std::env::var("Q4MOE_CUDA_FUSED").map_or(true, |v| v != "0"),
+            fused_step: std::env::var("Q4MOE_CUDA_FUSED").is_ok_and(|v| v != "0"),
         }
     }
 }

@@ -206,15 +206,12 @@ pub(crate) fn matvec(
     p.rows_per_warp = rpw as i32;
     let blocks = total.div_ceil(rpw * WARPS as usize) as u32;
     let bytes = ws.iter().map(|(w, _, r)| weight_bytes(w, *r)).sum();
-    Launch::new(
-        Kernel::Matvec,
-        name,
-        (blocks, 1, 1),
-        THREADS,
-        smem_x(k),
-        &p,
-        bytes,
-    )
+    // The generic mode has a kernel of its own with fewer registers (matvec.cu).
+    let kernel = match mode {
+        0 => Kernel::MatvecGeneric,
+        _ => Kernel::Matvec,
+    };
+    Launch::new(kernel, name, (blocks, 1, 1), THREADS, smem_x(k), &p, bytes)
 }
 
 /// The device sampler's settings for `p`, or None when it needs the host sampler (penalties,

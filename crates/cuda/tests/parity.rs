@@ -229,6 +229,7 @@ fn tiny_long_context() {
         },
     )
     .unwrap();
+    gpu.set_fused_step(true);
     let lc = cpu.prefill(1, &prompt, false).unwrap();
     let lg = gpu.prefill(1, &prompt, false).unwrap();
     let e = rel_err(&lg, &lc);
