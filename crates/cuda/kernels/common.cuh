@@ -174,30 +174,15 @@ __device__ __forceinline__ u64 row_bytes(int type, int k) {
 // ---- Register-staged row pieces: the loads of several rows (and experts) are issued first,
 // the arithmetic follows, so many 16-byte loads are in flight per lane.
 
-// Activations of one 32-weight block as 8 float4: read from padded shared memory where used
-// (XPtr) or held in registers (XReg) when several rows reuse them (fused.cu).
-struct XPtr {
-    const float4* p;
-    __device__ __forceinline__ float4 operator[](int w) const { return p[w]; }
-};
-struct XReg {
-    float4 r[8];
-    __device__ __forceinline__ void load(const float* x) {
-#pragma unroll
-        for (int w = 0; w < 8; w++) r[w] = ((const float4*)x)[w];
-    }
-    __device__ __forceinline__ float4 operator[](int w) const { return r[w]; }
-};
-
-// One Q4_0 block (16 nibble bytes, f16 scale bits) against its 32 activations.
-template <class X>
-__device__ __forceinline__ float q4_0_dot(uint4 q, u16 dbits, const X& x) {
+// One Q4_0 block (16 nibble bytes, f16 scale bits) against 32 padded activations.
+__device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
+    const float4* x4 = (const float4*)x;
     u32 words[4] = {q.x, q.y, q.z, q.w};
     float s = 0.f;
 #pragma unroll
     for (int w = 0; w < 4; w++) {
         u32 lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;
-        float4 xa = x[w], xb = x[w + 4];  // weights 4w.. (low nibbles), 16+4w.. (high)
+        float4 xa = x4[w], xb = x4[w + 4];  // weights 4w.. (low nibbles), 16+4w.. (high)
         s += nib(lo, 0, 8388616.f) * xa.x + nib(hi, 0, 8388616.f) * xb.x;
         s += nib(lo, 1, 8388616.f) * xa.y + nib(hi, 1, 8388616.f) * xb.y;
         s += nib(lo, 2, 8388616.f) * xa.z + nib(hi, 2, 8388616.f) * xb.z;
@@ -206,15 +191,9 @@ __device__ __forceinline__ float q4_0_dot(uint4 q, u16 dbits, const X& x) {
     return h2f(dbits) * s;
 }
 
-// The same against 32 padded activations in shared memory.
-__device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
-    return q4_0_dot(q, dbits, XPtr{(const float4*)x});
-}
-
 // One quarter c of a Q4_K super-block: header (d, dmin, scales) and the 32 bytes of chunk c
-// (sub-blocks 2c and 2c+1) against their activations (x0: sub-block 2c, x1: 2c+1).
-template <class X>
-__device__ __forceinline__ float q4_k_dot(uint4 hdr, uint4 q0, uint4 q1, int c, const X& x0, const X& x1) {
+// (sub-blocks 2c and 2c+1). `xsb` = padded activations of the super-block (8 x XS floats).
+__device__ __forceinline__ float q4_k_item(uint4 hdr, uint4 q0, uint4 q1, int c, const float* xsb) {
     float d = h2f((u16)(hdr.x & 0xffff)), dmin = h2f((u16)(hdr.x >> 16));
     u8 sc[12];
     u32 hw[3] = {hdr.y, hdr.z, hdr.w};
@@ -226,6 +205,8 @@ __device__ __forceinline__ float q4_k_dot(uint4 hdr, uint4 q0, uint4 q1, int c, 
     else { s0 = (sc[j0 + 4] & 0xF) | ((sc[j0 - 4] >> 6) << 4); m0 = (sc[j0 + 4] >> 4) | ((sc[j0] >> 6) << 4); }
     if (j1 < 4) { s1 = sc[j1] & 63; m1 = sc[j1 + 4] & 63; }
     else { s1 = (sc[j1 + 4] & 0xF) | ((sc[j1 - 4] >> 6) << 4); m1 = (sc[j1 + 4] >> 4) | ((sc[j1] >> 6) << 4); }
+    const float4* x0 = (const float4*)(xsb + j0 * XS);
+    const float4* x1 = (const float4*)(xsb + j1 * XS);
     u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
     float d0 = 0.f, d1 = 0.f, sx0 = 0.f, sx1 = 0.f;
 #pragma unroll
@@ -238,11 +219,6 @@ __device__ __forceinline__ float q4_k_dot(uint4 hdr, uint4 q0, uint4 q1, int c, 
         d0 += nib(lo, 3, 8388608.f) * xa.w; d1 += nib(hi, 3, 8388608.f) * xb.w; sx0 += xa.w; sx1 += xb.w;
     }
     return d * (float)s0 * d0 - dmin * (float)m0 * sx0 + d * (float)s1 * d1 - dmin * (float)m1 * sx1;
-}
-
-// The same with `xsb` = padded activations of the super-block (8 x XS floats) in shared memory.
-__device__ __forceinline__ float q4_k_item(uint4 hdr, uint4 q0, uint4 q1, int c, const float* xsb) {
-    return q4_k_dot(hdr, q0, q1, c, XPtr{(const float4*)(xsb + 2 * c * XS)}, XPtr{(const float4*)(xsb + (2 * c + 1) * XS)});
 }
 
 // Q4_0: lane per 32-weight block; nibble j holds weights j (low) and j+16 (high).

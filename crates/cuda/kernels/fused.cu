@@ -245,72 +245,19 @@ __device__ __forceinline__ void stamp(const FusedParams& p, int i, int which) {
     if (p.stamps && blockIdx.x == 0 && threadIdx.x == 0) ((u64*)p.stamps)[N_MARK * i + which] = global_ns();
 }
 
-// Rows first, first + stride, .. (< n, at most R) of one staged segment for one warp; res[r]
-// gets row r's dot with xs (every lane). Each lane piece's activations are read from shared
-// memory once for all R rows, then only the rows' weights: read one row at a time, the
-// activations (7x the bytes of the Q4_0 weights they multiply) made the loop bound by
-// shared-memory bandwidth. Per (lane, row) the pieces are summed in matvec's order and
-// reduced by one warp_sum, so results match the launch path's bits.
-template <int R>
-__device__ __forceinline__ void seg_rows(const QW& v, int first, int stride, int n, const float* xs, float* res) {
-    int lane = threadIdx.x & 31;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.f;
-    if (v.type == T_Q4_0) {
-        int nb = v.k >> 5;
-        const uint4* qs = (const uint4*)v.data;
-        const u16* ds = (const u16*)v.scales;
-        for (int b = lane; b < nb; b += 32) {
-            XReg xr;
-            xr.load(xs + b * XS);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                u64 bi = (u64)(first + stride * r) * nb + b;
-                if (first + stride * r < n) acc[r] += q4_0_dot(qs[bi], ds[bi], xr);
-            }
-        }
-    } else if (v.type == T_Q4_K) {
-        int nsb = v.k >> 8, c = lane & 3;
-        for (int sb = lane >> 2; sb < nsb; sb += 8) {
-            XReg x0, x1;
-            x0.load(xs + (sb * 8 + 2 * c) * XS);
-            x1.load(xs + (sb * 8 + 2 * c + 1) * XS);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const u8* bp = (const u8*)v.data + ((u64)(first + stride * r) * nsb + sb) * 144;
-                if (first + stride * r < n)
-                    acc[r] += q4_k_dot(*(const uint4*)bp, *(const uint4*)(bp + 16 + 32 * c), *(const uint4*)(bp + 32 + 32 * c), c, x0, x1);
-            }
-        }
-    } else {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (first + stride * r < n) res[r] = row_dot(v, (u64)(first + stride * r), xs, lane);
-        return;
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) res[r] = warp_sum(acc[r]);
-}
-
-#define ROWS_R 8
-
-// Every row of up to three staged segments (warp-strided per segment): out[j][row0 + i] (+)= dot.
+// Rows of up to three staged segments, warp-strided; out[j][row0 + i] (+)= dot. The same
+// per-lane order and warp_sum as matvec's paths, so results match the launch path's bits.
 __device__ void seg_matvec(const SegV* segs, int nseg, float* const* outs, const float* xs, bool acc) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int j = 0; j < nseg; j++) {
-        const SegV& sg = segs[j];
-        for (int first = warp; first < sg.n; first += nw * ROWS_R) {
-            float res[ROWS_R];
-            seg_rows<ROWS_R>(sg.v, first, nw, sg.n, xs, res);
-#pragma unroll
-            for (int r = 0; r < ROWS_R; r++) {
-                int i = first + nw * r;
-                if (lane == 0 && i < sg.n) {
-                    float* o = outs[j] + sg.row0 + i;
-                    *o = acc ? *o + res[r] : res[r];
-                }
-            }
+    int total = 0;
+    for (int j = 0; j < nseg; j++) total += segs[j].n;
+    for (int t = warp; t < total; t += nw) {
+        int j = 0, i = t;
+        while (j < nseg - 1 && i >= segs[j].n) { i -= segs[j].n; j++; }
+        float v = row_dot(segs[j].v, (u64)i, xs, lane);
+        if (lane == 0) {
+            float* o = outs[j] + segs[j].row0 + i;
+            *o = acc ? *o + v : v;
         }
     }
 }
@@ -339,22 +286,22 @@ __device__ void router_rows(const SegV& sg, float* logits, const float* xs) {
 }
 
 // Attention output of every head into padded xs, merging <= INLINE_CHUNKS chunk partials in
-// attn_combine's order. A thread takes 16 outputs of one head and issues all their loads at
-// once (one L2 round trip; a loop over outputs waited one per output).
+// attn_combine's order. A thread takes 8 outputs of one head at a time and issues all their loads
+// at once (a loop over single outputs waited one L2 round trip per output).
 __device__ void combine_into(const FusedParams& p, int n_active, float* xs) {
     int hd = p.head_dim, q_dim = p.n_head * hd;
     const float* part = (const float*)p.part;
-    for (int o0 = threadIdx.x * 16; o0 < q_dim; o0 += blockDim.x * 16) {
+    for (int o0 = threadIdx.x * 8; o0 < q_dim; o0 += blockDim.x * 8) {
         int h = o0 / hd, d0 = o0 - h * hd;
         const float* base = part + (u64)h * p.n_split * (hd + 2);
-        float2 ml[INLINE_CHUNKS], a[INLINE_CHUNKS][8];
+        float2 ml[INLINE_CHUNKS], a[INLINE_CHUNKS][4];
 #pragma unroll
         for (int s = 0; s < INLINE_CHUNKS; s++)
             if (s < n_active) {
                 const float* pt = base + s * (hd + 2);
                 ml[s] = *(const float2*)pt;
 #pragma unroll
-                for (int k = 0; k < 8; k++) a[s][k] = *(const float2*)(pt + 2 + d0 + 2 * k);
+                for (int k = 0; k < 4; k++) a[s][k] = *(const float2*)(pt + 2 + d0 + 2 * k);
             }
         float m = -INFINITY;
 #pragma unroll
@@ -368,7 +315,7 @@ __device__ void combine_into(const FusedParams& p, int n_active, float* xs) {
                 l += f[s] * ml[s].y;
             }
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
+        for (int k = 0; k < 4; k++) {
             float a0 = 0.f, a1 = 0.f;
 #pragma unroll
             for (int s = 0; s < INLINE_CHUNKS; s++)
@@ -418,22 +365,17 @@ __device__ void combine_phase(const FusedParams& p) {
     for (int h = blockIdx.x; h < p.n_head; h += gridDim.x) attn_combine_unit(a, Unit{h, 0, p.n_head});
 }
 
-// h[slot, r] = silu(gate . xn) * (up . xn) for this block's pairs.
+// h[slot, r] = silu(gate . xn) * (up . xn) for this block's pairs (one pair per warp at a time).
 __device__ void gate_up_phase(const FusedParams& p, const FusedPlan& pl, const float* xs) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int j = 0; j < pl.n_run; j++) {
         const SegV& g = pl.gate[j];
+        const SegV& u = pl.up[j];
         int slot = pl.run_slot[j];
-        long long r0 = g.row0 - (long long)pl.ids[slot] * p.d_ff;
-        for (int first = warp; first < g.n; first += nw * ROWS_R) {
-            float gv[ROWS_R], uv[ROWS_R];
-            seg_rows<ROWS_R>(g.v, first, nw, g.n, xs, gv);
-            seg_rows<ROWS_R>(pl.up[j].v, first, nw, g.n, xs, uv);
-#pragma unroll
-            for (int r = 0; r < ROWS_R; r++) {
-                int i = first + nw * r;
-                if (lane == 0 && i < g.n) ((float*)p.h)[(u64)slot * p.d_ff + r0 + i] = gv[r] / (1.f + expf(-gv[r])) * uv[r];
-            }
+        for (int i = warp; i < g.n; i += nw) {
+            float gv = row_dot(g.v, (u64)i, xs, lane), uv = row_dot(u.v, (u64)i, xs, lane);
+            long long r = g.row0 - (long long)pl.ids[slot] * p.d_ff + i;
+            if (lane == 0) ((float*)p.h)[(u64)slot * p.d_ff + r] = gv / (1.f + expf(-gv)) * uv;
         }
     }
 }
@@ -461,73 +403,43 @@ __device__ void load_h(const FusedParams& p, float* hs, int plen) {
     __syncthreads();
 }
 
-#define DOWN_R 4
-
-// Rows first, first + stride, .. (< n, at most DOWN_R) of down for every slot, weighted:
-// moe_down's flattened piece order (Q4_0 items <= 256, Q4_K items <= 128: every (slot, block)
-// piece spread over the lanes) or its generic order (slot by slot), so results match the launch
-// path's bits. A piece's activations are read once for all rows, as in seg_rows.
-__device__ __forceinline__ void down_rows(const FusedParams& p, const FusedPlan& pl, int first, int stride, int n, const float* hs, int plen,
-                                          float* res) {
-    int lane = threadIdx.x & 31;
+// One output row of down for every slot, weighted: moe_down's flattened piece order (Q4_0
+// items <= 256, Q4_K items <= 128: every (slot, block) piece spread over the lanes) or its
+// generic order (slot by slot), so results match the launch path's bits.
+__device__ float down_row(const FusedParams& p, const FusedPlan& pl, int i, const float* hs, int plen, int lane) {
     const QW& w0 = pl.down[0].v;
-    float acc[DOWN_R];
-#pragma unroll
-    for (int r = 0; r < DOWN_R; r++) acc[r] = 0.f;
+    float acc = 0.f;
     if (w0.type == T_Q4_0 && p.n_used * (w0.k >> 5) <= 256) {
         int nb = w0.k >> 5, items = p.n_used * nb;
         for (int f = lane; f < items; f += 32) {
             int s = f / nb, b = f - s * nb;
             const QW& v = pl.down[s].v;
-            XReg xr;
-            xr.load(hs + s * plen + b * XS);
-#pragma unroll
-            for (int r = 0; r < DOWN_R; r++) {
-                u64 bi = (u64)(first + stride * r) * nb + b;
-                if (first + stride * r < n) acc[r] += pl.ws[s] * q4_0_dot(((const uint4*)v.data)[bi], ((const u16*)v.scales)[bi], xr);
-            }
+            u64 bi = (u64)i * nb + b;
+            acc += pl.ws[s] * q4_0_item(((const uint4*)v.data)[bi], ((const u16*)v.scales)[bi], hs + s * plen + b * XS);
         }
-    } else if (w0.type == T_Q4_K && p.n_used * (w0.k >> 8) * 4 <= 128) {
+        return warp_sum(acc);
+    }
+    if (w0.type == T_Q4_K && p.n_used * (w0.k >> 8) * 4 <= 128) {
         int nsb = w0.k >> 8, items = p.n_used * nsb * 4;
         for (int f = lane; f < items; f += 32) {
             int c = f & 3, t = f >> 2, s = t / nsb, sb = t - s * nsb;
-            XReg x0, x1;
-            x0.load(hs + s * plen + (sb * 8 + 2 * c) * XS);
-            x1.load(hs + s * plen + (sb * 8 + 2 * c + 1) * XS);
-#pragma unroll
-            for (int r = 0; r < DOWN_R; r++) {
-                const u8* bp = (const u8*)pl.down[s].v.data + ((u64)(first + stride * r) * nsb + sb) * 144;
-                if (first + stride * r < n)
-                    acc[r] += pl.ws[s] * q4_k_dot(*(const uint4*)bp, *(const uint4*)(bp + 16 + 32 * c), *(const uint4*)(bp + 32 + 32 * c), c, x0, x1);
-            }
+            const u8* bp = (const u8*)pl.down[s].v.data + ((u64)i * nsb + sb) * 144;
+            acc += pl.ws[s] * q4_k_item(*(const uint4*)bp, *(const uint4*)(bp + 16 + 32 * c), *(const uint4*)(bp + 32 + 32 * c), c,
+                                        hs + s * plen + sb * 8 * XS);
         }
-    } else {
-#pragma unroll
-        for (int r = 0; r < DOWN_R; r++) {
-            float a = 0.f;
-            if (first + stride * r < n)
-                for (int s = 0; s < p.n_used; s++) a += pl.ws[s] * row_dot(pl.down[s].v, (u64)(first + stride * r), hs + s * plen, lane);
-            res[r] = a;
-        }
-        return;
+        return warp_sum(acc);
     }
-#pragma unroll
-    for (int r = 0; r < DOWN_R; r++) res[r] = warp_sum(acc[r]);
+    for (int s = 0; s < p.n_used; s++) acc += pl.ws[s] * row_dot(pl.down[s].v, (u64)i, hs + s * plen, lane);
+    return acc;
 }
 
-// x[r] += the weighted expert outputs for this block's rows.
+// x[r] += the weighted expert outputs for this block's rows (one row per warp at a time).
 __device__ void down_phase(const FusedParams& p, const FusedPlan& pl, const float* hs, int plen) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int n = pl.down[0].n;
-    long long r0 = pl.down[0].row0 - (long long)pl.ids[0] * p.d_model;
-    for (int first = warp; first < n; first += nw * DOWN_R) {
-        float res[DOWN_R];
-        down_rows(p, pl, first, nw, n, hs, plen, res);
-#pragma unroll
-        for (int r = 0; r < DOWN_R; r++) {
-            int i = first + nw * r;
-            if (lane == 0 && i < n) ((float*)p.x)[r0 + i] += res[r];
-        }
+    for (int i = warp; i < n; i += nw) {
+        float acc = down_row(p, pl, i, hs, plen, lane);
+        if (lane == 0) ((float*)p.x)[pl.down[0].row0 - (long long)pl.ids[0] * p.d_model + i] += acc;
     }
 }
 
