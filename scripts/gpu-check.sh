@@ -11,6 +11,8 @@
 #   sanitize      compute-sanitizer memcheck + racecheck on the tiny Q4_0 parity test.
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches
 #                 against the fused step.
+#   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
+#                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
 #                 on the device machine; JSON to $OUT/bench-<quant>.json. Q4_0 adds --profile kernels.
@@ -59,6 +61,17 @@ for s in $steps; do
               --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
         echo "ab $q [$env]: $r"; summary+="ab $q [$env]: $r\n"
       done ;;
+    ncu)
+      model q4_0
+      sec="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
+      args="bench --model /tmp/q4_0.gguf --device cuda --prompt-len 4 --decode-len 8 --runs 1 --in-flight 1"
+      Q4MOE_CUDA_FUSED=1 timeout 240 ncu --clock-control none $sec --kernel-name step_fused --launch-skip 6 --launch-count 1 \
+        $Q $args --setup-cache on > "$OUT/ncu-fused.txt" 2>&1
+      # Eager: embed + 7 launches a layer + head + arg-max (2) per token; skip 5 tokens and one layer.
+      timeout 240 ncu --clock-control none $sec --launch-skip $((5 * 339 + 8)) --launch-count 10 \
+        $Q $args --setup-cache off > "$OUT/ncu-layer.txt" 2>&1
+      grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-layer.txt" | head -120
+      grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-fused.txt" | head -20 ;;
     stamps)
       # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).
       [ $ok = 1 ] || continue

@@ -5,11 +5,13 @@
 // stage NR rows' weights in registers before pdl_wait (weights are immutable), so the loads
 // overlap the predecessor kernel; groups of NR rows never span two matrices (host checks).
 #define MV_GENERIC 0
+// At most 4 staged pieces per lane (rows x pieces): the unrolled code of more pieces is what
+// the warps waited on (instruction fetch, Nsight Compute on the H200), not the weights.
 #define MV_Q4_0_1 1  // Q4_0, k <= 1024, 4 rows per warp
-#define MV_Q4_0_2 2  // Q4_0, k <= 2048, 4 rows per warp
-#define MV_Q4_0_4 3  // Q4_0, k <= 4096, 2 rows per warp
-#define MV_Q4_K_1 4  // Q4_K, k <= 2048, 4 rows per warp
-#define MV_Q4_K_2 5  // Q4_K, k <= 4096, 2 rows per warp
+#define MV_Q4_0_2 2  // Q4_0, k <= 2048, 2 rows per warp
+#define MV_Q4_0_4 3  // Q4_0, k <= 4096, 1 row per warp
+#define MV_Q4_K_1 4  // Q4_K, k <= 2048, 2 rows per warp
+#define MV_Q4_K_2 5  // Q4_K, k <= 4096, 1 row per warp
 struct MatvecParams {
     QW w[3];          // up to three matrices whose rows are concatenated in the output space
     u64 out[3];       // float* per matrix
@@ -91,10 +93,10 @@ __device__ __forceinline__ void matvec_unit(const MatvecParams& p, float* smem, 
     float* xs = smem + 36;        // padded [k], 16-byte aligned
     switch (p.mode) {
         case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, xs, red, u, pdl); return;
-        case MV_Q4_0_2: mv_staged<4, Q4_0Rows<4, 2>>(p, xs, red, u, pdl); return;
-        case MV_Q4_0_4: mv_staged<2, Q4_0Rows<2, 4>>(p, xs, red, u, pdl); return;
-        case MV_Q4_K_1: mv_staged<4, Q4_KRows<4, 1>>(p, xs, red, u, pdl); return;
-        case MV_Q4_K_2: mv_staged<2, Q4_KRows<2, 2>>(p, xs, red, u, pdl); return;
+        case MV_Q4_0_2: mv_staged<2, Q4_0Rows<2, 2>>(p, xs, red, u, pdl); return;
+        case MV_Q4_0_4: mv_staged<1, Q4_0Rows<1, 4>>(p, xs, red, u, pdl); return;
+        case MV_Q4_K_1: mv_staged<2, Q4_KRows<2, 1>>(p, xs, red, u, pdl); return;
+        case MV_Q4_K_2: mv_staged<1, Q4_KRows<1, 2>>(p, xs, red, u, pdl); return;
         default: mv_generic(p, xs, red, u, pdl); return;
     }
 }

@@ -104,7 +104,8 @@ struct RouterParams {
     float eps;
 };
 
-// grid ceil(n_expert / 8), 256 threads, dynamic smem (36 + k + n_expert + 4) floats.
+// grid ceil(n_expert / warps), 128 threads (router rows over more SMs: one round trip each),
+// dynamic smem (36 + k + n_expert + 4) floats.
 __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* smem, Unit u, bool pdl) {
     float* red = smem;
     float* xs = smem + 36;  // 16-byte aligned, unpadded
@@ -218,7 +219,7 @@ struct DownParams {
     int d_model;
     int n_used;
     int rows_per_warp;
-    int mode;    // 0 generic; 1/2/3 Q4_0 (items <= 64/192/256, 2 rows per warp);
+    int mode;    // 0 generic; 1/2/3 Q4_0 (items <= 64/192/256, 1 row per warp);
                  // 4/5/6 Q4_K (items <= 32/96/128, 1 row per warp)
 };
 
@@ -335,9 +336,9 @@ __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit
     if (p.mode != 0) {
         // The staged paths issue their weight loads first, then stage h (stage_h).
         switch (p.mode) {
-            case 1: down_q4_0<2, 2>(p, smem, plen, sw, u); return;
-            case 2: down_q4_0<2, 6>(p, smem, plen, sw, u); return;
-            case 3: down_q4_0<2, 8>(p, smem, plen, sw, u); return;
+            case 1: down_q4_0<1, 2>(p, smem, plen, sw, u); return;
+            case 2: down_q4_0<1, 6>(p, smem, plen, sw, u); return;
+            case 3: down_q4_0<1, 8>(p, smem, plen, sw, u); return;
             case 4: down_q4_k<1>(p, smem, plen, sw, u); return;
             case 5: down_q4_k<3>(p, smem, plen, sw, u); return;
             default: down_q4_k<4>(p, smem, plen, sw, u); return;
