@@ -188,6 +188,9 @@ impl Sampler {
         if cand.is_empty() {
             return argmax(logits);
         }
+        if p.top_p >= 1.0 && (p.top_k == 0 || p.top_k >= cand.len()) {
+            return self.sample_unsorted(&cand);
+        }
         // Best first; ties by lower id (a total order, so the result is unique).
         let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < cand.len() {
@@ -225,6 +228,33 @@ impl Sampler {
             }
         }
         cand[keep - 1].0
+    }
+
+    /// No top-k or top-p cut (the OpenAI API's defaults): the whole distribution, above the
+    /// min-p floor, walked in vocabulary order. Same distribution as the sorted walk, without
+    /// its sort (~7 ms a token at 151,936 tokens, on the host between two device steps).
+    fn sample_unsorted(&mut self, cand: &[(u32, f32)]) -> u32 {
+        let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+        // exp(v - max) is the probability relative to the best token's, so min-p is its floor.
+        let floor = self.params.min_p.max(0.0);
+        let weights: Vec<f32> = cand
+            .iter()
+            .map(|&(_, v)| (v - max).exp())
+            .map(|w| if w >= floor { w } else { 0.0 })
+            .collect();
+        let total: f32 = weights.iter().sum();
+        let mut r = self.rng.next_f32() * total;
+        let mut last = 0;
+        for (i, &w) in weights.iter().enumerate() {
+            if w > 0.0 {
+                last = i;
+                r -= w;
+                if r < 0.0 {
+                    return cand[i].0;
+                }
+            }
+        }
+        cand[last].0
     }
 }
 
@@ -342,6 +372,40 @@ mod tests {
         for _ in 0..200 {
             let t = s.sample(&mut logits.clone());
             assert!(t == 3 || t == 9, "sampled {t}");
+        }
+    }
+
+    /// Without a top-k/top-p cut the draw walks the vocabulary unsorted: token frequencies
+    /// must still follow the softmax, and min-p must still exclude.
+    #[test]
+    fn unsorted_walk_follows_the_distribution() {
+        let logits = [
+            0.5f32.ln(),
+            f32::NEG_INFINITY,
+            0.3f32.ln(),
+            0.2f32.ln(),
+            -30.0,
+        ];
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: 11,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p.clone(), &[]);
+        let mut count = [0usize; 5];
+        let n = 20000;
+        for _ in 0..n {
+            count[s.sample(&mut logits.to_vec()) as usize] += 1;
+        }
+        assert_eq!(count[1], 0, "a -inf logit was drawn");
+        for (t, want) in [(0, 0.5), (2, 0.3), (3, 0.2)] {
+            let got = count[t] as f64 / n as f64;
+            assert!((got - want).abs() < 0.02, "token {t}: {got} vs {want}");
+        }
+        let mut s = Sampler::new(SamplingParams { min_p: 0.5, ..p }, &[]);
+        for _ in 0..500 {
+            let t = s.sample(&mut logits.to_vec());
+            assert!(t == 0 || t == 2, "min-p 0.5 kept token {t}");
         }
     }
 
