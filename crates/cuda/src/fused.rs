@@ -262,3 +262,56 @@ impl FusedStep {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_range_tiles_every_item_once() {
+        for (total, g) in [(5120, 132), (128, 132), (2048, 132), (6144, 132), (7, 3)] {
+            let mut next = 0;
+            for b in 0..g {
+                let (lo, hi) = part_range(total, b, g);
+                assert_eq!(lo, next, "block {b} of {g} over {total}");
+                assert!(hi >= lo);
+                next = hi;
+            }
+            assert_eq!(next, total);
+        }
+    }
+
+    #[test]
+    fn staged_bytes_round_out_to_16_bytes() {
+        // Q6_K rows of 768 weights are 630 bytes: row 1 starts 6 bytes into a 16-byte line.
+        let q6 = Qw {
+            data: 0x1000,
+            scales: 0,
+            ty: 14,
+            k: 768,
+        };
+        assert_eq!(
+            staged_bytes(&q6, Some(1), 1),
+            (6 + 630usize).next_multiple_of(16)
+        );
+        assert_eq!(
+            staged_bytes(&q6, None, 1),
+            (15 + 630usize).next_multiple_of(16)
+        );
+        assert_eq!(staged_bytes(&q6, Some(1), 0), 0);
+        // Q4_0 (24 blocks a row): nibbles (384 bytes a row) and scales (48) staged apart.
+        let q4 = Qw {
+            data: 0x1000,
+            scales: 0x9000,
+            ty: 2,
+            k: 768,
+        };
+        assert_eq!(staged_bytes(&q4, Some(3), 2), 2 * 384 + 2 * 48);
+        // 5 blocks a row: row 1's 10 bytes of scales start 10 bytes into a line.
+        let q4 = Qw { k: 160, ..q4 };
+        assert_eq!(
+            staged_bytes(&q4, Some(1), 1),
+            80 + (10 + 10usize).next_multiple_of(16)
+        );
+    }
+}
