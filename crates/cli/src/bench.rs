@@ -52,8 +52,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// GPU: also measure sampled decoding (cache on) with Qwen3's recommended settings
-    /// (temperature 0.6, top-k 20, top-p 0.95: the device sampler) and with top-k off (the
-    /// host sampler).
+    /// (temperature 0.6, top-k 20, top-p 0.95: the device sampler), with top-k off (the host
+    /// sampler's sorted walk) and with the OpenAI API's defaults (temperature 1, no top-k,
+    /// top-p 1: the host sampler's unsorted walk).
     #[arg(long)]
     sampled: bool,
 }
@@ -196,7 +197,20 @@ fn variants(a: &BenchArgs, backend: &AnyBackend) -> Vec<Variant> {
             name: "sampled k off (host)".into(),
             setup_cache: true,
             in_flight,
-            sampling: SamplingParams { top_k: 0, ..qwen3 },
+            sampling: SamplingParams {
+                top_k: 0,
+                ..qwen3.clone()
+            },
+        });
+        v.push(Variant {
+            name: "sampled T1 p1 (host)".into(),
+            setup_cache: true,
+            in_flight,
+            sampling: SamplingParams {
+                temperature: 1.0,
+                seed: 7,
+                ..Default::default()
+            },
         });
     }
     v
