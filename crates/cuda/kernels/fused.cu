@@ -2,12 +2,15 @@
 // between the phases of a layer (qkv, attention, [combine], o_proj, router, gate_up, down).
 // Why: a graph of ~340 dependent launches pays launch, block scheduling and a cold weight
 // fetch per kernel (NOTES.md). Here each block owns a fixed slice of every op (one round, no
-// serial units) and its weights are copied into shared memory with cp.async one or two
+// serial units) and its weights are copied into shared memory by TMA bulk copies one or two
 // phases AHEAD of use: qkv/o_proj/router of layer L+1 stream in during layer L's down phase,
 // the experts' gate/up and down rows as soon as top-k (computed redundantly by every block)
 // names them. A phase then waits for its own copy group, not for DRAM.
-// Results match the launch path's arithmetic (same dot functions, per-output fixed order),
-// not bit for bit: the parity tests hold both to the CPU reference and to each other's tokens.
+// Every output is computed with the launch path's functions in the launch path's order (per
+// lane, then one warp_sum), so both paths give the same bits: the parity tests require their
+// token streams to be identical.
+// Opt-in and slower than the graph so far (NOTES.md v9): the weights arrive in time, but each
+// layer's phases run ~300 KB of kernel code that does not stay in the instruction caches.
 //
 // Requires every block to be resident at once (host: grid = SM count, occupancy checked).
 
