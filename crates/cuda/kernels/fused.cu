@@ -9,8 +9,9 @@
 // Every output is computed with the launch path's functions in the launch path's order (per
 // lane, then one warp_sum), so both paths give the same bits: the parity tests require their
 // token streams to be identical.
-// Opt-in and slower than the graph so far (NOTES.md v9): the weights arrive in time, but each
-// layer's phases run ~300 KB of kernel code that does not stay in the instruction caches.
+// Opt-in and slower than the graph so far (NOTES.md v9): the weights arrive in time but the
+// phases' own code is slow; likely the same instruction-fetch bound Nsight Compute showed in
+// the launch path, this kernel being 318 KB of SASS.
 //
 // Requires every block to be resident at once (host: grid = SM count, occupancy checked).
 
