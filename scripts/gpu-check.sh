@@ -11,6 +11,8 @@
 #   sanitize      compute-sanitizer memcheck + racecheck on the tiny Q4_0 parity test.
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches
 #                 against the fused step.
+#   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
+#                 parity test, then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M.
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
 #                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
@@ -60,6 +62,19 @@ for s in $steps; do
         r=$(env $env timeout 120 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
               --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
         echo "ab $q [$env]: $r"; summary+="ab $q [$env]: $r\n"
+      done ;;
+    variants)
+      model q4_0; model q4_k_m
+      for d in variants/*/; do
+        n=$(basename "$d")
+        r=$(timeout 200 "$d/parity" --test-threads=1 2>&1 | grep -E "^test result")
+        summary+="variant $n: parity [$r]\n"
+        [[ $r == *" 0 failed"* ]] || continue
+        for q in q4_0 q4_k_m; do
+          b=$(timeout 120 "$d/q4moe" bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
+                --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
+          summary+="variant $n $q: $b\n"
+        done
       done ;;
     ncu)
       model q4_0

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds the release binary and the CUDA parity test of each git ref into variants/<name>/, so
+# one device call can check and time several kernel variants side by side:
+#   scripts/build-variants.sh main next/gate-up-one-row next/att-chunk-32
+#   run(command="bash scripts/gpu-check.sh variants", carry=["variants"])
+# Each ref builds in its own worktree and target directory (kernels are embedded at build time).
+# About 20 MB a variant: the device tool carries at most 64 MiB.
+set -eu -o pipefail
+root=$(git rev-parse --show-toplevel)
+mkdir -p "$root/variants"
+for ref in "$@"; do
+  name=$(echo "$ref" | tr '/' '-')
+  wt=$(mktemp -d)
+  git -C "$root" worktree add -q --detach "$wt" "$ref"
+  tgt="${CARGO_TARGET_DIR_VARIANTS:-/tmp/q4moe-variants}/$name"
+  (cd "$wt" && CARGO_TARGET_DIR="$tgt" cargo build -q --release -p q4moe \
+     && CARGO_TARGET_DIR="$tgt" cargo test -q --release -p q4moe-cuda --test parity --no-run)
+  mkdir -p "$root/variants/$name"
+  cp "$tgt/release/q4moe" "$root/variants/$name/q4moe"
+  cp "$(ls -t "$tgt"/release/deps/parity-* | grep -v '\.d$' | head -1)" "$root/variants/$name/parity"
+  git -C "$root" worktree remove --force "$wt"
+  echo "variants/$name: $(git -C "$root" rev-parse --short "$ref")"
+done
