@@ -9,8 +9,8 @@
 #                 run with the first passing configuration (or are skipped). A speed-up that breaks
 #                 parity is not kept.
 #   sanitize      compute-sanitizer memcheck + racecheck on the tiny Q4_0 parity test.
-#   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches
-#                 against the fused step.
+#   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches,
+#                 the graph with programmatic dependent launch, the fused step.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
 #                 parity test, then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M.
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
@@ -58,7 +58,7 @@ for s in $steps; do
       [ $ok = 1 ] || continue
       q=q4_0; [[ $s == ab:* ]] && q=${s#ab:}
       model $q
-      for env in Q4MOE_CUDA_FUSED=0 Q4MOE_CUDA_FUSED=1; do
+      for env in Q4MOE_CUDA_FUSED=0 Q4MOE_CUDA_PDL=1 Q4MOE_CUDA_FUSED=1; do
         r=$(env $env timeout 120 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
               --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
         echo "ab $q [$env]: $r"; summary+="ab $q [$env]: $r\n"
