@@ -12,7 +12,8 @@
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches,
 #                 the graph with programmatic dependent launch, the fused step.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
-#                 parity test, then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M.
+#                 parity test, then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
+#                 and on Q4_0 with the fused step.
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
 #                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
@@ -70,10 +71,11 @@ for s in $steps; do
         r=$(timeout 200 "$d/parity" --test-threads=1 2>&1 | grep -E "^test result")
         summary+="variant $n: parity [$r]\n"
         [[ $r == *" 0 failed"* ]] || continue
-        for q in q4_0 q4_k_m; do
-          b=$(timeout 120 "$d/q4moe" bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
-                --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
-          summary+="variant $n $q: $b\n"
+        for run in "q4_0 0" "q4_k_m 0" "q4_0 1"; do
+          set -- $run
+          b=$(Q4MOE_CUDA_FUSED=$2 timeout 120 "$d/q4moe" bench --model /tmp/$1.gguf --device cuda --prompt-len 128 \
+                --decode-len 256 --runs 3 --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
+          summary+="variant $n $1 fused=$2: $b\n"
         done
       done ;;
     ncu)
