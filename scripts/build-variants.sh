@@ -4,7 +4,7 @@
 #   scripts/build-variants.sh main next/gate-up-one-row next/att-chunk-32
 #   run(command="bash scripts/gpu-check.sh variants", carry=["variants"])
 # Each ref builds in its own worktree and target directory (kernels are embedded at build time).
-# About 20 MB a variant: the device tool carries at most 64 MiB.
+# About 14 MB a variant (stripped): the device tool carries at most 64 MiB, so four a call.
 set -eu -o pipefail
 root=$(git rev-parse --show-toplevel)
 mkdir -p "$root/variants"
@@ -18,6 +18,7 @@ for ref in "$@"; do
   mkdir -p "$root/variants/$name"
   cp "$tgt/release/q4moe" "$root/variants/$name/q4moe"
   cp "$(ls -t "$tgt"/release/deps/parity-* | grep -v '\.d$' | head -1)" "$root/variants/$name/parity"
+  strip "$root/variants/$name/q4moe" "$root/variants/$name/parity"
   git -C "$root" worktree remove --force "$wt"
   echo "variants/$name: $(git -C "$root" rev-parse --short "$ref")"
 done
