@@ -384,29 +384,6 @@ __device__ void gate_up_phase(const FusedParams& p, const FusedPlan& pl, const f
     }
 }
 
-// h of every slot into padded shared memory, float4 loads issued 2 * LOAD_V at a time (all of
-// a thread's at 8 x 768 floats).
-__device__ void load_h(const FusedParams& p, float* hs, int plen) {
-    int nv = p.n_used * p.d_ff >> 2;
-    const float4* h4 = (const float4*)p.h;
-    for (int base = 0; base < nv; base += 2 * LOAD_V * blockDim.x) {
-        float4 v[2 * LOAD_V];
-#pragma unroll
-        for (int j = 0; j < 2 * LOAD_V; j++) {
-            int i = base + threadIdx.x + j * blockDim.x;
-            if (i < nv) v[j] = h4[i];
-        }
-#pragma unroll
-        for (int j = 0; j < 2 * LOAD_V; j++) {
-            int i = base + threadIdx.x + j * blockDim.x;
-            if (i >= nv) continue;
-            int s = 4 * i / p.d_ff, e = 4 * i - s * p.d_ff;
-            *(float4*)(hs + s * plen + pad_idx(e)) = v[j];
-        }
-    }
-    __syncthreads();
-}
-
 // One output row of down for every slot, weighted: moe_down's flattened piece order (Q4_0
 // items <= 256, Q4_K items <= 128: every (slot, block) piece spread over the lanes) or its
 // generic order (slot by slot), so results match the launch path's bits.
@@ -535,7 +512,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) step_fused(const FusedParam
 
         MARK(PH_DOWN, 0);
         if (l + 1 < p.n_layer) stage_attn_weights(p, l + 1, X, pl);
-        load_h(p, xs, plen);
+        stage_slots((const float*)p.h, p.n_used, p.d_ff, xs, plen);
         MARK(PH_DOWN, 1);
         WAIT_GROUP(MB_DOWN);
         MARK(PH_DOWN, 2);

@@ -34,7 +34,7 @@ __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float
 }
 
 template <int NR, class Rows>
-__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u, bool pdl) {
+__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
     int first = (u.x * nwarps + warp) * NR;
@@ -46,7 +46,7 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     for (int i = 0; i < NR; i++) rows[i] = first + i < total ? (long long)(r0 + i) : -1;
     Rows R;
     R.load(w, rows, lane);
-    if (pdl) pdl_start();
+    pdl_start();
     mv_input(p, xs, red, u);
     float acc[NR];
     const float* xp[NR];
@@ -65,7 +65,7 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
 }
 
 // Row by row (any type), L2 prefetch of the rows before pdl_wait.
-__device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, float* red, Unit u, bool pdl) {
+__device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, float* red, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
     int first = (u.x * nwarps + warp) * p.rows_per_warp;
@@ -74,7 +74,7 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
         while (m < p.n_w - 1 && rr >= p.rows[m]) { rr -= p.rows[m]; m++; }
         prefetch_row(p.w[m], (u64)rr, lane);
     }
-    if (pdl) pdl_start();
+    pdl_start();
     mv_input(p, xs, red, u);
     for (int r = first; r < first + p.rows_per_warp && r < total; r++) {
         int m = 0, rr = r;
@@ -87,30 +87,30 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
     }
 }
 
-// One block's rows. `pdl`: standalone launch (wait for the predecessor grid after staging).
-__device__ __forceinline__ void matvec_unit(const MatvecParams& p, float* smem, Unit u, bool pdl) {
+// One block's rows; the staged modes load their weights before waiting for the predecessor.
+__device__ __forceinline__ void matvec_unit(const MatvecParams& p, float* smem, Unit u) {
     float* red = smem;            // [33]
     float* xs = smem + 36;        // padded [k], 16-byte aligned
     switch (p.mode) {
-        case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, xs, red, u, pdl); return;
-        case MV_Q4_0_2: mv_staged<2, Q4_0Rows<2, 2>>(p, xs, red, u, pdl); return;
-        case MV_Q4_0_4: mv_staged<1, Q4_0Rows<1, 4>>(p, xs, red, u, pdl); return;
-        case MV_Q4_K_1: mv_staged<2, Q4_KRows<2, 1>>(p, xs, red, u, pdl); return;
-        case MV_Q4_K_2: mv_staged<1, Q4_KRows<1, 2>>(p, xs, red, u, pdl); return;
-        default: mv_generic(p, xs, red, u, pdl); return;
+        case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, xs, red, u); return;
+        case MV_Q4_0_2: mv_staged<2, Q4_0Rows<2, 2>>(p, xs, red, u); return;
+        case MV_Q4_0_4: mv_staged<1, Q4_0Rows<1, 4>>(p, xs, red, u); return;
+        case MV_Q4_K_1: mv_staged<2, Q4_KRows<2, 1>>(p, xs, red, u); return;
+        case MV_Q4_K_2: mv_staged<1, Q4_KRows<1, 2>>(p, xs, red, u); return;
+        default: mv_generic(p, xs, red, u); return;
     }
 }
 
 extern "C" __global__ void matvec(const MatvecParams p) {
     extern __shared__ __align__(16) float smem[];
-    matvec_unit(p, smem, this_unit(), true);
+    matvec_unit(p, smem, this_unit());
 }
 
 // The generic mode alone, held to 3 blocks per SM: the staged modes' registers (124) would
 // leave it 2, and the Q6_K head of Q4_K_M (~4,700 blocks of compute-heavy rows) runs here.
 extern "C" __global__ void __launch_bounds__(256, 3) matvec_generic(const MatvecParams p) {
     extern __shared__ __align__(16) float smem[];
-    mv_generic(p, smem + 36, smem, this_unit(), true);
+    mv_generic(p, smem + 36, smem, this_unit());
 }
 
 // Embedding look-up of the step's token: x = row `state.token` of the embedding matrix.

@@ -106,7 +106,7 @@ struct RouterParams {
 
 // grid ceil(n_expert / warps), 128 threads (router rows over more SMs: one round trip each),
 // dynamic smem (36 + k + n_expert + 4) floats.
-__device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* smem, Unit u, bool pdl) {
+__device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* smem, Unit u) {
     float* red = smem;
     float* xs = smem + 36;  // 16-byte aligned, unpadded
     float* pr = xs + p.k;   // [n_expert] top-k scratch
@@ -118,7 +118,7 @@ __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* s
 #pragma unroll
     for (int j = 0; j < 16; j++)
         if (j < nq) wv[j] = wr[lane + 32 * j];
-    if (pdl) pdl_start();
+    pdl_start();
     load_x_fast<false>(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);  // k % 128 == 0, <= 2048
     if (u.x == 0)
         for (int i = threadIdx.x; i < p.k; i += blockDim.x) ((float*)p.xn_out)[i] = xs[i];
@@ -144,7 +144,7 @@ __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* s
 
 extern "C" __global__ void router_topk(const RouterParams p) {
     extern __shared__ __align__(16) float smem[];
-    router_topk_unit(p, smem, this_unit(), true);
+    router_topk_unit(p, smem, this_unit());
 }
 
 struct GateUpParams {
@@ -223,12 +223,12 @@ struct DownParams {
                  // 4/5/6 Q4_K (items <= 32/96/128, 1 row per warp)
 };
 
-// Stages the slot weights and h (padded: XS floats per 32 values) in shared memory, float4
-// loads issued LOAD_V * 2 at a time per thread (d_ff is a multiple of 32).
-__device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen, float* sw) {
-    int dff = p.down.k, nv = p.n_used * dff >> 2;
-    if (threadIdx.x < p.n_used) sw[threadIdx.x] = ((const float*)p.weights)[threadIdx.x];
-    const float4* h4 = (const float4*)p.h;
+// Stages h [n_used, dff] in shared memory padded (XS floats per 32 values, slot s at s * plen),
+// float4 loads issued LOAD_V * 2 at a time per thread (dff is a multiple of 32). Shared by
+// moe_down and the fused step's down phase.
+__device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff, float* hs, int plen) {
+    int nv = n_used * dff >> 2;
+    const float4* h4 = (const float4*)h;
     for (int base = 0; base < nv; base += 2 * LOAD_V * blockDim.x) {
         float4 v[2 * LOAD_V];
 #pragma unroll
@@ -245,6 +245,12 @@ __device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen
         }
     }
     __syncthreads();
+}
+
+// The slot weights, then h, in shared memory.
+__device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen, float* sw) {
+    if (threadIdx.x < p.n_used) sw[threadIdx.x] = ((const float*)p.weights)[threadIdx.x];
+    stage_slots((const float*)p.h, p.n_used, p.down.k, hs, plen);
 }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
