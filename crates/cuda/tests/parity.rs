@@ -63,19 +63,27 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
-fn run(cfg: Config, q: SynthQuant) {
-    if let Err(why) = q4moe_cuda::cuda_available() {
-        eprintln!("skipping CUDA parity test: {why}");
-        return;
+fn no_gpu() -> bool {
+    match q4moe_cuda::cuda_available() {
+        Ok(_) => false,
+        Err(why) => {
+            eprintln!("skipping CUDA parity test: {why}");
+            true
+        }
     }
-    let dir = tempfile::tempdir().unwrap();
-    let m = model(&cfg, q, &dir);
-    let prompt: Vec<u32> = (0..12)
+}
+
+fn test_prompt(len: u32, cfg: &Config) -> Vec<u32> {
+    (0..len)
         .map(|i| (i * 37 + 5) % cfg.vocab_size as u32)
-        .collect();
+        .collect()
+}
+
+/// The CPU reference and the CUDA backend (default options, KV capacity CAP) over one model.
+fn backends(m: &Arc<Model>) -> (CpuBackend, CudaBackend) {
     // The exact f32 path: the default Q8-activation path is itself ~1e-2 off (crates/cpu).
-    let mut cpu = CpuBackend::with_precision(m.clone(), CAP, Precision::Exact);
-    let mut gpu = CudaBackend::new(
+    let cpu = CpuBackend::with_precision(m.clone(), CAP, Precision::Exact);
+    let gpu = CudaBackend::new(
         m.clone(),
         CudaOptions {
             kv_capacity: CAP,
@@ -83,6 +91,17 @@ fn run(cfg: Config, q: SynthQuant) {
         },
     )
     .unwrap();
+    (cpu, gpu)
+}
+
+fn run(cfg: Config, q: SynthQuant) {
+    if no_gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(&cfg, q, &dir);
+    let prompt = test_prompt(12, &cfg);
+    let (mut cpu, mut gpu) = backends(&m);
     let lc = cpu.prefill(1, &prompt, true).unwrap();
     let lg = gpu.prefill(1, &prompt, true).unwrap();
     assert_eq!(lc.len(), lg.len());
@@ -210,25 +229,14 @@ fn missing_cuda_is_a_clear_error() {
 /// (fused.cu INLINE_CHUNKS): a 300-token prompt takes that path; the launch path must agree.
 #[test]
 fn tiny_long_context() {
-    if let Err(why) = q4moe_cuda::cuda_available() {
-        eprintln!("skipping CUDA parity test: {why}");
+    if no_gpu() {
         return;
     }
     let cfg = Config::tiny();
     let dir = tempfile::tempdir().unwrap();
     let m = model(&cfg, SynthQuant::Q4_0, &dir);
-    let prompt: Vec<u32> = (0..300)
-        .map(|i| (i * 37 + 5) % cfg.vocab_size as u32)
-        .collect();
-    let mut cpu = CpuBackend::with_precision(m.clone(), CAP, Precision::Exact);
-    let mut gpu = CudaBackend::new(
-        m.clone(),
-        CudaOptions {
-            kv_capacity: CAP,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let prompt = test_prompt(300, &cfg);
+    let (mut cpu, mut gpu) = backends(&m);
     gpu.set_fused_step(true);
     let lc = cpu.prefill(1, &prompt, false).unwrap();
     let lg = gpu.prefill(1, &prompt, false).unwrap();
