@@ -48,7 +48,7 @@ extern "C" __global__ void qk_norm_rope(const RopeParams p) {
 }
 
 // Small chunks: each block's loop over positions is latency-bound, so many short blocks win.
-#define ATT_CHUNK 64
+#define ATT_CHUNK 32
 struct AttnParams {
     u64 q;        // const float* [q_dim]
     u64 k_cache;  // const float* [capacity, kv_dim]

@@ -65,7 +65,7 @@ pub struct RopeParams {
 }
 
 /// Positions per attention chunk (`ATT_CHUNK` in attention.cu).
-pub const ATT_CHUNK: usize = 64;
+pub const ATT_CHUNK: usize = 32;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
