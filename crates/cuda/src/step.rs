@@ -550,15 +550,16 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
     ));
 }
 
-/// (mode, rows per warp) of `moe_gate_up`: gate and up of one type, staged two rows a warp.
+/// (mode, rows per warp) of `moe_gate_up`: gate and up of one type, staged (k <= 1024: two rows
+/// a warp; k <= 2048: one, at most 4 staged pieces a lane as in `mv_mode`).
 fn gate_up_mode(lw: &crate::weights::LayerW, k: usize) -> (i32, usize) {
     if legacy() || lw.gate.ty != lw.up.ty {
         return (0, 1);
     }
     match lw.gate.ty {
         T_Q4_0 if k % 32 == 0 && k <= 1024 => (1, 2),
-        T_Q4_0 if k % 32 == 0 && k <= 2048 => (2, 2),
-        T_Q4_K if k % 256 == 0 && k <= 2048 => (4, 2),
+        T_Q4_0 if k % 32 == 0 && k <= 2048 => (2, 1),
+        T_Q4_K if k % 256 == 0 && k <= 2048 => (4, 1),
         _ => (0, 1),
     }
 }
