@@ -10,7 +10,7 @@
 #                 parity is not kept.
 #   sanitize      compute-sanitizer memcheck + racecheck on the tiny Q4_0 parity test.
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches,
-#                 the graph with programmatic dependent launch, the fused step.
+#                 the graph with programmatic dependent launch (the default), the fused step.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
 #                 parity test, then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
 #                 and on Q4_0 with the fused step.
@@ -27,13 +27,14 @@ mkdir -p "$OUT"
 export Q4MOE_NO_PROGRESS=1
 steps=${*:-tests bench:q4_0 bench:q4_k_m}
 bin() { ls -t target/release/deps/$1-* 2>/dev/null | grep -v '\.d$' | head -1; }
-Q=target/release/q4moe
+Q=${Q:-target/release/q4moe}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
 ok=1
 model() {  # writes the synthetic model once per call
   [ -f /tmp/$1.gguf ] || timeout 120 $Q synth --geometry qwen3-30b-a3b --quant "$1" --seed 1 --out /tmp/$1.gguf >/dev/null 2>&1
 }
 summary=""
+say() { echo "$1"; summary+="$1\n"; }  # printed as it happens (a timed-out call keeps it)
 for s in $steps; do
   case $s in
     tests)
@@ -41,13 +42,13 @@ for s in $steps; do
         echo "== $t"; timeout 300 "$(bin $t)" --test-threads=1 --nocapture 2>&1 || { ok=0; echo "!! $t FAILED"; }
       done > "$OUT/tests.log" 2>&1
       grep -E "relative logit error|agree on|test result|FAILED|panicked" "$OUT/tests.log" | sort | uniq -c | tail -20
-      summary+="tests: $([ $ok = 1 ] && echo PASS || echo FAIL)\n"
+      say "tests: $([ $ok = 1 ] && echo PASS || echo FAIL)"
       if [ $ok = 0 ]; then
         # Bisect by path; the benches then run with the first configuration that passes.
         for env in Q4MOE_CUDA_NO_GQA=1 Q4MOE_CUDA_LEGACY=1; do
           r=$(env $env timeout 200 "$(bin parity)" --test-threads=1 2>&1 | grep -E "^test result")
-          echo "bisect [$env]: $r"; summary+="bisect [$env]: $r\n"
-          if [[ $r == *" 0 failed"* ]]; then export $env; ok=1; summary+="benches run with $env\n"; break; fi
+          say "bisect [$env]: $r"
+          if [[ $r == *" 0 failed"* ]]; then export $env; ok=1; say "benches run with $env"; break; fi
         done
       fi ;;
     sanitize)
@@ -59,23 +60,23 @@ for s in $steps; do
       [ $ok = 1 ] || continue
       q=q4_0; [[ $s == ab:* ]] && q=${s#ab:}
       model $q
-      for env in Q4MOE_CUDA_FUSED=0 Q4MOE_CUDA_PDL=1 Q4MOE_CUDA_FUSED=1; do
+      for env in Q4MOE_CUDA_PDL=0 Q4MOE_CUDA_PDL=1 Q4MOE_CUDA_FUSED=1; do
         r=$(env $env timeout 120 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
               --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
-        echo "ab $q [$env]: $r"; summary+="ab $q [$env]: $r\n"
+        say "ab $q [$env]: $r"
       done ;;
     variants)
       model q4_0; model q4_k_m
       for d in variants/*/; do
         n=$(basename "$d")
         r=$(timeout 200 "$d/parity" --test-threads=1 2>&1 | grep -E "^test result")
-        summary+="variant $n: parity [$r]\n"
+        say "variant $n: parity [$r]"
         [[ $r == *" 0 failed"* ]] || continue
         for run in "q4_0 0" "q4_k_m 0" "q4_0 1"; do
           set -- $run
           b=$(Q4MOE_CUDA_FUSED=$2 timeout 120 "$d/q4moe" bench --model /tmp/$1.gguf --device cuda --prompt-len 128 \
                 --decode-len 256 --runs 3 --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
-          summary+="variant $n $1 fused=$2: $b\n"
+          say "variant $n $1 fused=$2: $b"
         done
       done ;;
     ncu)
@@ -110,7 +111,7 @@ for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
       timeout 300 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 5 \
         --long-context $long $prof --sampled --json-out "$OUT/bench-$q.json" > "$OUT/bench-$q.log" 2>&1
       tail -45 "$OUT/bench-$q.log"
-      summary+="bench $q: $(grep -E 'cache on, in-flight 2' "$OUT/bench-$q.log" | head -1)\n" ;;
+      say "bench $q: $(grep -E 'cache on, in-flight 2' "$OUT/bench-$q.log" | head -1)" ;;
   esac
 done
 echo "== summary"; printf "$summary"

@@ -101,8 +101,9 @@ pub struct Device {
     funcs: Vec<sys::CUfunction>,
     _module: sys::CUmodule,
     pub name: String,
-    /// Launch with programmatic stream serialisation (sm_90+; kernels call griddepcontrol).
-    /// On with Q4MOE_CUDA_PDL=1 (A/B measurements); off by default.
+    /// Launch with programmatic stream serialisation (sm_90+; kernels call griddepcontrol), so a
+    /// kernel's weights load while its predecessor finishes. On by default; Q4MOE_CUDA_PDL=0
+    /// turns it off (A/B measurements).
     pdl: bool,
 }
 
@@ -142,8 +143,9 @@ impl Device {
                 };
             }
         }
-        // Off by default: measured slower (258.7 vs 271.3 tok/s Q4_0, v5) — see NOTES.md.
-        let pdl = maj >= 9 && std::env::var_os("Q4MOE_CUDA_PDL").is_some();
+        // v5 measured it slower (258.7 vs 271.3 tok/s Q4_0); with v10's smaller kernels it is
+        // faster (385.7 vs 371.2, session 5) — see NOTES.md.
+        let pdl = maj >= 9 && std::env::var("Q4MOE_CUDA_PDL").map_or(true, |v| v != "0");
         Ok(Device {
             ctx,
             stream,
@@ -228,7 +230,8 @@ impl Device {
         let mut args = [l.params.as_ptr() as *mut c_void];
         // SAFETY: the params bytes mirror the kernel's struct; every pointer in them is a live
         // device allocation owned by the backend for as long as launches may run.
-        if !self.pdl {
+        // The fused step never calls griddepcontrol.wait, so it must not start early.
+        if !self.pdl || matches!(l.kernel, Kernel::StepFused) {
             unsafe {
                 result::launch_kernel(f, l.grid, (l.block, 1, 1), l.smem, self.stream, &mut args)?
             };
