@@ -14,6 +14,7 @@
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
 #                 parity test, then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
 #                 and on Q4_0 with the fused step.
+#   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
 #                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
@@ -78,6 +79,15 @@ for s in $steps; do
                 --decode-len 256 --runs 3 --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
           say "variant $n $1 fused=$2: $b"
         done
+      done ;;
+    omit)
+      # Each layer kernel's cost inside the graph: the step without it (Q4MOE_CUDA_OMIT; wrong
+      # output, timing only), Q4_0, cache on, in-flight 2, 3 runs.
+      model q4_0
+      for k in none qkv attn_gqa o_proj router_topk moe_gate_up moe_down; do
+        r=$(Q4MOE_CUDA_OMIT=$k timeout 120 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 256 \
+              --runs 3 --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
+        say "omit $k: $r"
       done ;;
     ncu)
       model q4_0

@@ -147,7 +147,8 @@ extern "C" __global__ void attn_combine(const AttnParams p) {
 // (KV head, chunk) serves all G <= 8 query heads of the group, so K/V are read once. 8 warps; a
 // warp owns positions w, w+8, .. of the chunk (its K and V rows are loaded in one go, a lane
 // holds 4 dims), queries live in shared memory, heads past G are zero padding. Partials use
-// attn_split's layout, so attn_combine merges them unchanged.
+// attn_split's layout; the last chunk of a KV head to finish merges them (attn_gqa_merge), so
+// the launch path needs no attn_combine.
 struct AttnGqaParams {
     u64 qkv;      // const float* [q_dim + 2*kv_dim] (raw projections)
     u64 q_norm;   // const float* [head_dim]
@@ -156,6 +157,8 @@ struct AttnGqaParams {
     u64 v_cache;
     u64 part;     // float* [n_head, n_split, head_dim + 2]
     u64 state;    // const StepState*
+    u64 out;      // float* [q_dim] (attn_gqa only)
+    u64 done;     // u32* [n_kv_head] chunks finished, 0 between launches (attn_gqa only)
     int n_head;
     int n_kv_head;
     int head_dim; // multiple of 64, <= 128
@@ -204,8 +207,9 @@ struct GqaSmem {
     __align__(16) float red[8][8][128];
 };
 
-// grid (n_kv_head, n_split), 256 threads.
-__device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u) {
+// grid (n_kv_head, n_split), 256 threads. With `pdl` the K/V rows (written by earlier steps,
+// so immutable now) load before pdl_wait.
+__device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u, bool pdl) {
     float (&qs)[8][128] = sm.qs;
     float* knew = sm.knew;
     float* vnew = sm.vnew;
@@ -215,7 +219,8 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     int kvh = u.x, s = u.y, hd = p.head_dim;
     int G = p.n_head / p.n_kv_head, kv_dim = p.n_kv_head * hd, q_dim = p.n_head * hd;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32 pos = ((const StepState*)p.state)->pos;
+    // Read before pdl_wait: from L2 (ld.cg), never a line an earlier kernel left in L1.
+    u32 pos = __ldcg(&((const StepState*)p.state)->pos);
     int len = (int)pos + 1;
     int start = s * ATT_CHUNK, end = min(start + ATT_CHUNK, len);
     if (start >= len) {
@@ -240,10 +245,11 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
         kr[i] = make_float4(0.f, 0.f, 0.f, 0.f);
         vr[i] = kr[i];
         if (t < end && dl && t != (int)pos) {
-            kr[i] = *(const float4*)(kc + (u64)t * kv_dim + lane * 4);
-            vr[i] = *(const float4*)(vc + (u64)t * kv_dim + lane * 4);
+            kr[i] = __ldcg((const float4*)(kc + (u64)t * kv_dim + lane * 4));
+            vr[i] = __ldcg((const float4*)(vc + (u64)t * kv_dim + lane * 4));
         }
     }
+    if (pdl) pdl_start();
     const float* qkv = (const float*)p.qkv;
     bool has_new = (int)pos >= start && (int)pos < end;
     // Queries of the group (warp g -> head g), zero padding past G; the new K/V by warp 0 / 1
@@ -354,8 +360,51 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     }
 }
 
+// Run by every block after its chunk's partials are written; the block whose count completes
+// the KV head's active chunks merges them with attn_combine's arithmetic per output (same max,
+// then l and acc summed in chunk order), warp g on head g, 4 dims a lane, so one pass of chunk
+// loads serves 4 outputs and 8 chunks' loads are in flight at once.
+__device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, int kvh, int n_act) {
+    __shared__ int last;
+    __threadfence();  // this block's partials visible before its count
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32* cnt = (u32*)p.done + kvh;
+        last = atomicAdd(cnt, 1u) == (u32)n_act - 1;
+        if (last) *cnt = 0;  // every active chunk has counted
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    int G = p.n_head / p.n_kv_head, hd = p.head_dim, g = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (g >= G) return;
+    int h = kvh * G + g;
+    const float* base = (const float*)p.part + (u64)h * p.n_split * (hd + 2);
+    float m = -INFINITY;
+    for (int s = lane; s < n_act; s += 32) m = fmaxf(m, __ldcg(base + s * (hd + 2)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+    float l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 8
+    for (int s = 0; s < n_act; s++) {
+        const float* pt = base + s * (hd + 2);
+        float f = expf(__ldcg(pt) - m);
+        l += f * __ldcg(pt + 1);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (lane + 32 * j < hd) acc[j] += f * __ldcg(pt + 2 + lane + 32 * j);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (lane + 32 * j < hd) ((float*)p.out)[h * hd + lane + 32 * j] = acc[j] / l;
+}
+
 extern "C" __global__ void attn_gqa(const AttnGqaParams p) {
     __shared__ GqaSmem sm;
-    pdl_start();
-    attn_gqa_unit(p, sm, this_unit());
+    Unit u = this_unit();
+    int len = (int)__ldcg(&((const StepState*)p.state)->pos) + 1;
+    int n_act = min(p.n_split, (len + ATT_CHUNK - 1) / ATT_CHUNK);
+    if (u.y >= n_act) return;  // no position here; the merge reads active chunks only
+    attn_gqa_unit(p, sm, u, true);
+    attn_gqa_merge(p, u.x, n_act);
 }

@@ -248,8 +248,11 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
     __syncthreads();
 }
 
-// The slot weights, then h, in shared memory.
+// The slot weights, then h, in shared memory, once the predecessor (moe_gate_up, which writes
+// h) has finished. Its own predecessor wrote the expert ids, so the staged paths read ids and
+// issue their weight loads before this.
 __device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen, float* sw) {
+    pdl_start();
     if (threadIdx.x < p.n_used) sw[threadIdx.x] = ((const float*)p.weights)[threadIdx.x];
     stage_slots((const float*)p.h, p.n_used, p.down.k, hs, plen);
 }
@@ -271,7 +274,7 @@ __device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int pl
         int f = lane + 32 * j;
         if (f < items) {
             int s = f / nb, b = f - s * nb;
-            u64 e = (u64)ids[s];
+            u64 e = (u64)__ldcg(ids + s);  // before pdl_wait: from L2
 #pragma unroll
             for (int i = 0; i < NR; i++)
                 if (first + i < p.d_model) {
@@ -315,7 +318,7 @@ __device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int pl
         int f = lane + 32 * j;
         if (f < items && r < p.d_model) {
             int c = f & 3, t = f >> 2, s = t / nsb, sb = t - s * nsb;
-            const u8* bp = (const u8*)p.down.data + (((u64)ids[s] * p.d_model + r) * nsb + sb) * 144;
+            const u8* bp = (const u8*)p.down.data + (((u64)__ldcg(ids + s) * p.d_model + r) * nsb + sb) * 144;
             h[j] = *(const uint4*)bp;
             a[j] = *(const uint4*)(bp + 16 + 32 * c);
             b[j] = *(const uint4*)(bp + 32 + 32 * c);
@@ -351,6 +354,7 @@ __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit
             default: down_q4_k<4>(p, smem, plen, sw, u); return;
         }
     }
+    pdl_start();
     for (int s = 0; s < p.n_used; s++)
         for (int i = threadIdx.x; i < dff; i += blockDim.x)
             smem[s * plen + pad_idx(i)] = ((const float*)p.h)[s * dff + i];
@@ -369,6 +373,5 @@ __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit
 
 extern "C" __global__ void moe_down(const DownParams p) {
     extern __shared__ __align__(16) float smem[];
-    pdl_start();
     down_unit(p, smem, this_unit());
 }

@@ -212,6 +212,24 @@ __device__ void sort_candidates(SampleSmem& s) {
         }
 }
 
+// The host's sample_unsorted: weights exp(v - max) below `floor` dropped, one draw over their
+// sum, walked in id order (the candidates' order here).
+__device__ u32 walk_unsorted(const SampleSmem& s, int k, float floor, float u) {
+    float total = 0.f;
+    for (int i = 0; i < k; i++) total += s.pr[i] >= floor ? s.pr[i] : 0.f;
+    float r = u * total;
+    int last = 0;
+    for (int i = 0; i < k; i++) {
+        float w = s.pr[i] >= floor ? s.pr[i] : 0.f;
+        if (w > 0.f) {
+            last = i;
+            r -= w;
+            if (r < 0.f) return s.idx[i];
+        }
+    }
+    return s.idx[last];
+}
+
 // One block of SAMPLE_MAX_K threads.
 extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const SampleParams p) {
     __shared__ SampleSmem s;
@@ -245,9 +263,22 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
     sort_candidates(s);
     int t = threadIdx.x;
     float mx = lg[s.idx[0]] / c.temperature;
+    // No top-k or top-p cut: the host walks the candidates in vocabulary order (sample_unsorted),
+    // so re-sort them by id (equal keys) and walk the same way.
+    bool unsorted = c.top_p >= 1.f && c.top_k >= (int)s.n_finite;
+    if (unsorted) {
+        __syncthreads();
+        s.key[t] = 0;
+        sort_candidates(s);
+    }
     if (t < k) s.pr[t] = (float)exp((double)(lg[s.idx[t]] / c.temperature - mx));
     __syncthreads();
     if (t != 0) return;
+    if (unsorted) {
+        st->token = walk_unsorted(s, k, fmaxf(c.min_p, 0.f), next_f32((u64*)p.rng));
+        st->pos += 1;
+        return;
+    }
     // Sequential in sorted order, exactly as the host sums and walks.
     float sum = 0.f;
     for (int i = 0; i < k; i++) sum += s.pr[i];

@@ -163,6 +163,8 @@ pub struct AttnGqaParams {
     pub v_cache: u64,
     pub part: u64,
     pub state: u64,
+    pub out: u64,
+    pub done: u64,
     pub n_head: i32,
     pub n_kv_head: i32,
     pub head_dim: i32,
@@ -171,7 +173,7 @@ pub struct AttnGqaParams {
     pub eps: f32,
     pub theta: f32,
 }
-const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 88);
+const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 104);
 
 /// `LayerDesc` in fused.cu: one layer's weights and KV slices for the fused step.
 #[repr(C)]

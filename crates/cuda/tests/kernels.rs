@@ -130,7 +130,8 @@ fn argmax_matches_host_with_ties_and_nan() {
 }
 
 /// The device sampler draws exactly the host sampler's tokens (same seed, same draw sequence):
-/// several settings, a small and the full Qwen3 vocabulary, exact ties and non-finite logits.
+/// several settings (with and without a top-k/top-p cut), a small and the full Qwen3 vocabulary,
+/// exact ties and non-finite logits.
 #[test]
 fn sampler_matches_host_sampler() {
     let Some(dev) = device() else { return };
@@ -141,6 +142,8 @@ fn sampler_matches_host_sampler() {
         (1.3, 1024, 1.0, 0.0),
         (0.6, 50, 0.8, 0.05),
         (2.0, 300, 1.0, 0.2),
+        // no cut at n = 700: the host's vocabulary-order walk, with a min-p floor
+        (1.1, 1024, 1.0, 0.1),
     ];
     for n in [700, 151936] {
         let mut lg = randn(&mut rng, n, 3.0);
