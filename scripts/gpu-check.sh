@@ -10,7 +10,9 @@
 #                 parity is not kept.
 #   sanitize      compute-sanitizer memcheck + racecheck on the tiny Q4_0 parity test.
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches,
-#                 the graph with programmatic dependent launch (the default), the fused step.
+#                 the graph with programmatic dependent launch (the default), the fused step;
+#                 AB_ENVS="A=1 B=2" times those settings instead.
+#   parity:<V=x>  the CPU-parity tests with environment setting V=x.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
 #                 parity test, then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
 #                 and on Q4_0 with the fused step.
@@ -61,11 +63,15 @@ for s in $steps; do
       [ $ok = 1 ] || continue
       q=q4_0; [[ $s == ab:* ]] && q=${s#ab:}
       model $q
-      for env in Q4MOE_CUDA_PDL=0 Q4MOE_CUDA_PDL=1 Q4MOE_CUDA_FUSED=1; do
+      for env in ${AB_ENVS:-Q4MOE_CUDA_PDL=0 Q4MOE_CUDA_PDL=1 Q4MOE_CUDA_FUSED=1}; do
         r=$(env $env timeout 120 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
               --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
         say "ab $q [$env]: $r"
       done ;;
+    parity:*)
+      # The CPU-parity tests under one setting, e.g. parity:Q4MOE_CUDA_TOPK=experts.
+      r=$(env ${s#parity:} timeout 200 "$(bin parity)" --test-threads=1 2>&1 | grep -E "^test result|panicked")
+      say "parity [${s#parity:}]: $r" ;;
     variants)
       model q4_0; model q4_k_m
       for d in variants/*/; do

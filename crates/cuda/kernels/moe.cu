@@ -94,7 +94,7 @@ struct RouterParams {
     u64 norm;     // const float* [k]
     u64 xn_out;   // float* [k] normalised input (block 0 writes it)
     u64 logits;   // float* [n_expert]
-    u64 ids;      // int* [n_used]
+    u64 ids;      // int* [n_used], or 0: logits only (no top-k here)
     u64 weights;  // float* [n_used]
     u64 counter;  // int*, 0 between launches
     int n_expert;
@@ -132,6 +132,7 @@ __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* s
         }
     acc = warp_sum(acc);
     if (lane == 0 && row < p.n_expert) ((float*)p.logits)[row] = acc;
+    if (!p.ids) return;  // the experts' kernels take the top-k themselves (TopkSrc)
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) *is_last = atomicAdd((int*)p.counter, 1) == u.nx - 1;
@@ -147,20 +148,51 @@ extern "C" __global__ void router_topk(const RouterParams p) {
     router_topk_unit(p, smem, this_unit());
 }
 
+// Where the experts' kernels find the selected experts. With `logits` set, every block runs
+// topk_block on the router's logits itself (the ids and weights router_topk's last block would
+// write), so the router needs no completion count and no last-block pass on the critical path;
+// else the ids and weights router_topk / moe_topk wrote.
+struct TopkSrc {
+    u64 logits;   // const float* [n_expert], or 0
+    u64 ids;      // const int* [n_used]
+    u64 weights;  // const float* [n_used]
+    int n_expert;
+    int n_used;   // <= 32
+    int norm_topk;
+    int scratch;  // float offset of the block's (68 + n_expert)-float top-k scratch in smem
+};
+
+// The block's experts into shared memory (weights at `ws`, ids at `ids`); ends with
+// __syncthreads. Global reads go through L2: moe_down calls this before pdl_wait.
+__device__ __forceinline__ void block_experts(const TopkSrc& t, float* smem, int*& ids, float*& ws) {
+    float* base = smem + t.scratch;
+    ws = base;
+    ids = (int*)(base + 32);
+    if (t.logits) {
+        topk_block((const float*)t.logits, t.n_expert, t.n_used, t.norm_topk, ids, ws, base + 68, base + 64);
+        return;
+    }
+    if (threadIdx.x < t.n_used) {
+        ids[threadIdx.x] = __ldcg((const int*)t.ids + threadIdx.x);
+        ws[threadIdx.x] = __ldcg((const float*)t.weights + threadIdx.x);
+    }
+    __syncthreads();
+}
+
 struct GateUpParams {
     QW gate;     // rows of all experts: expert e's row r is row e*d_ff + r
     QW up;
     u64 xn;      // const float* [d_model], already normalised
-    u64 ids;     // const int* [n_used]
     u64 h;       // float* [n_used, d_ff]
+    TopkSrc topk;
     int d_ff;
     int rows_per_warp;
     int mode;    // 0 generic; 1/2 Q4_0 with k <= 1024/2048; 4 Q4_K with k <= 2048 (2 rows per warp)
 };
 
 template <int NR, class Rows>
-__device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs, Unit u) {
-    int slot = u.y, e = ((const int*)p.ids)[slot];
+__device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs, int e, Unit u) {
+    int slot = u.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int first = (u.x * nwarps + warp) * NR;
     long long rows[NR];
@@ -185,14 +217,17 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs,
 
 // grid (ceil(d_ff / rows per block), n_used).
 __device__ __forceinline__ void gate_up_unit(const GateUpParams& p, float* xs, Unit u) {
+    int* ids;
+    float* ws;
+    block_experts(p.topk, xs, ids, ws);
+    int slot = u.y, e = ids[slot];
     switch (p.mode) {
-        case 1: gate_up_staged<2, Q4_0Rows<2, 1>>(p, xs, u); return;
-        case 2: gate_up_staged<1, Q4_0Rows<1, 2>>(p, xs, u); return;
-        case 4: gate_up_staged<1, Q4_KRows<1, 1>>(p, xs, u); return;
+        case 1: gate_up_staged<2, Q4_0Rows<2, 1>>(p, xs, e, u); return;
+        case 2: gate_up_staged<1, Q4_0Rows<1, 2>>(p, xs, e, u); return;
+        case 4: gate_up_staged<1, Q4_KRows<1, 1>>(p, xs, e, u); return;
         default: break;
     }
     load_x(xs, (const float*)p.xn, p.gate.k, 0, 0.f, 0);
-    int slot = u.y, e = ((const int*)p.ids)[slot];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int first = (u.x * nwarps + warp) * p.rows_per_warp;
     for (int r = first; r < first + p.rows_per_warp && r < p.d_ff; r++) {
@@ -214,9 +249,8 @@ extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up(const GateUpPar
 struct DownParams {
     QW down;     // expert e's row r is row e*d_model + r; k = d_ff
     u64 h;       // const float* [n_used, d_ff]
-    u64 ids;     // const int* [n_used]
-    u64 weights; // const float* [n_used]
     u64 x;       // float* [d_model], residual stream (+=)
+    TopkSrc topk;
     int d_model;
     int n_used;
     int rows_per_warp;
@@ -248,23 +282,21 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
     __syncthreads();
 }
 
-// The slot weights, then h, in shared memory, once the predecessor (moe_gate_up, which writes
-// h) has finished. Its own predecessor wrote the expert ids, so the staged paths read ids and
+// h in shared memory, once the predecessor (moe_gate_up, which writes h) has finished. Its own
+// predecessor wrote the router's results, so down_unit takes the experts and the staged paths
 // issue their weight loads before this.
-__device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen, float* sw) {
+__device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen) {
     pdl_start();
-    if (threadIdx.x < p.n_used) sw[threadIdx.x] = ((const float*)p.weights)[threadIdx.x];
     stage_slots((const float*)p.h, p.n_used, p.down.k, hs, plen);
 }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
 // all slots' loads are in flight at once. Q4_0 piece f: slot f / nb, block f % nb.
 template <int NR, int CH>
-__device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int plen, float* sw, Unit u) {
+__device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int plen, const int* ids, const float* sw, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int first = (u.x * nwarps + warp) * NR;
     int nb = p.down.k >> 5, items = p.n_used * nb;
-    const int* ids = (const int*)p.ids;
     const uint4* qs = (const uint4*)p.down.data;
     const u16* ds = (const u16*)p.down.scales;
     uint4 q[NR][CH];
@@ -274,7 +306,7 @@ __device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int pl
         int f = lane + 32 * j;
         if (f < items) {
             int s = f / nb, b = f - s * nb;
-            u64 e = (u64)__ldcg(ids + s);  // before pdl_wait: from L2
+            u64 e = (u64)ids[s];
 #pragma unroll
             for (int i = 0; i < NR; i++)
                 if (first + i < p.d_model) {
@@ -284,7 +316,7 @@ __device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int pl
                 }
         }
     }
-    stage_h(p, hs, plen, sw);
+    stage_h(p, hs, plen);
     float acc[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) acc[i] = 0.f;
@@ -307,24 +339,23 @@ __device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int pl
 
 // Q4_K piece f: quarter f & 3 of super-block t % nsb of slot t / nsb, t = f >> 2.
 template <int CH>
-__device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int plen, float* sw, Unit u) {
+__device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int plen, const int* ids, const float* sw, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int r = u.x * nwarps + warp;
     int nsb = p.down.k >> 8, items = p.n_used * nsb * 4;
-    const int* ids = (const int*)p.ids;
     uint4 h[CH], a[CH], b[CH];
 #pragma unroll
     for (int j = 0; j < CH; j++) {
         int f = lane + 32 * j;
         if (f < items && r < p.d_model) {
             int c = f & 3, t = f >> 2, s = t / nsb, sb = t - s * nsb;
-            const u8* bp = (const u8*)p.down.data + (((u64)__ldcg(ids + s) * p.d_model + r) * nsb + sb) * 144;
+            const u8* bp = (const u8*)p.down.data + (((u64)ids[s] * p.d_model + r) * nsb + sb) * 144;
             h[j] = *(const uint4*)bp;
             a[j] = *(const uint4*)(bp + 16 + 32 * c);
             b[j] = *(const uint4*)(bp + 32 + 32 * c);
         }
     }
-    stage_h(p, hs, plen, sw);
+    stage_h(p, hs, plen);
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < CH; j++) {
@@ -338,20 +369,22 @@ __device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int pl
     if (lane == 0 && r < p.d_model) ((float*)p.x)[r] += v;
 }
 
-// grid ceil(d_model / rows per block); dynamic smem n_used * plen + 16 floats (h, then the
-// slot weights). Generic mode sums the slots in order.
+// grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the top-k
+// scratch (TopkSrc::scratch). Generic mode sums the slots in order.
 __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit u) {
     int dff = p.down.k, plen = padded_len(dff) - XS;  // d_ff is a multiple of 32
-    float* sw = smem + p.n_used * plen;
+    int* ids;
+    float* ws;
+    block_experts(p.topk, smem, ids, ws);  // before pdl_wait: the router ran two launches ago
     if (p.mode != 0) {
         // The staged paths issue their weight loads first, then stage h (stage_h).
         switch (p.mode) {
-            case 1: down_q4_0<1, 2>(p, smem, plen, sw, u); return;
-            case 2: down_q4_0<1, 6>(p, smem, plen, sw, u); return;
-            case 3: down_q4_0<1, 8>(p, smem, plen, sw, u); return;
-            case 4: down_q4_k<1>(p, smem, plen, sw, u); return;
-            case 5: down_q4_k<3>(p, smem, plen, sw, u); return;
-            default: down_q4_k<4>(p, smem, plen, sw, u); return;
+            case 1: down_q4_0<1, 2>(p, smem, plen, ids, ws, u); return;
+            case 2: down_q4_0<1, 6>(p, smem, plen, ids, ws, u); return;
+            case 3: down_q4_0<1, 8>(p, smem, plen, ids, ws, u); return;
+            case 4: down_q4_k<1>(p, smem, plen, ids, ws, u); return;
+            case 5: down_q4_k<3>(p, smem, plen, ids, ws, u); return;
+            default: down_q4_k<4>(p, smem, plen, ids, ws, u); return;
         }
     }
     pdl_start();
@@ -363,10 +396,7 @@ __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit
     int first = (u.x * nwarps + warp) * p.rows_per_warp;
     for (int r = first; r < first + p.rows_per_warp && r < p.d_model; r++) {
         float acc = 0.f;
-        for (int s = 0; s < p.n_used; s++) {
-            int e = ((const int*)p.ids)[s];
-            acc += ((const float*)p.weights)[s] * row_dot(p.down, (u64)e * p.d_model + r, smem + s * plen, lane);
-        }
+        for (int s = 0; s < p.n_used; s++) acc += ws[s] * row_dot(p.down, (u64)ids[s] * p.d_model + r, smem + s * plen, lane);
         if (lane == 0) ((float*)p.x)[r] += acc;
     }
 }
