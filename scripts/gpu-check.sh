@@ -8,7 +8,8 @@
 #                 parity is re-run with Q4MOE_CUDA_NO_GQA / LEGACY to bisect, and the benches
 #                 run with the first passing configuration (or are skipped). A speed-up that breaks
 #                 parity is not kept.
-#   sanitize      compute-sanitizer memcheck + racecheck on the tiny Q4_0 parity test.
+#   sanitize      compute-sanitizer memcheck + racecheck (fused step left out) on the tiny Q4_0
+#                 parity test.
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches,
 #                 the graph with programmatic dependent launch (the default), the fused step;
 #                 AB_ENVS="A=1 B=2" times those settings instead.
@@ -55,10 +56,14 @@ for s in $steps; do
         done
       fi ;;
     sanitize)
-      for tool in memcheck racecheck; do
-        echo "== compute-sanitizer $tool (tiny)"
-        timeout 90 compute-sanitizer --tool $tool --print-limit 20 "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -25
-      done | tee "$OUT/sanitizer.log" ;;
+      # memcheck on every variant; racecheck without the fused step (its grid barrier spins
+      # forever when racecheck serialises the blocks).
+      for run in "memcheck " "racecheck Q4MOE_TEST_NO_FUSED=1"; do
+        set -- $run
+        echo "== compute-sanitizer $1 (tiny Q4_0 parity) $2"
+        env $2 timeout 150 compute-sanitizer --tool $1 --print-limit 20 "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -8
+        say "sanitizer $1: rc ${PIPESTATUS[0]}"
+      done 2>&1 | tee "$OUT/sanitizer.log" ;;
     ab|ab:*)
       [ $ok = 1 ] || continue
       q=q4_0; [[ $s == ab:* ]] && q=${s#ab:}
@@ -101,8 +106,9 @@ for s in $steps; do
       args="bench --model /tmp/q4_0.gguf --device cuda --prompt-len 4 --decode-len 8 --runs 1 --in-flight 1"
       Q4MOE_CUDA_FUSED=1 timeout 240 ncu --clock-control none $sec --kernel-name step_fused --launch-skip 6 --launch-count 1 \
         $Q $args --setup-cache on > "$OUT/ncu-fused.txt" 2>&1
-      # Eager: embed + 7 launches a layer + head + arg-max (2) per token; skip 5 tokens and one layer.
-      timeout 240 ncu --clock-control none $sec --launch-skip $((5 * 339 + 8)) --launch-count 10 \
+      # Eager: embed + 6 launches a layer + head + arg-max (2) per token; skip 5 tokens, the
+      # embedding and one layer, then profile one layer's launches.
+      timeout 240 ncu --clock-control none $sec --launch-skip $((5 * (1 + 6 * 48 + 3) + 7)) --launch-count 6 \
         $Q $args --setup-cache off > "$OUT/ncu-layer.txt" 2>&1
       grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-layer.txt" | head -120
       grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-fused.txt" | head -20 ;;

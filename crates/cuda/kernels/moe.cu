@@ -94,7 +94,7 @@ struct RouterParams {
     u64 norm;     // const float* [k]
     u64 xn_out;   // float* [k] normalised input (block 0 writes it)
     u64 logits;   // float* [n_expert]
-    u64 ids;      // int* [n_used], or 0: logits only (no top-k here)
+    u64 ids;      // int* [n_used]
     u64 weights;  // float* [n_used]
     u64 counter;  // int*, 0 between launches
     int n_expert;
@@ -132,7 +132,6 @@ __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* s
         }
     acc = warp_sum(acc);
     if (lane == 0 && row < p.n_expert) ((float*)p.logits)[row] = acc;
-    if (!p.ids) return;  // the experts' kernels take the top-k themselves (TopkSrc)
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) *is_last = atomicAdd((int*)p.counter, 1) == u.nx - 1;
@@ -148,30 +147,20 @@ extern "C" __global__ void router_topk(const RouterParams p) {
     router_topk_unit(p, smem, this_unit());
 }
 
-// Where the experts' kernels find the selected experts. With `logits` set, every block runs
-// topk_block on the router's logits itself (the ids and weights router_topk's last block would
-// write), so the router needs no completion count and no last-block pass on the critical path;
-// else the ids and weights router_topk / moe_topk wrote.
-struct TopkSrc {
-    u64 logits;   // const float* [n_expert], or 0
+// The selected experts, as router_topk / moe_topk wrote them.
+struct Experts {
     u64 ids;      // const int* [n_used]
     u64 weights;  // const float* [n_used]
-    int n_expert;
     int n_used;   // <= 32
-    int norm_topk;
-    int scratch;  // float offset of the block's (68 + n_expert)-float top-k scratch in smem
+    int scratch;  // float offset of 64 floats of the block's dynamic shared memory for them
 };
 
-// The block's experts into shared memory (weights at `ws`, ids at `ids`); ends with
-// __syncthreads. Global reads go through L2: moe_down calls this before pdl_wait.
-__device__ __forceinline__ void block_experts(const TopkSrc& t, float* smem, int*& ids, float*& ws) {
-    float* base = smem + t.scratch;
-    ws = base;
-    ids = (int*)(base + 32);
-    if (t.logits) {
-        topk_block((const float*)t.logits, t.n_expert, t.n_used, t.norm_topk, ids, ws, base + 68, base + 64);
-        return;
-    }
+// The experts' ids and weights into shared memory (weights at `ws`, ids at `ids`), through L2:
+// moe_down reads them before pdl_wait (the router ran two launches before it), so it can issue
+// its expert weight loads while moe_gate_up finishes. Ends with __syncthreads.
+__device__ __forceinline__ void block_experts(const Experts& t, float* smem, int*& ids, float*& ws) {
+    ws = smem + t.scratch;
+    ids = (int*)(ws + 32);
     if (threadIdx.x < t.n_used) {
         ids[threadIdx.x] = __ldcg((const int*)t.ids + threadIdx.x);
         ws[threadIdx.x] = __ldcg((const float*)t.weights + threadIdx.x);
@@ -184,7 +173,7 @@ struct GateUpParams {
     QW up;
     u64 xn;      // const float* [d_model], already normalised
     u64 h;       // float* [n_used, d_ff]
-    TopkSrc topk;
+    Experts experts;
     int d_ff;
     int rows_per_warp;
     int mode;    // 0 generic; 1/2 Q4_0 with k <= 1024/2048; 4 Q4_K with k <= 2048 (2 rows per warp)
@@ -219,7 +208,7 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs,
 __device__ __forceinline__ void gate_up_unit(const GateUpParams& p, float* xs, Unit u) {
     int* ids;
     float* ws;
-    block_experts(p.topk, xs, ids, ws);
+    block_experts(p.experts, xs, ids, ws);
     int slot = u.y, e = ids[slot];
     switch (p.mode) {
         case 1: gate_up_staged<2, Q4_0Rows<2, 1>>(p, xs, e, u); return;
@@ -250,7 +239,7 @@ struct DownParams {
     QW down;     // expert e's row r is row e*d_model + r; k = d_ff
     u64 h;       // const float* [n_used, d_ff]
     u64 x;       // float* [d_model], residual stream (+=)
-    TopkSrc topk;
+    Experts experts;
     int d_model;
     int n_used;
     int rows_per_warp;
@@ -369,13 +358,13 @@ __device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int pl
     if (lane == 0 && r < p.d_model) ((float*)p.x)[r] += v;
 }
 
-// grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the top-k
-// scratch (TopkSrc::scratch). Generic mode sums the slots in order.
+// grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the
+// experts (Experts::scratch). Generic mode sums the slots in order.
 __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit u) {
     int dff = p.down.k, plen = padded_len(dff) - XS;  // d_ff is a multiple of 32
     int* ids;
     float* ws;
-    block_experts(p.topk, smem, ids, ws);  // before pdl_wait: the router ran two launches ago
+    block_experts(p.experts, smem, ids, ws);  // before pdl_wait
     if (p.mode != 0) {
         // The staged paths issue their weight loads first, then stage h (stage_h).
         switch (p.mode) {

@@ -94,20 +94,16 @@ pub struct TopkParams {
     pub norm_topk: i32,
 }
 
-/// `TopkSrc` in moe.cu: where the experts' kernels find the selected experts (the router's
-/// logits, top-k taken by every block, or the ids and weights a top-k pass wrote).
+/// `Experts` in moe.cu: the selected experts' ids and weights, and where a block keeps them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct TopkSrc {
-    pub logits: u64,
+pub struct Experts {
     pub ids: u64,
     pub weights: u64,
-    pub n_expert: i32,
     pub n_used: i32,
-    pub norm_topk: i32,
     pub scratch: i32,
 }
-const _: () = assert!(std::mem::size_of::<TopkSrc>() == 40);
+const _: () = assert!(std::mem::size_of::<Experts>() == 24);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -116,12 +112,12 @@ pub struct GateUpParams {
     pub up: Qw,
     pub xn: u64,
     pub h: u64,
-    pub topk: TopkSrc,
+    pub experts: Experts,
     pub d_ff: i32,
     pub rows_per_warp: i32,
     pub mode: i32,
 }
-const _: () = assert!(std::mem::size_of::<GateUpParams>() == 120);
+const _: () = assert!(std::mem::size_of::<GateUpParams>() == 104);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -129,13 +125,13 @@ pub struct DownParams {
     pub down: Qw,
     pub h: u64,
     pub x: u64,
-    pub topk: TopkSrc,
+    pub experts: Experts,
     pub d_model: i32,
     pub n_used: i32,
     pub rows_per_warp: i32,
     pub mode: i32,
 }
-const _: () = assert!(std::mem::size_of::<DownParams>() == 96);
+const _: () = assert!(std::mem::size_of::<DownParams>() == 80);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

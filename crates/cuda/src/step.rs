@@ -454,9 +454,6 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         && c.d_model <= 2048
         && c.n_expert <= 4096
         && c.n_expert_used <= 32;
-    // Q4MOE_CUDA_TOPK=experts: the router writes logits only and every block of the experts'
-    // kernels takes the top-k itself (A/B; see NOTES.md).
-    let topk_in_experts = fused && std::env::var("Q4MOE_CUDA_TOPK").is_ok_and(|v| v == "experts");
     if fused {
         let r = RouterParams {
             w: lw.router.data,
@@ -464,7 +461,7 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             norm: lw.ffn_norm,
             xn_out: s.xn.ptr,
             logits: s.router.ptr,
-            ids: if topk_in_experts { 0 } else { s.ids.ptr },
+            ids: s.ids.ptr,
             weights: s.topw.ptr,
             counter: s.counter.ptr,
             n_expert: c.n_expert as i32,
@@ -513,25 +510,22 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             0,
         ));
     }
-    let topk = TopkSrc {
-        logits: if topk_in_experts { s.router.ptr } else { 0 },
+    let experts = Experts {
         ids: s.ids.ptr,
         weights: s.topw.ptr,
-        n_expert: c.n_expert as i32,
         n_used: c.n_expert_used as i32,
-        norm_topk: c.norm_topk_prob as i32,
         scratch: 0,
     };
-    let topk_smem = ((68 + c.n_expert) * 4) as u32;
+    let experts_smem = 64 * 4;
     let (gmode, grpw) = gate_up_mode(lw, c.d_model);
     let g = GateUpParams {
         gate: lw.gate,
         up: lw.up,
         xn: s.xn.ptr,
         h: s.h.ptr,
-        topk: TopkSrc {
+        experts: Experts {
             scratch: (smem_x(c.d_model) / 4) as i32,
-            ..topk
+            ..experts
         },
         d_ff: c.d_ff_expert as i32,
         rows_per_warp: grpw as i32,
@@ -548,27 +542,27 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         "moe_gate_up",
         grid,
         THREADS,
-        smem_x(c.d_model) + topk_smem,
+        smem_x(c.d_model) + experts_smem,
         &g,
         used * (lw.slab[0] + lw.slab[1]),
     ));
     let (dmode, drpw) = down_mode(lw, c);
-    // h staged per slot (padded), then the top-k scratch
+    // h staged per slot (padded), then the experts
     let h_floats = c.n_expert_used * (c.d_ff_expert / 32) * 36;
     let d = DownParams {
         down: lw.down,
         h: s.h.ptr,
         x: s.x.ptr,
-        topk: TopkSrc {
+        experts: Experts {
             scratch: h_floats as i32,
-            ..topk
+            ..experts
         },
         d_model: c.d_model as i32,
         n_used: c.n_expert_used as i32,
         rows_per_warp: drpw as i32,
         mode: dmode,
     };
-    let smem = (h_floats * 4) as u32 + topk_smem;
+    let smem = (h_floats * 4) as u32 + experts_smem;
     let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
     out.push(Launch::new(
         Kernel::MoeDown,

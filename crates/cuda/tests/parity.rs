@@ -127,7 +127,10 @@ fn run(cfg: Config, q: SynthQuant) {
         (false, 2, false),
         (true, 2, true),
         (true, 1, true),
-    ] {
+    ]
+    .into_iter()
+    .filter(|v| !v.2 || fused_under_test())
+    {
         gpu.set_setup_cache(cache);
         gpu.set_fused_step(fused);
         gpu.set_in_flight(fl);
@@ -225,6 +228,12 @@ fn missing_cuda_is_a_clear_error() {
     }
 }
 
+/// Off under Q4MOE_TEST_NO_FUSED: compute-sanitizer's racecheck serialises blocks, so the fused
+/// step's grid barrier would spin forever (scripts/gpu-check.sh sanitize).
+fn fused_under_test() -> bool {
+    std::env::var_os("Q4MOE_TEST_NO_FUSED").is_none()
+}
+
 /// Past four 64-position chunks the fused step merges attention chunks in a phase of its own
 /// (fused.cu INLINE_CHUNKS): a 300-token prompt takes that path; the launch path must agree.
 #[test]
@@ -237,7 +246,7 @@ fn tiny_long_context() {
     let m = model(&cfg, SynthQuant::Q4_0, &dir);
     let prompt = test_prompt(300, &cfg);
     let (mut cpu, mut gpu) = backends(&m);
-    gpu.set_fused_step(true);
+    gpu.set_fused_step(fused_under_test());
     let lc = cpu.prefill(1, &prompt, false).unwrap();
     let lg = gpu.prefill(1, &prompt, false).unwrap();
     let e = rel_err(&lg, &lc);
@@ -245,7 +254,7 @@ fn tiny_long_context() {
     assert!(e <= 2e-3, "relative logit error {e}");
     let first = q4moe_model::sampling::argmax(&lc);
     let want = greedy(&mut cpu, 1, first, 32, None);
-    for fused in [true, false] {
+    for fused in [fused_under_test(), false] {
         gpu.set_fused_step(fused);
         gpu.truncate(1, prompt.len());
         let got = greedy(&mut gpu, 1, first, 32, None);
