@@ -158,7 +158,8 @@ struct AttnGqaParams {
     u64 part;     // float* [n_head, n_split, head_dim + 2]
     u64 state;    // const StepState*
     u64 out;      // float* [q_dim] (attn_gqa only)
-    u64 done;     // u32* [n_kv_head] chunks finished, 0 between launches (attn_gqa only)
+    u64 done;     // u32* [n_kv_head + n_head] chunks finished per KV head, then each head's
+                  // maximum key; 0 between launches (attn_gqa only)
     int n_head;
     int n_kv_head;
     int head_dim; // multiple of 64, <= 128
@@ -168,9 +169,32 @@ struct AttnGqaParams {
     float theta;
 };
 
+// RoPE angles of a lane's rotated pairs (i = lane, lane + 32) at `pos`, and its norm weights
+// (dims lane, lane + 32, ..): they depend on pos and weights only, so attn_gqa takes them before
+// pdl_wait.
+struct LaneRope {
+    float c[2], s[2];
+};
+__device__ __forceinline__ LaneRope lane_rope(int hd, u32 pos, float theta) {
+    LaneRope r;
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        if (j < hd >> 6) {
+            float freq = powf(theta, -2.0f * (float)(lane + 32 * j) / (float)hd);
+            sincosf((float)pos * freq, &r.s[j], &r.c[j]);
+        }
+    return r;
+}
+__device__ __forceinline__ void lane_norm(const float* nw, int hd, float (&w)[4]) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 4; j++) w[j] = j < hd >> 5 ? nw[lane + 32 * j] : 0.f;
+}
+
 // Normalises + ropes one head of hd <= 128 values held 4 per lane (lane l: dims l, l+32, ..);
-// `src` raw values, result into dst (shared). One warp.
-__device__ __forceinline__ void gqa_norm_rope(const float* src, const float* nw, float* dst, int hd, u32 pos, float eps, float theta) {
+// `src` raw values, `nw` the lane's norm weights, result into dst (shared). One warp.
+__device__ __forceinline__ void gqa_norm_rope(const float* src, const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float eps) {
     int lane = threadIdx.x & 31, nj = hd >> 5, half = hd >> 1;
     float v[4];
     float ss = 0.f;
@@ -183,15 +207,12 @@ __device__ __forceinline__ void gqa_norm_rope(const float* src, const float* nw,
     float r = rsqrtf(ss / (float)hd + eps);
 #pragma unroll
     for (int j = 0; j < 4; j++)
-        if (j < nj) v[j] = v[j] * r * nw[lane + 32 * j];
+        if (j < nj) v[j] = v[j] * r * nw[j];
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         if (j < nj / 2) {
             int i = lane + 32 * j;
-            float x0 = v[j], x1 = v[j + nj / 2];
-            float freq = powf(theta, -2.0f * (float)i / (float)hd);
-            float s, c;
-            sincosf((float)pos * freq, &s, &c);
+            float x0 = v[j], x1 = v[j + nj / 2], c = rp.c[j], s = rp.s[j];
             dst[i] = x0 * c - x1 * s;
             dst[i + half] = x0 * s + x1 * c;
         }
@@ -249,17 +270,21 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
             vr[i] = __ldcg((const float4*)(vc + (u64)t * kv_dim + lane * 4));
         }
     }
+    LaneRope rp = lane_rope(hd, pos, p.theta);
+    float qn[4], kn[4];
+    lane_norm((const float*)p.q_norm, hd, qn);
+    lane_norm((const float*)p.k_norm, hd, kn);
     if (pdl) pdl_start();
     const float* qkv = (const float*)p.qkv;
     bool has_new = (int)pos >= start && (int)pos < end;
     // Queries of the group (warp g -> head g), zero padding past G; the new K/V by warp 0 / 1
     // of the block whose chunk holds pos (after the queries when G == 8).
-    if (warp < G) gqa_norm_rope(qkv + (kvh * G + warp) * hd, (const float*)p.q_norm, qs[warp], hd, pos, p.eps, p.theta);
+    if (warp < G) gqa_norm_rope(qkv + (kvh * G + warp) * hd, qn, qs[warp], hd, rp, p.eps);
     else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (has_new) {
         if (warp == 0) {
-            gqa_norm_rope(qkv + q_dim + kvh * hd, (const float*)p.k_norm, knew, hd, pos, p.eps, p.theta);
+            gqa_norm_rope(qkv + q_dim + kvh * hd, kn, knew, hd, rp, p.eps);
             __syncwarp();
             for (int d = lane; d < hd; d += 32) ((float*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = knew[d];
         } else if (warp == 1) {
@@ -360,32 +385,40 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     }
 }
 
-// Run by every block after its chunk's partials are written; the block whose count completes
-// the KV head's active chunks merges them with attn_combine's arithmetic per output (same max,
-// then l and acc summed in chunk order), warp g on head g, 4 dims a lane, so one pass of chunk
-// loads serves 4 outputs and 8 chunks' loads are in flight at once.
-__device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, int kvh, int n_act) {
+// Orders floats as unsigned integers (0 below every float's key), for atomicMax.
+__device__ __forceinline__ u32 max_key(float f) {
+    u32 b = __float_as_uint(f);
+    return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float key_float(u32 k) {
+    return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
+}
+
+// Run by every block after its chunk's partials are written: each head's chunk maximum goes
+// into an atomic maximum, and the block whose count completes the KV head's active chunks
+// merges them with attn_combine's arithmetic per output (the same maximum, then l and acc summed
+// in chunk order), warp g on head g, 4 dims a lane, so one pass of chunk loads serves 4 outputs
+// and 16 chunks' loads are in flight at once. Counts and maxima return to 0 for the next launch.
+__device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const GqaSmem& sm, int kvh, int n_act) {
     __shared__ int last;
-    __threadfence();  // this block's partials visible before its count
+    int G = p.n_head / p.n_kv_head, hd = p.head_dim, g = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    u32* cnt = (u32*)p.done + kvh;
+    u32* mk = (u32*)p.done + p.n_kv_head + kvh * G;  // [G] maximum keys of this group's heads
+    if (threadIdx.x < G) atomicMax(mk + threadIdx.x, max_key(sm.ml[threadIdx.x][0]));
+    __threadfence();  // this block's partials and maxima visible before its count
     __syncthreads();
     if (threadIdx.x == 0) {
-        u32* cnt = (u32*)p.done + kvh;
         last = atomicAdd(cnt, 1u) == (u32)n_act - 1;
         if (last) *cnt = 0;  // every active chunk has counted
     }
     __syncthreads();
-    if (!last) return;
+    if (!last || g >= G) return;
     __threadfence();
-    int G = p.n_head / p.n_kv_head, hd = p.head_dim, g = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (g >= G) return;
     int h = kvh * G + g;
     const float* base = (const float*)p.part + (u64)h * p.n_split * (hd + 2);
-    float m = -INFINITY;
-    for (int s = lane; s < n_act; s += 32) m = fmaxf(m, __ldcg(base + s * (hd + 2)));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+    float m = key_float(__ldcg(mk + g));
     float l = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 8
+#pragma unroll 16
     for (int s = 0; s < n_act; s++) {
         const float* pt = base + s * (hd + 2);
         float f = expf(__ldcg(pt) - m);
@@ -397,6 +430,8 @@ __device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, int kvh, 
 #pragma unroll
     for (int j = 0; j < 4; j++)
         if (lane + 32 * j < hd) ((float*)p.out)[h * hd + lane + 32 * j] = acc[j] / l;
+    __syncwarp();
+    if (lane == 0) mk[g] = 0;
 }
 
 extern "C" __global__ void attn_gqa(const AttnGqaParams p) {
@@ -406,5 +441,5 @@ extern "C" __global__ void attn_gqa(const AttnGqaParams p) {
     int n_act = min(p.n_split, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     if (u.y >= n_act) return;  // no position here; the merge reads active chunks only
     attn_gqa_unit(p, sm, u, true);
-    attn_gqa_merge(p, u.x, n_act);
+    attn_gqa_merge(p, sm, u.x, n_act);
 }

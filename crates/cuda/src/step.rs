@@ -46,7 +46,8 @@ pub struct Scratch {
     pub am_i: DevBuf,
     /// i32 completion counter of router_topk's last-block pattern (0 between launches)
     pub counter: DevBuf,
-    /// [n_kv_head] u32 completion counts of attn_gqa's chunks (0 between launches)
+    /// [n_kv_head + n_head] u32: attn_gqa's chunk completion counts, then its heads' maximum
+    /// score keys (0 between launches)
     pub attn_done: DevBuf,
     /// SampleConfig of the request being decoded with the device sampler
     pub sample_cfg: DevBuf,
@@ -61,7 +62,7 @@ impl Scratch {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
         let counter = DevBuf::new(dev, 4)?;
         counter.fill(dev, 0)?;
-        let attn_done = DevBuf::new(dev, 4 * c.n_kv_head)?;
+        let attn_done = DevBuf::new(dev, 4 * (c.n_kv_head + c.n_head))?;
         attn_done.fill(dev, 0)?;
         Ok(Scratch {
             state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
