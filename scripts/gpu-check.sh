@@ -16,7 +16,7 @@
 #   parity:<V=x>  the CPU-parity tests with environment setting V=x.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
 #                 parity test, then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
-#                 and on Q4_0 with the fused step.
+#                 and on Q4_0 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused).
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
 #                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
@@ -84,7 +84,8 @@ for s in $steps; do
         r=$(timeout 200 "$d/parity" --test-threads=1 2>&1 | grep -E "^test result")
         say "variant $n: parity [$r]"
         [[ $r == *" 0 failed"* ]] || continue
-        for run in "q4_0 0" "q4_k_m 0" "q4_0 1"; do
+        IFS=, read -ra runs <<< "${VARIANT_RUNS:-q4_0 0,q4_k_m 0,q4_0 1}"
+        for run in "${runs[@]}"; do
           set -- $run
           b=$(Q4MOE_CUDA_FUSED=$2 timeout 120 "$d/q4moe" bench --model /tmp/$1.gguf --device cuda --prompt-len 128 \
                 --decode-len 256 --runs 3 --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
