@@ -60,8 +60,8 @@ for s in $steps; do
       # forever when racecheck serialises the blocks).
       for run in "memcheck " "racecheck Q4MOE_TEST_NO_FUSED=1"; do
         set -- $run
-        echo "== compute-sanitizer $1 (tiny Q4_0 parity) $2"
-        env $2 timeout 120 compute-sanitizer --tool $1 --print-limit 20 "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -8
+        echo "== compute-sanitizer $1 (tiny Q4_0 parity) ${2:-}"
+        env ${2:-} timeout 120 compute-sanitizer --tool $1 --print-limit 20 "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -8
         say "sanitizer $1: rc ${PIPESTATUS[0]}"
       done 2>&1 | tee "$OUT/sanitizer.log" ;;
     ab|ab:*)
