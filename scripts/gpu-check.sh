@@ -8,8 +8,8 @@
 #                 parity is re-run with Q4MOE_CUDA_NO_GQA / LEGACY to bisect, and the benches
 #                 run with the first passing configuration (or are skipped). A speed-up that breaks
 #                 parity is not kept.
-#   sanitize      compute-sanitizer memcheck + racecheck (fused step left out) on the tiny Q4_0
-#                 parity test.
+#   sanitize      compute-sanitizer memcheck, then racecheck per kernel family (fused step left
+#                 out), on the tiny Q4_0 parity test.
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches,
 #                 the graph with programmatic dependent launch (the default), the fused step;
 #                 AB_ENVS="A=1 B=2" times those settings instead.
@@ -56,14 +56,18 @@ for s in $steps; do
         done
       fi ;;
     sanitize)
-      # memcheck on every variant; racecheck without the fused step (its grid barrier spins
-      # forever when racecheck serialises the blocks).
-      for run in "memcheck " "racecheck Q4MOE_TEST_NO_FUSED=1"; do
-        set -- $run
-        echo "== compute-sanitizer $1 (tiny Q4_0 parity) ${2:-}"
-        env ${2:-} timeout 120 compute-sanitizer --tool $1 --print-limit 20 "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -8
-        say "sanitizer $1: rc ${PIPESTATUS[0]}"
-      done 2>&1 | tee "$OUT/sanitizer.log" ;;
+      # memcheck on every variant; racecheck one kernel family at a time (--kernel-name: the
+      # others run uninstrumented; the whole test under racecheck takes minutes) and without the
+      # fused step (its grid barrier spins forever when racecheck serialises the blocks).
+      {
+        echo "== compute-sanitizer memcheck (tiny Q4_0 parity)"
+        timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -4
+        for k in attn_gqa moe_ router_topk matvec argmax; do
+          echo "== compute-sanitizer racecheck kns=$k (tiny Q4_0 parity, no fused step)"
+          Q4MOE_TEST_NO_FUSED=1 timeout 95 compute-sanitizer --tool racecheck --kernel-name kns=$k --print-limit 10 \
+            "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -3
+        done
+      } 2>&1 | tee "$OUT/sanitizer.log" ;;
     ab|ab:*)
       [ $ok = 1 ] || continue
       q=q4_0; [[ $s == ab:* ]] && q=${s#ab:}
