@@ -22,7 +22,7 @@
 #                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
-#                 on the device machine; JSON to $OUT/bench-<quant>.json. Q4_0 adds --profile kernels.
+#                 on the device machine; JSON to $OUT/bench-<quant>.json, with --profile kernels.
 #                 bench:<quant>@N uses --long-context N (default 4096; 0 skips it). --sampled adds
 #                 device-sampler (top-k 20) and host-sampler (top-k off) variants.
 set -u -o pipefail
@@ -133,10 +133,9 @@ for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
       q=${s#bench:}; long=4096
       [[ $q == *@* ]] && { long=${q#*@}; q=${q%@*}; }  # bench:<quant>@<long-context>, 0 = none
       model "$q"
-      prof=""; [ "$q" = q4_0 ] && prof="--profile kernels"
       echo "== bench $q"
       timeout 300 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 5 \
-        --long-context $long $prof --sampled --json-out "$OUT/bench-$q.json" > "$OUT/bench-$q.log" 2>&1
+        --long-context $long --profile kernels --sampled --json-out "$OUT/bench-$q.json" > "$OUT/bench-$q.log" 2>&1
       tail -45 "$OUT/bench-$q.log"
       say "bench $q: $(grep -E 'cache on, in-flight 2' "$OUT/bench-$q.log" | head -1)" ;;
   esac
