@@ -179,6 +179,10 @@ impl Sampler {
 
     fn sample_stochastic(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
+        let n_finite = || logits.iter().filter(|v| v.is_finite()).count();
+        if p.top_p >= 1.0 && (p.top_k == 0 || p.top_k >= n_finite()) {
+            return self.sample_unsorted(logits);
+        }
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
@@ -187,9 +191,6 @@ impl Sampler {
             .collect();
         if cand.is_empty() {
             return argmax(logits);
-        }
-        if p.top_p >= 1.0 && (p.top_k == 0 || p.top_k >= cand.len()) {
-            return self.sample_unsorted(&cand);
         }
         if p.top_k == 0 {
             return self.sample_nucleus(&cand);
@@ -276,13 +277,26 @@ impl Sampler {
 
     /// No top-k or top-p cut (the OpenAI API's defaults): the whole distribution, above the
     /// min-p floor, walked in vocabulary order. Same distribution as the sorted walk, without
-    /// its sort (~7 ms a token at 151,936 tokens, on the host between two device steps).
-    fn sample_unsorted(&mut self, cand: &[(u32, f32)]) -> u32 {
+    /// its sort (~7 ms a token at 151,936 tokens, on the host between two device steps), and
+    /// straight from the logits (no candidate list; non-finite logits weigh 0).
+    fn sample_unsorted(&mut self, logits: &[f32]) -> u32 {
+        let t = self.params.temperature;
+        let finite = || logits.iter().filter(|v| v.is_finite()).map(|&v| v / t);
+        let Some(max) = finite().reduce(f32::max) else {
+            return argmax(logits);
+        };
         // The weights are probabilities relative to the best token's, so min-p is their floor.
         let floor = self.params.min_p.max(0.0);
-        let mut w = relative_weights(cand);
-        w.iter_mut().filter(|x| **x < floor).for_each(|x| *x = 0.0);
-        cand[self.walk_unsorted(&w)].0
+        let w: Vec<f32> = logits
+            .iter()
+            .map(|&v| match v.is_finite() {
+                true => Some((v / t - max).exp())
+                    .filter(|&x| x >= floor)
+                    .unwrap_or(0.0),
+                false => 0.0,
+            })
+            .collect();
+        self.walk_unsorted(&w) as u32
     }
 
     /// One draw over weights in vocabulary order, zero weights skipped: the index where the
@@ -512,6 +526,60 @@ mod tests {
         let draws: Vec<u32> = (0..3000).map(|_| s.sample(&mut flat.clone())).collect();
         assert!(draws.iter().all(|&t| t < 1500), "outside the nucleus");
         assert!(draws.iter().any(|&t| t < 64) && draws.iter().any(|&t| t >= 512));
+    }
+
+    /// sample_unsorted works on the logits directly; the device sampler matches it bit for bit,
+    /// so it must draw exactly what the walk over a finite-candidate list drew (the reference
+    /// below), non-finite logits and a min-p floor included.
+    #[test]
+    fn unsorted_walk_draws_as_over_the_candidate_list() {
+        fn reference(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
+            let cand: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_finite())
+                .map(|(i, &v)| (i as u32, v / p.temperature))
+                .collect();
+            let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+            let w: Vec<f32> = cand
+                .iter()
+                .map(|&(_, v)| (v - max).exp())
+                .map(|w| if w >= p.min_p { w } else { 0.0 })
+                .collect();
+            let total: f32 = w.iter().sum();
+            let mut r = rng.next_f32() * total;
+            let mut last = 0;
+            for (i, &x) in w.iter().enumerate() {
+                if x > 0.0 {
+                    last = i;
+                    r -= x;
+                    if r < 0.0 {
+                        return cand[i].0;
+                    }
+                }
+            }
+            cand[last].0
+        }
+        let mut rng = Rng::new(21);
+        for (n, t, min_p) in [(700, 1.3f32, 0.0f32), (151936, 0.8, 0.0), (5000, 1.0, 0.1)] {
+            let mut logits: Vec<f32> = (0..n).map(|_| (rng.next_f32() - 0.5) * 10.0).collect();
+            logits[3] = f32::NAN;
+            logits[n - 2] = f32::NEG_INFINITY;
+            let p = SamplingParams {
+                temperature: t,
+                min_p,
+                seed: n as u64,
+                ..Default::default()
+            };
+            let mut s = Sampler::new(p.clone(), &[]);
+            let mut r = Rng::new(p.seed);
+            for _ in 0..40 {
+                assert_eq!(
+                    s.sample(&mut logits.clone()),
+                    reference(&logits, &p, &mut r)
+                );
+            }
+        }
     }
 
     #[test]
