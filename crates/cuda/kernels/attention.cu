@@ -228,8 +228,9 @@ struct GqaSmem {
     __align__(16) float red[8][8][128];
 };
 
-// grid (n_kv_head, n_split), 256 threads. With `pdl` the K/V rows (written by earlier steps,
-// so immutable now) load before pdl_wait.
+// grid (n_kv_head, n_split), 256 threads; chunk u.y holds positions (callers skip the rest:
+// the merges read active chunks only). With `pdl` the K/V rows (written by earlier steps, so
+// immutable now) load before pdl_wait.
 __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u, bool pdl) {
     float (&qs)[8][128] = sm.qs;
     float* knew = sm.knew;
@@ -244,14 +245,6 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     u32 pos = __ldcg(&((const StepState*)p.state)->pos);
     int len = (int)pos + 1;
     int start = s * ATT_CHUNK, end = min(start + ATT_CHUNK, len);
-    if (start >= len) {
-        if (threadIdx.x < G) {
-            float* part = (float*)p.part + ((u64)(kvh * G + threadIdx.x) * p.n_split + s) * (hd + 2);
-            part[0] = -INFINITY;
-            part[1] = 0.f;
-        }
-        return;
-    }
     // K and V rows of this warp's positions (4 dims per lane, zeros past hd/4 and at the new
     // position), loaded first: they do not depend on this step's projections, so their DRAM
     // latency overlaps the query norm + RoPE below.

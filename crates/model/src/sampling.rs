@@ -482,7 +482,7 @@ mod tests {
     }
 
     /// Top-p with top-k off (sample_nucleus): the nucleus renormalised, nothing outside it, and
-    /// a nucleus larger than the first selection (64) and the second (512).
+    /// a 1,500-token nucleus inside one weight bucket (all of it the sorted boundary bucket).
     #[test]
     fn nucleus_follows_the_renormalised_distribution() {
         let mut logits = vec![-40.0f32; 1000];
