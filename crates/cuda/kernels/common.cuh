@@ -265,34 +265,30 @@ __device__ float dot_q4_k(const QW& w, u64 row, const float* xs, int lane) {
     return acc;
 }
 
-// Q6_K: four lanes per super-block; quarter qd covers weights 64qd..64qd+63 (half h = qd/2,
-// quants k = 2(qd&1) and k+1).
+// Q6_K: eight lanes per 256-weight super-block; lane e = lane % 8 takes half h = e / 4, quant
+// k = e % 4: weights 128h + 32k .. +31 (a 768-long expert row keeps 24 lanes busy, not 12).
 __device__ float dot_q6_k(const QW& w, u64 row, const float* xs, int lane) {
     int nsb = w.k >> 8;
     const u8* base = (const u8*)w.data + row * (u64)nsb * 210;
-    int qd = lane & 3, h = qd >> 1, k0 = 2 * (qd & 1);
+    int h = (lane >> 2) & 1, k = lane & 3;
     float acc = 0.f;
-    for (int sb = lane >> 2; sb < nsb; sb += 8) {
+    for (int sb = lane >> 3; sb < nsb; sb += 4) {
         const u8* bp = base + (u64)sb * 210;
         const u8* ql = bp + 64 * h;
         const u8* qh = bp + 128 + 32 * h;
         const signed char* scl = (const signed char*)(bp + 192);
         float d = h2f((u16)bp[208] | ((u16)bp[209] << 8));
-#pragma unroll
-        for (int kk = 0; kk < 2; kk++) {
-            int k = k0 + kk;
-            const float* x = xs + (sb * 8 + h * 4 + k) * XS;
-            float s[2] = {0.f, 0.f};
+        const float* x = xs + (sb * 8 + h * 4 + k) * XS;
+        float s[2] = {0.f, 0.f};
 #pragma unroll 8
-            for (int l = 0; l < 32; l++) {
-                u32 lo = ql[l + 32 * (k & 1)];
-                lo = k < 2 ? (lo & 15) : (lo >> 4);
-                // q - 32 as an exact float without I2F (0x4B0000qq = 2^23 + q)
-                float q = __int_as_float(0x4B000000u | lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 8388640.f;
-                s[l >> 4] += q * x[l];
-            }
-            acc += d * ((float)scl[8 * h + 2 * k] * s[0] + (float)scl[8 * h + 2 * k + 1] * s[1]);
+        for (int l = 0; l < 32; l++) {
+            u32 lo = ql[l + 32 * (k & 1)];
+            lo = k < 2 ? (lo & 15) : (lo >> 4);
+            // q - 32 as an exact float without I2F (0x4B0000qq = 2^23 + q)
+            float q = __int_as_float(0x4B000000u | lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 8388640.f;
+            s[l >> 4] += q * x[l];
         }
+        acc += d * ((float)scl[8 * h + 2 * k] * s[0] + (float)scl[8 * h + 2 * k + 1] * s[1]);
     }
     return acc;
 }
