@@ -21,6 +21,7 @@
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
 #                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
+#   profile:<q>   per-kernel GPU times (--profile kernels: eager launches, cache off; 64 tokens, one run).
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
 #                 on the device machine; JSON to $OUT/bench-<quant>.json, with --profile kernels.
 #                 bench:<quant>@N uses --long-context N (default 4096; 0 skips it). --sampled adds
@@ -38,6 +39,13 @@ model() {  # writes the synthetic model once per call
   [ -f /tmp/$1.gguf ] || timeout 120 $Q synth --geometry qwen3-30b-a3b --quant "$1" --seed 1 --out /tmp/$1.gguf >/dev/null 2>&1
 }
 summary=""
+kernel_table() {  # the kernel profile of a bench JSON record, largest total first
+  python3 -c "
+import json, sys; r = json.load(open(sys.argv[1]))
+for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
+    print('%-22s %6d calls %9.3f ms %8.2f us/call' % (k['name'], k['calls'], k['total_ms'], 1e3 * k['total_ms'] / max(k['calls'], 1)))
+" "$1" 2>&1 | head -24
+}
 say() { echo "$1"; summary+="$1\n"; }  # printed as it happens (a timed-out call keeps it)
 for s in $steps; do
   case $s in
@@ -123,11 +131,14 @@ for s in $steps; do
       model q4_0
       Q4MOE_CUDA_FUSED=1 Q4MOE_CUDA_STAMPS=1 timeout 120 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 64 \
         --runs 1 --setup-cache on --in-flight 1 --json-out "$OUT/stamps.json" > "$OUT/stamps.log" 2>&1
-      python3 -c "
-import json; r = json.load(open('$OUT/stamps.json'))
-for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
-    print('%-22s %6d calls %9.3f ms %8.2f us/call' % (k['name'], k['calls'], k['total_ms'], 1e3 * k['total_ms'] / max(k['calls'], 1)))
-" 2>&1 | head -20 ;;
+      kernel_table "$OUT/stamps.json" ;;
+    profile:*)
+      # Per-kernel GPU times (--profile kernels), 64 decode tokens, one run: where a quant's time goes.
+      q=${s#profile:}
+      model "$q"
+      timeout 120 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 64 --runs 1 --setup-cache off \
+        --in-flight 1 --profile kernels --json-out "$OUT/profile-$q.json" > "$OUT/profile-$q.log" 2>&1
+      echo "== kernel profile $q"; kernel_table "$OUT/profile-$q.json" ;;
     bench:*)
       [ $ok = 1 ] || { echo "skipping $s: tests failed"; continue; }
       q=${s#bench:}; long=4096
