@@ -14,6 +14,7 @@ use crate::{CudaError, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
     Matvec,
+    MatvecQ6K,
     MatvecGeneric,
     Embed,
     QkNormRope,
@@ -31,8 +32,9 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 16] = [
         Kernel::Matvec,
+        Kernel::MatvecQ6K,
         Kernel::MatvecGeneric,
         Kernel::Embed,
         Kernel::QkNormRope,
@@ -51,6 +53,7 @@ impl Kernel {
     pub fn symbol(self) -> &'static str {
         match self {
             Kernel::Matvec => "matvec",
+            Kernel::MatvecQ6K => "matvec_q6k",
             Kernel::MatvecGeneric => "matvec_generic",
             Kernel::Embed => "embed",
             Kernel::QkNormRope => "qk_norm_rope",
@@ -131,7 +134,11 @@ impl Device {
         for (k, f) in Kernel::ALL.iter().zip(&funcs) {
             if matches!(
                 k,
-                Kernel::Matvec | Kernel::MatvecGeneric | Kernel::MoeGateUp | Kernel::MoeDown
+                Kernel::Matvec
+                    | Kernel::MatvecQ6K
+                    | Kernel::MatvecGeneric
+                    | Kernel::MoeGateUp
+                    | Kernel::MoeDown
             ) {
                 // Large activations (d_ff * n_used floats) need more than the default 48 KB.
                 unsafe {
