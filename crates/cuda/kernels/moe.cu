@@ -367,10 +367,7 @@ __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit
             case 3: down_blocks<1, 8, Q4_0Piece>(p, smem, plen, ids, ws, u); return;
             case 4: down_q4_k<1>(p, smem, plen, ids, ws, u); return;
             case 5: down_q4_k<3>(p, smem, plen, ids, ws, u); return;
-            case 6: down_q4_k<4>(p, smem, plen, ids, ws, u); return;
-            case 7: down_blocks<1, 2, Q6_KPiece>(p, smem, plen, ids, ws, u); return;
-            case 8: down_blocks<1, 6, Q6_KPiece>(p, smem, plen, ids, ws, u); return;
-            default: down_blocks<1, 8, Q6_KPiece>(p, smem, plen, ids, ws, u); return;
+            default: down_q4_k<4>(p, smem, plen, ids, ws, u); return;
         }
     }
     pdl_start();
@@ -390,4 +387,18 @@ __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit
 extern "C" __global__ void moe_down(const DownParams p) {
     extern __shared__ __align__(16) float smem[];
     down_unit(p, smem, this_unit());
+}
+
+// The Q6_K modes (7/8/9) apart, as matvec_q6k: moe_down's code for the other types unchanged.
+extern "C" __global__ void moe_down_q6k(const DownParams p) {
+    extern __shared__ __align__(16) float smem[];
+    int plen = padded_len(p.down.k) - XS;
+    int* ids;
+    float* ws;
+    block_experts(p.experts, smem, ids, ws);  // before pdl_wait
+    switch (p.mode) {
+        case 7: down_blocks<1, 2, Q6_KPiece>(p, smem, plen, ids, ws, this_unit()); return;
+        case 8: down_blocks<1, 6, Q6_KPiece>(p, smem, plen, ids, ws, this_unit()); return;
+        default: down_blocks<1, 8, Q6_KPiece>(p, smem, plen, ids, ws, this_unit()); return;
+    }
 }

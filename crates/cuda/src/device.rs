@@ -25,6 +25,7 @@ pub enum Kernel {
     RouterTopk,
     MoeGateUp,
     MoeDown,
+    MoeDownQ6K,
     ArgmaxPartial,
     ArgmaxFinal,
     StepFused,
@@ -32,7 +33,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 16] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::Matvec,
         Kernel::MatvecQ6K,
         Kernel::MatvecGeneric,
@@ -45,6 +46,7 @@ impl Kernel {
         Kernel::RouterTopk,
         Kernel::MoeGateUp,
         Kernel::MoeDown,
+        Kernel::MoeDownQ6K,
         Kernel::ArgmaxPartial,
         Kernel::ArgmaxFinal,
         Kernel::StepFused,
@@ -64,6 +66,7 @@ impl Kernel {
             Kernel::RouterTopk => "router_topk",
             Kernel::MoeGateUp => "moe_gate_up",
             Kernel::MoeDown => "moe_down",
+            Kernel::MoeDownQ6K => "moe_down_q6k",
             Kernel::ArgmaxPartial => "argmax_partial",
             Kernel::ArgmaxFinal => "argmax_final",
             Kernel::StepFused => "step_fused",
@@ -139,6 +142,7 @@ impl Device {
                     | Kernel::MatvecGeneric
                     | Kernel::MoeGateUp
                     | Kernel::MoeDown
+                    | Kernel::MoeDownQ6K
             ) {
                 // Large activations (d_ff * n_used floats) need more than the default 48 KB.
                 unsafe {

@@ -579,8 +579,13 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
     };
     let smem = (h_floats * 4) as u32 + experts_smem;
     let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
+    // The Q6_K modes have a kernel of their own (moe.cu).
+    let kernel = match dmode {
+        7.. => Kernel::MoeDownQ6K,
+        _ => Kernel::MoeDown,
+    };
     out.push(Launch::new(
-        Kernel::MoeDown,
+        kernel,
         "moe_down",
         grid,
         THREADS,
