@@ -160,15 +160,20 @@ __device__ void load_x(float* xs, const float* src, int n, const float* norm, fl
     __syncthreads();
 }
 
+// Bytes of a row of a type kept in ggml's bytes (not the split types below).
 __device__ __forceinline__ u64 row_bytes(int type, int k) {
     switch (type) {
         case T_F32: return (u64)k * 4;
         case T_F16: return (u64)k * 2;
         case T_Q8_0: return (u64)(k / 32) * 34;
-        case T_Q4_K: return (u64)(k / 256) * 144;
-        case T_Q6_K: return (u64)(k / 256) * 210;
-        default: return (u64)(k / 32) * 18;
+        default: return (u64)(k / 256) * 144;  // Q4_K
     }
+}
+
+// Split types (repacked at load, src/repack.rs): a nibble plane at `data`, 16 bytes a 32-weight
+// block, and an aux plane at `scales` of this many bytes a block (0: not a split type).
+__device__ __forceinline__ int split_aux(int type) {
+    return type == T_Q4_0 ? 2 : type == T_Q6_K ? 12 : 0;
 }
 
 // ---- Register-staged row pieces: the loads of several rows (and experts) are issued first,
@@ -190,6 +195,50 @@ __device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
     }
     return h2f(dbits) * s;
 }
+
+// One Q6_K block as repacked (src/repack.rs): low 4 bits as Q4_0's nibbles, high-bit words
+// g.x (weights 0..15) and g.y (16..31) with weight 4w + b's 2 bits at bits 8b + 2w, and the
+// scale word d (f16) | sub-scale of weights 0..15 (i8) << 16 | of weights 16..31 << 24.
+__device__ __forceinline__ float q6_k_item(uint4 q, uint2 g, u32 sw, const float* x) {
+    const float4* x4 = (const float4*)x;
+    u32 words[4] = {q.x, q.y, q.z, q.w};
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        u32 lo = (words[w] & 0x0F0F0F0Fu) | (((g.x >> (2 * w)) & 0x03030303u) << 4);
+        u32 hi = ((words[w] >> 4) & 0x0F0F0F0Fu) | (((g.y >> (2 * w)) & 0x03030303u) << 4);
+        float4 xa = x4[w], xb = x4[w + 4];
+        // q - 32 as an exact float without I2F (2^23 + q - (2^23 + 32))
+        s0 += nib(lo, 0, 8388640.f) * xa.x + nib(lo, 1, 8388640.f) * xa.y + nib(lo, 2, 8388640.f) * xa.z + nib(lo, 3, 8388640.f) * xa.w;
+        s1 += nib(hi, 0, 8388640.f) * xb.x + nib(hi, 1, 8388640.f) * xb.y + nib(hi, 2, 8388640.f) * xb.z + nib(hi, 3, 8388640.f) * xb.w;
+    }
+    return h2f((u16)(sw & 0xffff)) * ((float)(signed char)(sw >> 16) * s0 + (float)(signed char)(sw >> 24) * s1);
+}
+
+// One 32-weight block of a split type in registers: load(w, block index), then dot(x) against
+// its 32 padded activations.
+struct Q4_0Piece {
+    uint4 q;
+    u16 d;
+    __device__ __forceinline__ void load(const QW& w, u64 bi) {
+        q = ((const uint4*)w.data)[bi];
+        d = ((const u16*)w.scales)[bi];
+    }
+    __device__ __forceinline__ float dot(const float* x) const { return q4_0_item(q, d, x); }
+};
+// Q6_K aux: per super-block (8 blocks) 8 high-bit word pairs, then 8 scale words.
+struct Q6_KPiece {
+    uint4 q;
+    uint2 g;
+    u32 s;
+    __device__ __forceinline__ void load(const QW& w, u64 bi) {
+        q = ((const uint4*)w.data)[bi];
+        const u8* a = (const u8*)w.scales + (bi >> 3) * 96;
+        g = *(const uint2*)(a + (bi & 7) * 8);
+        s = *(const u32*)(a + 64 + (bi & 7) * 4);
+    }
+    __device__ __forceinline__ float dot(const float* x) const { return q6_k_item(q, g, s, x); }
+};
 
 // One quarter c of a Q4_K super-block: header (d, dmin, scales) and the 32 bytes of chunk c
 // (sub-blocks 2c and 2c+1). `xsb` = padded activations of the super-block (8 x XS floats).
@@ -221,14 +270,18 @@ __device__ __forceinline__ float q4_k_item(uint4 hdr, uint4 q0, uint4 q1, int c,
     return d * (float)s0 * d0 - dmin * (float)m0 * sx0 + d * (float)s1 * d1 - dmin * (float)m1 * sx1;
 }
 
-// Q4_0: lane per 32-weight block; nibble j holds weights j (low) and j+16 (high).
-__device__ float dot_q4_0(const QW& w, u64 row, const float* xs, int lane) {
+// Split types (Q4_0, Q6_K): lane per 32-weight block, blocks lane, lane + 32, .. in order (the
+// staged BlockRows use the same order, so both give the same bits).
+template <class P>
+__device__ float dot_blocks(const QW& w, u64 row, const float* xs, int lane) {
     int nb = w.k >> 5;
     u64 b0 = row * (u64)nb;
-    const uint4* qs = (const uint4*)w.data;
-    const u16* ds = (const u16*)w.scales;
     float acc = 0.f;
-    for (int b = lane; b < nb; b += 32) acc += q4_0_item(qs[b0 + b], ds[b0 + b], xs + b * XS);
+    for (int b = lane; b < nb; b += 32) {
+        P piece;
+        piece.load(w, b0 + b);
+        acc += piece.dot(xs + b * XS);
+    }
     return acc;
 }
 
@@ -265,34 +318,6 @@ __device__ float dot_q4_k(const QW& w, u64 row, const float* xs, int lane) {
     return acc;
 }
 
-// Q6_K: eight lanes per 256-weight super-block; lane e = lane % 8 takes half h = e / 4, quant
-// k = e % 4: weights 128h + 32k .. +31 (a 768-long expert row keeps 24 lanes busy, not 12).
-__device__ float dot_q6_k(const QW& w, u64 row, const float* xs, int lane) {
-    int nsb = w.k >> 8;
-    const u8* base = (const u8*)w.data + row * (u64)nsb * 210;
-    int h = (lane >> 2) & 1, k = lane & 3;
-    float acc = 0.f;
-    for (int sb = lane >> 3; sb < nsb; sb += 4) {
-        const u8* bp = base + (u64)sb * 210;
-        const u8* ql = bp + 64 * h;
-        const u8* qh = bp + 128 + 32 * h;
-        const signed char* scl = (const signed char*)(bp + 192);
-        float d = h2f((u16)bp[208] | ((u16)bp[209] << 8));
-        const float* x = xs + (sb * 8 + h * 4 + k) * XS;
-        float s[2] = {0.f, 0.f};
-#pragma unroll 8
-        for (int l = 0; l < 32; l++) {
-            u32 lo = ql[l + 32 * (k & 1)];
-            lo = k < 2 ? (lo & 15) : (lo >> 4);
-            // q - 32 as an exact float without I2F (0x4B0000qq = 2^23 + q)
-            float q = __int_as_float(0x4B000000u | lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 8388640.f;
-            s[l >> 4] += q * x[l];
-        }
-        acc += d * ((float)scl[8 * h + 2 * k] * s[0] + (float)scl[8 * h + 2 * k + 1] * s[1]);
-    }
-    return acc;
-}
-
 __device__ float dot_f32(const QW& w, u64 row, const float* xs, int lane) {
     const float* p = (const float*)w.data + row * (u64)w.k;
     float acc = 0.f;
@@ -308,25 +333,19 @@ __device__ float dot_f16(const QW& w, u64 row, const float* xs, int lane) {
     return acc;
 }
 
-// Q4_0 rows: lane piece j is block lane + 32j. NR rows (row < 0: skipped), NBL pieces per lane.
-template <int NR, int NBL>
-struct Q4_0Rows {
-    uint4 q[NR][NBL];
-    u16 d[NR][NBL];
+// Split-type rows: lane piece j is block lane + 32j. NR rows (row < 0: skipped), NBL pieces
+// per lane.
+template <int NR, int NBL, class P>
+struct BlockRows {
+    P piece[NR][NBL];
     __device__ __forceinline__ void load(const QW& w, const long long* rows, int lane) {
         int nb = w.k >> 5;
-        const uint4* qs = (const uint4*)w.data;
-        const u16* ds = (const u16*)w.scales;
 #pragma unroll
         for (int i = 0; i < NR; i++)
 #pragma unroll
             for (int j = 0; j < NBL; j++) {
                 int b = lane + 32 * j;
-                if (rows[i] >= 0 && b < nb) {
-                    u64 bi = (u64)rows[i] * (u64)nb + b;
-                    q[i][j] = qs[bi];
-                    d[i][j] = ds[bi];
-                }
+                if (rows[i] >= 0 && b < nb) piece[i][j].load(w, (u64)rows[i] * (u64)nb + b);
             }
     }
     // acc[i] += lane's partial of row i against padded xs[i] (one activation vector per row).
@@ -337,10 +356,12 @@ struct Q4_0Rows {
 #pragma unroll
             for (int j = 0; j < NBL; j++) {
                 int b = lane + 32 * j;
-                if (rows[i] >= 0 && b < nb) acc[i] += q4_0_item(q[i][j], d[i][j], xs[i] + b * XS);
+                if (rows[i] >= 0 && b < nb) acc[i] += piece[i][j].dot(xs[i] + b * XS);
             }
     }
 };
+template <int NR, int NBL> using Q4_0Rows = BlockRows<NR, NBL, Q4_0Piece>;
+template <int NR, int NBL> using Q6_KRows = BlockRows<NR, NBL, Q6_KPiece>;
 
 // Q4_K rows: lane piece j is super-block (lane >> 2) + 8j, quarter lane & 3.
 template <int NR, int NSL>
@@ -375,11 +396,12 @@ struct Q4_KRows {
 
 // Warms L2 with one row's bytes (generic types, before pdl_wait()).
 __device__ __forceinline__ void prefetch_row(const QW& w, u64 row, int lane) {
-    if (w.type == T_Q4_0) {
+    if (int aux = split_aux(w.type)) {
         int nb = w.k >> 5;
         const u8* q = (const u8*)w.data + row * (u64)nb * 16;
         for (int off = lane * 128; off < nb * 16; off += 32 * 128) prefetch_l2(q + off);
-        if (lane == 0) prefetch_l2((const u8*)w.scales + row * (u64)nb * 2);
+        const u8* a = (const u8*)w.scales + row * (u64)nb * aux;
+        for (int off = lane * 128; off < nb * aux; off += 32 * 128) prefetch_l2(a + off);
         return;
     }
     u64 rb = row_bytes(w.type, w.k);
@@ -391,9 +413,9 @@ __device__ __forceinline__ void prefetch_row(const QW& w, u64 row, int lane) {
 __device__ __forceinline__ float row_dot(const QW& w, u64 row, const float* xs, int lane) {
     float a;
     switch (w.type) {
-        case T_Q4_0: a = dot_q4_0(w, row, xs, lane); break;
+        case T_Q4_0: a = dot_blocks<Q4_0Piece>(w, row, xs, lane); break;
         case T_Q4_K: a = dot_q4_k(w, row, xs, lane); break;
-        case T_Q6_K: a = dot_q6_k(w, row, xs, lane); break;
+        case T_Q6_K: a = dot_blocks<Q6_KPiece>(w, row, xs, lane); break;
         case T_Q8_0: a = dot_q8_0(w, row, xs, lane); break;
         case T_F16: a = dot_f16(w, row, xs, lane); break;
         default: a = dot_f32(w, row, xs, lane); break;
@@ -430,13 +452,14 @@ __device__ float weight_at(const QW& w, u64 row, int i) {
             return d * (float)s * (float)q - dmin * (float)m;
         }
         case T_Q6_K: {
-            const u8* bp = base + (u64)(i >> 8) * 210;
-            int r = i & 255, h = r >> 7, k = (r & 127) >> 5, l = r & 31;
-            u32 lo = bp[64 * h + l + 32 * (k & 1)];
-            lo = k < 2 ? (lo & 15) : (lo >> 4);
-            int q = (int)(lo | (((bp[128 + 32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
-            float d = h2f((u16)bp[208] | ((u16)bp[209] << 8));
-            return d * (float)((const signed char*)bp)[192 + (r >> 4)] * (float)q;
+            u64 b = row * (u64)(w.k >> 5) + (i >> 5);
+            int j = i & 31, m = j & 15;
+            u32 byte = ((const u8*)w.data)[b * 16 + m];
+            const u8* a = (const u8*)w.scales + (b >> 3) * 96;
+            u32 g = ((const u32*)(a + (b & 7) * 8))[j >> 4];
+            u32 sw = *(const u32*)(a + 64 + (b & 7) * 4);
+            int q = (int)((j < 16 ? byte & 15 : byte >> 4) | (((g >> (8 * (m & 3) + 2 * (m >> 2))) & 3) << 4)) - 32;
+            return h2f((u16)(sw & 0xffff)) * (float)(signed char)(sw >> (j < 16 ? 16 : 24)) * (float)q;
         }
         case T_F16: return h2f(((const u16*)base)[i]);
         default: return ((const float*)base)[i];

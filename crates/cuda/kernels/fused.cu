@@ -133,11 +133,12 @@ __device__ u32 stage_rows(const QW& w, long long row0, int n, u8* dst, SegV& out
     s.n = max(n, 0);
     s.pad = 0;
     u32 used = 0;
-    if (n > 0 && w.type == T_Q4_0) {
-        u64 nb = w.k >> 5, qb = (u64)n * nb * 16, sb = (u64)n * nb * 2;
+    int aux = split_aux(w.type);
+    if (n > 0 && aux) {
+        u64 nb = w.k >> 5, qb = (u64)n * nb * 16, sb = (u64)n * nb * aux;
         u32 d0 = stage_bytes(dst, w.data + row0 * nb * 16, qb, m);
         used = round16(d0 + qb);
-        u32 d1 = stage_bytes(dst + used, w.scales + row0 * nb * 2, sb, m);
+        u32 d1 = stage_bytes(dst + used, w.scales + row0 * nb * aux, sb, m);
         s.v.data = (u64)(dst + d0);
         s.v.scales = (u64)(dst + used + d1);
         used += round16(d1 + sb);
@@ -384,22 +385,28 @@ __device__ void gate_up_phase(const FusedParams& p, const FusedPlan& pl, const f
     }
 }
 
-// One output row of down for every slot, weighted: moe_down's flattened piece order (Q4_0
-// items <= 256, Q4_K items <= 128: every (slot, block) piece spread over the lanes) or its
-// generic order (slot by slot), so results match the launch path's bits.
+// down_row for split types: moe_down's down_blocks order.
+template <class P>
+__device__ float down_row_blocks(const FusedParams& p, const FusedPlan& pl, int i, const float* hs, int plen, int lane) {
+    int nb = pl.down[0].v.k >> 5, items = p.n_used * nb;
+    float acc = 0.f;
+    for (int f = lane; f < items; f += 32) {
+        int s = f / nb, b = f - s * nb;
+        P piece;
+        piece.load(pl.down[s].v, (u64)i * nb + b);
+        acc += pl.ws[s] * piece.dot(hs + s * plen + b * XS);
+    }
+    return warp_sum(acc);
+}
+
+// One output row of down for every slot, weighted: moe_down's flattened piece order (split
+// types items <= 256, Q4_K items <= 128: every (slot, block) piece spread over the lanes) or
+// its generic order (slot by slot), so results match the launch path's bits.
 __device__ float down_row(const FusedParams& p, const FusedPlan& pl, int i, const float* hs, int plen, int lane) {
     const QW& w0 = pl.down[0].v;
     float acc = 0.f;
-    if (w0.type == T_Q4_0 && p.n_used * (w0.k >> 5) <= 256) {
-        int nb = w0.k >> 5, items = p.n_used * nb;
-        for (int f = lane; f < items; f += 32) {
-            int s = f / nb, b = f - s * nb;
-            const QW& v = pl.down[s].v;
-            u64 bi = (u64)i * nb + b;
-            acc += pl.ws[s] * q4_0_item(((const uint4*)v.data)[bi], ((const u16*)v.scales)[bi], hs + s * plen + b * XS);
-        }
-        return warp_sum(acc);
-    }
+    if (split_aux(w0.type) && p.n_used * (w0.k >> 5) <= 256)
+        return w0.type == T_Q4_0 ? down_row_blocks<Q4_0Piece>(p, pl, i, hs, plen, lane) : down_row_blocks<Q6_KPiece>(p, pl, i, hs, plen, lane);
     if (w0.type == T_Q4_K && p.n_used * (w0.k >> 8) * 4 <= 128) {
         int nsb = w0.k >> 8, items = p.n_used * nsb * 4;
         for (int f = lane; f < items; f += 32) {

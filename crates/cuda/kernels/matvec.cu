@@ -12,6 +12,10 @@
 #define MV_Q4_0_4 3  // Q4_0, k <= 4096, 1 row per warp
 #define MV_Q4_K_1 4  // Q4_K, k <= 2048, 2 rows per warp
 #define MV_Q4_K_2 5  // Q4_K, k <= 4096, 1 row per warp
+#define MV_Q6_K_1 6  // Q6_K (as repacked), k <= 1024, 4 rows per warp
+#define MV_Q6_K_2 7  // Q6_K, k <= 2048, 2 rows per warp
+#define MV_Q6_K_4 8  // Q6_K, k <= 4096, 1 row per warp
+#define MV_K_MIXED 9 // Q4_K and Q6_K matrices (Q4_K_M's QKV), k <= 2048, 2 rows per warp
 struct MatvecParams {
     QW w[3];          // up to three matrices whose rows are concatenated in the output space
     u64 out[3];       // float* per matrix
@@ -33,7 +37,10 @@ __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float
         for (int i = threadIdx.x; i < p.k; i += blockDim.x) ((float*)p.xn_out)[i] = xs[pad_idx(i)];
 }
 
-template <int NR, class Rows>
+// NR rows a warp staged as `Rows`; with TYPE_B >= 0, warps whose matrix has type TYPE_B stage
+// theirs as `RowsB` (QKV of mixed types), the choice uniform per warp and the barriers of
+// mv_input outside it.
+template <int NR, class Rows, class RowsB = Rows, int TYPE_B = -1>
 __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
@@ -44,15 +51,19 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     long long rows[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) rows[i] = first + i < total ? (long long)(r0 + i) : -1;
+    bool as_b = TYPE_B >= 0 && w.type == TYPE_B;
     Rows R;
-    R.load(w, rows, lane);
+    RowsB RB;
+    if (as_b) RB.load(w, rows, lane);
+    else R.load(w, rows, lane);
     pdl_start();
     mv_input(p, xs, red, u);
     float acc[NR];
     const float* xp[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) { acc[i] = 0.f; xp[i] = xs; }
-    R.dot(w, rows, xp, lane, acc);
+    if (as_b) RB.dot(w, rows, xp, lane, acc);
+    else R.dot(w, rows, xp, lane, acc);
     float* out = (float*)p.out[m];
 #pragma unroll
     for (int i = 0; i < NR; i++) {
@@ -106,8 +117,22 @@ extern "C" __global__ void matvec(const MatvecParams p) {
     matvec_unit(p, smem, this_unit());
 }
 
+// The Q6_K modes (and QKV with Q6_K rows) apart: their 7 registers a piece would lift `matvec` from 80 to 94 registers
+// (3 -> 2 blocks an SM) for every type; held to 3 blocks an SM (86 registers unbounded).
+extern "C" __global__ void __launch_bounds__(256, 3) matvec_q6k(const MatvecParams p) {
+    extern __shared__ __align__(16) float smem[];
+    float* red = smem;
+    float* xs = smem + 36;
+    switch (p.mode) {
+        case MV_Q6_K_1: mv_staged<4, Q6_KRows<4, 1>>(p, xs, red, this_unit()); return;
+        case MV_Q6_K_2: mv_staged<2, Q6_KRows<2, 2>>(p, xs, red, this_unit()); return;
+        case MV_K_MIXED: mv_staged<2, Q4_KRows<2, 1>, Q6_KRows<2, 2>, T_Q6_K>(p, xs, red, this_unit()); return;
+        default: mv_staged<1, Q6_KRows<1, 4>>(p, xs, red, this_unit()); return;
+    }
+}
+
 // The generic mode alone, held to 3 blocks per SM: the staged modes' registers (124) would
-// leave it 2, and the Q6_K head of Q4_K_M (~4,700 blocks of compute-heavy rows) runs here.
+// leave it 2 (rows of types without a staged mode, e.g. Q8_0, run here).
 extern "C" __global__ void __launch_bounds__(256, 3) matvec_generic(const MatvecParams p) {
     extern __shared__ __align__(16) float smem[];
     mv_generic(p, smem + 36, smem, this_unit());

@@ -244,7 +244,7 @@ struct DownParams {
     int n_used;
     int rows_per_warp;
     int mode;    // 0 generic; 1/2/3 Q4_0 (items <= 64/192/256, 1 row per warp);
-                 // 4/5/6 Q4_K (items <= 32/96/128, 1 row per warp)
+                 // 4/5/6 Q4_K (items <= 32/96/128); 7/8/9 Q6_K (as Q4_0)
 };
 
 // Stages h [n_used, dff] in shared memory padded (XS floats per 32 values, slot s at s * plen),
@@ -280,16 +280,14 @@ __device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen
 }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
-// all slots' loads are in flight at once. Q4_0 piece f: slot f / nb, block f % nb.
-template <int NR, int CH>
-__device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int plen, const int* ids, const float* sw, Unit u) {
+// all slots' loads are in flight at once. Split-type (Q4_0, Q6_K) piece f: slot f / nb, block
+// f % nb.
+template <int NR, int CH, class P>
+__device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int plen, const int* ids, const float* sw, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int first = (u.x * nwarps + warp) * NR;
     int nb = p.down.k >> 5, items = p.n_used * nb;
-    const uint4* qs = (const uint4*)p.down.data;
-    const u16* ds = (const u16*)p.down.scales;
-    uint4 q[NR][CH];
-    u16 d[NR][CH];
+    P piece[NR][CH];
 #pragma unroll
     for (int j = 0; j < CH; j++) {
         int f = lane + 32 * j;
@@ -298,11 +296,7 @@ __device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int pl
             u64 e = (u64)ids[s];
 #pragma unroll
             for (int i = 0; i < NR; i++)
-                if (first + i < p.d_model) {
-                    u64 bi = (e * p.d_model + first + i) * nb + b;
-                    q[i][j] = qs[bi];
-                    d[i][j] = ds[bi];
-                }
+                if (first + i < p.d_model) piece[i][j].load(p.down, (e * p.d_model + first + i) * nb + b);
         }
     }
     stage_h(p, hs, plen);
@@ -316,7 +310,7 @@ __device__ __forceinline__ void down_q4_0(const DownParams& p, float* hs, int pl
             int s = f / nb, b = f - s * nb;
             const float* x = hs + s * plen + b * XS;
 #pragma unroll
-            for (int i = 0; i < NR; i++) acc[i] += sw[s] * q4_0_item(q[i][j], d[i][j], x);
+            for (int i = 0; i < NR; i++) acc[i] += sw[s] * piece[i][j].dot(x);
         }
     }
 #pragma unroll
@@ -368,9 +362,9 @@ __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit
     if (p.mode != 0) {
         // The staged paths issue their weight loads first, then stage h (stage_h).
         switch (p.mode) {
-            case 1: down_q4_0<1, 2>(p, smem, plen, ids, ws, u); return;
-            case 2: down_q4_0<1, 6>(p, smem, plen, ids, ws, u); return;
-            case 3: down_q4_0<1, 8>(p, smem, plen, ids, ws, u); return;
+            case 1: down_blocks<1, 2, Q4_0Piece>(p, smem, plen, ids, ws, u); return;
+            case 2: down_blocks<1, 6, Q4_0Piece>(p, smem, plen, ids, ws, u); return;
+            case 3: down_blocks<1, 8, Q4_0Piece>(p, smem, plen, ids, ws, u); return;
             case 4: down_q4_k<1>(p, smem, plen, ids, ws, u); return;
             case 5: down_q4_k<3>(p, smem, plen, ids, ws, u); return;
             default: down_q4_k<4>(p, smem, plen, ids, ws, u); return;
@@ -393,4 +387,18 @@ __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit
 extern "C" __global__ void moe_down(const DownParams p) {
     extern __shared__ __align__(16) float smem[];
     down_unit(p, smem, this_unit());
+}
+
+// The Q6_K modes (7/8/9) apart, as matvec_q6k: moe_down's code for the other types unchanged.
+extern "C" __global__ void moe_down_q6k(const DownParams p) {
+    extern __shared__ __align__(16) float smem[];
+    int plen = padded_len(p.down.k) - XS;
+    int* ids;
+    float* ws;
+    block_experts(p.experts, smem, ids, ws);  // before pdl_wait
+    switch (p.mode) {
+        case 7: down_blocks<1, 2, Q6_KPiece>(p, smem, plen, ids, ws, this_unit()); return;
+        case 8: down_blocks<1, 6, Q6_KPiece>(p, smem, plen, ids, ws, this_unit()); return;
+        default: down_blocks<1, 8, Q6_KPiece>(p, smem, plen, ids, ws, this_unit()); return;
+    }
 }

@@ -14,6 +14,7 @@ use crate::{CudaError, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
     Matvec,
+    MatvecQ6K,
     MatvecGeneric,
     Embed,
     QkNormRope,
@@ -24,6 +25,7 @@ pub enum Kernel {
     RouterTopk,
     MoeGateUp,
     MoeDown,
+    MoeDownQ6K,
     ArgmaxPartial,
     ArgmaxFinal,
     StepFused,
@@ -31,8 +33,9 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 15] = [
+    pub const ALL: [Kernel; 17] = [
         Kernel::Matvec,
+        Kernel::MatvecQ6K,
         Kernel::MatvecGeneric,
         Kernel::Embed,
         Kernel::QkNormRope,
@@ -43,6 +46,7 @@ impl Kernel {
         Kernel::RouterTopk,
         Kernel::MoeGateUp,
         Kernel::MoeDown,
+        Kernel::MoeDownQ6K,
         Kernel::ArgmaxPartial,
         Kernel::ArgmaxFinal,
         Kernel::StepFused,
@@ -51,6 +55,7 @@ impl Kernel {
     pub fn symbol(self) -> &'static str {
         match self {
             Kernel::Matvec => "matvec",
+            Kernel::MatvecQ6K => "matvec_q6k",
             Kernel::MatvecGeneric => "matvec_generic",
             Kernel::Embed => "embed",
             Kernel::QkNormRope => "qk_norm_rope",
@@ -61,6 +66,7 @@ impl Kernel {
             Kernel::RouterTopk => "router_topk",
             Kernel::MoeGateUp => "moe_gate_up",
             Kernel::MoeDown => "moe_down",
+            Kernel::MoeDownQ6K => "moe_down_q6k",
             Kernel::ArgmaxPartial => "argmax_partial",
             Kernel::ArgmaxFinal => "argmax_final",
             Kernel::StepFused => "step_fused",
@@ -131,7 +137,12 @@ impl Device {
         for (k, f) in Kernel::ALL.iter().zip(&funcs) {
             if matches!(
                 k,
-                Kernel::Matvec | Kernel::MatvecGeneric | Kernel::MoeGateUp | Kernel::MoeDown
+                Kernel::Matvec
+                    | Kernel::MatvecQ6K
+                    | Kernel::MatvecGeneric
+                    | Kernel::MoeGateUp
+                    | Kernel::MoeDown
+                    | Kernel::MoeDownQ6K
             ) {
                 // Large activations (d_ff * n_used floats) need more than the default 48 KB.
                 unsafe {

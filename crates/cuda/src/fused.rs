@@ -8,6 +8,7 @@ use q4moe_model::Config;
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
+use crate::repack::split_aux_bytes;
 use crate::step::{Kv, Scratch};
 use crate::weights::Weights;
 use crate::Result;
@@ -38,10 +39,10 @@ fn staged_bytes(w: &Qw, row0: Option<usize>, n: usize) -> usize {
     }
     let r = row0.unwrap_or(0);
     let ty = GgmlType::from_id(w.ty as u32).expect("valid type");
-    if ty == GgmlType::Q4_0 {
+    if let Some(aux) = split_aux_bytes(ty) {
         let nb = w.k as usize / 32;
         return r16(delta(w.data, r * nb * 16) + n * nb * 16)
-            + r16(delta(w.scales, r * nb * 2) + n * nb * 2);
+            + r16(delta(w.scales, r * nb * aux) + n * nb * aux);
     }
     let rb = ty.row_bytes(w.k as usize).unwrap_or(0);
     r16(delta(w.data, r * rb) + n * rb)
@@ -282,22 +283,30 @@ mod tests {
 
     #[test]
     fn staged_bytes_round_out_to_16_bytes() {
-        // Q6_K rows of 768 weights are 630 bytes: row 1 starts 6 bytes into a 16-byte line.
-        let q6 = Qw {
+        // Q8_0 rows of 160 weights are 170 bytes: row 1 starts 10 bytes into a 16-byte line.
+        let q8 = Qw {
             data: 0x1000,
             scales: 0,
+            ty: 8,
+            k: 160,
+        };
+        assert_eq!(
+            staged_bytes(&q8, Some(1), 1),
+            (10 + 170usize).next_multiple_of(16)
+        );
+        assert_eq!(
+            staged_bytes(&q8, None, 1),
+            (15 + 170usize).next_multiple_of(16)
+        );
+        assert_eq!(staged_bytes(&q8, Some(1), 0), 0);
+        // Q6_K (24 blocks a row): nibbles (384 bytes a row) and aux (288) staged apart.
+        let q6 = Qw {
+            data: 0x1000,
+            scales: 0x9000,
             ty: 14,
             k: 768,
         };
-        assert_eq!(
-            staged_bytes(&q6, Some(1), 1),
-            (6 + 630usize).next_multiple_of(16)
-        );
-        assert_eq!(
-            staged_bytes(&q6, None, 1),
-            (15 + 630usize).next_multiple_of(16)
-        );
-        assert_eq!(staged_bytes(&q6, Some(1), 0), 0);
+        assert_eq!(staged_bytes(&q6, Some(3), 2), 2 * 384 + 2 * 288);
         // Q4_0 (24 blocks a row): nibbles (384 bytes a row) and scales (48) staged apart.
         let q4 = Qw {
             data: 0x1000,

@@ -10,6 +10,7 @@ mod device;
 mod fused;
 mod graph;
 mod params;
+mod repack;
 mod step;
 #[doc(hidden)]
 pub mod testing;

@@ -128,7 +128,7 @@ fn smem_x(k: usize) -> u32 {
 
 fn weight_bytes(w: &Qw, rows: usize) -> u64 {
     let ty = q4moe_gguf::GgmlType::from_id(w.ty as u32).expect("valid type");
-    (ty.row_bytes(w.k as usize).unwrap_or(0) * rows) as u64
+    (crate::repack::device_row_bytes(ty, w.k as usize) * rows) as u64
 }
 
 /// Rows each warp computes: enough blocks to fill the GPU (132 SMs) without re-loading the
@@ -152,23 +152,36 @@ fn legacy() -> bool {
 const T_F32: i32 = 0;
 const T_Q4_0: i32 = 2;
 const T_Q4_K: i32 = 12;
+const T_Q6_K: i32 = 14;
 
 /// (mode, rows per warp) of `matvec` (MV_* in matvec.cu): a staged mode when every matrix has
-/// the same type and a group of rows never spans two matrices.
+/// the same type (or Q4_K and Q6_K, `MV_K_MIXED`) and a group of rows never spans two matrices.
 fn mv_mode(ws: &[(Qw, u64, usize)], k: usize) -> (i32, usize) {
     let total: usize = ws.iter().map(|w| w.2).sum();
     let generic = (0, rows_per_warp(total));
     let ty = ws[0].0.ty;
-    if legacy() || ws.iter().any(|w| w.0.ty != ty) {
+    if legacy() {
         return generic;
     }
     let (mode, nr) = match ty {
-        T_Q4_0 if k % 32 == 0 => match (k / 32).div_ceil(32) {
-            1 => (1, 4),
-            2 => (2, 2),
-            3 | 4 => (3, 1),
-            _ => return generic,
-        },
+        // Q4_K_M's QKV on half the layers: Q4_K q and k, Q6_K v.
+        _ if ws.iter().any(|w| w.0.ty != ty) => {
+            let k_quant = |t: i32| t == T_Q4_K || t == T_Q6_K;
+            if !ws.iter().all(|w| k_quant(w.0.ty)) || k % 256 != 0 || k > 2048 {
+                return generic;
+            }
+            (9, 2)
+        }
+        // Split types (Q6_K as repacked): one 32-weight block a lane piece.
+        T_Q4_0 | T_Q6_K if k % 32 == 0 => {
+            let first = if ty == T_Q4_0 { 1 } else { 6 };
+            match (k / 32).div_ceil(32) {
+                1 => (first, 4),
+                2 => (first + 1, 2),
+                3 | 4 => (first + 2, 1),
+                _ => return generic,
+            }
+        }
         T_Q4_K if k % 256 == 0 => match (k / 256).div_ceil(8) {
             1 => (4, 2),
             2 => (5, 1),
@@ -214,9 +227,10 @@ pub(crate) fn matvec(
     p.rows_per_warp = rpw as i32;
     let blocks = total.div_ceil(rpw * WARPS as usize) as u32;
     let bytes = ws.iter().map(|(w, _, r)| weight_bytes(w, *r)).sum();
-    // The generic mode has a kernel of its own with fewer registers (matvec.cu).
+    // The generic mode and the Q6_K modes have kernels of their own (registers, matvec.cu).
     let kernel = match mode {
         0 => Kernel::MatvecGeneric,
+        6.. => Kernel::MatvecQ6K,
         _ => Kernel::Matvec,
     };
     Launch::new(kernel, name, (blocks, 1, 1), THREADS, smem_x(k), &p, bytes)
@@ -565,8 +579,13 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
     };
     let smem = (h_floats * 4) as u32 + experts_smem;
     let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
+    // The Q6_K modes have a kernel of their own (moe.cu).
+    let kernel = match dmode {
+        7.. => Kernel::MoeDownQ6K,
+        _ => Kernel::MoeDown,
+    };
     out.push(Launch::new(
-        Kernel::MoeDown,
+        kernel,
         "moe_down",
         grid,
         THREADS,
@@ -597,12 +616,15 @@ fn down_mode(lw: &crate::weights::LayerW, c: &Config) -> (i32, usize) {
         return (0, 1);
     }
     match lw.down.ty {
-        T_Q4_0 if dff % 32 == 0 => match used * dff / 32 {
-            0..=64 => (1, 1),
-            65..=192 => (2, 1),
-            193..=256 => (3, 1),
-            _ => (0, 1),
-        },
+        T_Q4_0 | T_Q6_K if dff % 32 == 0 => {
+            let first = if lw.down.ty == T_Q4_0 { 1 } else { 7 };
+            match used * dff / 32 {
+                0..=64 => (first, 1),
+                65..=192 => (first + 1, 1),
+                193..=256 => (first + 2, 1),
+                _ => (0, 1),
+            }
+        }
         T_Q4_K if dff % 256 == 0 => match used * dff / 256 * 4 {
             0..=32 => (4, 1),
             33..=96 => (5, 1),

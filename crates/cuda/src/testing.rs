@@ -5,6 +5,7 @@ use q4moe_gguf::GgmlType;
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
+use crate::repack::{split_aux_bytes, split_planes};
 use crate::Result;
 
 pub struct TestDevice {
@@ -39,16 +40,8 @@ impl TestDevice {
 
     /// Uploads a matrix of `rows` rows of `k` elements in its ggml bytes, as the backend does.
     fn weight(&self, ty: GgmlType, bytes: &[u8], k: usize) -> Result<(Qw, Vec<DevBuf>)> {
-        if ty == GgmlType::Q4_0 {
-            let qs: Vec<u8> = bytes
-                .chunks_exact(18)
-                .flat_map(|b| b[2..18].to_vec())
-                .collect();
-            let d: Vec<u8> = bytes
-                .chunks_exact(18)
-                .flat_map(|b| b[0..2].to_vec())
-                .collect();
-            let (a, b) = (self.upload(&qs)?, self.upload(&d)?);
+        if let Some((nibbles, aux)) = split_planes(ty, bytes) {
+            let (a, b) = (self.upload(&nibbles)?, self.upload(&aux)?);
             return Ok((
                 Qw {
                     data: a.ptr,
@@ -93,9 +86,9 @@ impl TestDevice {
         let l = if rows % 8 == 0 && half > 0 {
             let mut w2 = w;
             w2.data += (half * ty.row_bytes(k).unwrap()) as u64;
-            if ty == GgmlType::Q4_0 {
+            if let Some(aux) = split_aux_bytes(ty) {
                 w2.data = w.data + (half * (k / 32) * 16) as u64;
-                w2.scales = w.scales + (half * (k / 32) * 2) as u64;
+                w2.scales = w.scales + (half * (k / 32) * aux) as u64;
             }
             crate::step::matvec(
                 "matvec",
@@ -125,6 +118,30 @@ impl TestDevice {
         self.dev.launch(&l)?;
         self.dev.sync()?;
         self.read(&out, rows)
+    }
+
+    /// Row `token` of a matrix in ggml's bytes, through the `embed` kernel (weight_at).
+    pub fn embed(&self, ty: GgmlType, bytes: &[u8], k: usize, token: u32) -> Result<Vec<f32>> {
+        let (w, _keep) = self.weight(ty, bytes, k)?;
+        let st = self.upload(&[StepState { token, pos: 0 }])?;
+        let out = self.poisoned(k)?;
+        let p = EmbedParams {
+            w,
+            state: st.ptr,
+            x: out.ptr,
+        };
+        let blocks = k.div_ceil(256) as u32;
+        self.dev.launch(&Launch::new(
+            Kernel::Embed,
+            "embed",
+            (blocks, 1, 1),
+            256,
+            0,
+            &p,
+            0,
+        ))?;
+        self.dev.sync()?;
+        self.read(&out, k)
     }
 
     /// Router softmax + top-k (+ renormalisation): returns (ids, weights).

@@ -1,7 +1,7 @@
 //! Resident weights: every matrix stays in its 4-bit (or 6/8-bit) blocks on the device. Q4_0
-//! is repacked at load into a 16-byte-aligned nibble array and a separate f16 scale array so
-//! a lane reads one block's nibbles with a single 16-byte load; other types keep ggml's block
-//! bytes (Q4_K super-blocks are 144 bytes, already 16-byte aligned). Norms go up as f32.
+//! and Q6_K are repacked at load into a 16-byte-aligned nibble plane and an aux plane
+//! (repack.rs) so a lane reads one block with aligned vector loads; other types keep ggml's
+//! block bytes (Q4_K super-blocks are 144 bytes, already 16-byte aligned). Norms go up as f32.
 
 use std::ops::Range;
 
@@ -10,6 +10,7 @@ use q4moe_model::{Config, Model, QTensor};
 
 use crate::device::{DevBuf, Device};
 use crate::params::Qw;
+use crate::repack::{split_aux_bytes, split_planes};
 use crate::{CudaError, Result};
 
 const ALIGN: usize = 256;
@@ -44,7 +45,7 @@ pub struct Weights {
 /// Where one tensor goes in the single device allocation.
 struct Place {
     tensor: QTensor,
-    /// Data region; for repacked Q4_0 the nibbles, followed by `scales`.
+    /// Data region; for split types (repack.rs) the nibble plane, followed by `scales`.
     at: Range<usize>,
     scales: usize,
     norm: bool,
@@ -96,14 +97,15 @@ fn plan(model: &Model) -> Result<(Vec<Place>, usize)> {
             (n_el * 4, 0)
         } else {
             kernel_type(&t)?;
-            if t.ty == GgmlType::Q4_0 {
-                let nb = n_el / 32;
-                (
-                    nb * 16 + (nb * 2).next_multiple_of(ALIGN) + ALIGN,
-                    off + nb * 16,
-                )
-            } else {
-                (t.n_bytes(), 0)
+            match split_aux_bytes(t.ty) {
+                Some(aux) => {
+                    let nb = n_el / 32;
+                    (
+                        nb * 16 + (nb * aux).next_multiple_of(ALIGN) + ALIGN,
+                        off + nb * 16,
+                    )
+                }
+                None => (t.n_bytes(), 0),
             }
         };
         let scales = if scales > 0 {
@@ -132,17 +134,13 @@ fn device_bytes(model: &Model, p: &Place) -> Vec<u8> {
             .flat_map(|v| v.to_le_bytes())
             .collect();
     }
-    if p.tensor.ty != GgmlType::Q4_0 {
+    let Some((nibbles, aux)) = split_planes(p.tensor.ty, src) else {
         return src.to_vec();
-    }
-    let nb = src.len() / 18;
+    };
     let mut out = vec![0u8; p.at.len()];
     let s0 = p.scales - p.at.start;
-    for (b, blk) in src.chunks_exact(18).enumerate() {
-        out[b * 16..b * 16 + 16].copy_from_slice(&blk[2..18]);
-        out[s0 + 2 * b..s0 + 2 * b + 2].copy_from_slice(&blk[0..2]);
-    }
-    debug_assert!(s0 + 2 * nb <= out.len());
+    out[..nibbles.len()].copy_from_slice(&nibbles);
+    out[s0..s0 + aux.len()].copy_from_slice(&aux);
     out
 }
 

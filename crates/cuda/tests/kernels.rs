@@ -88,6 +88,34 @@ fn matvec_every_type_matches_host() {
 }
 
 #[test]
+fn embedding_row_matches_host_for_every_type() {
+    let Some(dev) = device() else { return };
+    let (rows, k) = (5, 512);
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::F32,
+        GgmlType::F16,
+    ] {
+        let mut rng = Rng::new(ty.id() as u64 + 77);
+        let mut bytes = Vec::new();
+        quantize_row(ty, &randn(&mut rng, rows * k, 1.0), &mut bytes).unwrap();
+        let rb = bytes.len() / rows;
+        let mut want = vec![0f32; k];
+        dequantize_row(ty, &bytes[3 * rb..4 * rb], &mut want).unwrap();
+        let got = dev.embed(ty, &bytes, k, 3).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs().max(1e-3),
+                "{ty:?} weight {i}: got {g}, want {w}"
+            );
+        }
+    }
+}
+
+#[test]
 fn topk_matches_host() {
     let Some(dev) = device() else { return };
     let mut rng = Rng::new(5);

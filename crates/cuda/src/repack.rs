@@ -1,0 +1,157 @@
+//! Device layouts of the "split" types, repacked at load so a lane reads one 32-weight block
+//! with aligned vector loads: a nibble plane at `Qw::data` (16 bytes a block; byte j holds
+//! weight j in its low nibble and weight j + 16 in its high one) and an aux plane at
+//! `Qw::scales`. Q4_0's aux is the f16 scale (2 bytes a block). Q6_K's is 12 bytes a block,
+//! grouped per 256-weight super-block (96 bytes, so a row's aux is contiguous): the 8 blocks'
+//! high-bit words first (8 bytes each), then their scale words (4 bytes each). Both mirror
+//! `split_aux` / `Q6_KPiece` in kernels/common.cuh.
+
+use q4moe_gguf::quant::BlockQ6K;
+use q4moe_gguf::GgmlType;
+
+/// Aux bytes a 32-weight block of a split type, or None for types kept in ggml's bytes.
+pub fn split_aux_bytes(ty: GgmlType) -> Option<usize> {
+    match ty {
+        GgmlType::Q4_0 => Some(2),
+        GgmlType::Q6_K => Some(12),
+        _ => None,
+    }
+}
+
+/// Device bytes of `rows` rows of `k` weights (split types: both planes).
+pub fn device_row_bytes(ty: GgmlType, k: usize) -> usize {
+    match split_aux_bytes(ty) {
+        Some(aux) => k / 32 * (16 + aux),
+        None => ty.row_bytes(k).unwrap_or(0),
+    }
+}
+
+/// (nibble plane, aux plane) of a split-type matrix in ggml's bytes; None for other types.
+pub fn split_planes(ty: GgmlType, src: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    match ty {
+        GgmlType::Q4_0 => Some(q4_0_planes(src)),
+        GgmlType::Q6_K => Some(q6_k_planes(src)),
+        _ => None,
+    }
+}
+
+fn q4_0_planes(src: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let blocks = src.chunks_exact(18);
+    let nibbles = blocks.clone().flat_map(|b| b[2..18].to_vec()).collect();
+    let scales = blocks.flat_map(|b| b[0..2].to_vec()).collect();
+    (nibbles, scales)
+}
+
+/// Per 32-weight block j of a super-block (half h = j / 4, quant k = j % 4: weights
+/// 128h + 32k + l, l < 32): the low 4 bits as in Q4_0's nibble plane; high-bit words G0 (l < 16)
+/// and G1 (l >= 16) with the 2 high bits of weight 4w + b (of its half) at bits 8b + 2w, so the
+/// kernel lifts them next to nibble word w with one shift and mask; the scale word
+/// d (f16) | scales[8h + 2k] << 16 | scales[8h + 2k + 1] << 24.
+fn q6_k_planes(src: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let n_sb = src.len() / 210;
+    let (mut nibbles, mut aux) = (vec![0u8; n_sb * 128], vec![0u8; n_sb * 96]);
+    for (s, raw) in src.chunks_exact(210).enumerate() {
+        let b = block_q6_k(raw);
+        let a = &mut aux[s * 96..s * 96 + 96];
+        for j in 0..8 {
+            let (h, k) = (j / 4, j % 4);
+            let q = |l: usize| b.q(128 * h + 32 * k + l);
+            let n = &mut nibbles[(s * 8 + j) * 16..(s * 8 + j + 1) * 16];
+            let (mut g0, mut g1) = (0u32, 0u32);
+            for m in 0..16 {
+                n[m] = (q(m) & 15) | ((q(m + 16) & 15) << 4);
+                let at = 8 * (m % 4) + 2 * (m / 4);
+                g0 |= ((q(m) >> 4) as u32) << at;
+                g1 |= ((q(m + 16) >> 4) as u32) << at;
+            }
+            a[8 * j..8 * j + 4].copy_from_slice(&g0.to_le_bytes());
+            a[8 * j + 4..8 * j + 8].copy_from_slice(&g1.to_le_bytes());
+            let sc = [
+                b.d[0],
+                b.d[1],
+                b.scales[8 * h + 2 * k],
+                b.scales[8 * h + 2 * k + 1],
+            ];
+            a[64 + 4 * j..68 + 4 * j].copy_from_slice(&sc);
+        }
+    }
+    (nibbles, aux)
+}
+
+fn block_q6_k(raw: &[u8]) -> BlockQ6K {
+    let mut b = BlockQ6K {
+        ql: [0; 128],
+        qh: [0; 64],
+        scales: [0; 16],
+        d: [0; 2],
+    };
+    b.ql.copy_from_slice(&raw[0..128]);
+    b.qh.copy_from_slice(&raw[128..192]);
+    b.scales.copy_from_slice(&raw[192..208]);
+    b.d.copy_from_slice(&raw[208..210]);
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use q4moe_gguf::quant::{dequantize_row, quantize_row};
+
+    /// Weight i of a Q6_K matrix read from the planes the way the kernels read them.
+    fn q6_k_weight(nibbles: &[u8], aux: &[u8], i: usize) -> f32 {
+        let (bi, j) = (i / 32, i % 32);
+        let m = j % 16;
+        let byte = nibbles[bi * 16 + m];
+        let low = if j < 16 { byte & 15 } else { byte >> 4 };
+        let a = &aux[bi / 8 * 96..];
+        let g = 8 * (bi % 8) + 4 * (j / 16);
+        let g = u32::from_le_bytes(a[g..g + 4].try_into().unwrap());
+        let high = (g >> (8 * (m % 4) + 2 * (m / 4))) & 3;
+        let s = &a[64 + 4 * (bi % 8)..68 + 4 * (bi % 8)];
+        let d = half::f16::from_le_bytes([s[0], s[1]]).to_f32();
+        let sc = s[2 + j / 16] as i8 as f32;
+        d * sc * (((high << 4) | low as u32) as i32 - 32) as f32
+    }
+
+    #[test]
+    fn q6_k_planes_hold_every_weight() {
+        let k = 512;
+        let x: Vec<f32> = (0..2 * k)
+            .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
+            .collect();
+        let mut raw = Vec::new();
+        for row in x.chunks_exact(k) {
+            quantize_row(GgmlType::Q6_K, row, &mut raw).unwrap();
+        }
+        let mut want = vec![0f32; 2 * k];
+        for (r, o) in want.chunks_exact_mut(k).enumerate() {
+            let rb = GgmlType::Q6_K.row_bytes(k).unwrap();
+            dequantize_row(GgmlType::Q6_K, &raw[r * rb..(r + 1) * rb], o).unwrap();
+        }
+        let (nibbles, aux) = split_planes(GgmlType::Q6_K, &raw).unwrap();
+        assert_eq!(
+            nibbles.len() + aux.len(),
+            device_row_bytes(GgmlType::Q6_K, k) * 2
+        );
+        let mut distinct = std::collections::HashSet::new();
+        for (i, w) in want.iter().enumerate() {
+            let got = q6_k_weight(&nibbles, &aux, i);
+            // d * sc * (q - 32) in another association than the CPU's (d * sc) * (q - 32).
+            assert!(
+                (got - w).abs() <= 1e-6 * w.abs().max(1e-3),
+                "weight {i}: {got} vs {w}"
+            );
+            distinct.insert(got.to_bits());
+        }
+        assert!(distinct.len() > 200, "the test matrix uses few levels");
+    }
+
+    #[test]
+    fn q4_0_planes_split_nibbles_and_scales() {
+        let raw: Vec<u8> = (0..36u32).map(|i| (i * 37 % 251) as u8).collect();
+        let (n, s) = split_planes(GgmlType::Q4_0, &raw).unwrap();
+        assert_eq!(n, [&raw[2..18], &raw[20..36]].concat());
+        assert_eq!(s, [raw[0], raw[1], raw[18], raw[19]]);
+        assert!(split_planes(GgmlType::Q4_K, &raw).is_none());
+    }
+}
