@@ -299,15 +299,7 @@ mod tests {
             (15 + 170usize).next_multiple_of(16)
         );
         assert_eq!(staged_bytes(&q8, Some(1), 0), 0);
-        // Q6_K (24 blocks a row): nibbles (384 bytes a row) and aux (288) staged apart.
-        let q6 = Qw {
-            data: 0x1000,
-            scales: 0x9000,
-            ty: 14,
-            k: 768,
-        };
-        assert_eq!(staged_bytes(&q6, Some(3), 2), 2 * 384 + 2 * 288);
-        // Q4_0 (24 blocks a row): nibbles (384 bytes a row) and scales (48) staged apart.
+        // Split types (24 blocks a row): nibbles (384 bytes a row) and aux staged apart.
         let q4 = Qw {
             data: 0x1000,
             scales: 0x9000,
@@ -315,6 +307,8 @@ mod tests {
             k: 768,
         };
         assert_eq!(staged_bytes(&q4, Some(3), 2), 2 * 384 + 2 * 48);
+        let q6 = Qw { ty: 14, ..q4 };
+        assert_eq!(staged_bytes(&q6, Some(3), 2), 2 * 384 + 2 * 288);
         // 5 blocks a row: row 1's 10 bytes of scales start 10 bytes into a line.
         let q4 = Qw { k: 160, ..q4 };
         assert_eq!(

@@ -69,17 +69,20 @@ fn check_matvec(dev: &TestDevice, ty: GgmlType, rows: usize, k: usize, fused_nor
     }
 }
 
+/// Every weight type the kernels read.
+const EVERY_TYPE: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::F32,
+    GgmlType::F16,
+];
+
 #[test]
 fn matvec_every_type_matches_host() {
     let Some(dev) = device() else { return };
-    for ty in [
-        GgmlType::Q4_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-        GgmlType::F32,
-        GgmlType::F16,
-    ] {
+    for ty in EVERY_TYPE {
         for (rows, k) in [(37, 256), (130, 768), (64, 2048), (9, 4096)] {
             check_matvec(&dev, ty, rows, k, false);
         }
@@ -91,14 +94,7 @@ fn matvec_every_type_matches_host() {
 fn embedding_row_matches_host_for_every_type() {
     let Some(dev) = device() else { return };
     let (rows, k) = (5, 512);
-    for ty in [
-        GgmlType::Q4_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-        GgmlType::F32,
-        GgmlType::F16,
-    ] {
+    for ty in EVERY_TYPE {
         let mut rng = Rng::new(ty.id() as u64 + 77);
         let mut bytes = Vec::new();
         quantize_row(ty, &randn(&mut rng, rows * k, 1.0), &mut bytes).unwrap();
