@@ -16,7 +16,8 @@
 #   parity:<V=x>  the CPU-parity tests with environment setting V=x.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
 #                 parity test (when its build has one), then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
-#                 and on Q4_0 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused).
+#                 and on Q4_0 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused);
+#                 VARIANT_LONG=4096 adds Q4_0 decode at that context.
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
 #                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
@@ -105,6 +106,11 @@ for s in $steps; do
                 --decode-len 256 --runs 3 --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
           say "variant $n $1 fused=$2: $b"
         done
+        if [ -n "${VARIANT_LONG:-}" ]; then  # e.g. VARIANT_LONG=4096: Q4_0 decode at that context
+          b=$(timeout 150 "$d/q4moe" bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
+                --setup-cache on --in-flight 2 --long-context "$VARIANT_LONG" 2>&1 | grep -E "decode at" | tail -1)
+          say "variant $n q4_0 long: $b"
+        fi
       done ;;
     omit)
       # Each layer kernel's cost inside the graph: the step without it (Q4MOE_CUDA_OMIT; wrong
