@@ -281,21 +281,24 @@ impl Sampler {
     /// straight from the logits (no candidate list; non-finite logits weigh 0).
     fn sample_unsorted(&mut self, logits: &[f32]) -> u32 {
         let t = self.params.temperature;
-        let finite = || logits.iter().filter(|v| v.is_finite()).map(|&v| v / t);
-        let Some(max) = finite().reduce(f32::max) else {
+        let finite = logits.iter().copied().filter(|v| v.is_finite());
+        let Some(max) = finite.reduce(f32::max) else {
             return argmax(logits);
         };
+        // Division by t > 0 is monotone, so the largest v / t is the largest v divided by t:
+        // one division a token fewer, the same bits.
+        let max = max / t;
         // The weights are probabilities relative to the best token's, so min-p is their floor.
         let floor = self.params.min_p.max(0.0);
-        let w: Vec<f32> = logits
-            .iter()
-            .map(|&v| match v.is_finite() {
-                true => Some((v / t - max).exp())
-                    .filter(|&x| x >= floor)
-                    .unwrap_or(0.0),
-                false => 0.0,
-            })
-            .collect();
+        let weight = |v: f32| {
+            let w = if v.is_finite() { (v / t - max).exp() } else { 0.0 };
+            if w >= floor {
+                w
+            } else {
+                0.0
+            }
+        };
+        let w: Vec<f32> = logits.iter().map(|&v| weight(v)).collect();
         self.walk_unsorted(&w) as u32
     }
 
