@@ -91,6 +91,9 @@ struct FusedPlan {
 #define MB_GATE_UP 3
 #define MB_DOWN 4
 
+// TMA bulk copies and their mbarriers need sm_90: below it step_fused is an empty stub the host
+// never launches (fused.rs).
+#if __CUDA_ARCH__ >= 900
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
 // Completion of each copy group: one mbarrier per group, one phase per layer (parity l & 1).
@@ -531,3 +534,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) step_fused(const FusedParam
     // Every block passed the same barriers: the next step counts from here.
     if (blockIdx.x == 0 && threadIdx.x == 0) bar->base = target;
 }
+#else
+extern "C" __global__ void step_fused(const FusedParams p) {}
+#endif

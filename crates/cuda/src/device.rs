@@ -111,6 +111,8 @@ pub struct Device {
     /// kernel's weights load while its predecessor finishes. On by default; Q4MOE_CUDA_PDL=0
     /// turns it off (A/B measurements).
     pdl: bool,
+    /// Compute capability major (9 = Hopper: TMA bulk copies, the fused step).
+    pub sm_major: i32,
 }
 
 // SAFETY: the raw handles belong to `ctx`, which every entry point binds to its thread first.
@@ -164,6 +166,7 @@ impl Device {
             _module: module,
             name,
             pdl,
+            sm_major: maj,
         })
     }
 

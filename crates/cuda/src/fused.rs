@@ -137,6 +137,10 @@ impl FusedStep {
         bytes_read: u64,
     ) -> Result<Option<FusedStep>> {
         let g = dev.sm_count()? as usize;
+        if dev.sm_major < 9 {
+            tracing::info!("fused step off: it needs sm_90 (TMA bulk copies)");
+            return Ok(None);
+        }
         let plan = match unsupported(c).map_or_else(|| smem_plan(c, w, g), Err) {
             Ok(p) => p,
             Err(why) => {

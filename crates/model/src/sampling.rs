@@ -291,7 +291,11 @@ impl Sampler {
         // The weights are probabilities relative to the best token's, so min-p is their floor.
         let floor = self.params.min_p.max(0.0);
         let weight = |v: f32| {
-            let w = if v.is_finite() { (v / t - max).exp() } else { 0.0 };
+            let w = if v.is_finite() {
+                (v / t - max).exp()
+            } else {
+                0.0
+            };
             if w >= floor {
                 w
             } else {
