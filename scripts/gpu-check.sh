@@ -158,5 +158,6 @@ for s in $steps; do
       tail -45 "$OUT/bench-$q.log"
       say "bench $q: $(grep -E 'cache on, in-flight 2' "$OUT/bench-$q.log" | head -1)" ;;
   esac
+  say "  ($s done at ${SECONDS} s)"  # for planning device time: each step's end
 done
 echo "== summary"; printf "$summary"
