@@ -58,8 +58,8 @@ fn q6_k_planes(src: &[u8]) -> (Vec<u8>, Vec<u8>) {
             let q = |l: usize| b.q(128 * h + 32 * k + l);
             let n = &mut nibbles[(s * 8 + j) * 16..(s * 8 + j + 1) * 16];
             let (mut g0, mut g1) = (0u32, 0u32);
-            for m in 0..16 {
-                n[m] = (q(m) & 15) | ((q(m + 16) & 15) << 4);
+            for (m, byte) in n.iter_mut().enumerate() {
+                *byte = (q(m) & 15) | ((q(m + 16) & 15) << 4);
                 let at = 8 * (m % 4) + 2 * (m / 4);
                 g0 |= ((q(m) >> 4) as u32) << at;
                 g1 |= ((q(m + 16) >> 4) as u32) << at;
