@@ -26,20 +26,39 @@ pub fn device_row_bytes(ty: GgmlType, k: usize) -> usize {
     }
 }
 
-/// (nibble plane, aux plane) of a split-type matrix in ggml's bytes; None for other types.
-pub fn split_planes(ty: GgmlType, src: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
-    match ty {
-        GgmlType::Q4_0 => Some(q4_0_planes(src)),
-        GgmlType::Q6_K => Some(q6_k_planes(src)),
-        _ => None,
-    }
+/// (nibble plane, aux plane) bytes of a split-type matrix of `src_len` ggml bytes; None for
+/// other types.
+pub fn plane_bytes(ty: GgmlType, src_len: usize) -> Option<(usize, usize)> {
+    let aux = split_aux_bytes(ty)?;
+    let blocks = src_len / ty.type_size() * (ty.block_size() / 32);
+    Some((blocks * 16, blocks * aux))
 }
 
-fn q4_0_planes(src: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let blocks = src.chunks_exact(18);
-    let nibbles = blocks.clone().flat_map(|b| b[2..18].to_vec()).collect();
-    let scales = blocks.flat_map(|b| b[0..2].to_vec()).collect();
-    (nibbles, scales)
+/// Writes a split-type matrix in ggml's bytes as its two planes (sized by `plane_bytes`), in
+/// place; false (nothing written) for other types.
+pub fn write_planes(ty: GgmlType, src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) -> bool {
+    match ty {
+        GgmlType::Q4_0 => q4_0_planes(src, nibbles, aux),
+        GgmlType::Q6_K => q6_k_planes(src, nibbles, aux),
+        _ => return false,
+    }
+    true
+}
+
+/// The two planes of a split-type matrix as new buffers; None for other types.
+pub fn split_planes(ty: GgmlType, src: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    let (n, a) = plane_bytes(ty, src.len())?;
+    let (mut nibbles, mut aux) = (vec![0u8; n], vec![0u8; a]);
+    write_planes(ty, src, &mut nibbles, &mut aux);
+    Some((nibbles, aux))
+}
+
+fn q4_0_planes(src: &[u8], nibbles: &mut [u8], scales: &mut [u8]) {
+    let planes = nibbles.chunks_exact_mut(16).zip(scales.chunks_exact_mut(2));
+    for (b, (n, d)) in src.chunks_exact(18).zip(planes) {
+        n.copy_from_slice(&b[2..18]);
+        d.copy_from_slice(&b[0..2]);
+    }
 }
 
 /// Per 32-weight block j of a super-block (half h = j / 4, quant k = j % 4: weights
@@ -47,9 +66,7 @@ fn q4_0_planes(src: &[u8]) -> (Vec<u8>, Vec<u8>) {
 /// and G1 (l >= 16) with the 2 high bits of weight 4w + b (of its half) at bits 8b + 2w, so the
 /// kernel lifts them next to nibble word w with one shift and mask; the scale word
 /// d (f16) | scales[8h + 2k] << 16 | scales[8h + 2k + 1] << 24.
-fn q6_k_planes(src: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let n_sb = src.len() / 210;
-    let (mut nibbles, mut aux) = (vec![0u8; n_sb * 128], vec![0u8; n_sb * 96]);
+fn q6_k_planes(src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) {
     for (s, raw) in src.chunks_exact(210).enumerate() {
         let b = block_q6_k(raw);
         let a = &mut aux[s * 96..s * 96 + 96];
@@ -75,7 +92,6 @@ fn q6_k_planes(src: &[u8]) -> (Vec<u8>, Vec<u8>) {
             a[64 + 4 * j..68 + 4 * j].copy_from_slice(&sc);
         }
     }
-    (nibbles, aux)
 }
 
 fn block_q6_k(raw: &[u8]) -> BlockQ6K {

@@ -10,7 +10,7 @@ use q4moe_model::{Config, Model, QTensor};
 
 use crate::device::{DevBuf, Device};
 use crate::params::Qw;
-use crate::repack::{split_aux_bytes, split_planes};
+use crate::repack::{plane_bytes, split_aux_bytes, write_planes};
 use crate::{CudaError, Result};
 
 const ALIGN: usize = 256;
@@ -134,13 +134,12 @@ fn device_bytes(model: &Model, p: &Place) -> Vec<u8> {
             .flat_map(|v| v.to_le_bytes())
             .collect();
     }
-    let Some((nibbles, aux)) = split_planes(p.tensor.ty, src) else {
+    let Some((n, a)) = plane_bytes(p.tensor.ty, src.len()) else {
         return src.to_vec();
     };
     let mut out = vec![0u8; p.at.len()];
-    let s0 = p.scales - p.at.start;
-    out[..nibbles.len()].copy_from_slice(&nibbles);
-    out[s0..s0 + aux.len()].copy_from_slice(&aux);
+    let (nibbles, rest) = out.split_at_mut(p.scales - p.at.start);
+    write_planes(p.tensor.ty, src, &mut nibbles[..n], &mut rest[..a]);
     out
 }
 
