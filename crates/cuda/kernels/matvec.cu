@@ -117,8 +117,9 @@ extern "C" __global__ void matvec(const MatvecParams p) {
     matvec_unit(p, smem, this_unit());
 }
 
-// The Q6_K modes (and QKV with Q6_K rows) apart: their 7 registers a piece would lift `matvec` from 80 to 94 registers
-// (3 -> 2 blocks an SM) for every type; held to 3 blocks an SM (86 registers unbounded).
+// The Q6_K modes (and QKV with Q6_K rows) apart: their 7 registers a piece would lift `matvec`
+// from 80 to 94 registers (3 -> 2 blocks an SM) for every type; held to 3 blocks an SM (86
+// registers unbounded).
 extern "C" __global__ void __launch_bounds__(256, 3) matvec_q6k(const MatvecParams p) {
     extern __shared__ __align__(16) float smem[];
     float* red = smem;

@@ -176,7 +176,7 @@ struct GateUpParams {
     Experts experts;
     int d_ff;
     int rows_per_warp;
-    int mode;    // 0 generic; 1/2 Q4_0 with k <= 1024/2048; 4 Q4_K with k <= 2048 (2 rows per warp)
+    int mode;    // 0 generic; 1 Q4_0 k <= 1024 (2 rows a warp); 2 Q4_0 / 4 Q4_K k <= 2048 (1 row)
 };
 
 template <int NR, class Rows>
