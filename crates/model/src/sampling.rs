@@ -202,8 +202,7 @@ impl Sampler {
             cand.truncate(p.top_k);
         }
         cand.sort_unstable_by(best_first);
-        let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|&(_, v)| (v - max).exp()).collect();
+        let mut probs = relative_weights(&cand);
         let sum: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= sum);
         let mut keep = probs.len();
