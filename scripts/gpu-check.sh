@@ -48,6 +48,14 @@ for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
 " "$1" 2>&1 | head -24
 }
 say() { echo "$1"; summary+="$1\n"; }  # printed as it happens (a timed-out call keeps it)
+# The quick bench (cache on, in-flight 2, 3 runs of 256 tokens after a 128-token prompt):
+# quick <binary> <quant> [more bench args]; prints its median line (QUICK_LINE: another line).
+quick() {
+  local b=$1 q=$2
+  shift 2
+  timeout 150 "$b" bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
+    --setup-cache on --in-flight 2 "$@" 2>&1 | grep -E "${QUICK_LINE:-median}" | tail -1
+}
 for s in $steps; do
   case $s in
     tests)
@@ -82,8 +90,7 @@ for s in $steps; do
       q=q4_0; [[ $s == ab:* ]] && q=${s#ab:}
       model $q
       for env in ${AB_ENVS:-Q4MOE_CUDA_PDL=0 Q4MOE_CUDA_PDL=1 Q4MOE_CUDA_FUSED=1}; do
-        r=$(env $env timeout 120 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
-              --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
+        r=$(export $env; quick "$Q" $q)
         say "ab $q [$env]: $r"
       done ;;
     parity:*)
@@ -102,13 +109,11 @@ for s in $steps; do
         IFS=, read -ra runs <<< "${VARIANT_RUNS:-q4_0 0,q4_k_m 0,q4_0 1}"
         for run in "${runs[@]}"; do
           set -- $run
-          b=$(Q4MOE_CUDA_FUSED=$2 timeout 120 "$d/q4moe" bench --model /tmp/$1.gguf --device cuda --prompt-len 128 \
-                --decode-len 256 --runs 3 --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
+          b=$(Q4MOE_CUDA_FUSED=$2 quick "$d/q4moe" $1)
           say "variant $n $1 fused=$2: $b"
         done
         if [ -n "${VARIANT_LONG:-}" ]; then  # e.g. VARIANT_LONG=4096: Q4_0 decode at that context
-          b=$(timeout 150 "$d/q4moe" bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
-                --setup-cache on --in-flight 2 --long-context "$VARIANT_LONG" 2>&1 | grep -E "decode at" | tail -1)
+          b=$(QUICK_LINE="decode at" quick "$d/q4moe" q4_0 --long-context "$VARIANT_LONG")
           say "variant $n q4_0 long: $b"
         fi
       done ;;
@@ -117,8 +122,7 @@ for s in $steps; do
       # output, timing only), Q4_0, cache on, in-flight 2, 3 runs.
       model q4_0
       for k in none qkv attn_gqa o_proj router_topk moe_gate_up moe_down; do
-        r=$(Q4MOE_CUDA_OMIT=$k timeout 120 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 256 \
-              --runs 3 --setup-cache on --in-flight 2 2>&1 | grep -E "median" | tail -1)
+        r=$(Q4MOE_CUDA_OMIT=$k quick "$Q" q4_0)
         say "omit $k: $r"
       done ;;
     ncu)
