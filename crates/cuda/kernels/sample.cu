@@ -245,6 +245,7 @@ __device__ u32 walk_vocab(const float* lg, int n, const SampleConfig& c, SampleS
     int len = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * len, hi = min(n, lo + len);
     float sum = 0.f;
     u32 last = 0;
+#pragma unroll 8
     for (int i = lo; i < hi; i++) {
         float w = vocab_weight(lg, i, t, mx, floor);
         if (w > 0.f) { sum += w; last = (u32)i; }
