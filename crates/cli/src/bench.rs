@@ -53,8 +53,8 @@ pub struct BenchArgs {
     seed: u64,
     /// GPU: also measure sampled decoding (cache on) with Qwen3's recommended settings
     /// (temperature 0.6, top-k 20, top-p 0.95: the device sampler), with top-k off (the host
-    /// sampler's sorted walk) and with the OpenAI API's defaults (temperature 1, no top-k,
-    /// top-p 1: the host sampler's unsorted walk).
+    /// sampler's nucleus) and with the OpenAI API's defaults (temperature 1, no top-k, top-p 1:
+    /// the device sampler's vocabulary-order walk).
     #[arg(long)]
     sampled: bool,
 }
@@ -203,7 +203,7 @@ fn variants(a: &BenchArgs, backend: &AnyBackend) -> Vec<Variant> {
             },
         });
         v.push(Variant {
-            name: "sampled T1 p1 (host)".into(),
+            name: "sampled T1 p1".into(),
             setup_cache: true,
             in_flight,
             sampling: SamplingParams {

@@ -76,14 +76,15 @@ extern "C" __global__ void argmax_final(const ArgmaxParams p) {
     argmax_final_unit(p, sv, si);
 }
 
-// ---- Sampling on the device: temperature + top-k (1..=1024) + top-p + min-p, SplitMix64 draw.
+// ---- Sampling on the device: temperature + top-k (1..=1024) + top-p + min-p, or no cut at all
+// (the vocabulary-order walk), SplitMix64 draw.
 // Mirrors q4moe_model::Sampler step for step: the k largest of logit / temperature (ties: lower
 // id first), sorted; probabilities exp(v - max) summed in sorted order and normalised; top-p and
 // min-p cut in sorted order; r = u * kept mass walked in sorted order. exp is evaluated in double
 // and rounded, so it agrees with the host's correctly rounded expf except in rare ties.
 struct SampleConfig {
     float temperature;  // > 0
-    int top_k;          // 1..=SAMPLE_MAX_K
+    int top_k;          // 1..=SAMPLE_MAX_K, or 0 (off) with top_p = 1
     float top_p;        // (0, 1]; 1 = off
     float min_p;        // [0, 1]; 0 = off
 };
@@ -212,22 +213,65 @@ __device__ void sort_candidates(SampleSmem& s) {
         }
 }
 
-// The host's sample_unsorted: weights exp(v - max) below `floor` dropped, one draw over their
-// sum, walked in id order (the candidates' order here).
-__device__ u32 walk_unsorted(const SampleSmem& s, int k, float floor, float u) {
+// Weight of id i in the no-cut walk: exp(v / t - mx), 0 for a non-finite logit or below the
+// min-p floor.
+__device__ __forceinline__ float vocab_weight(const float* lg, int i, float t, float mx, float floor) {
+    float x = lg[i];
+    if (!isfinite(x)) return 0.f;
+    float w = (float)exp((double)(x / t - mx));
+    return w >= floor ? w : 0.f;
+}
+
+// No top-k or top-p cut: the host's sample_unsorted / walk_unsorted (q4moe_model::sampling). Thread
+// c sums chunk c of ceil(n / blockDim) ids in id order (WALK_CHUNKS = blockDim = 1024), thread 0
+// sums the chunk sums in order, draws, skips every chunk the remainder covers and walks the one
+// it falls in -- the same numbers added in the same order as the host.
+__device__ u32 walk_vocab(const float* lg, int n, const SampleConfig& c, SampleSmem& s, u64* rng) {
+    float t = c.temperature, floor = fmaxf(c.min_p, 0.f);
+    float m = -INFINITY;
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float x = lg[i];
+        if (isfinite(x)) m = fmaxf(m, x / t);
+    }
+    s.pr[threadIdx.x] = m;
+    __syncthreads();
+    for (int o = blockDim.x >> 1; o > 0; o >>= 1) {  // a maximum: exact in any order
+        if ((int)threadIdx.x < o) s.pr[threadIdx.x] = fmaxf(s.pr[threadIdx.x], s.pr[threadIdx.x + o]);
+        __syncthreads();
+    }
+    float mx = s.pr[0];
+    __syncthreads();
+    int len = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * len, hi = min(n, lo + len);
+    float sum = 0.f;
+    u32 last = 0;
+#pragma unroll 8
+    for (int i = lo; i < hi; i++) {
+        float w = vocab_weight(lg, i, t, mx, floor);
+        if (w > 0.f) { sum += w; last = (u32)i; }
+    }
+    s.pr[threadIdx.x] = sum;
+    s.idx[threadIdx.x] = last;
+    __syncthreads();
+    if (threadIdx.x != 0) return 0;
     float total = 0.f;
-    for (int i = 0; i < k; i++) total += s.pr[i] >= floor ? s.pr[i] : 0.f;
-    float r = u * total;
-    int last = 0;
-    for (int i = 0; i < k; i++) {
-        float w = s.pr[i] >= floor ? s.pr[i] : 0.f;
-        if (w > 0.f) {
-            last = i;
-            r -= w;
-            if (r < 0.f) return s.idx[i];
+    for (int k = 0; k < (int)blockDim.x; k++) total += s.pr[k];
+    float r = next_f32(rng) * total;
+    u32 tok = 0;
+    for (int k = 0; k < (int)blockDim.x; k++) {
+        float ck = s.pr[k];
+        if (ck == 0.f) continue;
+        if (r >= ck) { r -= ck; tok = s.idx[k]; continue; }
+        for (int i = k * len; i < min(n, (k + 1) * len); i++) {
+            float w = vocab_weight(lg, i, t, mx, floor);
+            if (w > 0.f) {
+                tok = (u32)i;
+                r -= w;
+                if (r < 0.f) return tok;
+            }
         }
     }
-    return s.idx[last];
+    return tok;
 }
 
 // One block of SAMPLE_MAX_K threads.
@@ -256,6 +300,14 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
         }
         return;
     }
+    if (c.top_p >= 1.f && (c.top_k == 0 || c.top_k >= (int)s.n_finite)) {
+        u32 tok = walk_vocab(lg, p.n, c, s, (u64*)p.rng);
+        if (threadIdx.x == 0) {
+            st->token = tok;
+            st->pos += 1;
+        }
+        return;
+    }
     int k = min(min(c.top_k, SAMPLE_MAX_K), (int)s.n_finite);
     u32 thr, take;
     select_kth(lg, p.n, c.temperature, k, s, thr, take);
@@ -263,22 +315,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
     sort_candidates(s);
     int t = threadIdx.x;
     float mx = lg[s.idx[0]] / c.temperature;
-    // No top-k or top-p cut: the host walks the candidates in vocabulary order (sample_unsorted),
-    // so re-sort them by id (equal keys) and walk the same way.
-    bool unsorted = c.top_p >= 1.f && c.top_k >= (int)s.n_finite;
-    if (unsorted) {
-        __syncthreads();
-        s.key[t] = 0;
-        sort_candidates(s);
-    }
     if (t < k) s.pr[t] = (float)exp((double)(lg[s.idx[t]] / c.temperature - mx));
     __syncthreads();
     if (t != 0) return;
-    if (unsorted) {
-        st->token = walk_unsorted(s, k, fmaxf(c.min_p, 0.f), next_f32((u64*)p.rng));
-        st->pos += 1;
-        return;
-    }
     // Sequential in sorted order, exactly as the host sums and walks.
     float sum = 0.f;
     for (int i = 0; i < k; i++) sum += s.pr[i];

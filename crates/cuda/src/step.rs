@@ -237,9 +237,11 @@ pub(crate) fn matvec(
 }
 
 /// The device sampler's settings for `p`, or None when it needs the host sampler (penalties,
-/// top-k off or above SAMPLE_MAX_K).
+/// top-k above SAMPLE_MAX_K, or top-k off with a top-p cut). Top-k off without top-p is the
+/// device's vocabulary-order walk.
 pub fn sample_config(p: &SamplingParams) -> Option<SampleConfig> {
-    (!p.has_penalties() && (1..=SAMPLE_MAX_K).contains(&p.top_k)).then_some(SampleConfig {
+    let top_k_ok = (1..=SAMPLE_MAX_K).contains(&p.top_k) || (p.top_k == 0 && p.top_p >= 1.0);
+    (!p.has_penalties() && top_k_ok).then_some(SampleConfig {
         temperature: p.temperature,
         top_k: p.top_k as i32,
         top_p: p.top_p,

@@ -168,6 +168,9 @@ fn sampler_matches_host_sampler() {
         (2.0, 300, 1.0, 0.2),
         // no cut at n = 700: the host's vocabulary-order walk, with a min-p floor
         (1.1, 1024, 1.0, 0.1),
+        // top-k off, no top-p (the OpenAI defaults): the chunked vocabulary walk
+        (1.0, 0, 1.0, 0.0),
+        (0.8, 0, 1.0, 0.05),
     ];
     for n in [700, 151936] {
         let mut lg = randn(&mut rng, n, 3.0);
@@ -198,13 +201,14 @@ fn sampler_matches_host_sampler() {
             assert!(k == 1 || distinct > 1, "settings {p:?} never varied");
         }
     }
-    let off = SamplingParams {
+    let nucleus = SamplingParams {
         temperature: 1.0,
+        top_p: 0.9,
         ..Default::default()
     };
     assert_eq!(
-        dev.sample(&[0.0; 8], &off, 1).unwrap(),
+        dev.sample(&[0.0; 8], &nucleus, 1).unwrap(),
         None,
-        "top-k off: host path"
+        "top-k off with top-p: host path"
     );
 }

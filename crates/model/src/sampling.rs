@@ -307,23 +307,40 @@ impl Sampler {
 
     /// One draw over weights in vocabulary order, zero weights skipped: the index where the
     /// running remainder of u * sum goes negative, the last weighted one if rounding never gets
-    /// there.
+    /// there. The sums go by WALK_CHUNKS contiguous chunks -- each chunk's sum, then those in
+    /// order -- and the walk skips whole chunks the remainder covers, so the device sampler
+    /// (sample.cu, one thread a chunk) adds the same numbers in the same order.
     fn walk_unsorted(&mut self, w: &[f32]) -> usize {
-        let total: f32 = w.iter().sum();
+        let len = w.len().div_ceil(WALK_CHUNKS).max(1);
+        let partial: Vec<f32> = w.chunks(len).map(|c| c.iter().sum()).collect();
+        let total: f32 = partial.iter().sum();
         let mut r = self.rng.next_f32() * total;
         let mut last = 0;
-        for (i, &x) in w.iter().enumerate() {
-            if x > 0.0 {
-                last = i;
-                r -= x;
-                if r < 0.0 {
-                    return i;
+        for (c, (&sum, chunk)) in partial.iter().zip(w.chunks(len)).enumerate() {
+            if sum == 0.0 {
+                continue;
+            }
+            if r >= sum {
+                r -= sum;
+                last = c * len + chunk.iter().rposition(|&x| x > 0.0).unwrap_or(0);
+                continue;
+            }
+            for (i, &x) in chunk.iter().enumerate() {
+                if x > 0.0 {
+                    last = c * len + i;
+                    r -= x;
+                    if r < 0.0 {
+                        return last;
+                    }
                 }
             }
         }
         last
     }
 }
+
+/// Chunks of walk_unsorted's sums: the device sampler's threads (one chunk each).
+pub const WALK_CHUNKS: usize = 1024;
 
 /// exp(v - max): each candidate's probability relative to the best one's (which weighs 1).
 fn relative_weights(cand: &[(u32, f32)]) -> Vec<f32> {
@@ -535,36 +552,62 @@ mod tests {
     }
 
     /// sample_unsorted works on the logits directly; the device sampler matches it bit for bit,
-    /// so it must draw exactly what the walk over a finite-candidate list drew (the reference
-    /// below), non-finite logits and a min-p floor included.
+    /// so it must draw exactly what this reference does: weights over the whole vocabulary (0
+    /// for non-finite logits and below the min-p floor), chunk sums, their sum, a chunk skipped
+    /// while the remainder covers it, then the walk inside the chunk it falls in.
     #[test]
-    fn unsorted_walk_draws_as_over_the_candidate_list() {
+    fn unsorted_walk_draws_as_the_chunked_reference() {
         fn reference(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
-            let cand: Vec<(u32, f32)> = logits
+            let t = p.temperature;
+            let max = logits
                 .iter()
-                .enumerate()
-                .filter(|(_, v)| v.is_finite())
-                .map(|(i, &v)| (i as u32, v / p.temperature))
-                .collect();
-            let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
-            let w: Vec<f32> = cand
-                .iter()
-                .map(|&(_, v)| (v - max).exp())
-                .map(|w| if w >= p.min_p { w } else { 0.0 })
-                .collect();
-            let total: f32 = w.iter().sum();
+                .filter(|v| v.is_finite())
+                .fold(f32::NEG_INFINITY, |m, &v| m.max(v / t));
+            let weight = |v: f32| {
+                let w = if v.is_finite() {
+                    (v / t - max).exp()
+                } else {
+                    0.0
+                };
+                if w >= p.min_p {
+                    w
+                } else {
+                    0.0
+                }
+            };
+            let len = logits.len().div_ceil(1024);
+            let mut sums = vec![];
+            for chunk in logits.chunks(len) {
+                let mut s = 0f32;
+                for &v in chunk {
+                    s += weight(v);
+                }
+                sums.push(s);
+            }
+            let mut total = 0f32;
+            for &s in &sums {
+                total += s;
+            }
             let mut r = rng.next_f32() * total;
             let mut last = 0;
-            for (i, &x) in w.iter().enumerate() {
-                if x > 0.0 {
-                    last = i;
-                    r -= x;
-                    if r < 0.0 {
-                        return cand[i].0;
+            for (c, &s) in sums.iter().enumerate() {
+                let ids = c * len..((c + 1) * len).min(logits.len());
+                if s > 0.0 && r >= s {
+                    r -= s;
+                    last = ids.filter(|&i| weight(logits[i]) > 0.0).last().unwrap();
+                    continue;
+                }
+                for i in ids {
+                    if weight(logits[i]) > 0.0 {
+                        last = i;
+                        r -= weight(logits[i]);
+                        if r < 0.0 {
+                            return i as u32;
+                        }
                     }
                 }
             }
-            cand[last].0
+            last as u32
         }
         let mut rng = Rng::new(21);
         for (n, t, min_p) in [(700, 1.3f32, 0.0f32), (151936, 0.8, 0.0), (5000, 1.0, 0.1)] {
@@ -579,12 +622,48 @@ mod tests {
             };
             let mut s = Sampler::new(p.clone(), &[]);
             let mut r = Rng::new(p.seed);
-            for _ in 0..40 {
-                assert_eq!(
-                    s.sample(&mut logits.clone()),
-                    reference(&logits, &p, &mut r)
-                );
-            }
+            let draws: Vec<u32> = (0..40).map(|_| s.sample(&mut logits.clone())).collect();
+            let want: Vec<u32> = (0..40).map(|_| reference(&logits, &p, &mut r)).collect();
+            assert_eq!(draws, want, "n {n}");
+            assert!(
+                draws.iter().any(|&d| d as usize >= n / 2),
+                "n {n}: no draw past mid-vocab"
+            );
+        }
+    }
+
+    /// Over a full vocabulary the chunk skipping must still follow the distribution: a few
+    /// heavy tokens spread over chunks, the rest negligible.
+    #[test]
+    fn chunked_walk_follows_the_distribution() {
+        let mut logits = vec![-40.0f32; 151936];
+        let heavy = [
+            (5, 0.1f32),
+            (20000, 0.25),
+            (20001, 0.15),
+            (99999, 0.3),
+            (151935, 0.2),
+        ];
+        for (t, q) in heavy {
+            logits[t] = q.ln();
+        }
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: 3,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p, &[]);
+        let mut count = std::collections::HashMap::new();
+        let n = 4000;
+        for _ in 0..n {
+            *count.entry(s.sample(&mut logits.clone())).or_insert(0usize) += 1;
+        }
+        for (t, want) in heavy {
+            let got = *count.get(&(t as u32)).unwrap_or(&0) as f64 / n as f64;
+            assert!(
+                (got - want as f64).abs() < 0.03,
+                "token {t}: {got} vs {want}"
+            );
         }
     }
 
