@@ -19,6 +19,8 @@ struct TopkParams {
 // rank: n_used serial warp arg-max rounds sat between the router and the experts' weight
 // fetches. Logits are read through L2 (__ldcg): other blocks of the same grid wrote them.
 // `pr`: n_expert floats of shared scratch; `red`: at least one float of shared memory.
+// `SHARED_LG`: the logits are in this block's shared memory (router_cluster), not global.
+template <bool SHARED_LG = false>
 __device__ void topk_block(const float* lg, int n_expert, int n_used, int norm_topk, int* ids, float* ws, float* pr, float* red) {
     int lane = threadIdx.x & 31;
     if (threadIdx.x < 32) {
@@ -27,7 +29,7 @@ __device__ void topk_block(const float* lg, int n_expert, int n_used, int norm_t
             float v[TOPK_REG];  // all of a lane's logits loaded at once
 #pragma unroll
             for (int j = 0; j < TOPK_REG; j++)
-                if (lane + 32 * j < n_expert) v[j] = __ldcg(lg + lane + 32 * j);
+                if (lane + 32 * j < n_expert) v[j] = SHARED_LG ? lg[lane + 32 * j] : __ldcg(lg + lane + 32 * j);
 #pragma unroll
             for (int j = 0; j < TOPK_REG; j++)
                 if (lane + 32 * j < n_expert) m = fmaxf(m, v[j]);
@@ -41,11 +43,11 @@ __device__ void topk_block(const float* lg, int n_expert, int n_used, int norm_t
                     s += e;
                 }
         } else {
-            for (int i = lane; i < n_expert; i += 32) m = fmaxf(m, __ldcg(lg + i));
+            for (int i = lane; i < n_expert; i += 32) m = fmaxf(m, SHARED_LG ? lg[i] : __ldcg(lg + i));
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
             for (int i = lane; i < n_expert; i += 32) {
-                float e = expf(__ldcg(lg + i) - m);
+                float e = expf((SHARED_LG ? lg[i] : __ldcg(lg + i)) - m);
                 pr[i] = e;
                 s += e;
             }
@@ -146,6 +148,66 @@ extern "C" __global__ void router_topk(const RouterParams p) {
     extern __shared__ __align__(16) float smem[];
     router_topk_unit(p, smem, this_unit());
 }
+
+// router_topk in one cluster of RC_BLOCKS blocks (sm_90 thread block clusters): block b's warps
+// take rows RC_WARPS * b + w, each lane stores its row's logit straight into block 0's shared
+// memory (distributed shared memory), and after one cluster barrier block 0 takes the top-k from
+// there. Why: router_topk's last-block pattern waits out a global store, a fence, a completion
+// count and a reload of the logits -- several L2 round trips between the router and the experts.
+// n_expert <= RC_BLOCKS * RC_WARPS; dynamic smem (36 + k + 2 n_expert) floats.
+#define RC_BLOCKS 8
+#define RC_WARPS 16
+__device__ __forceinline__ void st_block0_f32(float* local, float v) {
+    u32 a = (u32)__cvta_generic_to_shared(local), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, 0;" : "=r"(r) : "r"(a));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// A block may touch another's shared memory only once that block has started: arrive at the
+// start, wait just before the first remote access (every block is long past its start then).
+__device__ __forceinline__ void cluster_arrive_started() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait_started() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+#if __CUDA_ARCH__ >= 900
+extern "C" __global__ void __cluster_dims__(RC_BLOCKS, 1, 1) __launch_bounds__(RC_WARPS * 32, 1) router_cluster(const RouterParams p) {
+    extern __shared__ __align__(16) float smem[];
+    float* red = smem;
+    float* xs = smem + 36;      // [k], unpadded
+    float* lgs = xs + p.k;      // [n_expert]: block 0 gathers the logits here
+    float* pr = lgs + p.n_expert;  // [n_expert] top-k scratch
+    cluster_arrive_started();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int row = blockIdx.x * RC_WARPS + warp, nq = p.k >> 7;
+    bool has_row = row < p.n_expert;
+    float4 wv[16];
+    const float4* wr = (const float4*)((const float*)p.w + (u64)(has_row ? row : 0) * p.k);
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        if (j < nq) wv[j] = wr[lane + 32 * j];
+    pdl_start();
+    load_x_fast<false>(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);  // k % 128 == 0, <= 2048
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < p.k; i += blockDim.x) ((float*)p.xn_out)[i] = xs[i];
+    float acc = 0.f;
+    const float4* x4 = (const float4*)xs;
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+        if (j < nq) {
+            float4 a = wv[j], b = x4[lane + 32 * j];
+            acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
+    acc = warp_sum(acc);
+    cluster_wait_started();
+    if (lane == 0 && has_row) st_block0_f32(lgs + row, acc);
+    cluster_sync();  // every logit is in block 0's lgs; no block touches another's memory after
+    if (blockIdx.x != 0) return;
+    topk_block<true>(lgs, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr, red);
+}
+#else
+extern "C" __global__ void router_cluster(const RouterParams p) {}  // clusters need sm_90: never launched
+#endif
 
 // The selected experts, as router_topk / moe_topk wrote them.
 struct Experts {

@@ -23,6 +23,7 @@ pub enum Kernel {
     AttnGqa,
     MoeTopk,
     RouterTopk,
+    RouterCluster,
     MoeGateUp,
     MoeDown,
     MoeDownQ6K,
@@ -33,7 +34,7 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 17] = [
+    pub const ALL: [Kernel; 18] = [
         Kernel::Matvec,
         Kernel::MatvecQ6K,
         Kernel::MatvecGeneric,
@@ -44,6 +45,7 @@ impl Kernel {
         Kernel::AttnGqa,
         Kernel::MoeTopk,
         Kernel::RouterTopk,
+        Kernel::RouterCluster,
         Kernel::MoeGateUp,
         Kernel::MoeDown,
         Kernel::MoeDownQ6K,
@@ -64,6 +66,7 @@ impl Kernel {
             Kernel::AttnGqa => "attn_gqa",
             Kernel::MoeTopk => "moe_topk",
             Kernel::RouterTopk => "router_topk",
+            Kernel::RouterCluster => "router_cluster",
             Kernel::MoeGateUp => "moe_gate_up",
             Kernel::MoeDown => "moe_down",
             Kernel::MoeDownQ6K => "moe_down_q6k",
@@ -113,6 +116,9 @@ pub struct Device {
     pdl: bool,
     /// Compute capability major (9 = Hopper: TMA bulk copies, the fused step).
     pub sm_major: i32,
+    /// Thread block clusters (sm_90+): `router_cluster` instead of router_topk. On by default;
+    /// Q4MOE_CUDA_ROUTER_CLUSTER=0 turns it off (A/B measurements).
+    pub clusters: bool,
 }
 
 // SAFETY: the raw handles belong to `ctx`, which every entry point binds to its thread first.
@@ -159,6 +165,8 @@ impl Device {
         // v5 measured it slower (258.7 vs 271.3 tok/s Q4_0); with v10's smaller kernels it is
         // faster (385.7 vs 371.2, session 5) — see NOTES.md.
         let pdl = maj >= 9 && std::env::var("Q4MOE_CUDA_PDL").map_or(true, |v| v != "0");
+        let clusters =
+            maj >= 9 && std::env::var("Q4MOE_CUDA_ROUTER_CLUSTER").map_or(true, |v| v != "0");
         Ok(Device {
             ctx,
             stream,
@@ -167,6 +175,7 @@ impl Device {
             name,
             pdl,
             sm_major: maj,
+            clusters,
         })
     }
 

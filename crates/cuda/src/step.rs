@@ -13,6 +13,9 @@ const THREADS: u32 = 256;
 const WARPS: u32 = THREADS / 32;
 /// router_topk's block: its x load needs k <= 4 floats x 4 a thread (k <= 2048 here).
 const ROUTER_THREADS: u32 = 128;
+/// router_cluster's cluster (blocks) and rows a block (warps): RC_BLOCKS / RC_WARPS in moe.cu.
+const RC_BLOCKS: usize = 8;
+const RC_WARPS: usize = 16;
 /// Blocks of the arg-max's first stage.
 pub const ARGMAX_BLOCKS: usize = 128;
 
@@ -54,6 +57,8 @@ pub struct Scratch {
     /// u64 SplitMix64 state of that request
     pub rng: DevBuf,
     pub n_split: usize,
+    /// The router as one thread block cluster (`router_cluster`, Device::clusters).
+    pub router_cluster: bool,
 }
 
 impl Scratch {
@@ -84,6 +89,7 @@ impl Scratch {
             sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
             rng: DevBuf::new(dev, 8)?,
             n_split,
+            router_cluster: dev.clusters,
         })
     }
 
@@ -487,17 +493,31 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             norm_topk: c.norm_topk_prob as i32,
             eps: c.rms_eps,
         };
-        // 4 rows a block: the 1 MB of router rows spread over 32 SMs instead of 16.
-        let grid = ((c.n_expert as u32).div_ceil(ROUTER_THREADS / 32), 1, 1);
-        out.push(Launch::new(
-            Kernel::RouterTopk,
-            "router_topk",
-            grid,
-            ROUTER_THREADS,
-            ((36 + c.d_model + c.n_expert + 4) * 4) as u32,
-            &r,
-            weight_bytes(&lw.router, c.n_expert),
-        ));
+        let bytes = weight_bytes(&lw.router, c.n_expert);
+        if s.router_cluster && c.n_expert <= RC_BLOCKS * RC_WARPS {
+            // One cluster: the logits meet in block 0's shared memory (moe.cu).
+            out.push(Launch::new(
+                Kernel::RouterCluster,
+                "router_topk",
+                (RC_BLOCKS as u32, 1, 1),
+                32 * RC_WARPS as u32,
+                ((36 + c.d_model + 2 * c.n_expert) * 4) as u32,
+                &r,
+                bytes,
+            ));
+        } else {
+            // 4 rows a block: the 1 MB of router rows spread over 32 SMs instead of 16.
+            let grid = ((c.n_expert as u32).div_ceil(ROUTER_THREADS / 32), 1, 1);
+            out.push(Launch::new(
+                Kernel::RouterTopk,
+                "router_topk",
+                grid,
+                ROUTER_THREADS,
+                ((36 + c.d_model + c.n_expert + 4) * 4) as u32,
+                &r,
+                bytes,
+            ));
+        }
     } else {
         out.push(matvec(
             "router",
