@@ -25,7 +25,9 @@ struct MatvecParams {
     int rows[3];
     int n_w;
     int k;
-    int accumulate;   // out += result (residual add) instead of out = result
+    int accumulate;   // out += result (residual add) instead of out = result; the staged modes
+                      // read out before pdl_wait, so it must have been written two or more
+                      // launches back (o_proj: the residual, last written by moe_down)
     int rows_per_warp;
     float eps;
     int mode;
@@ -56,6 +58,10 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     RowsB RB;
     if (as_b) RB.load(w, rows, lane);
     else R.load(w, rows, lane);
+    float* out = (float*)p.out[m];
+    float prev[NR];  // accumulate: the outputs' old values, loaded early (see accumulate)
+#pragma unroll
+    for (int i = 0; i < NR; i++) prev[i] = p.accumulate && lane == 0 && rows[i] >= 0 ? __ldcg(out + rows[i]) : 0.f;
     pdl_start();
     mv_input(p, xs, red, u);
     float acc[NR];
@@ -64,14 +70,10 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     for (int i = 0; i < NR; i++) { acc[i] = 0.f; xp[i] = xs; }
     if (as_b) RB.dot(w, rows, xp, lane, acc);
     else R.dot(w, rows, xp, lane, acc);
-    float* out = (float*)p.out[m];
 #pragma unroll
     for (int i = 0; i < NR; i++) {
         float v = warp_sum(acc[i]);
-        if (lane == 0 && rows[i] >= 0) {
-            float* o = out + rows[i];
-            *o = p.accumulate ? *o + v : v;
-        }
+        if (lane == 0 && rows[i] >= 0) out[rows[i]] = p.accumulate ? prev[i] + v : v;
     }
 }
 

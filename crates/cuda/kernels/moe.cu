@@ -300,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up(const GateUpPar
 struct DownParams {
     QW down;     // expert e's row r is row e*d_model + r; k = d_ff
     u64 h;       // const float* [n_used, d_ff]
-    u64 x;       // float* [d_model], residual stream (+=)
+    u64 x;       // float* [d_model], residual stream (+=; the staged modes read it before pdl_wait)
     Experts experts;
     int d_model;
     int n_used;
@@ -350,6 +350,9 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int 
     int first = (u.x * nwarps + warp) * NR;
     int nb = p.down.k >> 5, items = p.n_used * nb;
     P piece[NR][CH];
+    float prev[NR];  // the residual rows (o_proj wrote them three launches back), early
+#pragma unroll
+    for (int i = 0; i < NR; i++) prev[i] = lane == 0 && first + i < p.d_model ? __ldcg((const float*)p.x + first + i) : 0.f;
 #pragma unroll
     for (int j = 0; j < CH; j++) {
         int f = lane + 32 * j;
@@ -378,7 +381,7 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int 
 #pragma unroll
     for (int i = 0; i < NR; i++) {
         float v = warp_sum(acc[i]);
-        if (lane == 0 && first + i < p.d_model) ((float*)p.x)[first + i] += v;
+        if (lane == 0 && first + i < p.d_model) ((float*)p.x)[first + i] = prev[i] + v;
     }
 }
 
@@ -389,6 +392,7 @@ __device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int pl
     int r = u.x * nwarps + warp;
     int nsb = p.down.k >> 8, items = p.n_used * nsb * 4;
     uint4 h[CH], a[CH], b[CH];
+    float prev = lane == 0 && r < p.d_model ? __ldcg((const float*)p.x + r) : 0.f;  // as down_blocks
 #pragma unroll
     for (int j = 0; j < CH; j++) {
         int f = lane + 32 * j;
@@ -411,7 +415,7 @@ __device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int pl
         }
     }
     float v = warp_sum(acc);
-    if (lane == 0 && r < p.d_model) ((float*)p.x)[r] += v;
+    if (lane == 0 && r < p.d_model) ((float*)p.x)[r] = prev + v;
 }
 
 // grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the
