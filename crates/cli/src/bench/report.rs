@@ -123,6 +123,8 @@ pub fn build(
         "parity_all_variants_identical": parity,
         "long_context": long,
         "kernel_profile": kernels,
+        // Q4MOE_* settings (kernel paths, tunables) are conditions of the figures too.
+        "environment": std::env::vars().filter(|(k, _)| k.starts_with("Q4MOE_")).collect::<std::collections::BTreeMap<_, _>>(),
         "note": "steady decode excludes the first decode step; tok/s from token arrival times on the host",
     })
 }
