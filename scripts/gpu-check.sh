@@ -8,8 +8,8 @@
 #                 parity is re-run with Q4MOE_CUDA_NO_GQA / LEGACY to bisect, and the benches
 #                 run with the first passing configuration (or are skipped). A speed-up that breaks
 #                 parity is not kept.
-#   sanitize      compute-sanitizer memcheck, then racecheck per kernel family (fused step left
-#                 out), on the tiny Q4_0 parity test.
+#   sanitize      compute-sanitizer memcheck (tiny Q4_0/Q4_K_M parity, kernel tests), then
+#                 racecheck per kernel family (fused step left out) and of the device sampler.
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches,
 #                 the graph with programmatic dependent launch (the default), the fused step;
 #                 AB_ENVS="A=1 B=2" times those settings instead.
@@ -73,17 +73,24 @@ for s in $steps; do
         done
       fi ;;
     sanitize)
-      # memcheck on every variant; racecheck one kernel family at a time (--kernel-name: the
-      # others run uninstrumented; the whole test under racecheck takes minutes) and without the
-      # fused step (its grid barrier spins forever when racecheck serialises the blocks).
+      # memcheck on the tiny parity tests of both quants (Q4_K_M runs the Q6_K kernels) and on
+      # the kernel tests; racecheck one kernel family at a time (--kernel-name: the others run
+      # uninstrumented; the whole test under racecheck takes minutes) and without the fused step
+      # (its grid barrier spins forever when racecheck serialises the blocks); the device
+      # sampler under racecheck on its kernel test.
       {
-        echo "== compute-sanitizer memcheck (tiny Q4_0 parity)"
-        timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -4
-        for k in attn_gqa moe_ router_topk matvec argmax; do
-          echo "== compute-sanitizer racecheck kns=$k (tiny Q4_0 parity, no fused step)"
+        echo "== compute-sanitizer memcheck (tiny Q4_0 and Q4_K_M parity)"
+        timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$(bin parity)" tiny_q4 --test-threads=1 2>&1 | tail -4
+        echo "== compute-sanitizer memcheck (kernel tests)"
+        timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$(bin kernels)" --test-threads=1 2>&1 | tail -4
+        for k in attn_gqa moe_ router matvec argmax; do
+          echo "== compute-sanitizer racecheck kns=$k (tiny Q4_0 and Q4_K_M parity, no fused step)"
           Q4MOE_TEST_NO_FUSED=1 timeout 95 compute-sanitizer --tool racecheck --kernel-name kns=$k --print-limit 10 \
-            "$(bin parity)" tiny_q4_0 --test-threads=1 2>&1 | tail -3
+            "$(bin parity)" tiny_q4 --test-threads=1 2>&1 | tail -3
         done
+        echo "== compute-sanitizer racecheck kns=sample (the sampler's kernel test)"
+        timeout 95 compute-sanitizer --tool racecheck --kernel-name kns=sample --print-limit 10 \
+          "$(bin kernels)" sampler --test-threads=1 2>&1 | tail -3
       } 2>&1 | tee "$OUT/sanitizer.log" ;;
     ab|ab:*)
       [ $ok = 1 ] || continue
