@@ -167,6 +167,8 @@ struct AttnGqaParams {
     float scale;
     float eps;
     float theta;
+    int max_blocks;  // blocks a KV head at most (attn_gqa only): past max_blocks chunks, a block
+                     // walks several, so a long context takes one wave and a short merge
 };
 
 // RoPE angles of a lane's rotated pairs (i = lane, lane + 32) at `pos`, and its norm weights
@@ -225,76 +227,25 @@ struct GqaSmem {
     __align__(16) float vnew[128];
     float sc[8][ATT_CHUNK];
     float ml[8][2];
+    float fac[8];  // each head's rescale of the running sums when a later chunk raises its maximum
     __align__(16) float red[8][8][128];
 };
 
-// grid (n_kv_head, n_split), 256 threads; chunk u.y holds positions (callers skip the rest:
-// the merges read active chunks only). With `pdl` the K/V rows (written by earlier steps, so
-// immutable now) load before pdl_wait.
-__device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u, bool pdl) {
+// One chunk [start, end) of attn_gqa_unit: its scores, then each head's running maximum and l
+// (warp g, head g) and this warp's P V added into its sums (sm.red[warp], a lane's 4 dims of
+// each head: shared memory, not registers, which hold two chunks' K/V rows) after rescaling
+// them. The first chunk (m_run = -inf) gives fac 0 and so exactly the one-chunk sums.
+template <int NP>
+__device__ __forceinline__ void gqa_chunk(const AttnGqaParams& p, GqaSmem& sm, float4 (&kr)[NP], float4 (&vr)[NP], int start, int end, u32 pos, int G, float& m_run, float& l_run) {
     float (&qs)[8][128] = sm.qs;
-    float* knew = sm.knew;
-    float* vnew = sm.vnew;
     float (&sc)[8][ATT_CHUNK] = sm.sc;
-    float (&ml)[8][2] = sm.ml;
-    float (&red)[8][8][128] = sm.red;
-    int kvh = u.x, s = u.y, hd = p.head_dim;
-    int G = p.n_head / p.n_kv_head, kv_dim = p.n_kv_head * hd, q_dim = p.n_head * hd;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // Read before pdl_wait: from L2 (ld.cg), never a line an earlier kernel left in L1.
-    u32 pos = __ldcg(&((const StepState*)p.state)->pos);
-    int len = (int)pos + 1;
-    int start = s * ATT_CHUNK, end = min(start + ATT_CHUNK, len);
-    // K and V rows of this warp's positions (4 dims per lane, zeros past hd/4 and at the new
-    // position), loaded first: they do not depend on this step's projections, so their DRAM
-    // latency overlaps the query norm + RoPE below.
-    const float* kc = (const float*)p.k_cache + kvh * hd;
-    const float* vc = (const float*)p.v_cache + kvh * hd;
-    const int NP = ATT_CHUNK / 8;
-    float4 kr[NP], vr[NP];
-    bool dl = lane * 4 < hd;
-#pragma unroll
-    for (int i = 0; i < NP; i++) {
-        int t = start + warp + 8 * i;
-        kr[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-        vr[i] = kr[i];
-        if (t < end && dl && t != (int)pos) {
-            kr[i] = __ldcg((const float4*)(kc + (u64)t * kv_dim + lane * 4));
-            vr[i] = __ldcg((const float4*)(vc + (u64)t * kv_dim + lane * 4));
-        }
-    }
-    LaneRope rp = lane_rope(hd, pos, p.theta);
-    float qn[4], kn[4];
-    lane_norm((const float*)p.q_norm, hd, qn);
-    lane_norm((const float*)p.k_norm, hd, kn);
-    if (pdl) pdl_start();
-    const float* qkv = (const float*)p.qkv;
-    bool has_new = (int)pos >= start && (int)pos < end;
-    // Queries of the group (warp g -> head g), zero padding past G; the new K/V by warp 0 / 1
-    // of the block whose chunk holds pos (after the queries when G == 8).
-    if (warp < G) gqa_norm_rope(qkv + (kvh * G + warp) * hd, qn, qs[warp], hd, rp, p.eps);
-    else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
-    if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
-    if (has_new) {
-        if (warp == 0) {
-            gqa_norm_rope(qkv + q_dim + kvh * hd, kn, knew, hd, rp, p.eps);
-            __syncwarp();
-            for (int d = lane; d < hd; d += 32) ((float*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = knew[d];
-        } else if (warp == 1) {
-            for (int d = lane; d < hd; d += 32) {
-                float v = qkv[q_dim + kv_dim + kvh * hd + d];
-                vnew[d] = v;
-                ((float*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = v;
-            }
-        }
-    }
-    __syncthreads();
-    // The new position's K/V (produced above) replaces its zero placeholder.
+    // The new position's K/V (produced by attn_gqa_unit) replaces its zero placeholder.
 #pragma unroll
     for (int i = 0; i < NP; i++)
-        if (start + warp + 8 * i == (int)pos && dl) {
-            kr[i] = *(const float4*)(knew + lane * 4);
-            vr[i] = *(const float4*)(vnew + lane * 4);
+        if (start + warp + 8 * i == (int)pos && lane * 4 < p.head_dim) {
+            kr[i] = *(const float4*)(sm.knew + lane * 4);
+            vr[i] = *(const float4*)(sm.vnew + lane * 4);
         }
     // Scores: 8 head partials per lane, reduced by a transposing butterfly (9 shuffles for 8
     // heads); lane 4g ends with head g's total.
@@ -334,7 +285,7 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     // Softmax statistics per head (warp g), exponentials in place; padded heads get zeros.
     {
         int g = warp;
-        float m = -INFINITY;
+        float m = m_run;
         for (int i = lane; i < n; i += 32) m = fmaxf(m, sc[g][i]);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
@@ -345,27 +296,121 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
             l += e;
         }
         l = warp_sum(l);
-        if (lane == 0) { ml[g][0] = m; ml[g][1] = l; }
+        float f = expf(m_run - m);
+        m_run = m;
+        l_run = l_run * f + l;
+        if (lane == 0) sm.fac[g] = f;
     }
     __syncthreads();
-    // P V: this warp's positions for all heads, then a fixed-order sum over the 8 warps.
-    float4 acc[8];
+    // P V: this warp's positions for all heads, added to the rescaled sums.
 #pragma unroll
-    for (int g = 0; g < 8; g++) acc[g] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int g = 0; g < 8; g++) {
+        float4* sum = (float4*)&sm.red[warp][g][lane * 4];
+        float4 acc = *sum;
+        float f = sm.fac[g];
+        acc.x *= f;
+        acc.y *= f;
+        acc.z *= f;
+        acc.w *= f;
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            float e = sc[g][warp + 8 * i];
+            acc.x += e * vr[i].x;
+            acc.y += e * vr[i].y;
+            acc.z += e * vr[i].z;
+            acc.w += e * vr[i].w;
+        }
+        *sum = acc;
+    }
+}
+
+// K and V rows of a warp's positions of the chunk at `start` (4 dims a lane; zeros past hd/4,
+// past `end` and at the new position, which attn_gqa_unit produces itself).
+template <int NP>
+__device__ __forceinline__ void gqa_load_kv(const float* kc, const float* vc, int kv_dim, int hd, int start, int end, u32 pos, float4 (&kr)[NP], float4 (&vr)[NP]) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int i = 0; i < NP; i++) {
-        int ti = warp + 8 * i;
-#pragma unroll
-        for (int g = 0; g < 8; g++) {
-            float e = sc[g][ti];
-            acc[g].x += e * vr[i].x;
-            acc[g].y += e * vr[i].y;
-            acc[g].z += e * vr[i].z;
-            acc[g].w += e * vr[i].w;
+        int t = start + warp + 8 * i;
+        kr[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        vr[i] = kr[i];
+        if (t < end && lane * 4 < hd && t != (int)pos) {
+            kr[i] = __ldcg((const float4*)(kc + (u64)t * kv_dim + lane * 4));
+            vr[i] = __ldcg((const float4*)(vc + (u64)t * kv_dim + lane * 4));
+        }
+    }
+}
+
+// grid (n_kv_head, blocks), 256 threads; block u.y holds the `span` chunks from chunk u.y * span
+// (callers skip blocks past the positions: the merges read active blocks only). A chunk's
+// scores and P V are folded into running per-head sums (maximum, l, acc rescaled when the
+// maximum rises), so span 1 computes exactly the one-chunk partial. With `pdl` the first chunk's
+// K/V rows (written by earlier steps, so immutable now) load before pdl_wait; each later
+// chunk's load is issued before the chunk ahead of it is computed.
+__device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u, bool pdl, int span) {
+    float (&qs)[8][128] = sm.qs;
+    float* knew = sm.knew;
+    float* vnew = sm.vnew;
+    float (&sc)[8][ATT_CHUNK] = sm.sc;
+    float (&ml)[8][2] = sm.ml;
+    float (&red)[8][8][128] = sm.red;
+    int kvh = u.x, s = u.y, hd = p.head_dim;
+    int G = p.n_head / p.n_kv_head, kv_dim = p.n_kv_head * hd, q_dim = p.n_head * hd;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // Read before pdl_wait: from L2 (ld.cg), never a line an earlier kernel left in L1.
+    u32 pos = __ldcg(&((const StepState*)p.state)->pos);
+    int len = (int)pos + 1;
+    int first = s * span * ATT_CHUNK, last = min(first + span * ATT_CHUNK, len);
+    int n_chunk = (last - first + ATT_CHUNK - 1) / ATT_CHUNK;
+    // The first chunk's K and V rows load first: they do not depend on this step's projections,
+    // so their DRAM latency overlaps the query norm + RoPE below.
+    const float* kc = (const float*)p.k_cache + kvh * hd;
+    const float* vc = (const float*)p.v_cache + kvh * hd;
+    const int NP = ATT_CHUNK / 8;
+    float4 kr[NP], vr[NP];
+    gqa_load_kv<NP>(kc, vc, kv_dim, hd, first, min(first + ATT_CHUNK, len), pos, kr, vr);
+    LaneRope rp = lane_rope(hd, pos, p.theta);
+    float qn[4], kn[4];
+    lane_norm((const float*)p.q_norm, hd, qn);
+    lane_norm((const float*)p.k_norm, hd, kn);
+    if (pdl) pdl_start();
+    const float* qkv = (const float*)p.qkv;
+    bool has_new = (int)pos >= first && (int)pos < last;
+    // Queries of the group (warp g -> head g), zero padding past G; the new K/V by warp 0 / 1
+    // of the block whose chunks hold pos (after the queries when G == 8).
+    if (warp < G) gqa_norm_rope(qkv + (kvh * G + warp) * hd, qn, qs[warp], hd, rp, p.eps);
+    else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
+    if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
+    if (has_new) {
+        if (warp == 0) {
+            gqa_norm_rope(qkv + q_dim + kvh * hd, kn, knew, hd, rp, p.eps);
+            __syncwarp();
+            for (int d = lane; d < hd; d += 32) ((float*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = knew[d];
+        } else if (warp == 1) {
+            for (int d = lane; d < hd; d += 32) {
+                float v = qkv[q_dim + kv_dim + kvh * hd + d];
+                vnew[d] = v;
+                ((float*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = v;
+            }
         }
     }
 #pragma unroll
-    for (int g = 0; g < 8; g++) *(float4*)(&red[warp][g][lane * 4]) = acc[g];
+    for (int g = 0; g < 8; g++) *(float4*)&red[warp][g][lane * 4] = make_float4(0.f, 0.f, 0.f, 0.f);
+    __syncthreads();
+    float m_run = -INFINITY, l_run = 0.f;  // warp g's head g
+#pragma unroll 1
+    for (int c = 0; c < n_chunk; c++) {
+        int start = first + c * ATT_CHUNK, end = min(start + ATT_CHUNK, len);
+        float4 kx[NP], vx[NP];  // the next chunk's rows, in flight while this one is computed
+        if (c + 1 < n_chunk) gqa_load_kv<NP>(kc, vc, kv_dim, hd, start + ATT_CHUNK, min(start + 2 * ATT_CHUNK, len), pos, kx, vx);
+        gqa_chunk(p, sm, kr, vr, start, end, pos, G, m_run, l_run);
+        if (c + 1 < n_chunk) {
+#pragma unroll
+            for (int i = 0; i < NP; i++) { kr[i] = kx[i]; vr[i] = vx[i]; }
+            __syncthreads();  // sc and fac are rewritten by the next chunk
+        }
+    }
+    if (lane == 0) { ml[warp][0] = m_run; ml[warp][1] = l_run; }
     __syncthreads();
     for (int o = threadIdx.x; o < G * hd; o += blockDim.x) {
         int g = o / hd, d = o - g * hd;
@@ -431,8 +476,10 @@ extern "C" __global__ void attn_gqa(const AttnGqaParams p) {
     __shared__ GqaSmem sm;
     Unit u = this_unit();
     int len = (int)__ldcg(&((const StepState*)p.state)->pos) + 1;
-    int n_act = min(p.n_split, (len + ATT_CHUNK - 1) / ATT_CHUNK);
-    if (u.y >= n_act) return;  // no position here; the merge reads active chunks only
-    attn_gqa_unit(p, sm, u, true);
+    int n_chunk = (len + ATT_CHUNK - 1) / ATT_CHUNK;
+    int span = (n_chunk + p.max_blocks - 1) / p.max_blocks;
+    int n_act = (n_chunk + span - 1) / span;
+    if (u.y >= n_act) return;  // no position here; the merge reads active blocks only
+    attn_gqa_unit(p, sm, u, true, span);
     attn_gqa_merge(p, sm, u.x, n_act);
 }

@@ -356,7 +356,7 @@ __device__ void attention_phase(const FusedParams& p, const LayerDesc& L, int n_
     a.theta = p.theta;
     int n = p.n_kv_head * n_active;
     for (int t = blockIdx.x; t < n; t += gridDim.x) {
-        attn_gqa_unit(a, *(GqaSmem*)Y, Unit{t % p.n_kv_head, t / p.n_kv_head, p.n_kv_head}, false);
+        attn_gqa_unit(a, *(GqaSmem*)Y, Unit{t % p.n_kv_head, t / p.n_kv_head, p.n_kv_head}, false, 1);
         __syncthreads();
     }
 }

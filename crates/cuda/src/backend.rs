@@ -113,7 +113,7 @@ impl CudaBackend {
             &model,
             kv_bytes + Scratch::bytes(&c, opts.kv_capacity),
         )?;
-        let scratch = Scratch::new(&dev, &c, opts.kv_capacity)?;
+        let scratch = Scratch::new(&dev, &c, opts.kv_capacity, opts.attn_max_blocks)?;
         // SAFETY: pinned allocation of RING states.
         let ptr = unsafe { result::malloc_host(RING * std::mem::size_of::<StepState>(), 0)? }
             as *mut StepState;

@@ -36,6 +36,10 @@ pub struct CudaOptions {
     /// stay launches in the same graph. Off by default: measured slower than the graph so far
     /// (NOTES.md v9); Q4MOE_CUDA_FUSED=1 turns it on.
     pub fused_step: bool,
+    /// Attention blocks a KV head at most: past this many 32-position chunks a block walks
+    /// several (one wave of blocks at long context, a short merge). Q4MOE_CUDA_ATT_BLOCKS
+    /// overrides the default (for measuring).
+    pub attn_max_blocks: usize,
 }
 
 impl Default for CudaOptions {
@@ -46,6 +50,10 @@ impl Default for CudaOptions {
             kv_capacity: 4096,
             profile_kernels: false,
             fused_step: std::env::var("Q4MOE_CUDA_FUSED").is_ok_and(|v| v != "0"),
+            attn_max_blocks: std::env::var("Q4MOE_CUDA_ATT_BLOCKS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(params::ATT_MAX_BLOCKS),
         }
     }
 }

@@ -67,6 +67,9 @@ pub struct RopeParams {
 /// Positions per attention chunk (`ATT_CHUNK` in attention.cu).
 pub const ATT_CHUNK: usize = 32;
 
+/// attn_gqa's blocks a KV head at most, by default (CudaOptions::attn_max_blocks).
+pub const ATT_MAX_BLOCKS: usize = 32;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttnParams {
@@ -182,6 +185,7 @@ pub struct AttnGqaParams {
     pub scale: f32,
     pub eps: f32,
     pub theta: f32,
+    pub max_blocks: i32,
 }
 const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 104);
 
@@ -253,7 +257,7 @@ pub const FUSED_INTERVALS: [&str; 4] = ["prologue", "weights", "compute", "barri
 /// `sizeof(GqaSmem)` in attention.cu: attn_gqa's shared memory, which the fused step carves
 /// from its dynamic shared memory.
 pub const GQA_SMEM_BYTES: u32 =
-    ((8 * 128 + 128 + 128 + 8 * ATT_CHUNK + 8 * 2 + 8 * 8 * 128) * 4) as u32;
+    ((8 * 128 + 128 + 128 + 8 * ATT_CHUNK + 8 * 2 + 8 + 8 * 8 * 128) * 4) as u32;
 
 /// `SampleConfig` in sample.cu: the device sampler's settings, uploaded per request.
 #[repr(C)]

@@ -57,12 +57,19 @@ pub struct Scratch {
     /// u64 SplitMix64 state of that request
     pub rng: DevBuf,
     pub n_split: usize,
+    /// attn_gqa's blocks a KV head (CudaOptions::attn_max_blocks, at most n_split).
+    pub att_blocks: usize,
     /// The router as one thread block cluster (`router_cluster`, Device::clusters).
     pub router_cluster: bool,
 }
 
 impl Scratch {
-    pub fn new(dev: &Device, c: &Config, kv_capacity: usize) -> Result<Scratch> {
+    pub fn new(
+        dev: &Device,
+        c: &Config,
+        kv_capacity: usize,
+        attn_max_blocks: usize,
+    ) -> Result<Scratch> {
         let f = |n: usize| DevBuf::new(dev, n * 4);
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
         let counter = DevBuf::new(dev, 4)?;
@@ -89,6 +96,7 @@ impl Scratch {
             sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
             rng: DevBuf::new(dev, 8)?,
             n_split,
+            att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
         })
     }
@@ -408,11 +416,12 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             scale: a.scale,
             eps: c.rms_eps,
             theta: c.rope_theta,
+            max_blocks: s.att_blocks as i32,
         };
         out.push(Launch::new(
             Kernel::AttnGqa,
             "attn_gqa",
-            (c.n_kv_head as u32, s.n_split as u32, 1),
+            (c.n_kv_head as u32, s.att_blocks as u32, 1),
             256,
             0,
             &g,

@@ -263,4 +263,28 @@ fn tiny_long_context() {
             "fused step {fused}: greedy stream differs from the CPU's"
         );
     }
+    // Attention blocks that walk several chunks each (5-6 of the 10-11 here), as past
+    // ATT_MAX_BLOCKS chunks at long context: the running maximum / l / sums across chunks.
+    let mut walk = CudaBackend::new(
+        m.clone(),
+        CudaOptions {
+            kv_capacity: CAP,
+            attn_max_blocks: 2,
+            fused_step: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let lw = walk.prefill(1, &prompt, false).unwrap();
+    let e = rel_err(&lw, &lc);
+    eprintln!("300-token prompt, 2 attention blocks a KV head: relative logit error {e:.2e}");
+    assert!(
+        e <= 2e-3,
+        "2 attention blocks a KV head: relative logit error {e}"
+    );
+    assert_eq!(
+        greedy(&mut walk, 1, first, 32, None),
+        want,
+        "2 attention blocks a KV head: greedy stream differs from the CPU's"
+    );
 }
