@@ -15,9 +15,10 @@ typedef unsigned long long u64;
 #define T_Q4_K 12
 #define T_Q6_K 14
 
-// A weight matrix on the device. Q4_0 is repacked at load: `data` = [blocks][16] nibbles,
-// `scales` = [blocks] f16 d, so a lane loads one block's nibbles with a single 16-byte load.
-// Every other type keeps ggml's block bytes at `data` (rows contiguous), `scales` unused.
+// A weight matrix on the device. The split types (Q4_0, Q4_K, Q6_K) are repacked at load
+// (src/repack.rs): `data` = [blocks][16] nibbles, `scales` = the aux plane (split_aux), so a
+// lane loads one 32-weight block with aligned vector loads. Every other type keeps ggml's
+// block bytes at `data` (rows contiguous), `scales` unused.
 struct QW {
     u64 data;
     u64 scales;
@@ -165,15 +166,14 @@ __device__ __forceinline__ u64 row_bytes(int type, int k) {
     switch (type) {
         case T_F32: return (u64)k * 4;
         case T_F16: return (u64)k * 2;
-        case T_Q8_0: return (u64)(k / 32) * 34;
-        default: return (u64)(k / 256) * 144;  // Q4_K
+        default: return (u64)(k / 32) * 34;  // Q8_0
     }
 }
 
 // Split types (repacked at load, src/repack.rs): a nibble plane at `data`, 16 bytes a 32-weight
 // block, and an aux plane at `scales` of this many bytes a block (0: not a split type).
 __device__ __forceinline__ int split_aux(int type) {
-    return type == T_Q4_0 ? 2 : type == T_Q6_K ? 12 : 0;
+    return type == T_Q4_0 ? 2 : type == T_Q4_K ? 3 : type == T_Q6_K ? 12 : 0;
 }
 
 // ---- Register-staged row pieces: the loads of several rows (and experts) are issued first,
@@ -215,6 +215,25 @@ __device__ __forceinline__ float q6_k_item(uint4 q, uint2 g, u32 sw, const float
     return h2f((u16)(sw & 0xffff)) * ((float)(signed char)(sw >> 16) * s0 + (float)(signed char)(sw >> 24) * s1);
 }
 
+// One Q4_K block as repacked: nibbles as Q4_0's (values 0..15), ds = d * scale and
+// dm = dmin * min of the block: ds * sum(q x) - dm * sum(x), ggml's (d * sc) * q - dmin * m.
+__device__ __forceinline__ float q4_k_item(uint4 q, float ds, float dm, const float* x) {
+    const float4* x4 = (const float4*)x;
+    u32 words[4] = {q.x, q.y, q.z, q.w};
+    float s = 0.f, sx = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        u32 lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;
+        float4 xa = x4[w], xb = x4[w + 4];
+        s += nib(lo, 0, 8388608.f) * xa.x + nib(hi, 0, 8388608.f) * xb.x;
+        s += nib(lo, 1, 8388608.f) * xa.y + nib(hi, 1, 8388608.f) * xb.y;
+        s += nib(lo, 2, 8388608.f) * xa.z + nib(hi, 2, 8388608.f) * xb.z;
+        s += nib(lo, 3, 8388608.f) * xa.w + nib(hi, 3, 8388608.f) * xb.w;
+        sx += (xa.x + xb.x) + (xa.y + xb.y) + (xa.z + xb.z) + (xa.w + xb.w);
+    }
+    return ds * s - dm * sx;
+}
+
 // One 32-weight block of a split type in registers: load(w, block index), then dot(x) against
 // its 32 padded activations.
 struct Q4_0Piece {
@@ -225,6 +244,21 @@ struct Q4_0Piece {
         d = ((const u16*)w.scales)[bi];
     }
     __device__ __forceinline__ float dot(const float* x) const { return q4_0_item(q, d, x); }
+};
+// Q4_K aux: per super-block (8 blocks, 24 bytes) d | dmin << 16, then (scale, min) byte pairs.
+struct Q4_KPiece {
+    uint4 q;
+    u32 dm;  // d | dmin << 16 (f16 bits)
+    u32 sm;  // scale | min << 8
+    __device__ __forceinline__ void load(const QW& w, u64 bi) {
+        q = ((const uint4*)w.data)[bi];
+        const u8* a = (const u8*)w.scales + (bi >> 3) * 24;
+        dm = *(const u32*)a;
+        sm = *(const u16*)(a + 4 + (bi & 7) * 2);
+    }
+    __device__ __forceinline__ float dot(const float* x) const {
+        return q4_k_item(q, h2f((u16)(dm & 0xffff)) * (float)(sm & 0xff), h2f((u16)(dm >> 16)) * (float)(sm >> 8), x);
+    }
 };
 // Q6_K aux: per super-block (8 blocks) 8 high-bit word pairs, then 8 scale words.
 struct Q6_KPiece {
@@ -240,37 +274,7 @@ struct Q6_KPiece {
     __device__ __forceinline__ float dot(const float* x) const { return q6_k_item(q, g, s, x); }
 };
 
-// One quarter c of a Q4_K super-block: header (d, dmin, scales) and the 32 bytes of chunk c
-// (sub-blocks 2c and 2c+1). `xsb` = padded activations of the super-block (8 x XS floats).
-__device__ __forceinline__ float q4_k_item(uint4 hdr, uint4 q0, uint4 q1, int c, const float* xsb) {
-    float d = h2f((u16)(hdr.x & 0xffff)), dmin = h2f((u16)(hdr.x >> 16));
-    u8 sc[12];
-    u32 hw[3] = {hdr.y, hdr.z, hdr.w};
-#pragma unroll
-    for (int i = 0; i < 12; i++) sc[i] = (hw[i >> 2] >> ((i & 3) * 8)) & 0xff;
-    int j0 = 2 * c, j1 = 2 * c + 1;
-    u32 s0, m0, s1, m1;
-    if (j0 < 4) { s0 = sc[j0] & 63; m0 = sc[j0 + 4] & 63; }
-    else { s0 = (sc[j0 + 4] & 0xF) | ((sc[j0 - 4] >> 6) << 4); m0 = (sc[j0 + 4] >> 4) | ((sc[j0] >> 6) << 4); }
-    if (j1 < 4) { s1 = sc[j1] & 63; m1 = sc[j1 + 4] & 63; }
-    else { s1 = (sc[j1 + 4] & 0xF) | ((sc[j1 - 4] >> 6) << 4); m1 = (sc[j1 + 4] >> 4) | ((sc[j1] >> 6) << 4); }
-    const float4* x0 = (const float4*)(xsb + j0 * XS);
-    const float4* x1 = (const float4*)(xsb + j1 * XS);
-    u32 words[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-    float d0 = 0.f, d1 = 0.f, sx0 = 0.f, sx1 = 0.f;
-#pragma unroll
-    for (int w = 0; w < 8; w++) {
-        u32 lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;
-        float4 xa = x0[w], xb = x1[w];
-        d0 += nib(lo, 0, 8388608.f) * xa.x; d1 += nib(hi, 0, 8388608.f) * xb.x; sx0 += xa.x; sx1 += xb.x;
-        d0 += nib(lo, 1, 8388608.f) * xa.y; d1 += nib(hi, 1, 8388608.f) * xb.y; sx0 += xa.y; sx1 += xb.y;
-        d0 += nib(lo, 2, 8388608.f) * xa.z; d1 += nib(hi, 2, 8388608.f) * xb.z; sx0 += xa.z; sx1 += xb.z;
-        d0 += nib(lo, 3, 8388608.f) * xa.w; d1 += nib(hi, 3, 8388608.f) * xb.w; sx0 += xa.w; sx1 += xb.w;
-    }
-    return d * (float)s0 * d0 - dmin * (float)m0 * sx0 + d * (float)s1 * d1 - dmin * (float)m1 * sx1;
-}
-
-// Split types (Q4_0, Q6_K): lane per 32-weight block, blocks lane, lane + 32, .. in order (the
+// Split types: lane per 32-weight block, blocks lane, lane + 32, .. in order (the
 // staged BlockRows use the same order, so both give the same bits).
 template <class P>
 __device__ float dot_blocks(const QW& w, u64 row, const float* xs, int lane) {
@@ -300,20 +304,6 @@ __device__ float dot_q8_0(const QW& w, u64 row, const float* xs, int lane) {
             s += (float)(signed char)(two & 0xff) * x[2 * j] + (float)(signed char)(two >> 8) * x[2 * j + 1];
         }
         acc += d * s;
-    }
-    return acc;
-}
-
-// Q4_K: four lanes per 256-weight super-block; lane quarter c reads the 32 bytes of chunk c
-// (sub-block 2c in the low nibbles, 2c+1 in the high ones).
-__device__ float dot_q4_k(const QW& w, u64 row, const float* xs, int lane) {
-    int nsb = w.k >> 8;
-    const u8* base = (const u8*)w.data + row * (u64)nsb * 144;
-    int c = lane & 3;
-    float acc = 0.f;
-    for (int sb = lane >> 2; sb < nsb; sb += 8) {
-        const u8* bp = base + (u64)sb * 144;
-        acc += q4_k_item(*(const uint4*)bp, *(const uint4*)(bp + 16 + 32 * c), *(const uint4*)(bp + 32 + 32 * c), c, xs + sb * 8 * XS);
     }
     return acc;
 }
@@ -361,38 +351,8 @@ struct BlockRows {
     }
 };
 template <int NR, int NBL> using Q4_0Rows = BlockRows<NR, NBL, Q4_0Piece>;
+template <int NR, int NBL> using Q4_KRows = BlockRows<NR, NBL, Q4_KPiece>;
 template <int NR, int NBL> using Q6_KRows = BlockRows<NR, NBL, Q6_KPiece>;
-
-// Q4_K rows: lane piece j is super-block (lane >> 2) + 8j, quarter lane & 3.
-template <int NR, int NSL>
-struct Q4_KRows {
-    uint4 h[NR][NSL], a[NR][NSL], b[NR][NSL];
-    __device__ __forceinline__ void load(const QW& w, const long long* rows, int lane) {
-        int nsb = w.k >> 8, c = lane & 3;
-#pragma unroll
-        for (int i = 0; i < NR; i++)
-#pragma unroll
-            for (int j = 0; j < NSL; j++) {
-                int sb = (lane >> 2) + 8 * j;
-                if (rows[i] >= 0 && sb < nsb) {
-                    const u8* bp = (const u8*)w.data + ((u64)rows[i] * nsb + sb) * 144;
-                    h[i][j] = *(const uint4*)bp;
-                    a[i][j] = *(const uint4*)(bp + 16 + 32 * c);
-                    b[i][j] = *(const uint4*)(bp + 32 + 32 * c);
-                }
-            }
-    }
-    __device__ __forceinline__ void dot(const QW& w, const long long* rows, const float* const* xs, int lane, float* acc) {
-        int nsb = w.k >> 8, c = lane & 3;
-#pragma unroll
-        for (int i = 0; i < NR; i++)
-#pragma unroll
-            for (int j = 0; j < NSL; j++) {
-                int sb = (lane >> 2) + 8 * j;
-                if (rows[i] >= 0 && sb < nsb) acc[i] += q4_k_item(h[i][j], a[i][j], b[i][j], c, xs[i] + sb * 8 * XS);
-            }
-    }
-};
 
 // Warms L2 with one row's bytes (generic types, before pdl_wait()).
 __device__ __forceinline__ void prefetch_row(const QW& w, u64 row, int lane) {
@@ -414,7 +374,7 @@ __device__ __forceinline__ float row_dot(const QW& w, u64 row, const float* xs, 
     float a;
     switch (w.type) {
         case T_Q4_0: a = dot_blocks<Q4_0Piece>(w, row, xs, lane); break;
-        case T_Q4_K: a = dot_q4_k(w, row, xs, lane); break;
+        case T_Q4_K: a = dot_blocks<Q4_KPiece>(w, row, xs, lane); break;
         case T_Q6_K: a = dot_blocks<Q6_KPiece>(w, row, xs, lane); break;
         case T_Q8_0: a = dot_q8_0(w, row, xs, lane); break;
         case T_F16: a = dot_f16(w, row, xs, lane); break;
@@ -440,16 +400,13 @@ __device__ float weight_at(const QW& w, u64 row, int i) {
             return h2f((u16)bp[0] | ((u16)bp[1] << 8)) * (float)(signed char)bp[2 + (i & 31)];
         }
         case T_Q4_K: {
-            const u8* bp = base + (u64)(i >> 8) * 144;
-            int r = i & 255, j = r >> 5, c = r >> 6, l = r & 31;
-            const u8* sc = bp + 4;
-            u32 s, m;
-            if (j < 4) { s = sc[j] & 63; m = sc[j + 4] & 63; }
-            else { s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4); m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4); }
-            u32 byte = bp[16 + 32 * c + l];
-            u32 q = (r & 63) < 32 ? (byte & 15) : (byte >> 4);
-            float d = h2f((u16)bp[0] | ((u16)bp[1] << 8)), dmin = h2f((u16)bp[2] | ((u16)bp[3] << 8));
-            return d * (float)s * (float)q - dmin * (float)m;
+            u64 b = row * (u64)(w.k >> 5) + (i >> 5);
+            int j = i & 31;
+            u32 byte = ((const u8*)w.data)[b * 16 + (j & 15)];
+            const u8* a = (const u8*)w.scales + (b >> 3) * 24;
+            const u8* sm = a + 4 + (b & 7) * 2;
+            float d = h2f(*(const u16*)a), dmin = h2f(*(const u16*)(a + 2));
+            return d * (float)sm[0] * (float)(j < 16 ? byte & 15 : byte >> 4) - dmin * (float)sm[1];
         }
         case T_Q6_K: {
             u64 b = row * (u64)(w.k >> 5) + (i >> 5);

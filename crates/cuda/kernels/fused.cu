@@ -403,23 +403,16 @@ __device__ float down_row_blocks(const FusedParams& p, const FusedPlan& pl, int 
 }
 
 // One output row of down for every slot, weighted: moe_down's flattened piece order (split
-// types items <= 256, Q4_K items <= 128: every (slot, block) piece spread over the lanes) or
-// its generic order (slot by slot), so results match the launch path's bits.
+// types, items <= 256: every (slot, block) piece spread over the lanes) or its generic order
+// (slot by slot), so results match the launch path's bits.
 __device__ float down_row(const FusedParams& p, const FusedPlan& pl, int i, const float* hs, int plen, int lane) {
     const QW& w0 = pl.down[0].v;
-    float acc = 0.f;
-    if (split_aux(w0.type) && p.n_used * (w0.k >> 5) <= 256)
-        return w0.type == T_Q4_0 ? down_row_blocks<Q4_0Piece>(p, pl, i, hs, plen, lane) : down_row_blocks<Q6_KPiece>(p, pl, i, hs, plen, lane);
-    if (w0.type == T_Q4_K && p.n_used * (w0.k >> 8) * 4 <= 128) {
-        int nsb = w0.k >> 8, items = p.n_used * nsb * 4;
-        for (int f = lane; f < items; f += 32) {
-            int c = f & 3, t = f >> 2, s = t / nsb, sb = t - s * nsb;
-            const u8* bp = (const u8*)pl.down[s].v.data + ((u64)i * nsb + sb) * 144;
-            acc += pl.ws[s] * q4_k_item(*(const uint4*)bp, *(const uint4*)(bp + 16 + 32 * c), *(const uint4*)(bp + 32 + 32 * c), c,
-                                        hs + s * plen + sb * 8 * XS);
-        }
-        return warp_sum(acc);
+    if (split_aux(w0.type) && p.n_used * (w0.k >> 5) <= 256) switch (w0.type) {
+        case T_Q4_0: return down_row_blocks<Q4_0Piece>(p, pl, i, hs, plen, lane);
+        case T_Q4_K: return down_row_blocks<Q4_KPiece>(p, pl, i, hs, plen, lane);
+        default: return down_row_blocks<Q6_KPiece>(p, pl, i, hs, plen, lane);
     }
+    float acc = 0.f;
     for (int s = 0; s < p.n_used; s++) acc += pl.ws[s] * row_dot(pl.down[s].v, (u64)i, hs + s * plen, lane);
     return acc;
 }

@@ -10,7 +10,7 @@
 #define MV_Q4_0_1 1  // Q4_0, k <= 1024, 4 rows per warp
 #define MV_Q4_0_2 2  // Q4_0, k <= 2048, 2 rows per warp
 #define MV_Q4_0_4 3  // Q4_0, k <= 4096, 1 row per warp
-#define MV_Q4_K_1 4  // Q4_K, k <= 2048, 2 rows per warp
+#define MV_Q4_K_1 4  // Q4_K (as repacked), k <= 2048, 2 rows per warp
 #define MV_Q4_K_2 5  // Q4_K, k <= 4096, 1 row per warp
 #define MV_Q6_K_1 6  // Q6_K (as repacked), k <= 1024, 4 rows per warp
 #define MV_Q6_K_2 7  // Q6_K, k <= 2048, 2 rows per warp
@@ -108,8 +108,8 @@ __device__ __forceinline__ void matvec_unit(const MatvecParams& p, float* smem, 
         case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, xs, red, u); return;
         case MV_Q4_0_2: mv_staged<2, Q4_0Rows<2, 2>>(p, xs, red, u); return;
         case MV_Q4_0_4: mv_staged<1, Q4_0Rows<1, 4>>(p, xs, red, u); return;
-        case MV_Q4_K_1: mv_staged<2, Q4_KRows<2, 1>>(p, xs, red, u); return;
-        case MV_Q4_K_2: mv_staged<1, Q4_KRows<1, 2>>(p, xs, red, u); return;
+        case MV_Q4_K_1: mv_staged<2, Q4_KRows<2, 2>>(p, xs, red, u); return;
+        case MV_Q4_K_2: mv_staged<1, Q4_KRows<1, 4>>(p, xs, red, u); return;
         default: mv_generic(p, xs, red, u); return;
     }
 }
@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) matvec_q6k(const MatvecPara
     switch (p.mode) {
         case MV_Q6_K_1: mv_staged<4, Q6_KRows<4, 1>>(p, xs, red, this_unit()); return;
         case MV_Q6_K_2: mv_staged<2, Q6_KRows<2, 2>>(p, xs, red, this_unit()); return;
-        case MV_K_MIXED: mv_staged<2, Q4_KRows<2, 1>, Q6_KRows<2, 2>, T_Q6_K>(p, xs, red, this_unit()); return;
+        case MV_K_MIXED: mv_staged<2, Q4_KRows<2, 2>, Q6_KRows<2, 2>, T_Q6_K>(p, xs, red, this_unit()); return;
         default: mv_staged<1, Q6_KRows<1, 4>>(p, xs, red, this_unit()); return;
     }
 }

@@ -275,7 +275,7 @@ __device__ __forceinline__ void gate_up_unit(const GateUpParams& p, float* xs, U
     switch (p.mode) {
         case 1: gate_up_staged<2, Q4_0Rows<2, 1>>(p, xs, e, u); return;
         case 2: gate_up_staged<1, Q4_0Rows<1, 2>>(p, xs, e, u); return;
-        case 4: gate_up_staged<1, Q4_KRows<1, 1>>(p, xs, e, u); return;
+        case 4: gate_up_staged<1, Q4_KRows<1, 2>>(p, xs, e, u); return;
         default: break;
     }
     load_x(xs, (const float*)p.xn, p.gate.k, 0, 0.f, 0);
@@ -306,7 +306,7 @@ struct DownParams {
     int n_used;
     int rows_per_warp;
     int mode;    // 0 generic; 1/2/3 Q4_0 (items <= 64/192/256, 1 row per warp);
-                 // 4/5/6 Q4_K (items <= 32/96/128); 7/8/9 Q6_K (as Q4_0)
+                 // 4/5/6 Q4_K, 7/8/9 Q6_K (as repacked; as Q4_0)
 };
 
 // Stages h [n_used, dff] in shared memory padded (XS floats per 32 values, slot s at s * plen),
@@ -342,8 +342,7 @@ __device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen
 }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
-// all slots' loads are in flight at once. Split-type (Q4_0, Q6_K) piece f: slot f / nb, block
-// f % nb.
+// all slots' loads are in flight at once. Split-type piece f: slot f / nb, block f % nb.
 template <int NR, int CH, class P>
 __device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int plen, const int* ids, const float* sw, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -385,39 +384,6 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int 
     }
 }
 
-// Q4_K piece f: quarter f & 3 of super-block t % nsb of slot t / nsb, t = f >> 2.
-template <int CH>
-__device__ __forceinline__ void down_q4_k(const DownParams& p, float* hs, int plen, const int* ids, const float* sw, Unit u) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int r = u.x * nwarps + warp;
-    int nsb = p.down.k >> 8, items = p.n_used * nsb * 4;
-    uint4 h[CH], a[CH], b[CH];
-    float prev = lane == 0 && r < p.d_model ? __ldcg((const float*)p.x + r) : 0.f;  // as down_blocks
-#pragma unroll
-    for (int j = 0; j < CH; j++) {
-        int f = lane + 32 * j;
-        if (f < items && r < p.d_model) {
-            int c = f & 3, t = f >> 2, s = t / nsb, sb = t - s * nsb;
-            const u8* bp = (const u8*)p.down.data + (((u64)ids[s] * p.d_model + r) * nsb + sb) * 144;
-            h[j] = *(const uint4*)bp;
-            a[j] = *(const uint4*)(bp + 16 + 32 * c);
-            b[j] = *(const uint4*)(bp + 32 + 32 * c);
-        }
-    }
-    stage_h(p, hs, plen);
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < CH; j++) {
-        int f = lane + 32 * j;
-        if (f < items && r < p.d_model) {
-            int c = f & 3, t = f >> 2, s = t / nsb, sb = t - s * nsb;
-            acc += sw[s] * q4_k_item(h[j], a[j], b[j], c, hs + s * plen + sb * 8 * XS);
-        }
-    }
-    float v = warp_sum(acc);
-    if (lane == 0 && r < p.d_model) ((float*)p.x)[r] = prev + v;
-}
-
 // grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the
 // experts (Experts::scratch). Generic mode sums the slots in order.
 __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit u) {
@@ -431,9 +397,9 @@ __device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit
             case 1: down_blocks<1, 2, Q4_0Piece>(p, smem, plen, ids, ws, u); return;
             case 2: down_blocks<1, 6, Q4_0Piece>(p, smem, plen, ids, ws, u); return;
             case 3: down_blocks<1, 8, Q4_0Piece>(p, smem, plen, ids, ws, u); return;
-            case 4: down_q4_k<1>(p, smem, plen, ids, ws, u); return;
-            case 5: down_q4_k<3>(p, smem, plen, ids, ws, u); return;
-            default: down_q4_k<4>(p, smem, plen, ids, ws, u); return;
+            case 4: down_blocks<1, 2, Q4_KPiece>(p, smem, plen, ids, ws, u); return;
+            case 5: down_blocks<1, 6, Q4_KPiece>(p, smem, plen, ids, ws, u); return;
+            default: down_blocks<1, 8, Q4_KPiece>(p, smem, plen, ids, ws, u); return;
         }
     }
     pdl_start();

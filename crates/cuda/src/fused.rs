@@ -313,6 +313,12 @@ mod tests {
         assert_eq!(staged_bytes(&q4, Some(3), 2), 2 * 384 + 2 * 48);
         let q6 = Qw { ty: 14, ..q4 };
         assert_eq!(staged_bytes(&q6, Some(3), 2), 2 * 384 + 2 * 288);
+        // Q4_K: 72 bytes of aux a row; row 3's start 216 bytes in, 8 into a line.
+        let q4k = Qw { ty: 12, ..q4 };
+        assert_eq!(
+            staged_bytes(&q4k, Some(3), 2),
+            2 * 384 + (8 + 2 * 72usize).next_multiple_of(16)
+        );
         // 5 blocks a row: row 1's 10 bytes of scales start 10 bytes into a line.
         let q4 = Qw { k: 160, ..q4 };
         assert_eq!(

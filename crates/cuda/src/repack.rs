@@ -3,16 +3,19 @@
 //! weight j in its low nibble and weight j + 16 in its high one) and an aux plane at
 //! `Qw::scales`. Q4_0's aux is the f16 scale (2 bytes a block). Q6_K's is 12 bytes a block,
 //! grouped per 256-weight super-block (96 bytes, so a row's aux is contiguous): the 8 blocks'
-//! high-bit words first (8 bytes each), then their scale words (4 bytes each). Both mirror
-//! `split_aux` / `Q6_KPiece` in kernels/common.cuh.
+//! high-bit words first (8 bytes each), then their scale words (4 bytes each). Q4_K's is 3
+//! bytes a block, grouped per super-block (24 bytes): d | dmin (f16 each), then each block's
+//! 6-bit scale and min unpacked to a byte pair, 4 bytes of padding. All mirror `split_aux` and
+//! the `*Piece` structs in kernels/common.cuh.
 
-use q4moe_gguf::quant::BlockQ6K;
+use q4moe_gguf::quant::{BlockQ4K, BlockQ6K};
 use q4moe_gguf::GgmlType;
 
 /// Aux bytes a 32-weight block of a split type, or None for types kept in ggml's bytes.
 pub fn split_aux_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
         GgmlType::Q4_0 => Some(2),
+        GgmlType::Q4_K => Some(3),
         GgmlType::Q6_K => Some(12),
         _ => None,
     }
@@ -39,6 +42,7 @@ pub fn plane_bytes(ty: GgmlType, src_len: usize) -> Option<(usize, usize)> {
 pub fn write_planes(ty: GgmlType, src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) -> bool {
     match ty {
         GgmlType::Q4_0 => q4_0_planes(src, nibbles, aux),
+        GgmlType::Q4_K => q4_k_planes(src, nibbles, aux),
         GgmlType::Q6_K => q6_k_planes(src, nibbles, aux),
         _ => return false,
     }
@@ -59,6 +63,40 @@ fn q4_0_planes(src: &[u8], nibbles: &mut [u8], scales: &mut [u8]) {
         n.copy_from_slice(&b[2..18]);
         d.copy_from_slice(&b[0..2]);
     }
+}
+
+/// Sub-block j of a super-block (its 32 weights: nibble j % 2 of chunk j / 2's 32 bytes) in
+/// Q4_0's nibble order, and the super-block's aux: d, dmin, then (scale, min) of each block.
+fn q4_k_planes(src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) {
+    for (s, raw) in src.chunks_exact(144).enumerate() {
+        let b = block_q4_k(raw);
+        let a = &mut aux[s * 24..s * 24 + 24];
+        a[0..2].copy_from_slice(&b.d);
+        a[2..4].copy_from_slice(&b.dmin);
+        for j in 0..8 {
+            let q = |l: usize| (b.qs[j / 2 * 32 + l] >> (4 * (j % 2))) & 15;
+            let n = &mut nibbles[(s * 8 + j) * 16..(s * 8 + j + 1) * 16];
+            for (m, byte) in n.iter_mut().enumerate() {
+                *byte = q(m) | (q(m + 16) << 4);
+            }
+            let (sc, m) = b.scale_min(j);
+            a[4 + 2 * j] = sc;
+            a[5 + 2 * j] = m;
+        }
+        a[20..24].fill(0);
+    }
+}
+
+fn block_q4_k(raw: &[u8]) -> BlockQ4K {
+    let mut b = BlockQ4K {
+        d: [raw[0], raw[1]],
+        dmin: [raw[2], raw[3]],
+        scales: [0; 12],
+        qs: [0; 128],
+    };
+    b.scales.copy_from_slice(&raw[4..16]);
+    b.qs.copy_from_slice(&raw[16..144]);
+    b
 }
 
 /// Per 32-weight block j of a super-block (half h = j / 4, quant k = j % 4: weights
@@ -129,33 +167,53 @@ mod tests {
         d * sc * (((high << 4) | low as u32) as i32 - 32) as f32
     }
 
+    /// Weight i of a Q4_K matrix read from the planes the way the kernels read them.
+    fn q4_k_weight(nibbles: &[u8], aux: &[u8], i: usize) -> f32 {
+        let (bi, j) = (i / 32, i % 32);
+        let byte = nibbles[bi * 16 + j % 16];
+        let q = if j < 16 { byte & 15 } else { byte >> 4 };
+        let a = &aux[bi / 8 * 24..];
+        let f = |o: usize| half::f16::from_le_bytes([a[o], a[o + 1]]).to_f32();
+        let (sc, m) = (a[4 + 2 * (bi % 8)], a[5 + 2 * (bi % 8)]);
+        f(0) * sc as f32 * q as f32 - f(2) * m as f32
+    }
+
     #[test]
     fn q6_k_planes_hold_every_weight() {
+        planes_hold_every_weight(GgmlType::Q6_K, q6_k_weight, 1e-6);
+    }
+
+    #[test]
+    fn q4_k_planes_hold_every_weight() {
+        // The kernels' (d * sc) * q - dmin * m is the CPU's association: the same bits.
+        planes_hold_every_weight(GgmlType::Q4_K, q4_k_weight, 0.0);
+    }
+
+    /// Quantises random rows as `ty`, splits them into planes and reads every weight back with
+    /// `weight` against ggml's dequantisation, within `rel` of it.
+    fn planes_hold_every_weight(ty: GgmlType, weight: fn(&[u8], &[u8], usize) -> f32, rel: f32) {
         let k = 512;
         let x: Vec<f32> = (0..2 * k)
             .map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0)
             .collect();
         let mut raw = Vec::new();
         for row in x.chunks_exact(k) {
-            quantize_row(GgmlType::Q6_K, row, &mut raw).unwrap();
+            quantize_row(ty, row, &mut raw).unwrap();
         }
         let mut want = vec![0f32; 2 * k];
         for (r, o) in want.chunks_exact_mut(k).enumerate() {
-            let rb = GgmlType::Q6_K.row_bytes(k).unwrap();
-            dequantize_row(GgmlType::Q6_K, &raw[r * rb..(r + 1) * rb], o).unwrap();
+            let rb = ty.row_bytes(k).unwrap();
+            dequantize_row(ty, &raw[r * rb..(r + 1) * rb], o).unwrap();
         }
-        let (nibbles, aux) = split_planes(GgmlType::Q6_K, &raw).unwrap();
-        assert_eq!(
-            nibbles.len() + aux.len(),
-            device_row_bytes(GgmlType::Q6_K, k) * 2
-        );
+        let (nibbles, aux) = split_planes(ty, &raw).unwrap();
+        assert_eq!(nibbles.len() + aux.len(), device_row_bytes(ty, k) * 2);
         let mut distinct = std::collections::HashSet::new();
         for (i, w) in want.iter().enumerate() {
-            let got = q6_k_weight(&nibbles, &aux, i);
-            // d * sc * (q - 32) in another association than the CPU's (d * sc) * (q - 32).
+            let got = weight(&nibbles, &aux, i);
+            // Q6_K: d * sc * (q - 32) in another association than the CPU's (d * sc) * (q - 32).
             assert!(
-                (got - w).abs() <= 1e-6 * w.abs().max(1e-3),
-                "weight {i}: {got} vs {w}"
+                (got - w).abs() <= rel * w.abs().max(1e-3),
+                "{ty:?} weight {i}: {got} vs {w}"
             );
             distinct.insert(got.to_bits());
         }
@@ -168,6 +226,6 @@ mod tests {
         let (n, s) = split_planes(GgmlType::Q4_0, &raw).unwrap();
         assert_eq!(n, [&raw[2..18], &raw[20..36]].concat());
         assert_eq!(s, [raw[0], raw[1], raw[18], raw[19]]);
-        assert!(split_planes(GgmlType::Q4_K, &raw).is_none());
+        assert!(split_planes(GgmlType::Q8_0, &raw).is_none());
     }
 }

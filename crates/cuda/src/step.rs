@@ -186,7 +186,7 @@ fn mv_mode(ws: &[(Qw, u64, usize)], k: usize) -> (i32, usize) {
             }
             (9, 2)
         }
-        // Split types (Q6_K as repacked): one 32-weight block a lane piece.
+        // Split types (as repacked): one 32-weight block a lane piece.
         T_Q4_0 | T_Q6_K if k % 32 == 0 => {
             let first = if ty == T_Q4_0 { 1 } else { 6 };
             match (k / 32).div_ceil(32) {
@@ -196,9 +196,10 @@ fn mv_mode(ws: &[(Qw, u64, usize)], k: usize) -> (i32, usize) {
                 _ => return generic,
             }
         }
-        T_Q4_K if k % 256 == 0 => match (k / 256).div_ceil(8) {
-            1 => (4, 2),
-            2 => (5, 1),
+        // Q4_K: no 4-row mode (k <= 1024 takes the 2-row one).
+        T_Q4_K if k % 256 == 0 => match (k / 32).div_ceil(32) {
+            1 | 2 => (4, 2),
+            3 | 4 => (5, 1),
             _ => return generic,
         },
         _ => return generic,
@@ -647,8 +648,12 @@ fn down_mode(lw: &crate::weights::LayerW, c: &Config) -> (i32, usize) {
         return (0, 1);
     }
     match lw.down.ty {
-        T_Q4_0 | T_Q6_K if dff % 32 == 0 => {
-            let first = if lw.down.ty == T_Q4_0 { 1 } else { 7 };
+        T_Q4_0 | T_Q4_K | T_Q6_K if dff % 32 == 0 => {
+            let first = match lw.down.ty {
+                T_Q4_0 => 1,
+                T_Q4_K => 4,
+                _ => 7,
+            };
             match used * dff / 32 {
                 0..=64 => (first, 1),
                 65..=192 => (first + 1, 1),
@@ -656,12 +661,6 @@ fn down_mode(lw: &crate::weights::LayerW, c: &Config) -> (i32, usize) {
                 _ => (0, 1),
             }
         }
-        T_Q4_K if dff % 256 == 0 => match used * dff / 256 * 4 {
-            0..=32 => (4, 1),
-            33..=96 => (5, 1),
-            97..=128 => (6, 1),
-            _ => (0, 1),
-        },
         _ => (0, 1),
     }
 }

@@ -1,7 +1,7 @@
-//! Resident weights: every matrix stays in its 4-bit (or 6/8-bit) blocks on the device. Q4_0
-//! and Q6_K are repacked at load into a 16-byte-aligned nibble plane and an aux plane
-//! (repack.rs) so a lane reads one block with aligned vector loads; other types keep ggml's
-//! block bytes (Q4_K super-blocks are 144 bytes, already 16-byte aligned). Norms go up as f32.
+//! Resident weights: every matrix stays in its 4-bit (or 6/8-bit) blocks on the device. Q4_0,
+//! Q4_K and Q6_K are repacked at load into a 16-byte-aligned nibble plane and an aux plane
+//! (repack.rs) so a lane reads one 32-weight block with aligned vector loads; other types keep
+//! ggml's block bytes. Norms go up as f32.
 
 use std::ops::Range;
 
