@@ -75,21 +75,22 @@ for s in $steps; do
     sanitize)
       # memcheck on the tiny parity tests of both quants (Q4_K_M runs the Q6_K kernels) and on
       # the kernel tests; racecheck one kernel family at a time (--kernel-name: the others run
-      # uninstrumented; the whole test under racecheck takes minutes) and without the fused step
-      # (its grid barrier spins forever when racecheck serialises the blocks); the device
-      # sampler under racecheck on its kernel test.
+      # uninstrumented; the whole test under racecheck takes minutes) without the fused step
+      # (its grid barrier spins forever when racecheck serialises the blocks) and without the
+      # router cluster (racecheck fails on the cluster kernel with an internal error even
+      # uninstrumented, session 7: router_topk stands in); the device sampler on its kernel test.
       {
         echo "== compute-sanitizer memcheck (tiny Q4_0 and Q4_K_M parity)"
         timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$(bin parity)" tiny_q4 --test-threads=1 2>&1 | tail -4
         echo "== compute-sanitizer memcheck (kernel tests)"
         timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$(bin kernels)" --test-threads=1 2>&1 | tail -4
         for k in attn_gqa moe_ router matvec argmax; do
-          echo "== compute-sanitizer racecheck kns=$k (tiny Q4_0 and Q4_K_M parity, no fused step)"
-          Q4MOE_TEST_NO_FUSED=1 timeout 95 compute-sanitizer --tool racecheck --kernel-name kns=$k --print-limit 10 \
-            "$(bin parity)" tiny_q4 --test-threads=1 2>&1 | tail -3
+          echo "== compute-sanitizer racecheck kns=$k (tiny Q4_0 and Q4_K_M parity, no fused step, no router cluster)"
+          Q4MOE_TEST_NO_FUSED=1 Q4MOE_CUDA_ROUTER_CLUSTER=0 timeout 150 compute-sanitizer --tool racecheck --kernel-name kns=$k \
+            --print-limit 10 "$(bin parity)" tiny_q4 --test-threads=1 2>&1 | tail -3
         done
         echo "== compute-sanitizer racecheck kns=sample (the sampler's kernel test)"
-        timeout 95 compute-sanitizer --tool racecheck --kernel-name kns=sample --print-limit 10 \
+        timeout 150 compute-sanitizer --tool racecheck --kernel-name kns=sample --print-limit 10 \
           "$(bin kernels)" sampler --test-threads=1 2>&1 | tail -3
       } 2>&1 | tee "$OUT/sanitizer.log" ;;
     ab|ab:*)
