@@ -179,8 +179,10 @@ __device__ __forceinline__ int split_aux(int type) {
 // ---- Register-staged row pieces: the loads of several rows (and experts) are issued first,
 // the arithmetic follows, so many 16-byte loads are in flight per lane.
 
-// One Q4_0 block (16 nibble bytes, f16 scale bits) against 32 padded activations.
-__device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
+// Sum over a block's 32 weights (nibble plane order: byte j holds weight j low, j + 16 high) of
+// (nibble - off + 2^23) * x against 32 padded activations; with SX also the sum of x into sx.
+template <bool SX>
+__device__ __forceinline__ float nibble_dot(uint4 q, const float* x, float off, float& sx) {
     const float4* x4 = (const float4*)x;
     u32 words[4] = {q.x, q.y, q.z, q.w};
     float s = 0.f;
@@ -188,11 +190,18 @@ __device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
     for (int w = 0; w < 4; w++) {
         u32 lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;
         float4 xa = x4[w], xb = x4[w + 4];  // weights 4w.. (low nibbles), 16+4w.. (high)
-        s += nib(lo, 0, 8388616.f) * xa.x + nib(hi, 0, 8388616.f) * xb.x;
-        s += nib(lo, 1, 8388616.f) * xa.y + nib(hi, 1, 8388616.f) * xb.y;
-        s += nib(lo, 2, 8388616.f) * xa.z + nib(hi, 2, 8388616.f) * xb.z;
-        s += nib(lo, 3, 8388616.f) * xa.w + nib(hi, 3, 8388616.f) * xb.w;
+        s += nib(lo, 0, off) * xa.x + nib(hi, 0, off) * xb.x;
+        s += nib(lo, 1, off) * xa.y + nib(hi, 1, off) * xb.y;
+        s += nib(lo, 2, off) * xa.z + nib(hi, 2, off) * xb.z;
+        s += nib(lo, 3, off) * xa.w + nib(hi, 3, off) * xb.w;
+        if (SX) sx += (xa.x + xb.x) + (xa.y + xb.y) + (xa.z + xb.z) + (xa.w + xb.w);
     }
+    return s;
+}
+
+// One Q4_0 block (16 nibble bytes, f16 scale bits) against 32 padded activations.
+__device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
+    float unused, s = nibble_dot<false>(q, x, 8388616.f, unused);  // nibble - 8
     return h2f(dbits) * s;
 }
 
@@ -218,19 +227,8 @@ __device__ __forceinline__ float q6_k_item(uint4 q, uint2 g, u32 sw, const float
 // One Q4_K block as repacked: nibbles as Q4_0's (values 0..15), ds = d * scale and
 // dm = dmin * min of the block: ds * sum(q x) - dm * sum(x), ggml's (d * sc) * q - dmin * m.
 __device__ __forceinline__ float q4_k_item(uint4 q, float ds, float dm, const float* x) {
-    const float4* x4 = (const float4*)x;
-    u32 words[4] = {q.x, q.y, q.z, q.w};
-    float s = 0.f, sx = 0.f;
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        u32 lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;
-        float4 xa = x4[w], xb = x4[w + 4];
-        s += nib(lo, 0, 8388608.f) * xa.x + nib(hi, 0, 8388608.f) * xb.x;
-        s += nib(lo, 1, 8388608.f) * xa.y + nib(hi, 1, 8388608.f) * xb.y;
-        s += nib(lo, 2, 8388608.f) * xa.z + nib(hi, 2, 8388608.f) * xb.z;
-        s += nib(lo, 3, 8388608.f) * xa.w + nib(hi, 3, 8388608.f) * xb.w;
-        sx += (xa.x + xb.x) + (xa.y + xb.y) + (xa.z + xb.z) + (xa.w + xb.w);
-    }
+    float sx = 0.f;
+    float s = nibble_dot<true>(q, x, 8388608.f, sx);
     return ds * s - dm * sx;
 }
 

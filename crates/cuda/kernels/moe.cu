@@ -106,23 +106,19 @@ struct RouterParams {
     float eps;
 };
 
-// grid ceil(n_expert / warps), 128 threads (router rows over more SMs: one round trip each),
-// dynamic smem (36 + k + n_expert + 4) floats.
-__device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* smem, Unit u) {
-    float* red = smem;
-    float* xs = smem + 36;  // 16-byte aligned, unpadded
-    float* pr = xs + p.k;   // [n_expert] top-k scratch
-    int* is_last = (int*)(pr + p.n_expert);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int row = u.x * nw + warp, nq = p.k >> 7;
+// The logit of router row `row` (this warp's; every lane gets it): the row's F32 weights load
+// before pdl_wait, then the normalised input into xs (unpadded; k % 128 == 0, <= 2048), which
+// the block with `store_xn` also writes to xn_out for the experts.
+__device__ __forceinline__ float router_logit(const RouterParams& p, float* xs, float* red, int row, bool store_xn) {
+    int lane = threadIdx.x & 31, nq = p.k >> 7;
     float4 wv[16];
     const float4* wr = (const float4*)((const float*)p.w + (u64)(row < p.n_expert ? row : 0) * p.k);
 #pragma unroll
     for (int j = 0; j < 16; j++)
         if (j < nq) wv[j] = wr[lane + 32 * j];
     pdl_start();
-    load_x_fast<false>(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);  // k % 128 == 0, <= 2048
-    if (u.x == 0)
+    load_x_fast<false>(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
+    if (store_xn)
         for (int i = threadIdx.x; i < p.k; i += blockDim.x) ((float*)p.xn_out)[i] = xs[i];
     float acc = 0.f;
     const float4* x4 = (const float4*)xs;
@@ -132,7 +128,19 @@ __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* s
             float4 a = wv[j], b = x4[lane + 32 * j];
             acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
         }
-    acc = warp_sum(acc);
+    return warp_sum(acc);
+}
+
+// grid ceil(n_expert / warps), 128 threads (router rows over more SMs: one round trip each),
+// dynamic smem (36 + k + n_expert + 4) floats.
+__device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* smem, Unit u) {
+    float* red = smem;
+    float* xs = smem + 36;  // 16-byte aligned, unpadded
+    float* pr = xs + p.k;   // [n_expert] top-k scratch
+    int* is_last = (int*)(pr + p.n_expert);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int row = u.x * nw + warp;
+    float acc = router_logit(p, xs, red, row, u.x == 0);
     if (lane == 0 && row < p.n_expert) ((float*)p.logits)[row] = acc;
     __threadfence();
     __syncthreads();
@@ -179,28 +187,10 @@ extern "C" __global__ void __cluster_dims__(RC_BLOCKS, 1, 1) __launch_bounds__(R
     float* pr = lgs + p.n_expert;  // [n_expert] top-k scratch
     cluster_arrive_started();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int row = blockIdx.x * RC_WARPS + warp, nq = p.k >> 7;
-    bool has_row = row < p.n_expert;
-    float4 wv[16];
-    const float4* wr = (const float4*)((const float*)p.w + (u64)(has_row ? row : 0) * p.k);
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-        if (j < nq) wv[j] = wr[lane + 32 * j];
-    pdl_start();
-    load_x_fast<false>(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);  // k % 128 == 0, <= 2048
-    if (blockIdx.x == 0)
-        for (int i = threadIdx.x; i < p.k; i += blockDim.x) ((float*)p.xn_out)[i] = xs[i];
-    float acc = 0.f;
-    const float4* x4 = (const float4*)xs;
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-        if (j < nq) {
-            float4 a = wv[j], b = x4[lane + 32 * j];
-            acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
-        }
-    acc = warp_sum(acc);
+    int row = blockIdx.x * RC_WARPS + warp;
+    float acc = router_logit(p, xs, red, row, blockIdx.x == 0);
     cluster_wait_started();
-    if (lane == 0 && has_row) st_block0_f32(lgs + row, acc);
+    if (lane == 0 && row < p.n_expert) st_block0_f32(lgs + row, acc);
     cluster_sync();  // every logit is in block 0's lgs; no block touches another's memory after
     if (blockIdx.x != 0) return;
     topk_block<true>(lgs, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr, red);
