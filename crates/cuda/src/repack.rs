@@ -8,7 +8,7 @@
 //! 6-bit scale and min unpacked to a byte pair, 4 bytes of padding. All mirror `split_aux` and
 //! the `*Piece` structs in kernels/common.cuh.
 
-use q4moe_gguf::quant::{BlockQ4K, BlockQ6K};
+use q4moe_gguf::quant::{blocks, BlockQ4K, BlockQ6K};
 use q4moe_gguf::GgmlType;
 
 /// Aux bytes a 32-weight block of a split type, or None for types kept in ggml's bytes.
@@ -68,8 +68,7 @@ fn q4_0_planes(src: &[u8], nibbles: &mut [u8], scales: &mut [u8]) {
 /// Sub-block j of a super-block (its 32 weights: nibble j % 2 of chunk j / 2's 32 bytes) in
 /// Q4_0's nibble order, and the super-block's aux: d, dmin, then (scale, min) of each block.
 fn q4_k_planes(src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) {
-    for (s, raw) in src.chunks_exact(144).enumerate() {
-        let b = block_q4_k(raw);
+    for (s, b) in blocks::<BlockQ4K>(src).iter().enumerate() {
         let a = &mut aux[s * 24..s * 24 + 24];
         a[0..2].copy_from_slice(&b.d);
         a[2..4].copy_from_slice(&b.dmin);
@@ -87,26 +86,13 @@ fn q4_k_planes(src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) {
     }
 }
 
-fn block_q4_k(raw: &[u8]) -> BlockQ4K {
-    let mut b = BlockQ4K {
-        d: [raw[0], raw[1]],
-        dmin: [raw[2], raw[3]],
-        scales: [0; 12],
-        qs: [0; 128],
-    };
-    b.scales.copy_from_slice(&raw[4..16]);
-    b.qs.copy_from_slice(&raw[16..144]);
-    b
-}
-
 /// Per 32-weight block j of a super-block (half h = j / 4, quant k = j % 4: weights
 /// 128h + 32k + l, l < 32): the low 4 bits as in Q4_0's nibble plane; high-bit words G0 (l < 16)
 /// and G1 (l >= 16) with the 2 high bits of weight 4w + b (of its half) at bits 8b + 2w, so the
 /// kernel lifts them next to nibble word w with one shift and mask; the scale word
 /// d (f16) | scales[8h + 2k] << 16 | scales[8h + 2k + 1] << 24.
 fn q6_k_planes(src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) {
-    for (s, raw) in src.chunks_exact(210).enumerate() {
-        let b = block_q6_k(raw);
+    for (s, b) in blocks::<BlockQ6K>(src).iter().enumerate() {
         let a = &mut aux[s * 96..s * 96 + 96];
         for j in 0..8 {
             let (h, k) = (j / 4, j % 4);
@@ -130,20 +116,6 @@ fn q6_k_planes(src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) {
             a[64 + 4 * j..68 + 4 * j].copy_from_slice(&sc);
         }
     }
-}
-
-fn block_q6_k(raw: &[u8]) -> BlockQ6K {
-    let mut b = BlockQ6K {
-        ql: [0; 128],
-        qh: [0; 64],
-        scales: [0; 16],
-        d: [0; 2],
-    };
-    b.ql.copy_from_slice(&raw[0..128]);
-    b.qh.copy_from_slice(&raw[128..192]);
-    b.scales.copy_from_slice(&raw[192..208]);
-    b.d.copy_from_slice(&raw[208..210]);
-    b
 }
 
 #[cfg(test)]

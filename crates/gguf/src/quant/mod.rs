@@ -43,12 +43,23 @@ pub use q8_k::BlockQ8K;
 /// Weights per K-quant super-block.
 pub const QK_K: usize = 256;
 
-/// A quantised block: plain bytes, alignment 1, every bit pattern valid.
-pub(crate) trait Block: Copy {}
+/// A quantised block: plain bytes, alignment 1, every bit pattern valid. Sealed: only the
+/// block types above implement it, which is what makes `blocks` sound.
+pub trait Block: Copy + sealed::Sealed {}
 
-/// Views bytes as blocks. Callers guarantee `bytes.len()` is a multiple of the block size.
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::BlockQ4_0 {}
+    impl Sealed for super::BlockQ8_0 {}
+    impl Sealed for super::BlockQ4K {}
+    impl Sealed for super::BlockQ6K {}
+    impl Sealed for super::BlockQ8K {}
+}
+
+/// Views bytes (a tensor's, in the mmap) as blocks, without copying. Callers guarantee
+/// `bytes.len()` is a multiple of the block size.
 #[inline]
-pub(crate) fn blocks<B: Block>(bytes: &[u8]) -> &[B] {
+pub fn blocks<B: Block>(bytes: &[u8]) -> &[B] {
     debug_assert_eq!(std::mem::align_of::<B>(), 1);
     debug_assert_eq!(bytes.len() % std::mem::size_of::<B>(), 0);
     let n = bytes.len() / std::mem::size_of::<B>();
