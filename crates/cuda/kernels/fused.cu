@@ -24,7 +24,7 @@
 #define PH_DOWN 5
 #define N_PH 6
 
-// Inline the attention combine into o_proj's prologue up to this many 64-position chunks;
+// Inline the attention combine into o_proj's prologue up to this many ATT_CHUNK-position chunks;
 // past it a separate combine phase (one more barrier) reads fewer bytes per block.
 #define INLINE_CHUNKS 4
 #define MAX_USED 16

@@ -234,8 +234,9 @@ fn fused_under_test() -> bool {
     std::env::var_os("Q4MOE_TEST_NO_FUSED").is_none()
 }
 
-/// Past four 64-position chunks the fused step merges attention chunks in a phase of its own
-/// (fused.cu INLINE_CHUNKS): a 300-token prompt takes that path; the launch path must agree.
+/// Past four 32-position chunks (ATT_CHUNK) the fused step merges attention chunks in a phase of
+/// its own (fused.cu INLINE_CHUNKS): a 300-token prompt takes that path; the launch path must
+/// agree.
 #[test]
 fn tiny_long_context() {
     if no_gpu() {
