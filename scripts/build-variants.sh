@@ -4,7 +4,7 @@
 #   scripts/build-variants.sh main next/gate-up-one-row next/att-chunk-32
 #   run(command="bash scripts/gpu-check.sh variants", carry=["variants"])
 # Each ref builds in its own worktree and target directory (kernels are embedded at build time).
-# About 14 MB a variant (stripped): the device tool carries at most 64 MiB, so four a call.
+# About 15 MB a variant (stripped; the binary, the parity and the kernel tests): the device tool carries at most 64 MiB, so four a call.
 set -eu -o pipefail
 root=$(git rev-parse --show-toplevel)
 mkdir -p "$root/variants"
@@ -14,11 +14,13 @@ for ref in "$@"; do
   git -C "$root" worktree add -q --detach "$wt" "$ref"
   tgt="${CARGO_TARGET_DIR_VARIANTS:-/tmp/q4moe-variants}/$name"
   (cd "$wt" && CARGO_TARGET_DIR="$tgt" cargo build -q --release -p q4moe \
-     && CARGO_TARGET_DIR="$tgt" cargo test -q --release -p q4moe-cuda --test parity --no-run)
+     && CARGO_TARGET_DIR="$tgt" cargo test -q --release -p q4moe-cuda --test parity --test kernels --no-run)
   mkdir -p "$root/variants/$name"
   cp "$tgt/release/q4moe" "$root/variants/$name/q4moe"
-  cp "$(ls -t "$tgt"/release/deps/parity-* | grep -v '\.d$' | head -1)" "$root/variants/$name/parity"
-  strip "$root/variants/$name/q4moe" "$root/variants/$name/parity"
+  for t in parity kernels; do
+    cp "$(ls -t "$tgt"/release/deps/$t-* | grep -v '\.d$' | head -1)" "$root/variants/$name/$t"
+  done
+  strip "$root/variants/$name"/*
   git -C "$root" worktree remove --force "$wt"
   echo "variants/$name: $(git -C "$root" rev-parse --short "$ref")"
 done
