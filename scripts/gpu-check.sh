@@ -15,7 +15,7 @@
 #                 AB_ENVS="A=1 B=2" times those settings instead.
 #   parity:<V=x>  the CPU-parity tests with environment setting V=x.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
-#                 parity test (when its build has one), then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
+#                 parity test and kernel unit tests (when its build has them), then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
 #                 and on Q4_0 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused);
 #                 VARIANT_LONG=4096 adds Q4_0 decode at that context.
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
@@ -112,6 +112,11 @@ for s in $steps; do
         if [ -x "$d/parity" ]; then  # a variant stacked under a checked one may come without it
           r=$(timeout 200 "$d/parity" --test-threads=1 2>&1 | grep -E "^test result")
           say "variant $n: parity [$r]"
+          [[ $r == *" 0 failed"* ]] || continue
+        fi
+        if [ -x "$d/kernels" ]; then
+          r=$(timeout 200 "$d/kernels" --test-threads=1 2>&1 | grep -E "^test result|panicked")
+          say "variant $n: kernels [$r]"
           [[ $r == *" 0 failed"* ]] || continue
         fi
         IFS=, read -ra runs <<< "${VARIANT_RUNS:-q4_0 0,q4_k_m 0,q4_0 1}"
