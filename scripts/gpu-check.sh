@@ -17,7 +17,8 @@
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
 #                 parity test and kernel unit tests (when its build has them), then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
 #                 and on Q4_0 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused);
-#                 VARIANT_LONG=4096 adds Q4_0 decode at that context.
+#                 VARIANT_LONG=4096 adds Q4_0 decode at that context (VARIANT_LONG_FOR="<names>":
+#                 those variants only); VARIANT_SAMPLED="<names>|all" adds their --sampled rows.
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
 #                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
@@ -49,12 +50,16 @@ for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
 }
 say() { echo "$1"; summary+="$1\n"; }  # printed as it happens (a timed-out call keeps it)
 # The quick bench (cache on, in-flight 2, 3 runs of 256 tokens after a 128-token prompt):
-# quick <binary> <quant> [more bench args]; prints its median line (QUICK_LINE: another line).
+# quick <binary> <quant> [more bench args]; prints its median line (QUICK_LINE: another line;
+# QUICK_ALL=1: the last 9 lines that match).
 quick() {
   local b=$1 q=$2
   shift 2
   timeout 150 "$b" bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
-    --setup-cache on --in-flight 2 "$@" 2>&1 | grep -E "${QUICK_LINE:-median}" | tail -1
+    --setup-cache on --in-flight 2 "$@" 2>&1 | grep -E "${QUICK_LINE:-median}" | tail -${QUICK_ALL:+9}1
+}
+named() {  # named "<names>" <name>: the list is empty or "all" or holds the name
+  [ -z "$1" ] || [ "$1" = all ] || [[ " $1 " == *" $2 "* ]]
 }
 for s in $steps; do
   case $s in
@@ -125,9 +130,13 @@ for s in $steps; do
           b=$(Q4MOE_CUDA_FUSED=$2 quick "$d/q4moe" $1)
           say "variant $n $1 fused=$2: $b"
         done
-        if [ -n "${VARIANT_LONG:-}" ]; then  # e.g. VARIANT_LONG=4096: Q4_0 decode at that context
+        if [ -n "${VARIANT_LONG:-}" ] && named "${VARIANT_LONG_FOR:-}" "$n"; then  # Q4_0 decode at that context
           b=$(QUICK_LINE="decode at" quick "$d/q4moe" q4_0 --long-context "$VARIANT_LONG")
           say "variant $n q4_0 long: $b"
+        fi
+        if [ -n "${VARIANT_SAMPLED:-}" ] && named "$VARIANT_SAMPLED" "$n"; then  # the --sampled rows
+          b=$(QUICK_LINE="sampled" QUICK_ALL=1 quick "$d/q4moe" q4_0 --sampled)
+          say "variant $n q4_0 sampled:\n$b"
         fi
       done ;;
     omit)
