@@ -53,10 +53,11 @@ say() { echo "$1"; summary+="$1\n"; }  # printed as it happens (a timed-out call
 # quick <binary> <quant> [more bench args]; prints its median line (QUICK_LINE: another line;
 # QUICK_ALL=1: the last 9 lines that match).
 quick() {
-  local b=$1 q=$2
+  local b=$1 q=$2 n=1
   shift 2
+  [ -n "${QUICK_ALL:-}" ] && n=9
   timeout 150 "$b" bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
-    --setup-cache on --in-flight 2 "$@" 2>&1 | grep -E "${QUICK_LINE:-median}" | tail -${QUICK_ALL:+9}1
+    --setup-cache on --in-flight 2 "$@" 2>&1 | grep -E "${QUICK_LINE:-median}" | tail -$n
 }
 named() {  # named "<names>" <name>: the list is empty or "all" or holds the name
   [ -z "$1" ] || [ "$1" = all ] || [[ " $1 " == *" $2 "* ]]
