@@ -136,7 +136,7 @@ for s in $steps; do
           say "variant $n q4_0 long: $b"
         fi
         if [ -n "${VARIANT_SAMPLED:-}" ] && named "$VARIANT_SAMPLED" "$n"; then  # the --sampled rows
-          b=$(QUICK_LINE="sampled" QUICK_ALL=1 quick "$d/q4moe" q4_0 --sampled)
+          b=$(QUICK_ALL=1 quick "$d/q4moe" q4_0 --sampled)
           say "variant $n q4_0 sampled:\n$b"
         fi
       done ;;
