@@ -129,7 +129,7 @@ for s in $steps; do
         for run in "${runs[@]}"; do
           set -- $run
           b=$(Q4MOE_CUDA_FUSED=$2 quick "$d/q4moe" $1)
-          say "variant $n $1 fused=$2: $b"
+          say "variant $n $1 fused=$2: $b (at ${SECONDS} s)"
         done
         if [ -n "${VARIANT_LONG:-}" ] && named "${VARIANT_LONG_FOR:-}" "$n"; then  # Q4_0 decode at that context
           b=$(QUICK_LINE="decode at" quick "$d/q4moe" q4_0 --long-context "$VARIANT_LONG")
