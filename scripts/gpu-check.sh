@@ -18,7 +18,8 @@
 #                 parity test and kernel unit tests (when its build has them), then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
 #                 and on Q4_0 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused);
 #                 VARIANT_LONG=4096 adds Q4_0 decode at that context (VARIANT_LONG_FOR="<names>":
-#                 those variants only); VARIANT_SAMPLED="<names>|all" adds their --sampled rows.
+#                 those variants only); VARIANT_SAMPLED="<names>|all" adds their --sampled rows;
+#                 VARIANTS="<names>" picks and orders them; VARIANT_TESTS=0 skips their tests.
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
 #                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
@@ -48,7 +49,9 @@ for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
     print('%-22s %6d calls %9.3f ms %8.2f us/call' % (k['name'], k['calls'], k['total_ms'], 1e3 * k['total_ms'] / max(k['calls'], 1)))
 " "$1" 2>&1 | head -24
 }
-say() { echo "$1"; summary+="$1\n"; }  # printed as it happens (a timed-out call keeps it)
+# Printed as it happens and kept in $OUT/summary.txt: a call that runs out of time returns $OUT
+# but no output when a pipe held it.
+say() { echo -e "$1" | tee -a "$OUT/summary.txt"; summary+="$1\n"; }
 # The quick bench (cache on, in-flight 2, 3 runs of 256 tokens after a 128-token prompt):
 # quick <binary> <quant> [more bench args]; prints its median line (QUICK_LINE: another line;
 # QUICK_ALL=1: the last 9 lines that match).
@@ -113,16 +116,18 @@ for s in $steps; do
       say "parity [${s#parity:}]: $r" ;;
     variants)
       model q4_0; model q4_k_m
-      for d in variants/*/; do
-        n=$(basename "$d")
-        if [ -x "$d/parity" ]; then  # a variant stacked under a checked one may come without it
+      say "models written (at ${SECONDS} s)"
+      for n in ${VARIANTS:-$(ls variants)}; do  # VARIANTS="<names>": those, in that order
+        d=variants/$n
+        if [ "${VARIANT_TESTS:-1}" = 0 ]; then :  # timed again: its tests passed earlier
+        elif [ -x "$d/parity" ]; then  # a variant stacked under a checked one may come without it
           r=$(timeout 200 "$d/parity" --test-threads=1 2>&1 | grep -E "^test result")
-          say "variant $n: parity [$r]"
+          say "variant $n: parity [$r] (at ${SECONDS} s)"
           [[ $r == *" 0 failed"* ]] || continue
         fi
-        if [ -x "$d/kernels" ]; then
+        if [ "${VARIANT_TESTS:-1}" != 0 ] && [ -x "$d/kernels" ]; then
           r=$(timeout 200 "$d/kernels" --test-threads=1 2>&1 | grep -E "^test result|panicked")
-          say "variant $n: kernels [$r]"
+          say "variant $n: kernels [$r] (at ${SECONDS} s)"
           [[ $r == *" 0 failed"* ]] || continue
         fi
         IFS=, read -ra runs <<< "${VARIANT_RUNS:-q4_0 0,q4_k_m 0,q4_0 1}"
@@ -133,11 +138,11 @@ for s in $steps; do
         done
         if [ -n "${VARIANT_LONG:-}" ] && named "${VARIANT_LONG_FOR:-}" "$n"; then  # Q4_0 decode at that context
           b=$(QUICK_LINE="decode at" quick "$d/q4moe" q4_0 --long-context "$VARIANT_LONG")
-          say "variant $n q4_0 long: $b"
+          say "variant $n q4_0 long: $b (at ${SECONDS} s)"
         fi
         if [ -n "${VARIANT_SAMPLED:-}" ] && named "$VARIANT_SAMPLED" "$n"; then  # the --sampled rows
           b=$(QUICK_ALL=1 quick "$d/q4moe" q4_0 --sampled)
-          say "variant $n q4_0 sampled:\n$b"
+          say "variant $n q4_0 sampled (at ${SECONDS} s):\n$b"
         fi
       done ;;
     omit)
