@@ -20,6 +20,7 @@
 #                 VARIANT_LONG=4096 adds Q4_0 decode at that context (VARIANT_LONG_FOR="<names>":
 #                 those variants only); VARIANT_SAMPLED="<names>|all" adds their --sampled rows;
 #                 VARIANTS="<names>" picks and orders them; VARIANT_TESTS=0 skips their tests.
+#   racecheck     racecheck per kernel family and memcheck on short tiny-geometry decodes.
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
 #                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
@@ -144,6 +145,30 @@ for s in $steps; do
           b=$(QUICK_ALL=1 quick "$d/q4moe" q4_0 --sampled)
           say "variant $n q4_0 sampled (at ${SECONDS} s):\n$b"
         fi
+      done ;;
+    racecheck)
+      # Racecheck one kernel family at a time (--kernel-name; the others run uninstrumented) on
+      # short decodes of the tiny geometry (`q4moe bench`: a 100-token prompt, so attention
+      # merges 4 chunks, then 8 tokens; the parity tests under racecheck outlast a device call),
+      # then memcheck on the same runs (graph, device sampler). Racecheck without the router
+      # cluster: it fails on it with an internal error (session 7); router_topk stands in.
+      racy() {  # racy <quant> <tool args..>: the sanitizer's verdict on one short tiny decode
+        local q=$1 extra="--setup-cache off" rc=0
+        shift
+        [[ "$*" == *sample* || "$*" == *memcheck* ]] && extra="--setup-cache on --sampled"
+        [[ "$*" == *memcheck* ]] && rc=1
+        Q4MOE_CUDA_ROUTER_CLUSTER=$rc timeout 90 compute-sanitizer --print-limit 10 "$@" $Q bench --model /tmp/tiny-$q.gguf \
+          --device cuda --prompt-len 100 --decode-len 8 --runs 1 --in-flight 1 $extra 2>&1 \
+          | grep -E "SUMMARY|Sanitizer Error|panicked|^Error" | head -3 | tr '\n' ' '
+      }
+      for q in q4_0 q4_k_m; do
+        timeout 60 $Q synth --geometry tiny --quant $q --seed 1 --out /tmp/tiny-$q.gguf > /dev/null 2>&1
+        kinds="attn_gqa moe_ router matvec head_stream argmax sample"
+        [ $q = q4_k_m ] && kinds="moe_ matvec head_stream"  # its Q4_K / Q6_K paths
+        for k in $kinds; do
+          say "racecheck $q $k: $(racy $q --tool racecheck --kernel-name kns=$k) (at ${SECONDS} s)"
+        done
+        say "memcheck $q: $(racy $q --tool memcheck) (at ${SECONDS} s)"
       done ;;
     omit)
       # Each layer kernel's cost inside the graph: the step without it (Q4MOE_CUDA_OMIT; wrong
