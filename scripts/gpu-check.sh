@@ -20,6 +20,7 @@
 #                 VARIANT_LONG=4096 adds Q4_0 decode at that context (VARIANT_LONG_FOR="<names>":
 #                 those variants only); VARIANT_SAMPLED="<names>|all" adds their --sampled rows;
 #                 VARIANTS="<names>" picks and orders them; VARIANT_TESTS=0 skips their tests.
+#   long:<N>      Q4_0 decode after N positions of context (quick bench).
 #   racecheck     racecheck per kernel family and memcheck on short tiny-geometry decodes.
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
 #   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
@@ -146,6 +147,10 @@ for s in $steps; do
           say "variant $n q4_0 sampled (at ${SECONDS} s):\n$b"
         fi
       done ;;
+    long:*)
+      # Q4_0 decode after long:<N> positions (quick bench, its own KV capacity), as set now.
+      model q4_0
+      say "long ${s#long:}: $(QUICK_LINE="decode at" quick "$Q" q4_0 --long-context ${s#long:}) (at ${SECONDS} s)" ;;
     racecheck)
       # Racecheck one kernel family at a time (--kernel-name; the others run uninstrumented) on
       # short decodes of the tiny geometry (`q4moe bench`: a 100-token prompt, so attention
