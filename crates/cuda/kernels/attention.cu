@@ -351,7 +351,6 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     float (&qs)[8][128] = sm.qs;
     float* knew = sm.knew;
     float* vnew = sm.vnew;
-    float (&sc)[8][ATT_CHUNK] = sm.sc;
     float (&ml)[8][2] = sm.ml;
     float (&red)[8][8][128] = sm.red;
     int kvh = u.x, s = u.y, hd = p.head_dim;
