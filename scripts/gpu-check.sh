@@ -9,7 +9,7 @@
 #                 run with the first passing configuration (or are skipped). A speed-up that breaks
 #                 parity is not kept.
 #   sanitize      compute-sanitizer memcheck (tiny Q4_0/Q4_K_M parity, kernel tests), then
-#                 racecheck per kernel family (fused step left out) and of the device sampler.
+#                 racecheck (below).
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches,
 #                 the graph with programmatic dependent launch (the default), the fused step;
 #                 AB_ENVS="A=1 B=2" times those settings instead.
@@ -67,6 +67,32 @@ quick() {
 named() {  # named "<names>" <name>: the list is empty or "all" or holds the name
   [ -z "$1" ] || [ "$1" = all ] || [[ " $1 " == *" $2 "* ]]
 }
+# Racecheck one kernel family at a time (--kernel-name; the others run uninstrumented) on short
+# decodes of the tiny geometry (`q4moe bench`: a 100-token prompt, so attention merges 4 chunks,
+# then 8 tokens; the parity tests under racecheck outlast a device call), then memcheck on the
+# same runs (graph, device sampler). Racecheck without the router cluster: it fails on it with an
+# internal error (session 7); router_topk stands in. Nor the fused step (its grid barrier spins
+# when racecheck serialises blocks).
+tiny_sanitize() {
+  racy() {  # racy <quant> <tool args..>: the sanitizer's verdict on one short tiny decode
+    local q=$1 extra="--setup-cache off" rc=0
+    shift
+    [[ "$*" == *sample* || "$*" == *memcheck* ]] && extra="--setup-cache on --sampled"
+    [[ "$*" == *memcheck* ]] && rc=1
+    Q4MOE_CUDA_ROUTER_CLUSTER=$rc timeout 90 compute-sanitizer --print-limit 10 "$@" $Q bench --model /tmp/tiny-$q.gguf \
+      --device cuda --prompt-len 100 --decode-len 8 --runs 1 --in-flight 1 $extra 2>&1 \
+      | grep -E "SUMMARY|Sanitizer Error|panicked|^Error" | head -3 | tr '\n' ' '
+  }
+  for q in q4_0 q4_k_m; do
+    timeout 60 $Q synth --geometry tiny --quant $q --seed 1 --out /tmp/tiny-$q.gguf > /dev/null 2>&1
+    kinds="attn_gqa moe_ router matvec argmax sample"
+    [ $q = q4_k_m ] && kinds="moe_ matvec"  # its Q4_K / Q6_K paths
+    for k in $kinds; do
+      say "racecheck $q $k: $(racy $q --tool racecheck --kernel-name kns=$k) (at ${SECONDS} s)"
+    done
+    say "memcheck $q: $(racy $q --tool memcheck) (at ${SECONDS} s)"
+  done
+}
 for s in $steps; do
   case $s in
     tests)
@@ -84,25 +110,15 @@ for s in $steps; do
         done
       fi ;;
     sanitize)
-      # memcheck on the tiny parity tests of both quants (Q4_K_M runs the Q6_K kernels) and on
-      # the kernel tests; racecheck one kernel family at a time (--kernel-name: the others run
-      # uninstrumented; the whole test under racecheck takes minutes) without the fused step
-      # (its grid barrier spins forever when racecheck serialises the blocks) and without the
-      # router cluster (racecheck fails on the cluster kernel with an internal error even
-      # uninstrumented, session 7: router_topk stands in); the device sampler on its kernel test.
+      # memcheck on the tiny parity tests of both quants (Q4_K_M runs the Q6_K kernels; the
+      # fused step included) and on the kernel tests, then tiny_sanitize (racecheck a family at
+      # a time, memcheck of the graph and the device sampler).
       {
         echo "== compute-sanitizer memcheck (tiny Q4_0 and Q4_K_M parity)"
         timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$(bin parity)" tiny_q4 --test-threads=1 2>&1 | tail -4
         echo "== compute-sanitizer memcheck (kernel tests)"
         timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$(bin kernels)" --test-threads=1 2>&1 | tail -4
-        for k in attn_gqa moe_ router matvec argmax; do
-          echo "== compute-sanitizer racecheck kns=$k (tiny Q4_0 and Q4_K_M parity, no fused step, no router cluster)"
-          Q4MOE_TEST_NO_FUSED=1 Q4MOE_CUDA_ROUTER_CLUSTER=0 timeout 150 compute-sanitizer --tool racecheck --kernel-name kns=$k \
-            --print-limit 10 "$(bin parity)" tiny_q4 --test-threads=1 2>&1 | tail -3
-        done
-        echo "== compute-sanitizer racecheck kns=sample (the sampler's kernel test)"
-        timeout 150 compute-sanitizer --tool racecheck --kernel-name kns=sample --print-limit 10 \
-          "$(bin kernels)" sampler --test-threads=1 2>&1 | tail -3
+        tiny_sanitize
       } 2>&1 | tee "$OUT/sanitizer.log" ;;
     ab|ab:*)
       [ $ok = 1 ] || continue
@@ -151,30 +167,7 @@ for s in $steps; do
       # Q4_0 decode after long:<N> positions (quick bench, its own KV capacity), as set now.
       model q4_0
       say "long ${s#long:}: $(QUICK_LINE="decode at" quick "$Q" q4_0 --long-context ${s#long:}) (at ${SECONDS} s)" ;;
-    racecheck)
-      # Racecheck one kernel family at a time (--kernel-name; the others run uninstrumented) on
-      # short decodes of the tiny geometry (`q4moe bench`: a 100-token prompt, so attention
-      # merges 4 chunks, then 8 tokens; the parity tests under racecheck outlast a device call),
-      # then memcheck on the same runs (graph, device sampler). Racecheck without the router
-      # cluster: it fails on it with an internal error (session 7); router_topk stands in.
-      racy() {  # racy <quant> <tool args..>: the sanitizer's verdict on one short tiny decode
-        local q=$1 extra="--setup-cache off" rc=0
-        shift
-        [[ "$*" == *sample* || "$*" == *memcheck* ]] && extra="--setup-cache on --sampled"
-        [[ "$*" == *memcheck* ]] && rc=1
-        Q4MOE_CUDA_ROUTER_CLUSTER=$rc timeout 90 compute-sanitizer --print-limit 10 "$@" $Q bench --model /tmp/tiny-$q.gguf \
-          --device cuda --prompt-len 100 --decode-len 8 --runs 1 --in-flight 1 $extra 2>&1 \
-          | grep -E "SUMMARY|Sanitizer Error|panicked|^Error" | head -3 | tr '\n' ' '
-      }
-      for q in q4_0 q4_k_m; do
-        timeout 60 $Q synth --geometry tiny --quant $q --seed 1 --out /tmp/tiny-$q.gguf > /dev/null 2>&1
-        kinds="attn_gqa moe_ router matvec head_stream argmax sample"
-        [ $q = q4_k_m ] && kinds="moe_ matvec head_stream"  # its Q4_K / Q6_K paths
-        for k in $kinds; do
-          say "racecheck $q $k: $(racy $q --tool racecheck --kernel-name kns=$k) (at ${SECONDS} s)"
-        done
-        say "memcheck $q: $(racy $q --tool memcheck) (at ${SECONDS} s)"
-      done ;;
+    racecheck) tiny_sanitize ;;
     omit)
       # Each layer kernel's cost inside the graph: the step without it (Q4MOE_CUDA_OMIT; wrong
       # output, timing only), Q4_0, cache on, in-flight 2, 3 runs.
