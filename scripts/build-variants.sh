@@ -2,9 +2,12 @@
 # Builds the release binary and the CUDA parity test of each git ref into variants/<name>/, so
 # one device call can check and time several kernel variants side by side:
 #   scripts/build-variants.sh main next/gate-up-one-row next/att-chunk-32
-#   run(command="bash scripts/gpu-check.sh variants", carry=["variants"])
+#   tar czf variants.tar.gz variants
+#   run(command="tar xzf variants.tar.gz; Q=variants/main/q4moe bash scripts/gpu-check.sh variants",
+#       carry=["variants.tar.gz"])
 # Each ref builds in its own worktree and target directory (kernels are embedded at build time).
-# About 15 MB a variant (stripped; the binary, the parity and the kernel tests): the device tool carries at most 64 MiB, so four a call.
+# About 15 MB a variant (stripped: the binary, the parity and the kernel tests), ~5.5 MB
+# gzipped: the device tool carries at most 64 MiB.
 set -eu -o pipefail
 root=$(git rev-parse --show-toplevel)
 mkdir -p "$root/variants"
