@@ -503,31 +503,30 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             norm_topk: c.norm_topk_prob as i32,
             eps: c.rms_eps,
         };
-        let bytes = weight_bytes(&lw.router, c.n_expert);
-        if s.router_cluster && c.n_expert <= RC_BLOCKS * RC_WARPS {
-            // One cluster: the logits meet in block 0's shared memory (moe.cu).
-            out.push(Launch::new(
-                Kernel::RouterCluster,
-                "router_topk",
-                (RC_BLOCKS as u32, 1, 1),
-                32 * RC_WARPS as u32,
-                ((36 + c.d_model + 2 * c.n_expert) * 4) as u32,
-                &r,
-                bytes,
-            ));
-        } else {
-            // 4 rows a block: the 1 MB of router rows spread over 32 SMs instead of 16.
-            let grid = ((c.n_expert as u32).div_ceil(ROUTER_THREADS / 32), 1, 1);
-            out.push(Launch::new(
-                Kernel::RouterTopk,
-                "router_topk",
-                grid,
-                ROUTER_THREADS,
-                ((36 + c.d_model + c.n_expert + 4) * 4) as u32,
-                &r,
-                bytes,
-            ));
-        }
+        let (kernel, blocks, threads, smem_floats) =
+            if s.router_cluster && c.n_expert <= RC_BLOCKS * RC_WARPS {
+                // One cluster: the logits meet in block 0's shared memory (moe.cu).
+                let (b, t) = (RC_BLOCKS as u32, 32 * RC_WARPS as u32);
+                (Kernel::RouterCluster, b, t, 36 + c.d_model + 2 * c.n_expert)
+            } else {
+                // 4 rows a block: the 1 MB of router rows spread over 32 SMs instead of 16.
+                let b = (c.n_expert as u32).div_ceil(ROUTER_THREADS / 32);
+                (
+                    Kernel::RouterTopk,
+                    b,
+                    ROUTER_THREADS,
+                    36 + c.d_model + c.n_expert + 4,
+                )
+            };
+        out.push(Launch::new(
+            kernel,
+            "router_topk",
+            (blocks, 1, 1),
+            threads,
+            (smem_floats * 4) as u32,
+            &r,
+            weight_bytes(&lw.router, c.n_expert),
+        ));
     } else {
         out.push(matvec(
             "router",
