@@ -3,6 +3,7 @@
 
 use std::ffi::c_void;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext};
@@ -104,6 +105,10 @@ pub fn probe() -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Dynamic shared memory the kernels with large activations may use (less where the GPU
+/// allows less).
+pub const MAX_DYNAMIC_SMEM: u32 = 200 * 1024;
+
 pub struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: sys::CUstream,
@@ -119,6 +124,8 @@ pub struct Device {
     /// Thread block clusters (sm_90+): `router_cluster` instead of router_topk. On by default;
     /// Q4MOE_CUDA_ROUTER_CLUSTER=0 turns it off (A/B measurements).
     pub clusters: bool,
+    /// Dynamic shared memory a block of each kernel (Kernel::ALL order) may use, as set.
+    dyn_smem: Vec<AtomicU32>,
 }
 
 // SAFETY: the raw handles belong to `ctx`, which every entry point binds to its thread first.
@@ -142,7 +149,24 @@ impl Device {
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
-        for (k, f) in Kernel::ALL.iter().zip(&funcs) {
+        // v5 measured it slower (258.7 vs 271.3 tok/s Q4_0); with v10's smaller kernels it is
+        // faster (385.7 vs 371.2, session 5) — see NOTES.md.
+        let pdl = maj >= 9 && std::env::var("Q4MOE_CUDA_PDL").map_or(true, |v| v != "0");
+        let clusters =
+            maj >= 9 && std::env::var("Q4MOE_CUDA_ROUTER_CLUSTER").map_or(true, |v| v != "0");
+        let dev = Device {
+            ctx,
+            stream,
+            dyn_smem: funcs.iter().map(|_| AtomicU32::new(0)).collect(),
+            funcs,
+            _module: module,
+            name,
+            pdl,
+            sm_major: maj,
+            clusters,
+        };
+        let optin = dev.max_smem_optin()?;
+        for &k in &Kernel::ALL {
             if matches!(
                 k,
                 Kernel::Matvec
@@ -152,39 +176,40 @@ impl Device {
                     | Kernel::MoeDown
                     | Kernel::MoeDownQ6K
             ) {
-                // Large activations (d_ff * n_used floats) need more than the default 48 KB.
-                unsafe {
-                    result::function::set_function_attribute(
-                        *f,
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        200 * 1024,
-                    )?
-                };
+                // Large activations (d_ff * n_used floats) need more than the default 48 KB;
+                // GPUs before Hopper allow less than 200 KB a block (A100 163 KB, Ada 99 KB).
+                let room = optin.saturating_sub(dev.static_smem(k)?) as u32;
+                dev.set_max_dynamic_smem(k, MAX_DYNAMIC_SMEM.min(room))?;
+            } else {
+                dev.record_dynamic_smem(k)?;
             }
         }
-        // v5 measured it slower (258.7 vs 271.3 tok/s Q4_0); with v10's smaller kernels it is
-        // faster (385.7 vs 371.2, session 5) — see NOTES.md.
-        let pdl = maj >= 9 && std::env::var("Q4MOE_CUDA_PDL").map_or(true, |v| v != "0");
-        let clusters =
-            maj >= 9 && std::env::var("Q4MOE_CUDA_ROUTER_CLUSTER").map_or(true, |v| v != "0");
-        Ok(Device {
-            ctx,
-            stream,
-            funcs,
-            _module: module,
-            name,
-            pdl,
-            sm_major: maj,
-            clusters,
-        })
+        Ok(dev)
+    }
+
+    /// Remembers the dynamic shared memory launches of `k` may use (launch checks it).
+    fn record_dynamic_smem(&self, k: Kernel) -> Result<()> {
+        // SAFETY: plain query on a live function.
+        let n = unsafe {
+            result::function::get_function_attribute(
+                self.func(k),
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            )?
+        };
+        self.dyn_smem[self.index(k)].store(n.max(0) as u32, Ordering::Relaxed);
+        Ok(())
     }
 
     pub fn bind(&self) -> Result<()> {
         Ok(self.ctx.bind_to_thread()?)
     }
 
+    fn index(&self, k: Kernel) -> usize {
+        Kernel::ALL.iter().position(|x| *x == k).unwrap()
+    }
+
     fn func(&self, k: Kernel) -> sys::CUfunction {
-        self.funcs[Kernel::ALL.iter().position(|x| *x == k).unwrap()]
+        self.funcs[self.index(k)]
     }
 
     pub fn sm_count(&self) -> Result<u32> {
@@ -224,7 +249,7 @@ impl Device {
                 bytes as i32,
             )?
         };
-        Ok(())
+        self.record_dynamic_smem(k)
     }
 
     /// Blocks of `k` (at `block` threads, `smem` dynamic bytes) the whole device keeps resident
@@ -250,6 +275,15 @@ impl Device {
     /// Launches `k` with one params struct passed by value.
     pub fn launch(&self, l: &Launch) -> Result<()> {
         let f = self.func(l.kernel);
+        let room = self.dyn_smem[self.index(l.kernel)].load(Ordering::Relaxed);
+        if l.smem > room {
+            return Err(CudaError::Unsupported(format!(
+                "{} ({}) needs {} bytes of shared memory a block; this GPU allows {room}",
+                l.name,
+                l.kernel.symbol(),
+                l.smem
+            )));
+        }
         let mut args = [l.params.as_ptr() as *mut c_void];
         // SAFETY: the params bytes mirror the kernel's struct; every pointer in them is a live
         // device allocation owned by the backend for as long as launches may run.
