@@ -234,6 +234,12 @@ __device__ __forceinline__ float q4_k_item(uint4 q, float ds, float dm, const fl
 
 // One 32-weight block of a split type in registers: load(w, block index), then dot(x) against
 // its 32 padded activations.
+// Weight j (0..31) of a block's nibble plane: byte j & 15, low nibble for j < 16, high after.
+__device__ __forceinline__ u32 nibble(const uint4& q, int j) {
+    u32 word = (&q.x)[(j & 15) >> 2], byte = (word >> (8 * (j & 3))) & 0xff;
+    return j < 16 ? byte & 15 : byte >> 4;
+}
+
 struct Q4_0Piece {
     uint4 q;
     u16 d;
@@ -242,6 +248,7 @@ struct Q4_0Piece {
         d = ((const u16*)w.scales)[bi];
     }
     __device__ __forceinline__ float dot(const float* x) const { return q4_0_item(q, d, x); }
+    __device__ __forceinline__ float weight(int j) const { return h2f(d) * (float)((int)nibble(q, j) - 8); }
 };
 // Q4_K aux: per super-block (8 blocks, 24 bytes) d | dmin << 16, then (scale, min) byte pairs.
 struct Q4_KPiece {
@@ -257,6 +264,9 @@ struct Q4_KPiece {
     __device__ __forceinline__ float dot(const float* x) const {
         return q4_k_item(q, h2f((u16)(dm & 0xffff)) * (float)(sm & 0xff), h2f((u16)(dm >> 16)) * (float)(sm >> 8), x);
     }
+    __device__ __forceinline__ float weight(int j) const {
+        return h2f((u16)(dm & 0xffff)) * (float)(sm & 0xff) * (float)nibble(q, j) - h2f((u16)(dm >> 16)) * (float)(sm >> 8);
+    }
 };
 // Q6_K aux: per super-block (8 blocks) 8 high-bit word pairs, then 8 scale words.
 struct Q6_KPiece {
@@ -270,6 +280,12 @@ struct Q6_KPiece {
         s = *(const u32*)(a + 64 + (bi & 7) * 4);
     }
     __device__ __forceinline__ float dot(const float* x) const { return q6_k_item(q, g, s, x); }
+    __device__ __forceinline__ float weight(int j) const {
+        int m = j & 15;
+        u32 hi = ((j < 16 ? g.x : g.y) >> (8 * (m & 3) + 2 * (m >> 2))) & 3;
+        int v = (int)(nibble(q, j) | (hi << 4)) - 32;
+        return h2f((u16)(s & 0xffff)) * (float)(signed char)(s >> (j < 16 ? 16 : 24)) * (float)v;
+    }
 };
 
 // Split types: lane per 32-weight block, blocks lane, lane + 32, .. in order (the
@@ -382,39 +398,23 @@ __device__ __forceinline__ float row_dot(const QW& w, u64 row, const float* xs, 
 }
 
 // One weight of a row (embedding look-up); slow but touches one row per token.
+// Weight i of a split type's row through its piece (the aux layouts stay in the Piece types).
+template <class P>
+__device__ __forceinline__ float piece_weight(const QW& w, u64 row, int i) {
+    P piece;
+    piece.load(w, row * (u64)(w.k >> 5) + (i >> 5));
+    return piece.weight(i & 31);
+}
+
 __device__ float weight_at(const QW& w, u64 row, int i) {
     const u8* base = (const u8*)w.data + row * row_bytes(w.type, w.k);
     switch (w.type) {
-        case T_Q4_0: {
-            u64 b = row * (u64)(w.k >> 5) + (i >> 5);
-            const u8* q = (const u8*)w.data + b * 16;
-            int j = i & 31;
-            u32 byte = q[j & 15];
-            int v = j < 16 ? (byte & 15) : (byte >> 4);
-            return h2f(((const u16*)w.scales)[b]) * (float)(v - 8);
-        }
+        case T_Q4_0: return piece_weight<Q4_0Piece>(w, row, i);
+        case T_Q4_K: return piece_weight<Q4_KPiece>(w, row, i);
+        case T_Q6_K: return piece_weight<Q6_KPiece>(w, row, i);
         case T_Q8_0: {
             const u8* bp = base + (u64)(i >> 5) * 34;
             return h2f((u16)bp[0] | ((u16)bp[1] << 8)) * (float)(signed char)bp[2 + (i & 31)];
-        }
-        case T_Q4_K: {
-            u64 b = row * (u64)(w.k >> 5) + (i >> 5);
-            int j = i & 31;
-            u32 byte = ((const u8*)w.data)[b * 16 + (j & 15)];
-            const u8* a = (const u8*)w.scales + (b >> 3) * 24;
-            const u8* sm = a + 4 + (b & 7) * 2;
-            float d = h2f(*(const u16*)a), dmin = h2f(*(const u16*)(a + 2));
-            return d * (float)sm[0] * (float)(j < 16 ? byte & 15 : byte >> 4) - dmin * (float)sm[1];
-        }
-        case T_Q6_K: {
-            u64 b = row * (u64)(w.k >> 5) + (i >> 5);
-            int j = i & 31, m = j & 15;
-            u32 byte = ((const u8*)w.data)[b * 16 + m];
-            const u8* a = (const u8*)w.scales + (b >> 3) * 96;
-            u32 g = ((const u32*)(a + (b & 7) * 8))[j >> 4];
-            u32 sw = *(const u32*)(a + 64 + (b & 7) * 4);
-            int q = (int)((j < 16 ? byte & 15 : byte >> 4) | (((g >> (8 * (m & 3) + 2 * (m >> 2))) & 3) << 4)) - 32;
-            return h2f((u16)(sw & 0xffff)) * (float)(signed char)(sw >> (j < 16 ? 16 : 24)) * (float)q;
         }
         case T_F16: return h2f(((const u16*)base)[i]);
         default: return ((const float*)base)[i];
