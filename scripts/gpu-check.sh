@@ -23,8 +23,8 @@
 #   long:<N>      Q4_0 decode after N positions of context (quick bench).
 #   racecheck     racecheck per kernel family and memcheck on short tiny-geometry decodes.
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
-#   ncu           Nsight Compute (--clock-control none) on the fused step (one launch) and on one
-#                 layer's eager launches (cache off): $OUT/ncu-{fused,layer}.txt.
+#   ncu           Nsight Compute (--clock-control none) on one layer's eager launches and the output
+#                 head (cache off): $OUT/ncu-{layer,head}.txt; NCU_FUSED=1 adds the fused step.
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   profile:<q>   per-kernel GPU times (--profile kernels: eager launches, cache off; 64 tokens, one run).
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
@@ -180,14 +180,19 @@ for s in $steps; do
       model q4_0
       sec="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
       args="bench --model /tmp/q4_0.gguf --device cuda --prompt-len 4 --decode-len 8 --runs 1 --in-flight 1"
-      Q4MOE_CUDA_FUSED=1 timeout 240 ncu --clock-control none $sec --kernel-name step_fused --launch-skip 6 --launch-count 1 \
-        $Q $args --setup-cache on > "$OUT/ncu-fused.txt" 2>&1
+      [ "${NCU_FUSED:-0}" = 1 ] && Q4MOE_CUDA_FUSED=1 timeout 240 ncu --clock-control none $sec --kernel-name step_fused \
+        --launch-skip 6 --launch-count 1 $Q $args --setup-cache on > "$OUT/ncu-fused.txt" 2>&1
       # Eager: embed + 6 launches a layer + head + arg-max (2) per token; skip 5 tokens, the
-      # embedding and one layer, then profile one layer's launches.
-      timeout 240 ncu --clock-control none $sec --launch-skip $((5 * (1 + 6 * 48 + 3) + 7)) --launch-count 6 \
+      # embedding and one layer, then profile one layer's launches; then token 6's head.
+      tok=$((1 + 6 * 48 + 3))
+      timeout 240 ncu --clock-control none $sec --launch-skip $((5 * tok + 7)) --launch-count 6 \
         $Q $args --setup-cache off > "$OUT/ncu-layer.txt" 2>&1
-      grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-layer.txt" | head -120
-      grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-fused.txt" | head -20 ;;
+      timeout 120 ncu --clock-control none $sec --launch-skip $((5 * tok + 1 + 6 * 48)) --launch-count 1 \
+        $Q $args --setup-cache off > "$OUT/ncu-head.txt" 2>&1
+      for f in layer head; do
+        grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-$f.txt" | head -120
+      done
+      [ "${NCU_FUSED:-0}" = 1 ] && grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-fused.txt" | head -20 ;;
     stamps)
       # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).
       [ $ok = 1 ] || continue
