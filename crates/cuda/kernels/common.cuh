@@ -185,18 +185,24 @@ template <bool SX>
 __device__ __forceinline__ float nibble_dot(uint4 q, const float* x, float off, float& sx) {
     const float4* x4 = (const float4*)x;
     u32 words[4] = {q.x, q.y, q.z, q.w};
-    float s = 0.f;
+    // Two fma chains (low / high nibbles): one instruction a weight after the dequant, where
+    // `s += a * x + b * y` took three for two.
+    float s0 = 0.f, s1 = 0.f;
 #pragma unroll
     for (int w = 0; w < 4; w++) {
         u32 lo = words[w] & 0x0F0F0F0Fu, hi = (words[w] >> 4) & 0x0F0F0F0Fu;
         float4 xa = x4[w], xb = x4[w + 4];  // weights 4w.. (low nibbles), 16+4w.. (high)
-        s += nib(lo, 0, off) * xa.x + nib(hi, 0, off) * xb.x;
-        s += nib(lo, 1, off) * xa.y + nib(hi, 1, off) * xb.y;
-        s += nib(lo, 2, off) * xa.z + nib(hi, 2, off) * xb.z;
-        s += nib(lo, 3, off) * xa.w + nib(hi, 3, off) * xb.w;
+        s0 = fmaf(nib(lo, 0, off), xa.x, s0);
+        s1 = fmaf(nib(hi, 0, off), xb.x, s1);
+        s0 = fmaf(nib(lo, 1, off), xa.y, s0);
+        s1 = fmaf(nib(hi, 1, off), xb.y, s1);
+        s0 = fmaf(nib(lo, 2, off), xa.z, s0);
+        s1 = fmaf(nib(hi, 2, off), xb.z, s1);
+        s0 = fmaf(nib(lo, 3, off), xa.w, s0);
+        s1 = fmaf(nib(hi, 3, off), xb.w, s1);
         if (SX) sx += (xa.x + xb.x) + (xa.y + xb.y) + (xa.z + xb.z) + (xa.w + xb.w);
     }
-    return s;
+    return s0 + s1;
 }
 
 // One Q4_0 block (16 nibble bytes, f16 scale bits) against 32 padded activations.
@@ -218,8 +224,11 @@ __device__ __forceinline__ float q6_k_item(uint4 q, uint2 g, u32 sw, const float
         u32 hi = ((words[w] >> 4) & 0x0F0F0F0Fu) | (((g.y >> (2 * w)) & 0x03030303u) << 4);
         float4 xa = x4[w], xb = x4[w + 4];
         // q - 32 as an exact float without I2F (2^23 + q - (2^23 + 32))
-        s0 += nib(lo, 0, 8388640.f) * xa.x + nib(lo, 1, 8388640.f) * xa.y + nib(lo, 2, 8388640.f) * xa.z + nib(lo, 3, 8388640.f) * xa.w;
-        s1 += nib(hi, 0, 8388640.f) * xb.x + nib(hi, 1, 8388640.f) * xb.y + nib(hi, 2, 8388640.f) * xb.z + nib(hi, 3, 8388640.f) * xb.w;
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            s0 = fmaf(nib(lo, b, 8388640.f), (&xa.x)[b], s0);
+            s1 = fmaf(nib(hi, b, 8388640.f), (&xb.x)[b], s1);
+        }
     }
     return h2f((u16)(sw & 0xffff)) * ((float)(signed char)(sw >> 16) * s0 + (float)(signed char)(sw >> 24) * s1);
 }
