@@ -19,7 +19,10 @@
 #                 and on Q4_0 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused);
 #                 VARIANT_LONG=4096 adds Q4_0 decode at that context (VARIANT_LONG_FOR="<names>":
 #                 those variants only); VARIANT_SAMPLED="<names>|all" adds their --sampled rows;
-#                 VARIANTS="<names>" picks and orders them; VARIANT_TESTS=0 skips their tests.
+#                 VARIANTS="<names>" picks and orders them; VARIANT_TESTS=0 skips their tests;
+#                 VARIANT_ROUNDS=N times them N times in alternating order (tests once): one
+#                 call's spread between processes reached ~3% (session 9), so decide nothing at
+#                 the 1-3% level on one round.
 #   long:<N>      Q4_0 decode after N positions of context (quick bench).
 #   racecheck     racecheck per kernel family and memcheck on short tiny-geometry decodes.
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
@@ -135,25 +138,30 @@ for s in $steps; do
     variants)
       model q4_0; model q4_k_m
       say "models written (at ${SECONDS} s)"
+      failed=" "
+      for round in $(seq "${VARIANT_ROUNDS:-1}"); do  # rounds alternate the builds (see above)
       for n in ${VARIANTS:-$(ls variants)}; do  # VARIANTS="<names>": those, in that order
         d=variants/$n
-        if [ "${VARIANT_TESTS:-1}" = 0 ]; then :  # timed again: its tests passed earlier
+        [[ $failed == *" $n "* ]] && continue
+        [ "$round" -gt 1 ] && tag=" round $round" || tag=""
+        if [ "${VARIANT_TESTS:-1}" = 0 ] || [ "$round" -gt 1 ]; then :  # timed again: its tests passed
         elif [ -x "$d/parity" ]; then  # a variant stacked under a checked one may come without it
           r=$(timeout 200 "$d/parity" --test-threads=1 2>&1 | grep -E "^test result")
           say "variant $n: parity [$r] (at ${SECONDS} s)"
-          [[ $r == *" 0 failed"* ]] || continue
+          [[ $r == *" 0 failed"* ]] || { failed+="$n "; continue; }
         fi
-        if [ "${VARIANT_TESTS:-1}" != 0 ] && [ -x "$d/kernels" ]; then
+        if [ "${VARIANT_TESTS:-1}" != 0 ] && [ "$round" = 1 ] && [ -x "$d/kernels" ]; then
           r=$(timeout 200 "$d/kernels" --test-threads=1 2>&1 | grep -E "^test result|panicked")
           say "variant $n: kernels [$r] (at ${SECONDS} s)"
-          [[ $r == *" 0 failed"* ]] || continue
+          [[ $r == *" 0 failed"* ]] || { failed+="$n "; continue; }
         fi
         IFS=, read -ra runs <<< "${VARIANT_RUNS:-q4_0 0,q4_k_m 0,q4_0 1}"
         for run in "${runs[@]}"; do
           set -- $run
           b=$(Q4MOE_CUDA_FUSED=$2 quick "$d/q4moe" $1)
-          say "variant $n $1 fused=$2: $b (at ${SECONDS} s)"
+          say "variant $n$tag $1 fused=$2: $b (at ${SECONDS} s)"
         done
+        [ "$round" = 1 ] || continue  # long-context and sampled rows once
         if [ -n "${VARIANT_LONG:-}" ] && named "${VARIANT_LONG_FOR:-}" "$n"; then  # Q4_0 decode at that context
           b=$(QUICK_LINE="decode at" quick "$d/q4moe" q4_0 --long-context "$VARIANT_LONG")
           say "variant $n q4_0 long: $b (at ${SECONDS} s)"
@@ -162,6 +170,7 @@ for s in $steps; do
           b=$(QUICK_ALL=1 quick "$d/q4moe" q4_0 --sampled)
           say "variant $n q4_0 sampled (at ${SECONDS} s):\n$b"
         fi
+      done
       done ;;
     long:*)
       # Q4_0 decode after long:<N> positions (quick bench, its own KV capacity), as set now.
