@@ -241,14 +241,14 @@ __device__ __forceinline__ float q4_k_item(uint4 q, float ds, float dm, const fl
     return ds * s - dm * sx;
 }
 
-// One 32-weight block of a split type in registers: load(w, block index), then dot(x) against
-// its 32 padded activations.
 // Weight j (0..31) of a block's nibble plane: byte j & 15, low nibble for j < 16, high after.
 __device__ __forceinline__ u32 nibble(const uint4& q, int j) {
     u32 word = (&q.x)[(j & 15) >> 2], byte = (word >> (8 * (j & 3))) & 0xff;
     return j < 16 ? byte & 15 : byte >> 4;
 }
 
+// One 32-weight block of a split type in registers: load(w, block index), then dot(x) against
+// its 32 padded activations (weight(j): one weight, for the embedding look-up).
 struct Q4_0Piece {
     uint4 q;
     u16 d;
@@ -406,7 +406,6 @@ __device__ __forceinline__ float row_dot(const QW& w, u64 row, const float* xs, 
     return warp_sum(a);
 }
 
-// One weight of a row (embedding look-up); slow but touches one row per token.
 // Weight i of a split type's row through its piece (the aux layouts stay in the Piece types).
 template <class P>
 __device__ __forceinline__ float piece_weight(const QW& w, u64 row, int i) {
@@ -415,6 +414,7 @@ __device__ __forceinline__ float piece_weight(const QW& w, u64 row, int i) {
     return piece.weight(i & 31);
 }
 
+// One weight of a row (embedding look-up); slow but touches one row per token.
 __device__ float weight_at(const QW& w, u64 row, int i) {
     const u8* base = (const u8*)w.data + row * row_bytes(w.type, w.k);
     switch (w.type) {
