@@ -78,11 +78,11 @@ named() {  # named "<names>" <name>: the list is empty or "all" or holds the nam
 # when racecheck serialises blocks).
 tiny_sanitize() {
   racy() {  # racy <quant> <tool args..>: the sanitizer's verdict on one short tiny decode
-    local q=$1 extra="--setup-cache off" rc=0
+    local q=$1 extra="--setup-cache off" cluster=0
     shift
     [[ "$*" == *sample* || "$*" == *memcheck* ]] && extra="--setup-cache on --sampled"
-    [[ "$*" == *memcheck* ]] && rc=1
-    Q4MOE_CUDA_ROUTER_CLUSTER=$rc timeout 90 compute-sanitizer --print-limit 10 "$@" $Q bench --model /tmp/tiny-$q.gguf \
+    [[ "$*" == *memcheck* ]] && cluster=1
+    Q4MOE_CUDA_ROUTER_CLUSTER=$cluster timeout 90 compute-sanitizer --print-limit 10 "$@" $Q bench --model /tmp/tiny-$q.gguf \
       --device cuda --prompt-len 100 --decode-len 8 --runs 1 --in-flight 1 $extra 2>&1 \
       | grep -E "SUMMARY|Sanitizer Error|panicked|^Error" | head -3 | tr '\n' ' '
   }

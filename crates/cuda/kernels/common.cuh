@@ -270,12 +270,11 @@ struct Q4_KPiece {
         dm = *(const u32*)a;
         sm = *(const u16*)(a + 4 + (bi & 7) * 2);
     }
-    __device__ __forceinline__ float dot(const float* x) const {
-        return q4_k_item(q, h2f((u16)(dm & 0xffff)) * (float)(sm & 0xff), h2f((u16)(dm >> 16)) * (float)(sm >> 8), x);
-    }
-    __device__ __forceinline__ float weight(int j) const {
-        return h2f((u16)(dm & 0xffff)) * (float)(sm & 0xff) * (float)nibble(q, j) - h2f((u16)(dm >> 16)) * (float)(sm >> 8);
-    }
+    // d * scale and dmin * min of the block (ggml's association)
+    __device__ __forceinline__ float scale() const { return h2f((u16)(dm & 0xffff)) * (float)(sm & 0xff); }
+    __device__ __forceinline__ float offset() const { return h2f((u16)(dm >> 16)) * (float)(sm >> 8); }
+    __device__ __forceinline__ float dot(const float* x) const { return q4_k_item(q, scale(), offset(), x); }
+    __device__ __forceinline__ float weight(int j) const { return scale() * (float)nibble(q, j) - offset(); }
 };
 // Q6_K aux: per super-block (8 blocks) 8 high-bit word pairs, then 8 scale words.
 struct Q6_KPiece {

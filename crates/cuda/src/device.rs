@@ -266,16 +266,13 @@ impl Device {
             )
             .result()?
         };
-        let sms = self
-            .ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        Ok((per_sm.max(0) * sms.max(0)) as u32)
+        Ok(per_sm.max(0) as u32 * self.sm_count()?)
     }
 
     /// Launches `k` with one params struct passed by value.
     pub fn launch(&self, l: &Launch) -> Result<()> {
-        let f = self.func(l.kernel);
-        let room = self.dyn_smem[self.index(l.kernel)].load(Ordering::Relaxed);
+        let i = self.index(l.kernel);
+        let (f, room) = (self.funcs[i], self.dyn_smem[i].load(Ordering::Relaxed));
         if l.smem > room {
             return Err(CudaError::Unsupported(format!(
                 "{} ({}) needs {} bytes of shared memory a block; this GPU allows {room}",
