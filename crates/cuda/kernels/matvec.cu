@@ -100,28 +100,28 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
     }
 }
 
-// One block's rows; the staged modes load their weights before waiting for the predecessor.
-__device__ __forceinline__ void matvec_unit(const MatvecParams& p, float* smem, Unit u) {
-    float* red = smem;            // [33]
-    float* xs = smem + 36;        // padded [k], 16-byte aligned
+// One kernel per weight family (the host picks it by mode), so a kernel holds only the staged
+// code of the rows it reads: the layer kernels' warps waited on instruction fetch (Nsight
+// Compute), and a Q4_0 model measured faster when the Q6_K code beside its own shrank.
+// Shared memory: red [33], then xs, the padded [k] input, 16-byte aligned. 3 blocks an SM
+// (80 registers; 83 unbounded).
+extern "C" __global__ void __launch_bounds__(256, 3) matvec_q4_0(const MatvecParams p) {
+    extern __shared__ __align__(16) float smem[];
     switch (p.mode) {
-        case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, xs, red, u); return;
-        case MV_Q4_0_2: mv_staged<2, Q4_0Rows<2, 2>>(p, xs, red, u); return;
-        case MV_Q4_0_4: mv_staged<1, Q4_0Rows<1, 4>>(p, xs, red, u); return;
-        case MV_Q4_K_1: mv_staged<2, Q4_KRows<2, 2>>(p, xs, red, u); return;
-        case MV_Q4_K_2: mv_staged<1, Q4_KRows<1, 4>>(p, xs, red, u); return;
-        default: mv_generic(p, xs, red, u); return;
+        case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, smem + 36, smem, this_unit()); return;
+        case MV_Q4_0_2: mv_staged<2, Q4_0Rows<2, 2>>(p, smem + 36, smem, this_unit()); return;
+        default: mv_staged<1, Q4_0Rows<1, 4>>(p, smem + 36, smem, this_unit()); return;
     }
 }
 
-extern "C" __global__ void matvec(const MatvecParams p) {
+extern "C" __global__ void __launch_bounds__(256, 3) matvec_q4_k(const MatvecParams p) {
     extern __shared__ __align__(16) float smem[];
-    matvec_unit(p, smem, this_unit());
+    if (p.mode == MV_Q4_K_1) mv_staged<2, Q4_KRows<2, 2>>(p, smem + 36, smem, this_unit());
+    else mv_staged<1, Q4_KRows<1, 4>>(p, smem + 36, smem, this_unit());
 }
 
-// The Q6_K modes (and QKV with Q6_K rows) apart: their 7 registers a piece would lift `matvec`
-// from 80 to 94 registers (3 -> 2 blocks an SM) for every type; held to 3 blocks an SM (86
-// registers unbounded).
+// The Q6_K modes (and QKV with Q6_K rows): held to 3 blocks an SM (86 registers unbounded, 94
+// when they shared a kernel with the other types).
 extern "C" __global__ void __launch_bounds__(256, 3) matvec_q6k(const MatvecParams p) {
     extern __shared__ __align__(16) float smem[];
     float* red = smem;
@@ -134,8 +134,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) matvec_q6k(const MatvecPara
     }
 }
 
-// The generic mode alone, held to 3 blocks per SM: the staged modes' registers (124) would
-// leave it 2 (rows of types without a staged mode, e.g. Q8_0, run here).
+// The generic mode, held to 3 blocks per SM (rows of types without a staged mode, e.g. Q8_0).
 extern "C" __global__ void __launch_bounds__(256, 3) matvec_generic(const MatvecParams p) {
     extern __shared__ __align__(16) float smem[];
     mv_generic(p, smem + 36, smem, this_unit());

@@ -256,35 +256,44 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs,
     }
 }
 
-// grid (ceil(d_ff / rows per block), n_used).
-__device__ __forceinline__ void gate_up_unit(const GateUpParams& p, float* xs, Unit u) {
+// The expert of the block's slot (grid (ceil(d_ff / rows per block), n_used)).
+__device__ __forceinline__ int slot_expert(const GateUpParams& p, float* smem) {
     int* ids;
     float* ws;
-    block_experts(p.experts, xs, ids, ws);
-    int slot = u.y, e = ids[slot];
-    switch (p.mode) {
-        case 1: gate_up_staged<2, Q4_0Rows<2, 1>>(p, xs, e, u); return;
-        case 2: gate_up_staged<1, Q4_0Rows<1, 2>>(p, xs, e, u); return;
-        case 4: gate_up_staged<1, Q4_KRows<1, 2>>(p, xs, e, u); return;
-        default: break;
-    }
+    block_experts(p.experts, smem, ids, ws);
+    return ids[blockIdx.y];
+}
+
+// One kernel per weight family, as matvec's. 4 blocks per SM (<= 64 registers, no more spills
+// than at 3): one staged row a warp gives 768 blocks for Qwen3-30B-A3B, 528 of them resident.
+extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up_q4_0(const GateUpParams p) {
+    extern __shared__ __align__(16) float smem[];
+    pdl_start();
+    int e = slot_expert(p, smem);
+    if (p.mode == 1) gate_up_staged<2, Q4_0Rows<2, 1>>(p, smem, e, this_unit());
+    else gate_up_staged<1, Q4_0Rows<1, 2>>(p, smem, e, this_unit());
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up_q4_k(const GateUpParams p) {
+    extern __shared__ __align__(16) float smem[];
+    pdl_start();
+    gate_up_staged<1, Q4_KRows<1, 2>>(p, smem, slot_expert(p, smem), this_unit());
+}
+
+// The generic mode: row by row, any type.
+extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up(const GateUpParams p) {
+    extern __shared__ __align__(16) float xs[];
+    pdl_start();
+    int e = slot_expert(p, xs), slot = blockIdx.y;
     load_x(xs, (const float*)p.xn, p.gate.k, 0, 0.f, 0);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int first = (u.x * nwarps + warp) * p.rows_per_warp;
+    int first = (blockIdx.x * nwarps + warp) * p.rows_per_warp;
     for (int r = first; r < first + p.rows_per_warp && r < p.d_ff; r++) {
         u64 row = (u64)e * p.d_ff + r;
         float g = row_dot(p.gate, row, xs, lane);
         float up = row_dot(p.up, row, xs, lane);
         if (lane == 0) ((float*)p.h)[slot * p.d_ff + r] = g / (1.f + expf(-g)) * up;
     }
-}
-
-// 4 blocks per SM (<= 64 registers, no more spills than at 3): one staged row a warp gives
-// 768 blocks for Qwen3-30B-A3B, 528 of them resident at once.
-extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up(const GateUpParams p) {
-    extern __shared__ __align__(16) float smem[];
-    pdl_start();
-    gate_up_unit(p, smem, this_unit());
 }
 
 struct DownParams {
@@ -324,7 +333,7 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
 }
 
 // h in shared memory, once the predecessor (moe_gate_up, which writes h) has finished. Its own
-// predecessor wrote the router's results, so down_unit takes the experts and the staged paths
+// predecessor wrote the router's results, so down_staged takes the experts and the staged paths
 // issue their weight loads before this.
 __device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen) {
     pdl_start();
@@ -375,52 +384,54 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int 
 }
 
 // grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the
-// experts (Experts::scratch). Generic mode sums the slots in order.
-__device__ __forceinline__ void down_unit(const DownParams& p, float* smem, Unit u) {
-    int dff = p.down.k, plen = padded_len(dff) - XS;  // d_ff is a multiple of 32
+// experts (Experts::scratch). The staged modes of piece type P (first_mode and the two after
+// it: 2, 6 or 8 pieces a lane, items <= 64 / 192 / 256) issue their weight loads first, then
+// stage h (stage_h). One kernel per weight family, as matvec's.
+template <class P>
+__device__ __forceinline__ void down_staged(const DownParams& p, float* smem, int first_mode) {
+    int plen = padded_len(p.down.k) - XS;  // d_ff is a multiple of 32
     int* ids;
     float* ws;
     block_experts(p.experts, smem, ids, ws);  // before pdl_wait
-    if (p.mode != 0) {
-        // The staged paths issue their weight loads first, then stage h (stage_h).
-        switch (p.mode) {
-            case 1: down_blocks<1, 2, Q4_0Piece>(p, smem, plen, ids, ws, u); return;
-            case 2: down_blocks<1, 6, Q4_0Piece>(p, smem, plen, ids, ws, u); return;
-            case 3: down_blocks<1, 8, Q4_0Piece>(p, smem, plen, ids, ws, u); return;
-            case 4: down_blocks<1, 2, Q4_KPiece>(p, smem, plen, ids, ws, u); return;
-            case 5: down_blocks<1, 6, Q4_KPiece>(p, smem, plen, ids, ws, u); return;
-            default: down_blocks<1, 8, Q4_KPiece>(p, smem, plen, ids, ws, u); return;
-        }
+    switch (p.mode - first_mode) {
+        case 0: down_blocks<1, 2, P>(p, smem, plen, ids, ws, this_unit()); return;
+        case 1: down_blocks<1, 6, P>(p, smem, plen, ids, ws, this_unit()); return;
+        default: down_blocks<1, 8, P>(p, smem, plen, ids, ws, this_unit()); return;
     }
+}
+
+extern "C" __global__ void moe_down_q4_0(const DownParams p) {
+    extern __shared__ __align__(16) float smem[];
+    down_staged<Q4_0Piece>(p, smem, 1);
+}
+
+extern "C" __global__ void moe_down_q4_k(const DownParams p) {
+    extern __shared__ __align__(16) float smem[];
+    down_staged<Q4_KPiece>(p, smem, 4);
+}
+
+extern "C" __global__ void moe_down_q6k(const DownParams p) {
+    extern __shared__ __align__(16) float smem[];
+    down_staged<Q6_KPiece>(p, smem, 7);
+}
+
+// The generic mode: row by row, the slots summed in order.
+extern "C" __global__ void moe_down(const DownParams p) {
+    extern __shared__ __align__(16) float smem[];
+    int dff = p.down.k, plen = padded_len(dff) - XS;
+    int* ids;
+    float* ws;
+    block_experts(p.experts, smem, ids, ws);
     pdl_start();
     for (int s = 0; s < p.n_used; s++)
         for (int i = threadIdx.x; i < dff; i += blockDim.x)
             smem[s * plen + pad_idx(i)] = ((const float*)p.h)[s * dff + i];
     __syncthreads();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int first = (u.x * nwarps + warp) * p.rows_per_warp;
+    int first = (blockIdx.x * nwarps + warp) * p.rows_per_warp;
     for (int r = first; r < first + p.rows_per_warp && r < p.d_model; r++) {
         float acc = 0.f;
         for (int s = 0; s < p.n_used; s++) acc += ws[s] * row_dot(p.down, (u64)ids[s] * p.d_model + r, smem + s * plen, lane);
         if (lane == 0) ((float*)p.x)[r] += acc;
-    }
-}
-
-extern "C" __global__ void moe_down(const DownParams p) {
-    extern __shared__ __align__(16) float smem[];
-    down_unit(p, smem, this_unit());
-}
-
-// The Q6_K modes (7/8/9) apart, as matvec_q6k: moe_down's code for the other types unchanged.
-extern "C" __global__ void moe_down_q6k(const DownParams p) {
-    extern __shared__ __align__(16) float smem[];
-    int plen = padded_len(p.down.k) - XS;
-    int* ids;
-    float* ws;
-    block_experts(p.experts, smem, ids, ws);  // before pdl_wait
-    switch (p.mode) {
-        case 7: down_blocks<1, 2, Q6_KPiece>(p, smem, plen, ids, ws, this_unit()); return;
-        case 8: down_blocks<1, 6, Q6_KPiece>(p, smem, plen, ids, ws, this_unit()); return;
-        default: down_blocks<1, 8, Q6_KPiece>(p, smem, plen, ids, ws, this_unit()); return;
     }
 }

@@ -12,9 +12,13 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use crate::{CudaError, Result};
 
 /// Every kernel the step uses, in one place so lookups happen once at start-up.
+/// The weight-reading launches have one kernel per weight family (Q4_0, Q4_K, Q6_K and the
+/// generic row-by-row mode), so each holds only the code of the rows it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
 pub enum Kernel {
-    Matvec,
+    MatvecQ4_0,
+    MatvecQ4K,
     MatvecQ6K,
     MatvecGeneric,
     Embed,
@@ -25,9 +29,13 @@ pub enum Kernel {
     MoeTopk,
     RouterTopk,
     RouterCluster,
+    MoeGateUpQ4_0,
+    MoeGateUpQ4K,
     MoeGateUp,
-    MoeDown,
+    MoeDownQ4_0,
+    MoeDownQ4K,
     MoeDownQ6K,
+    MoeDown,
     ArgmaxPartial,
     ArgmaxFinal,
     StepFused,
@@ -35,8 +43,9 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 18] = [
-        Kernel::Matvec,
+    pub const ALL: [Kernel; 23] = [
+        Kernel::MatvecQ4_0,
+        Kernel::MatvecQ4K,
         Kernel::MatvecQ6K,
         Kernel::MatvecGeneric,
         Kernel::Embed,
@@ -47,9 +56,13 @@ impl Kernel {
         Kernel::MoeTopk,
         Kernel::RouterTopk,
         Kernel::RouterCluster,
+        Kernel::MoeGateUpQ4_0,
+        Kernel::MoeGateUpQ4K,
         Kernel::MoeGateUp,
-        Kernel::MoeDown,
+        Kernel::MoeDownQ4_0,
+        Kernel::MoeDownQ4K,
         Kernel::MoeDownQ6K,
+        Kernel::MoeDown,
         Kernel::ArgmaxPartial,
         Kernel::ArgmaxFinal,
         Kernel::StepFused,
@@ -57,7 +70,8 @@ impl Kernel {
     ];
     pub fn symbol(self) -> &'static str {
         match self {
-            Kernel::Matvec => "matvec",
+            Kernel::MatvecQ4_0 => "matvec_q4_0",
+            Kernel::MatvecQ4K => "matvec_q4_k",
             Kernel::MatvecQ6K => "matvec_q6k",
             Kernel::MatvecGeneric => "matvec_generic",
             Kernel::Embed => "embed",
@@ -68,9 +82,13 @@ impl Kernel {
             Kernel::MoeTopk => "moe_topk",
             Kernel::RouterTopk => "router_topk",
             Kernel::RouterCluster => "router_cluster",
+            Kernel::MoeGateUpQ4_0 => "moe_gate_up_q4_0",
+            Kernel::MoeGateUpQ4K => "moe_gate_up_q4_k",
             Kernel::MoeGateUp => "moe_gate_up",
-            Kernel::MoeDown => "moe_down",
+            Kernel::MoeDownQ4_0 => "moe_down_q4_0",
+            Kernel::MoeDownQ4K => "moe_down_q4_k",
             Kernel::MoeDownQ6K => "moe_down_q6k",
+            Kernel::MoeDown => "moe_down",
             Kernel::ArgmaxPartial => "argmax_partial",
             Kernel::ArgmaxFinal => "argmax_final",
             Kernel::StepFused => "step_fused",
@@ -169,12 +187,17 @@ impl Device {
         for &k in &Kernel::ALL {
             if matches!(
                 k,
-                Kernel::Matvec
+                Kernel::MatvecQ4_0
+                    | Kernel::MatvecQ4K
                     | Kernel::MatvecQ6K
                     | Kernel::MatvecGeneric
+                    | Kernel::MoeGateUpQ4_0
+                    | Kernel::MoeGateUpQ4K
                     | Kernel::MoeGateUp
-                    | Kernel::MoeDown
+                    | Kernel::MoeDownQ4_0
+                    | Kernel::MoeDownQ4K
                     | Kernel::MoeDownQ6K
+                    | Kernel::MoeDown
             ) {
                 // Large activations (d_ff * n_used floats) need more than the default 48 KB;
                 // GPUs before Hopper allow less than 200 KB a block (A100 163 KB, Ada 99 KB).

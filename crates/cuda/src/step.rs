@@ -242,11 +242,11 @@ pub(crate) fn matvec(
     p.rows_per_warp = rpw as i32;
     let blocks = total.div_ceil(rpw * WARPS as usize) as u32;
     let bytes = ws.iter().map(|(w, _, r)| weight_bytes(w, *r)).sum();
-    // The generic mode and the Q6_K modes have kernels of their own (registers, matvec.cu).
     let kernel = match mode {
         0 => Kernel::MatvecGeneric,
-        6.. => Kernel::MatvecQ6K,
-        _ => Kernel::Matvec,
+        1..=3 => Kernel::MatvecQ4_0,
+        4 | 5 => Kernel::MatvecQ4K,
+        _ => Kernel::MatvecQ6K,
     };
     Launch::new(kernel, name, (blocks, 1, 1), THREADS, smem_x(k), &p, bytes)
 }
@@ -583,8 +583,13 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         c.n_expert_used as u32,
         1,
     );
+    let kernel = match gmode {
+        0 => Kernel::MoeGateUp,
+        1 | 2 => Kernel::MoeGateUpQ4_0,
+        _ => Kernel::MoeGateUpQ4K,
+    };
     out.push(Launch::new(
-        Kernel::MoeGateUp,
+        kernel,
         "moe_gate_up",
         grid,
         THREADS,
@@ -610,10 +615,11 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
     };
     let smem = (h_floats * 4) as u32 + experts_smem;
     let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
-    // The Q6_K modes have a kernel of their own (moe.cu).
     let kernel = match dmode {
-        7.. => Kernel::MoeDownQ6K,
-        _ => Kernel::MoeDown,
+        0 => Kernel::MoeDown,
+        1..=3 => Kernel::MoeDownQ4_0,
+        4..=6 => Kernel::MoeDownQ4K,
+        _ => Kernel::MoeDownQ6K,
     };
     out.push(Launch::new(
         kernel,
