@@ -1,6 +1,10 @@
 //! Sampling parameters and the host sampler (the reference every device sampler matches).
+//! Its passes over the vocabulary run on rayon's threads: each element's weight and each fixed
+//! chunk's sum are computed alone, so the draws do not depend on the thread count.
 
 use std::collections::HashMap;
+
+use rayon::prelude::*;
 
 /// Temperature 0 means greedy (argmax, lowest id on ties).
 #[derive(Debug, Clone, PartialEq)]
@@ -183,6 +187,9 @@ impl Sampler {
         if p.top_p >= 1.0 && (p.top_k == 0 || p.top_k >= n_finite()) {
             return self.sample_unsorted(logits);
         }
+        if p.top_k == 0 {
+            return self.sample_nucleus(logits);
+        }
         let mut cand: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()
@@ -192,9 +199,6 @@ impl Sampler {
         if cand.is_empty() {
             return argmax(logits);
         }
-        if p.top_k == 0 {
-            return self.sample_nucleus(&cand);
-        }
         if p.top_k < cand.len() {
             // Only the k best need ordering: select them in O(n), then sort just those (a full
             // sort of a 151,936-token vocabulary is ~7 ms a token).
@@ -202,7 +206,8 @@ impl Sampler {
             cand.truncate(p.top_k);
         }
         cand.sort_unstable_by(best_first);
-        let mut probs = relative_weights(&cand);
+        // Relative to the best candidate's (the first).
+        let mut probs: Vec<f32> = cand.iter().map(|c| (c.1 - cand[0].1).exp()).collect();
         let sum: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= sum);
         let mut keep = probs.len();
@@ -231,47 +236,59 @@ impl Sampler {
         cand[keep - 1].0
     }
 
-    /// Top-p without top-k: the nucleus is every candidate at least as good (best first, ties
-    /// by id) as the one where the running sum of weights reaches top_p of their total. The
+    /// Top-p without top-k: the nucleus is every token at least as good (best first, ties by
+    /// id) as the one where the running sum of weights reaches top_p of their total. The
     /// weights are summed in quarter-octave buckets and only the bucket holding that boundary
     /// is sorted, instead of the whole vocabulary (~7 ms a token at 151,936); the draw then
     /// walks the nucleus in vocabulary order, as sample_unsorted walks everything.
-    fn sample_nucleus(&mut self, cand: &[(u32, f32)]) -> u32 {
+    fn sample_nucleus(&mut self, logits: &[f32]) -> u32 {
         const BUCKETS: usize = 256;
-        let mut w = relative_weights(cand);
-        let target = self.params.top_p * w.iter().sum::<f32>();
-        // Weights lie in (0, 1], and positive floats order as their bits: 4 buckets an octave.
+        // Chunks summed apart (then in order): 64 x 1 KB of bucket sums, enough for 16 threads.
+        const CHUNKS: usize = 64;
+        let Some(mut w) = relative_weights(logits, self.params.temperature) else {
+            return argmax(logits);
+        };
+        // Weights lie in [0, 1], and positive floats order as their bits: 4 buckets an octave.
         let bucket = |x: f32| (((1.0f32.to_bits() - x.to_bits()) >> 21) as usize).min(BUCKETS - 1);
+        let chunk_sums: Vec<[f32; BUCKETS]> = w
+            .par_chunks(w.len().div_ceil(CHUNKS))
+            .map(|c| {
+                let mut sums = [0f32; BUCKETS];
+                c.iter().for_each(|&x| sums[bucket(x)] += x);
+                sums
+            })
+            .collect();
         let mut sums = [0f32; BUCKETS];
-        for &x in &w {
-            sums[bucket(x)] += x;
+        for c in &chunk_sums {
+            sums.iter_mut().zip(c).for_each(|(s, x)| *s += x);
         }
+        let target = self.params.top_p * sums.iter().sum::<f32>();
         let (mut acc, mut b) = (0f32, 0);
         while b + 1 < BUCKETS && acc + sums[b] < target {
             acc += sums[b];
             b += 1;
         }
-        let mut edge: Vec<(u32, f32)> = cand
-            .iter()
+        let mut edge: Vec<(u32, f32)> = (0..w.len() as u32)
+            .into_par_iter()
             .zip(&w)
-            .filter(|&(_, &x)| bucket(x) == b)
-            .map(|(c, &x)| (c.0, x))
+            .filter(|&(_, &x)| x > 0.0 && bucket(x) == b)
+            .map(|(i, &x)| (i, x))
             .collect();
         edge.sort_unstable_by(best_first);
         let last = edge.iter().position(|e| {
             acc += e.1;
             acc >= target
         });
-        // The worst candidate kept (rounding may leave the sum just short: then all of them).
+        // The worst token kept (rounding may leave the sum just short: then all of them).
         let cut = last.or(edge.len().checked_sub(1)).map(|i| edge[i]);
         let floor = self.params.min_p.max(0.0);
-        for (c, x) in cand.iter().zip(w.iter_mut()) {
-            let kept = cut.map_or(bucket(*x) < b, |k| best_first(&(c.0, *x), &k).is_le());
+        w.par_iter_mut().enumerate().for_each(|(i, x)| {
+            let kept = cut.map_or(bucket(*x) < b, |k| best_first(&(i as u32, *x), &k).is_le());
             if !kept || *x < floor {
                 *x = 0.0;
             }
-        }
-        cand[self.walk_unsorted(&w)].0
+        });
+        self.walk_unsorted(&w) as u32
     }
 
     /// No top-k or top-p cut (the OpenAI API's defaults): the whole distribution, above the
@@ -279,29 +296,16 @@ impl Sampler {
     /// its sort (~7 ms a token at 151,936 tokens, on the host between two device steps), and
     /// straight from the logits (no candidate list; non-finite logits weigh 0).
     fn sample_unsorted(&mut self, logits: &[f32]) -> u32 {
-        let t = self.params.temperature;
-        let finite = logits.iter().copied().filter(|v| v.is_finite());
-        let Some(max) = finite.reduce(f32::max) else {
+        let Some(mut w) = relative_weights(logits, self.params.temperature) else {
             return argmax(logits);
         };
-        // Division by t > 0 is monotone, so the largest v / t is the largest v divided by t:
-        // one division a token fewer, the same bits.
-        let max = max / t;
         // The weights are probabilities relative to the best token's, so min-p is their floor.
         let floor = self.params.min_p.max(0.0);
-        let weight = |v: f32| {
-            let w = if v.is_finite() {
-                (v / t - max).exp()
-            } else {
-                0.0
-            };
-            if w >= floor {
-                w
-            } else {
-                0.0
-            }
-        };
-        let w: Vec<f32> = logits.iter().map(|&v| weight(v)).collect();
+        if floor > 0.0 {
+            w.par_iter_mut()
+                .filter(|x| **x < floor)
+                .for_each(|x| *x = 0.0);
+        }
         self.walk_unsorted(&w) as u32
     }
 
@@ -312,7 +316,7 @@ impl Sampler {
     /// (sample.cu, one thread a chunk) adds the same numbers in the same order.
     fn walk_unsorted(&mut self, w: &[f32]) -> usize {
         let len = w.len().div_ceil(WALK_CHUNKS).max(1);
-        let partial: Vec<f32> = w.chunks(len).map(|c| c.iter().sum()).collect();
+        let partial: Vec<f32> = w.par_chunks(len).map(|c| c.iter().sum()).collect();
         let total: f32 = partial.iter().sum();
         let mut r = self.rng.next_f32() * total;
         let mut last = 0;
@@ -342,10 +346,21 @@ impl Sampler {
 /// Chunks of walk_unsorted's sums: the device sampler's threads (one chunk each).
 pub const WALK_CHUNKS: usize = 1024;
 
-/// exp(v - max): each candidate's probability relative to the best one's (which weighs 1).
-fn relative_weights(cand: &[(u32, f32)]) -> Vec<f32> {
-    let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
-    cand.iter().map(|&(_, v)| (v - max).exp()).collect()
+/// exp(v / t - max / t) of every logit (0 where it is not finite): each token's probability
+/// relative to the best one's, which weighs 1. None when no logit is finite. Division by t > 0
+/// is monotone, so the largest v / t is the largest v divided by t: one division a token fewer,
+/// the same bits (the device sampler computes the same).
+fn relative_weights(logits: &[f32], t: f32) -> Option<Vec<f32>> {
+    let finite = logits.par_iter().copied().filter(|v| v.is_finite());
+    let max = finite.reduce_with(f32::max)? / t;
+    let weight = |v: f32| {
+        if v.is_finite() {
+            (v / t - max).exp()
+        } else {
+            0.0
+        }
+    };
+    Some(logits.par_iter().map(|&v| weight(v)).collect())
 }
 
 /// Best first; ties by lower id (a total order, so the result is unique).
