@@ -566,6 +566,42 @@ mod tests {
         assert!(draws.iter().any(|&t| t < 64) && draws.iter().any(|&t| t >= 512));
     }
 
+    /// The passes run on rayon's threads; the draws must not depend on how many there are.
+    #[test]
+    fn draws_do_not_depend_on_the_thread_count() {
+        let mut rng = Rng::new(3);
+        let logits: Vec<f32> = (0..40_000).map(|_| rng.next_f32() * 20.0).collect();
+        let nucleus = SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            min_p: 0.001,
+            seed: 11,
+            ..Default::default()
+        };
+        let unsorted = SamplingParams {
+            temperature: 1.0,
+            seed: 12,
+            ..Default::default()
+        };
+        for p in [nucleus, unsorted] {
+            let draws = |threads| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| {
+                    let mut s = Sampler::new(p.clone(), &[]);
+                    (0..40)
+                        .map(|_| s.sample(&mut logits.clone()))
+                        .collect::<Vec<_>>()
+                })
+            };
+            let one = draws(1);
+            assert!(one.iter().any(|&t| t != one[0]), "sampling never varied");
+            assert_eq!(one, draws(3), "{p:?}");
+        }
+    }
+
     /// sample_unsorted works on the logits directly; the device sampler matches it bit for bit,
     /// so it must draw exactly what this reference does: weights over the whole vocabulary (0
     /// for non-finite logits and below the min-p floor), chunk sums, their sum, a chunk skipped
