@@ -190,20 +190,9 @@ impl Sampler {
         if p.top_k == 0 {
             return self.sample_nucleus(logits);
         }
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| v.is_finite())
-            .map(|(i, &v)| (i as u32, v / p.temperature))
-            .collect();
+        let mut cand = top_candidates(logits, p.temperature, p.top_k);
         if cand.is_empty() {
             return argmax(logits);
-        }
-        if p.top_k < cand.len() {
-            // Only the k best need ordering: select them in O(n), then sort just those (a full
-            // sort of a 151,936-token vocabulary is ~7 ms a token).
-            cand.select_nth_unstable_by(p.top_k - 1, best_first);
-            cand.truncate(p.top_k);
         }
         cand.sort_unstable_by(best_first);
         // Relative to the best candidate's (the first).
@@ -345,6 +334,35 @@ impl Sampler {
 
 /// Chunks of walk_unsorted's sums: the device sampler's threads (one chunk each).
 pub const WALK_CHUNKS: usize = 1024;
+
+/// The k best finite logits divided by t, as (id, value), unordered: only they need ordering
+/// (a full sort of a 151,936-token vocabulary is ~7 ms a token), so each fixed chunk's k best
+/// are selected in O(n) (in parallel), then the k best of those. best_first is a total order,
+/// so the set is the same however the vocabulary is cut.
+fn top_candidates(logits: &[f32], t: f32, k: usize) -> Vec<(u32, f32)> {
+    const CHUNKS: usize = 64;
+    let keep_best = |mut cand: Vec<(u32, f32)>| {
+        if k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, best_first);
+            cand.truncate(k);
+        }
+        cand
+    };
+    let len = logits.len().div_ceil(CHUNKS).max(1);
+    let best = logits
+        .par_chunks(len)
+        .enumerate()
+        .flat_map_iter(|(c, chunk)| {
+            let finite = chunk.iter().enumerate().filter(|(_, v)| v.is_finite());
+            keep_best(
+                finite
+                    .map(|(i, &v)| ((c * len + i) as u32, v / t))
+                    .collect(),
+            )
+        })
+        .collect();
+    keep_best(best)
+}
 
 /// exp(v / t - max / t) of every logit (0 where it is not finite): each token's probability
 /// relative to the best one's, which weighs 1. None when no logit is finite. Division by t > 0
@@ -566,7 +584,8 @@ mod tests {
         assert!(draws.iter().any(|&t| t < 64) && draws.iter().any(|&t| t >= 512));
     }
 
-    /// The passes run on rayon's threads; the draws must not depend on how many there are.
+    /// The passes run on rayon's threads (top-k by chunks); the draws must not depend on how
+    /// many there are.
     #[test]
     fn draws_do_not_depend_on_the_thread_count() {
         let mut rng = Rng::new(3);
@@ -583,7 +602,15 @@ mod tests {
             seed: 12,
             ..Default::default()
         };
-        for p in [nucleus, unsorted] {
+        let top_k = SamplingParams {
+            temperature: 0.9,
+            top_k: 30,
+            top_p: 0.95,
+            repetition_penalty: 1.1,
+            seed: 13,
+            ..Default::default()
+        };
+        for p in [nucleus, unsorted, top_k] {
             let draws = |threads| {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
