@@ -104,7 +104,7 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
 // code of the rows it reads: the layer kernels' warps waited on instruction fetch (Nsight
 // Compute), and a Q4_0 model measured faster when the Q6_K code beside its own shrank.
 // Shared memory: red [33], then xs, the padded [k] input, 16-byte aligned. 3 blocks an SM
-// (80 registers; 83 unbounded).
+// (76 registers for Q4_0, 79 for Q4_K; Q4_0 takes 83 unbounded).
 extern "C" __global__ void __launch_bounds__(256, 3) matvec_q4_0(const MatvecParams p) {
     extern __shared__ __align__(16) float smem[];
     switch (p.mode) {

@@ -232,15 +232,14 @@ impl Sampler {
     /// walks the nucleus in vocabulary order, as sample_unsorted walks everything.
     fn sample_nucleus(&mut self, logits: &[f32]) -> u32 {
         const BUCKETS: usize = 256;
-        // Chunks summed apart (then in order): 64 x 1 KB of bucket sums, enough for 16 threads.
-        const CHUNKS: usize = 64;
         let Some(mut w) = relative_weights(logits, self.params.temperature) else {
             return argmax(logits);
         };
         // Weights lie in [0, 1], and positive floats order as their bits: 4 buckets an octave.
         let bucket = |x: f32| (((1.0f32.to_bits() - x.to_bits()) >> 21) as usize).min(BUCKETS - 1);
+        // Each chunk's bucket sums apart (1 KB each), then added in chunk order.
         let chunk_sums: Vec<[f32; BUCKETS]> = w
-            .par_chunks(w.len().div_ceil(CHUNKS))
+            .par_chunks(w.len().div_ceil(PAR_CHUNKS))
             .map(|c| {
                 let mut sums = [0f32; BUCKETS];
                 c.iter().for_each(|&x| sums[bucket(x)] += x);
@@ -335,12 +334,16 @@ impl Sampler {
 /// Chunks of walk_unsorted's sums: the device sampler's threads (one chunk each).
 pub const WALK_CHUNKS: usize = 1024;
 
+/// Fixed chunks of the nucleus's bucket sums and of top-k's selection, done in parallel and
+/// combined in chunk order (so the result does not depend on the thread count); 64 keep 16
+/// threads busy.
+const PAR_CHUNKS: usize = 64;
+
 /// The k best finite logits divided by t, as (id, value), unordered: only they need ordering
 /// (a full sort of a 151,936-token vocabulary is ~7 ms a token), so each fixed chunk's k best
 /// are selected in O(n) (in parallel), then the k best of those. best_first is a total order,
 /// so the set is the same however the vocabulary is cut.
 fn top_candidates(logits: &[f32], t: f32, k: usize) -> Vec<(u32, f32)> {
-    const CHUNKS: usize = 64;
     let keep_best = |mut cand: Vec<(u32, f32)>| {
         if k < cand.len() {
             cand.select_nth_unstable_by(k - 1, best_first);
@@ -348,7 +351,7 @@ fn top_candidates(logits: &[f32], t: f32, k: usize) -> Vec<(u32, f32)> {
         }
         cand
     };
-    let len = logits.len().div_ceil(CHUNKS).max(1);
+    let len = logits.len().div_ceil(PAR_CHUNKS).max(1);
     let best = logits
         .par_chunks(len)
         .enumerate()
