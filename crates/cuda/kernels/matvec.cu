@@ -1,21 +1,12 @@
 // Matrix-vector products over quantised rows: QKV (3 matrices, one launch), o_proj with the
 // residual add, the router and the output head. A warp owns whole rows, so each output is
 // reduced in one fixed order (deterministic, no atomics).
-// Modes (chosen on the host): 0 generic (row by row, L2 prefetch before pdl_wait); the others
-// stage NR rows' weights in registers before pdl_wait (weights are immutable), so the loads
-// overlap the predecessor kernel; groups of NR rows never span two matrices (host checks).
-#define MV_GENERIC 0
-// At most 4 staged pieces per lane (rows x pieces): the unrolled code of more pieces is what
-// the warps waited on (instruction fetch, Nsight Compute on the H200), not the weights.
-#define MV_Q4_0_1 1  // Q4_0, k <= 1024, 4 rows per warp
-#define MV_Q4_0_2 2  // Q4_0, k <= 2048, 2 rows per warp
-#define MV_Q4_0_4 3  // Q4_0, k <= 4096, 1 row per warp
-#define MV_Q4_K_1 4  // Q4_K (as repacked), k <= 2048, 2 rows per warp
-#define MV_Q4_K_2 5  // Q4_K, k <= 4096, 1 row per warp
-#define MV_Q6_K_1 6  // Q6_K (as repacked), k <= 1024, 4 rows per warp
-#define MV_Q6_K_2 7  // Q6_K, k <= 2048, 2 rows per warp
-#define MV_Q6_K_4 8  // Q6_K, k <= 4096, 1 row per warp
-#define MV_K_MIXED 9 // Q4_K and Q6_K matrices (Q4_K_M's QKV), k <= 2048, 2 rows per warp
+// Modes (chosen on the host, step.rs mv_mode; a kernel each): matvec_generic goes row by row
+// (L2 prefetch before pdl_wait); the others stage NR rows' weights in registers before
+// pdl_wait (weights are immutable), so the loads overlap the predecessor kernel; groups of NR
+// rows never span two matrices (host checks). At most 4 staged pieces per lane (rows x
+// pieces): the unrolled code of more pieces is what the warps waited on (instruction fetch,
+// Nsight Compute on the H200), not the weights.
 struct MatvecParams {
     QW w[3];          // up to three matrices whose rows are concatenated in the output space
     u64 out[3];       // float* per matrix
@@ -30,7 +21,6 @@ struct MatvecParams {
                       // launches back (o_proj: the residual, last written by moe_down)
     int rows_per_warp;
     float eps;
-    int mode;
 };
 
 __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float* red, Unit u) {
@@ -100,39 +90,26 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
     }
 }
 
-// One kernel per weight family (the host picks it by mode), so a kernel holds only the staged
-// code of the rows it reads: the layer kernels' warps waited on instruction fetch (Nsight
-// Compute), and a Q4_0 model measured faster when the Q6_K code beside its own shrank.
-// Shared memory: red [33], then xs, the padded [k] input, 16-byte aligned. 3 blocks an SM
-// (76 registers for Q4_0, 79 for Q4_K; Q4_0 takes 83 unbounded).
-extern "C" __global__ void __launch_bounds__(256, 3) matvec_q4_0(const MatvecParams p) {
-    extern __shared__ __align__(16) float smem[];
-    switch (p.mode) {
-        case MV_Q4_0_1: mv_staged<4, Q4_0Rows<4, 1>>(p, smem + 36, smem, this_unit()); return;
-        case MV_Q4_0_2: mv_staged<2, Q4_0Rows<2, 2>>(p, smem + 36, smem, this_unit()); return;
-        default: mv_staged<1, Q4_0Rows<1, 4>>(p, smem + 36, smem, this_unit()); return;
+// One kernel per staged mode (the host picks it by mode, step.rs), so a kernel holds only the
+// code it runs: the layer kernels' warps waited on instruction fetch (Nsight Compute), and
+// splitting the kernels by weight type measured +4% / +8% (Q4_0 / Q4_K_M). Shared memory: red
+// [33], then xs, the padded [k] input, 16-byte aligned. Held to 3 blocks an SM (Q4_0's 4-row
+// mode takes 83 registers unbounded, the Q6_K ones 86).
+#define MV_KERNEL(name, NR, ...)                                                          \
+    extern "C" __global__ void __launch_bounds__(256, 3) name(const MatvecParams p) {     \
+        extern __shared__ __align__(16) float smem[];                                     \
+        mv_staged<NR, __VA_ARGS__>(p, smem + 36, smem, this_unit());                      \
     }
-}
-
-extern "C" __global__ void __launch_bounds__(256, 3) matvec_q4_k(const MatvecParams p) {
-    extern __shared__ __align__(16) float smem[];
-    if (p.mode == MV_Q4_K_1) mv_staged<2, Q4_KRows<2, 2>>(p, smem + 36, smem, this_unit());
-    else mv_staged<1, Q4_KRows<1, 4>>(p, smem + 36, smem, this_unit());
-}
-
-// The Q6_K modes (and QKV with Q6_K rows): held to 3 blocks an SM (86 registers unbounded, 94
-// when they shared a kernel with the other types).
-extern "C" __global__ void __launch_bounds__(256, 3) matvec_q6k(const MatvecParams p) {
-    extern __shared__ __align__(16) float smem[];
-    float* red = smem;
-    float* xs = smem + 36;
-    switch (p.mode) {
-        case MV_Q6_K_1: mv_staged<4, Q6_KRows<4, 1>>(p, xs, red, this_unit()); return;
-        case MV_Q6_K_2: mv_staged<2, Q6_KRows<2, 2>>(p, xs, red, this_unit()); return;
-        case MV_K_MIXED: mv_staged<2, Q4_KRows<2, 2>, Q6_KRows<2, 2>, T_Q6_K>(p, xs, red, this_unit()); return;
-        default: mv_staged<1, Q6_KRows<1, 4>>(p, xs, red, this_unit()); return;
-    }
-}
+MV_KERNEL(matvec_q4_0_1, 4, Q4_0Rows<4, 1>)  // mode 1: Q4_0, k <= 1024, 4 rows a warp
+MV_KERNEL(matvec_q4_0_2, 2, Q4_0Rows<2, 2>)  // 2: Q4_0, k <= 2048, 2 rows
+MV_KERNEL(matvec_q4_0_4, 1, Q4_0Rows<1, 4>)  // 3: Q4_0, k <= 4096, 1 row
+MV_KERNEL(matvec_q4_k_1, 2, Q4_KRows<2, 2>)  // 4: Q4_K (as repacked), k <= 2048, 2 rows
+MV_KERNEL(matvec_q4_k_2, 1, Q4_KRows<1, 4>)  // 5: Q4_K, k <= 4096, 1 row
+MV_KERNEL(matvec_q6_k_1, 4, Q6_KRows<4, 1>)  // 6: Q6_K (as repacked), k <= 1024, 4 rows
+MV_KERNEL(matvec_q6_k_2, 2, Q6_KRows<2, 2>)  // 7: Q6_K, k <= 2048, 2 rows
+MV_KERNEL(matvec_q6_k_4, 1, Q6_KRows<1, 4>)  // 8: Q6_K, k <= 4096, 1 row
+// 9: Q4_K and Q6_K matrices (Q4_K_M's QKV), k <= 2048, 2 rows
+MV_KERNEL(matvec_k_mixed, 2, Q4_KRows<2, 2>, Q6_KRows<2, 2>, T_Q6_K)
 
 // The generic mode, held to 3 blocks per SM (rows of types without a staged mode, e.g. Q8_0).
 extern "C" __global__ void __launch_bounds__(256, 3) matvec_generic(const MatvecParams p) {

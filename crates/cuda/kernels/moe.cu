@@ -228,7 +228,6 @@ struct GateUpParams {
     Experts experts;
     int d_ff;
     int rows_per_warp;
-    int mode;    // 0 generic; 1 Q4_0 k <= 1024 (2 rows a warp); 2 Q4_0 / 4 Q4_K k <= 2048 (1 row)
 };
 
 template <int NR, class Rows>
@@ -264,21 +263,17 @@ __device__ __forceinline__ int slot_expert(const GateUpParams& p, float* smem) {
     return ids[blockIdx.y];
 }
 
-// One kernel per weight family, as matvec's. 4 blocks per SM (<= 64 registers, no more spills
+// One kernel per staged mode, as matvec's. 4 blocks per SM (<= 64 registers, no more spills
 // than at 3): one staged row a warp gives 768 blocks for Qwen3-30B-A3B, 528 of them resident.
-extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up_q4_0(const GateUpParams p) {
-    extern __shared__ __align__(16) float smem[];
-    pdl_start();
-    int e = slot_expert(p, smem);
-    if (p.mode == 1) gate_up_staged<2, Q4_0Rows<2, 1>>(p, smem, e, this_unit());
-    else gate_up_staged<1, Q4_0Rows<1, 2>>(p, smem, e, this_unit());
-}
-
-extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up_q4_k(const GateUpParams p) {
-    extern __shared__ __align__(16) float smem[];
-    pdl_start();
-    gate_up_staged<1, Q4_KRows<1, 2>>(p, smem, slot_expert(p, smem), this_unit());
-}
+#define GATE_UP_KERNEL(name, NR, ...)                                                     \
+    extern "C" __global__ void __launch_bounds__(256, 4) name(const GateUpParams p) {     \
+        extern __shared__ __align__(16) float smem[];                                     \
+        pdl_start();                                                                      \
+        gate_up_staged<NR, __VA_ARGS__>(p, smem, slot_expert(p, smem), this_unit());      \
+    }
+GATE_UP_KERNEL(moe_gate_up_q4_0_1, 2, Q4_0Rows<2, 1>)
+GATE_UP_KERNEL(moe_gate_up_q4_0_2, 1, Q4_0Rows<1, 2>)
+GATE_UP_KERNEL(moe_gate_up_q4_k, 1, Q4_KRows<1, 2>)
 
 // The generic mode: row by row, any type.
 extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up(const GateUpParams p) {
@@ -304,8 +299,6 @@ struct DownParams {
     int d_model;
     int n_used;
     int rows_per_warp;
-    int mode;    // 0 generic; 1/2/3 Q4_0 (items <= 64/192/256, 1 row per warp);
-                 // 4/5/6 Q4_K, 7/8/9 Q6_K (as repacked; as Q4_0)
 };
 
 // Stages h [n_used, dff] in shared memory padded (XS floats per 32 values, slot s at s * plen),
@@ -333,7 +326,7 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
 }
 
 // h in shared memory, once the predecessor (moe_gate_up, which writes h) has finished. Its own
-// predecessor wrote the router's results, so down_staged takes the experts and the staged paths
+// predecessor wrote the router's results, so the DOWN_KERNELs take the experts and the staged paths
 // issue their weight loads before this.
 __device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen) {
     pdl_start();
@@ -384,36 +377,26 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int 
 }
 
 // grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the
-// experts (Experts::scratch). The staged modes of piece type P (first_mode and the two after
-// it: 2, 6 or 8 pieces a lane, items <= 64 / 192 / 256) issue their weight loads first, then
-// stage h (stage_h). One kernel per weight family, as matvec's.
-template <class P>
-__device__ __forceinline__ void down_staged(const DownParams& p, float* smem, int first_mode) {
-    int plen = padded_len(p.down.k) - XS;  // d_ff is a multiple of 32
-    int* ids;
-    float* ws;
-    block_experts(p.experts, smem, ids, ws);  // before pdl_wait
-    switch (p.mode - first_mode) {
-        case 0: down_blocks<1, 2, P>(p, smem, plen, ids, ws, this_unit()); return;
-        case 1: down_blocks<1, 6, P>(p, smem, plen, ids, ws, this_unit()); return;
-        default: down_blocks<1, 8, P>(p, smem, plen, ids, ws, this_unit()); return;
+// experts (Experts::scratch). The staged modes (CH pieces of type P a lane: 2, 6 or 8 for items
+// <= 64 / 192 / 256) issue their weight loads first, then stage h (stage_h). One kernel per
+// staged mode, as matvec's.
+#define DOWN_KERNEL(name, CH, P)                                                          \
+    extern "C" __global__ void name(const DownParams p) {                                 \
+        extern __shared__ __align__(16) float smem[];                                     \
+        int* ids;                                                                         \
+        float* ws;                                                                        \
+        block_experts(p.experts, smem, ids, ws); /* before pdl_wait */                    \
+        down_blocks<1, CH, P>(p, smem, padded_len(p.down.k) - XS, ids, ws, this_unit());  \
     }
-}
-
-extern "C" __global__ void moe_down_q4_0(const DownParams p) {
-    extern __shared__ __align__(16) float smem[];
-    down_staged<Q4_0Piece>(p, smem, 1);
-}
-
-extern "C" __global__ void moe_down_q4_k(const DownParams p) {
-    extern __shared__ __align__(16) float smem[];
-    down_staged<Q4_KPiece>(p, smem, 4);
-}
-
-extern "C" __global__ void moe_down_q6k(const DownParams p) {
-    extern __shared__ __align__(16) float smem[];
-    down_staged<Q6_KPiece>(p, smem, 7);
-}
+DOWN_KERNEL(moe_down_q4_0_2, 2, Q4_0Piece)
+DOWN_KERNEL(moe_down_q4_0_6, 6, Q4_0Piece)
+DOWN_KERNEL(moe_down_q4_0_8, 8, Q4_0Piece)
+DOWN_KERNEL(moe_down_q4_k_2, 2, Q4_KPiece)
+DOWN_KERNEL(moe_down_q4_k_6, 6, Q4_KPiece)
+DOWN_KERNEL(moe_down_q4_k_8, 8, Q4_KPiece)
+DOWN_KERNEL(moe_down_q6_k_2, 2, Q6_KPiece)
+DOWN_KERNEL(moe_down_q6_k_6, 6, Q6_KPiece)
+DOWN_KERNEL(moe_down_q6_k_8, 8, Q6_KPiece)
 
 // The generic mode: row by row, the slots summed in order.
 extern "C" __global__ void moe_down(const DownParams p) {

@@ -11,16 +11,12 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use crate::{CudaError, Result};
 
-/// Every kernel the step uses, in one place so lookups happen once at start-up.
-/// The weight-reading launches have one kernel per weight family (Q4_0, Q4_K, Q6_K and the
-/// generic row-by-row mode), so each holds only the code of the rows it reads.
+/// Every kernel the step uses, in one place so lookups happen once at start-up. The
+/// weight-reading launches have one kernel per mode (step.rs: `mv_mode`, `gate_up_mode`,
+/// `down_mode`; 0 = generic, row by row), so each holds only the code it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(non_camel_case_types)]
 pub enum Kernel {
-    MatvecQ4_0,
-    MatvecQ4K,
-    MatvecQ6K,
-    MatvecGeneric,
+    Matvec(u8),
     Embed,
     QkNormRope,
     AttnSplit,
@@ -29,51 +25,86 @@ pub enum Kernel {
     MoeTopk,
     RouterTopk,
     RouterCluster,
-    MoeGateUpQ4_0,
-    MoeGateUpQ4K,
-    MoeGateUp,
-    MoeDownQ4_0,
-    MoeDownQ4K,
-    MoeDownQ6K,
-    MoeDown,
+    MoeGateUp(u8),
+    MoeDown(u8),
     ArgmaxPartial,
     ArgmaxFinal,
     StepFused,
     SampleTopk,
 }
 
+/// The symbols of the modes, by mode (matvec.cu, moe.cu).
+const MATVEC: [&str; 10] = [
+    "matvec_generic",
+    "matvec_q4_0_1",
+    "matvec_q4_0_2",
+    "matvec_q4_0_4",
+    "matvec_q4_k_1",
+    "matvec_q4_k_2",
+    "matvec_q6_k_1",
+    "matvec_q6_k_2",
+    "matvec_q6_k_4",
+    "matvec_k_mixed",
+];
+const GATE_UP: [&str; 4] = [
+    "moe_gate_up",
+    "moe_gate_up_q4_0_1",
+    "moe_gate_up_q4_0_2",
+    "moe_gate_up_q4_k",
+];
+const DOWN: [&str; 10] = [
+    "moe_down",
+    "moe_down_q4_0_2",
+    "moe_down_q4_0_6",
+    "moe_down_q4_0_8",
+    "moe_down_q4_k_2",
+    "moe_down_q4_k_6",
+    "moe_down_q4_k_8",
+    "moe_down_q6_k_2",
+    "moe_down_q6_k_6",
+    "moe_down_q6_k_8",
+];
+const SINGLE: [Kernel; 12] = [
+    Kernel::Embed,
+    Kernel::QkNormRope,
+    Kernel::AttnSplit,
+    Kernel::AttnCombine,
+    Kernel::AttnGqa,
+    Kernel::MoeTopk,
+    Kernel::RouterTopk,
+    Kernel::RouterCluster,
+    Kernel::ArgmaxPartial,
+    Kernel::ArgmaxFinal,
+    Kernel::StepFused,
+    Kernel::SampleTopk,
+];
+
 impl Kernel {
-    pub const ALL: [Kernel; 23] = [
-        Kernel::MatvecQ4_0,
-        Kernel::MatvecQ4K,
-        Kernel::MatvecQ6K,
-        Kernel::MatvecGeneric,
-        Kernel::Embed,
-        Kernel::QkNormRope,
-        Kernel::AttnSplit,
-        Kernel::AttnCombine,
-        Kernel::AttnGqa,
-        Kernel::MoeTopk,
-        Kernel::RouterTopk,
-        Kernel::RouterCluster,
-        Kernel::MoeGateUpQ4_0,
-        Kernel::MoeGateUpQ4K,
-        Kernel::MoeGateUp,
-        Kernel::MoeDownQ4_0,
-        Kernel::MoeDownQ4K,
-        Kernel::MoeDownQ6K,
-        Kernel::MoeDown,
-        Kernel::ArgmaxPartial,
-        Kernel::ArgmaxFinal,
-        Kernel::StepFused,
-        Kernel::SampleTopk,
-    ];
+    pub const ALL: [Kernel; SINGLE.len() + MATVEC.len() + GATE_UP.len() + DOWN.len()] = {
+        let mut all = [Kernel::Embed; SINGLE.len() + MATVEC.len() + GATE_UP.len() + DOWN.len()];
+        let mut i = 0;
+        while i < SINGLE.len() {
+            all[i] = SINGLE[i];
+            i += 1;
+        }
+        let mut m = 0;
+        while i < all.len() {
+            all[i] = if m < MATVEC.len() {
+                Kernel::Matvec(m as u8)
+            } else if m < MATVEC.len() + GATE_UP.len() {
+                Kernel::MoeGateUp((m - MATVEC.len()) as u8)
+            } else {
+                Kernel::MoeDown((m - MATVEC.len() - GATE_UP.len()) as u8)
+            };
+            (i, m) = (i + 1, m + 1);
+        }
+        all
+    };
     pub fn symbol(self) -> &'static str {
         match self {
-            Kernel::MatvecQ4_0 => "matvec_q4_0",
-            Kernel::MatvecQ4K => "matvec_q4_k",
-            Kernel::MatvecQ6K => "matvec_q6k",
-            Kernel::MatvecGeneric => "matvec_generic",
+            Kernel::Matvec(m) => MATVEC[m as usize],
+            Kernel::MoeGateUp(m) => GATE_UP[m as usize],
+            Kernel::MoeDown(m) => DOWN[m as usize],
             Kernel::Embed => "embed",
             Kernel::QkNormRope => "qk_norm_rope",
             Kernel::AttnSplit => "attn_split",
@@ -82,13 +113,6 @@ impl Kernel {
             Kernel::MoeTopk => "moe_topk",
             Kernel::RouterTopk => "router_topk",
             Kernel::RouterCluster => "router_cluster",
-            Kernel::MoeGateUpQ4_0 => "moe_gate_up_q4_0",
-            Kernel::MoeGateUpQ4K => "moe_gate_up_q4_k",
-            Kernel::MoeGateUp => "moe_gate_up",
-            Kernel::MoeDownQ4_0 => "moe_down_q4_0",
-            Kernel::MoeDownQ4K => "moe_down_q4_k",
-            Kernel::MoeDownQ6K => "moe_down_q6k",
-            Kernel::MoeDown => "moe_down",
             Kernel::ArgmaxPartial => "argmax_partial",
             Kernel::ArgmaxFinal => "argmax_final",
             Kernel::StepFused => "step_fused",
@@ -187,17 +211,7 @@ impl Device {
         for &k in &Kernel::ALL {
             if matches!(
                 k,
-                Kernel::MatvecQ4_0
-                    | Kernel::MatvecQ4K
-                    | Kernel::MatvecQ6K
-                    | Kernel::MatvecGeneric
-                    | Kernel::MoeGateUpQ4_0
-                    | Kernel::MoeGateUpQ4K
-                    | Kernel::MoeGateUp
-                    | Kernel::MoeDownQ4_0
-                    | Kernel::MoeDownQ4K
-                    | Kernel::MoeDownQ6K
-                    | Kernel::MoeDown
+                Kernel::Matvec(_) | Kernel::MoeGateUp(_) | Kernel::MoeDown(_)
             ) {
                 // Large activations (d_ff * n_used floats) need more than the default 48 KB;
                 // GPUs before Hopper allow less than 200 KB a block (A100 163 KB, Ada 99 KB).

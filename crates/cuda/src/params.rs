@@ -34,10 +34,8 @@ pub struct MatvecParams {
     pub accumulate: i32,
     pub rows_per_warp: i32,
     pub eps: f32,
-    /// `MV_*` in matvec.cu: 0 generic, else register-staged rows (see step.rs `mv_mode`).
-    pub mode: i32,
 }
-const _: () = assert!(std::mem::size_of::<MatvecParams>() == 160);
+const _: () = assert!(std::mem::size_of::<MatvecParams>() == 152);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -118,9 +116,8 @@ pub struct GateUpParams {
     pub experts: Experts,
     pub d_ff: i32,
     pub rows_per_warp: i32,
-    pub mode: i32,
 }
-const _: () = assert!(std::mem::size_of::<GateUpParams>() == 104);
+const _: () = assert!(std::mem::size_of::<GateUpParams>() == 96);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -132,7 +129,6 @@ pub struct DownParams {
     pub d_model: i32,
     pub n_used: i32,
     pub rows_per_warp: i32,
-    pub mode: i32,
 }
 const _: () = assert!(std::mem::size_of::<DownParams>() == 80);
 

@@ -168,9 +168,10 @@ const T_Q4_0: i32 = 2;
 const T_Q4_K: i32 = 12;
 const T_Q6_K: i32 = 14;
 
-/// (mode, rows per warp) of `matvec` (MV_* in matvec.cu): a staged mode when every matrix has
-/// the same type (or Q4_K and Q6_K, `MV_K_MIXED`) and a group of rows never spans two matrices.
-fn mv_mode(ws: &[(Qw, u64, usize)], k: usize) -> (i32, usize) {
+/// (mode, rows per warp) of `matvec` (matvec.cu, a kernel each): a staged mode when
+/// every matrix has the same type (or Q4_K and Q6_K, mode 9) and a group of rows never
+/// spans two matrices.
+fn mv_mode(ws: &[(Qw, u64, usize)], k: usize) -> (u8, usize) {
     let total: usize = ws.iter().map(|w| w.2).sum();
     let generic = (0, rows_per_warp(total));
     let ty = ws[0].0.ty;
@@ -238,17 +239,18 @@ pub(crate) fn matvec(
         total += rows;
     }
     let (mode, rpw) = mv_mode(ws, k);
-    p.mode = mode;
     p.rows_per_warp = rpw as i32;
     let blocks = total.div_ceil(rpw * WARPS as usize) as u32;
     let bytes = ws.iter().map(|(w, _, r)| weight_bytes(w, *r)).sum();
-    let kernel = match mode {
-        0 => Kernel::MatvecGeneric,
-        1..=3 => Kernel::MatvecQ4_0,
-        4 | 5 => Kernel::MatvecQ4K,
-        _ => Kernel::MatvecQ6K,
-    };
-    Launch::new(kernel, name, (blocks, 1, 1), THREADS, smem_x(k), &p, bytes)
+    Launch::new(
+        Kernel::Matvec(mode),
+        name,
+        (blocks, 1, 1),
+        THREADS,
+        smem_x(k),
+        &p,
+        bytes,
+    )
 }
 
 /// The device sampler's settings for `p`, or None when it needs the host sampler (penalties,
@@ -575,7 +577,6 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         },
         d_ff: c.d_ff_expert as i32,
         rows_per_warp: grpw as i32,
-        mode: gmode,
     };
     let used = c.n_expert_used as u64;
     let grid = (
@@ -583,13 +584,8 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         c.n_expert_used as u32,
         1,
     );
-    let kernel = match gmode {
-        0 => Kernel::MoeGateUp,
-        1 | 2 => Kernel::MoeGateUpQ4_0,
-        _ => Kernel::MoeGateUpQ4K,
-    };
     out.push(Launch::new(
-        kernel,
+        Kernel::MoeGateUp(gmode),
         "moe_gate_up",
         grid,
         THREADS,
@@ -611,18 +607,11 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         d_model: c.d_model as i32,
         n_used: c.n_expert_used as i32,
         rows_per_warp: drpw as i32,
-        mode: dmode,
     };
     let smem = (h_floats * 4) as u32 + experts_smem;
     let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
-    let kernel = match dmode {
-        0 => Kernel::MoeDown,
-        1..=3 => Kernel::MoeDownQ4_0,
-        4..=6 => Kernel::MoeDownQ4K,
-        _ => Kernel::MoeDownQ6K,
-    };
     out.push(Launch::new(
-        kernel,
+        Kernel::MoeDown(dmode),
         "moe_down",
         grid,
         THREADS,
@@ -632,22 +621,24 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
     ));
 }
 
-/// (mode, rows per warp) of `moe_gate_up`: gate and up of one type, staged (k <= 1024: two rows
-/// a warp; k <= 2048: one, at most 4 staged pieces a lane as in `mv_mode`).
-fn gate_up_mode(lw: &crate::weights::LayerW, k: usize) -> (i32, usize) {
+/// (mode, rows per warp) of `moe_gate_up`, a kernel each: gate and up of one type, staged
+/// (Q4_0 k <= 1024: two rows a warp, mode 1; k <= 2048: one, at most 4 staged pieces a lane as
+/// in `mv_mode`, mode 2; Q4_K mode 3).
+fn gate_up_mode(lw: &crate::weights::LayerW, k: usize) -> (u8, usize) {
     if legacy() || lw.gate.ty != lw.up.ty {
         return (0, 1);
     }
     match lw.gate.ty {
         T_Q4_0 if k % 32 == 0 && k <= 1024 => (1, 2),
         T_Q4_0 if k % 32 == 0 && k <= 2048 => (2, 1),
-        T_Q4_K if k % 256 == 0 && k <= 2048 => (4, 1),
+        T_Q4_K if k % 256 == 0 && k <= 2048 => (3, 1),
         _ => (0, 1),
     }
 }
 
-/// (mode, rows per warp) of `moe_down`: every (slot, block) piece of a row spread over the lanes.
-fn down_mode(lw: &crate::weights::LayerW, c: &Config) -> (i32, usize) {
+/// (mode, rows per warp) of `moe_down`, a kernel each: every (slot, block) piece of a row spread
+/// over the lanes (2, 6 or 8 pieces a lane; modes 1-3 Q4_0, 4-6 Q4_K, 7-9 Q6_K).
+fn down_mode(lw: &crate::weights::LayerW, c: &Config) -> (u8, usize) {
     let (dff, used) = (c.d_ff_expert, c.n_expert_used);
     if legacy() || used > 16 {
         return (0, 1);
