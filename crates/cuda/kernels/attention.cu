@@ -236,14 +236,14 @@ struct GqaSmem {
 // each head: shared memory, not registers, which hold two chunks' K/V rows) after rescaling
 // them. The first chunk (m_run = -inf) gives fac 0 and so exactly the one-chunk sums.
 template <int NP>
-__device__ __forceinline__ void gqa_chunk(const AttnGqaParams& p, GqaSmem& sm, float4 (&kr)[NP], float4 (&vr)[NP], int start, int end, u32 pos, int G, float& m_run, float& l_run) {
+__device__ __forceinline__ void gqa_chunk(const AttnGqaParams& p, GqaSmem& sm, float4 (&kr)[NP], float4 (&vr)[NP], int start, int end, u32 pos, int hd, int G, float& m_run, float& l_run) {
     float (&qs)[8][128] = sm.qs;
     float (&sc)[8][ATT_CHUNK] = sm.sc;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // The new position's K/V (produced by attn_gqa_unit) replaces its zero placeholder.
 #pragma unroll
     for (int i = 0; i < NP; i++)
-        if (start + warp + 8 * i == (int)pos && lane * 4 < p.head_dim) {
+        if (start + warp + 8 * i == (int)pos && lane * 4 < hd) {
             kr[i] = *(const float4*)(sm.knew + lane * 4);
             vr[i] = *(const float4*)(sm.vnew + lane * 4);
         }
@@ -346,15 +346,17 @@ __device__ __forceinline__ void gqa_load_kv(const float* kc, const float* vc, in
 // scores and P V are folded into running per-head sums (maximum, l, acc rescaled when the
 // maximum rises), so span 1 computes exactly the one-chunk partial. With `pdl` the first chunk's
 // K/V rows (written by earlier steps, so immutable now) load before pdl_wait; each later
-// chunk's load is issued before the chunk ahead of it is computed.
+// chunk's load is issued before the chunk ahead of it is computed. HD / GG: head_dim and the
+// group size as constants (0: read from p).
+template <int HD = 0, int GG = 0>
 __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u, bool pdl, int span) {
     float (&qs)[8][128] = sm.qs;
     float* knew = sm.knew;
     float* vnew = sm.vnew;
     float (&ml)[8][2] = sm.ml;
     float (&red)[8][8][128] = sm.red;
-    int kvh = u.x, s = u.y, hd = p.head_dim;
-    int G = p.n_head / p.n_kv_head, kv_dim = p.n_kv_head * hd, q_dim = p.n_head * hd;
+    int kvh = u.x, s = u.y, hd = HD ? HD : p.head_dim;
+    int G = GG ? GG : p.n_head / p.n_kv_head, kv_dim = p.n_kv_head * hd, q_dim = p.n_head * hd;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // Read before pdl_wait: from L2 (ld.cg), never a line an earlier kernel left in L1.
     u32 pos = __ldcg(&((const StepState*)p.state)->pos);
@@ -402,7 +404,7 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
         int start = first + c * ATT_CHUNK, end = min(start + ATT_CHUNK, len);
         float4 kx[NP], vx[NP];  // the next chunk's rows, in flight while this one is computed
         if (c + 1 < n_chunk) gqa_load_kv<NP>(kc, vc, kv_dim, hd, start + ATT_CHUNK, min(start + 2 * ATT_CHUNK, len), pos, kx, vx);
-        gqa_chunk(p, sm, kr, vr, start, end, pos, G, m_run, l_run);
+        gqa_chunk(p, sm, kr, vr, start, end, pos, hd, G, m_run, l_run);
         if (c + 1 < n_chunk) {
 #pragma unroll
             for (int i = 0; i < NP; i++) { kr[i] = kx[i]; vr[i] = vx[i]; }
@@ -436,9 +438,10 @@ __device__ __forceinline__ float key_float(u32 k) {
 // merges them with attn_combine's arithmetic per output (the same maximum, then l and acc summed
 // in chunk order), warp g on head g, 4 dims a lane, so one pass of chunk loads serves 4 outputs
 // and 16 chunks' loads are in flight at once. Counts and maxima return to 0 for the next launch.
+template <int HD, int GG>
 __device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const GqaSmem& sm, int kvh, int n_act) {
     __shared__ int last;
-    int G = p.n_head / p.n_kv_head, hd = p.head_dim, g = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int G = GG ? GG : p.n_head / p.n_kv_head, hd = HD ? HD : p.head_dim, g = threadIdx.x >> 5, lane = threadIdx.x & 31;
     u32* cnt = (u32*)p.done + kvh;
     u32* mk = (u32*)p.done + p.n_kv_head + kvh * G;  // [G] maximum keys of this group's heads
     if (threadIdx.x < G) atomicMax(mk + threadIdx.x, max_key(sm.ml[threadIdx.x][0]));
@@ -471,7 +474,8 @@ __device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const Gqa
     if (lane == 0) mk[g] = 0;
 }
 
-extern "C" __global__ void attn_gqa(const AttnGqaParams p) {
+template <int HD, int GG>
+__device__ __forceinline__ void attn_gqa_blocks(const AttnGqaParams& p) {
     __shared__ GqaSmem sm;
     Unit u = this_unit();
     int len = (int)__ldcg(&((const StepState*)p.state)->pos) + 1;
@@ -479,6 +483,12 @@ extern "C" __global__ void attn_gqa(const AttnGqaParams p) {
     int span = (n_chunk + p.max_blocks - 1) / p.max_blocks;
     int n_act = (n_chunk + span - 1) / span;
     if (u.y >= n_act) return;  // no position here; the merge reads active blocks only
-    attn_gqa_unit(p, sm, u, true, span);
-    attn_gqa_merge(p, sm, u.x, n_act);
+    attn_gqa_unit<HD, GG>(p, sm, u, true, span);
+    attn_gqa_merge<HD, GG>(p, sm, u.x, n_act);
 }
+
+extern "C" __global__ void attn_gqa(const AttnGqaParams p) { attn_gqa_blocks<0, 0>(p); }
+
+// Qwen3-MoE's shape (head_dim 128, 8 query heads a KV head) as constants: no predicates on
+// the dims, shifts for the divisions, fixed trip counts (the host picks it for that shape).
+extern "C" __global__ void attn_gqa_128_8(const AttnGqaParams p) { attn_gqa_blocks<128, 8>(p); }

@@ -22,6 +22,7 @@ pub enum Kernel {
     AttnSplit,
     AttnCombine,
     AttnGqa,
+    AttnGqa128x8,
     MoeTopk,
     RouterTopk,
     RouterCluster,
@@ -64,12 +65,13 @@ const DOWN: [&str; 10] = [
     "moe_down_q6_k_6",
     "moe_down_q6_k_8",
 ];
-const SINGLE: [Kernel; 12] = [
+const SINGLE: [Kernel; 13] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
     Kernel::AttnCombine,
     Kernel::AttnGqa,
+    Kernel::AttnGqa128x8,
     Kernel::MoeTopk,
     Kernel::RouterTopk,
     Kernel::RouterCluster,
@@ -110,6 +112,7 @@ impl Kernel {
             Kernel::AttnSplit => "attn_split",
             Kernel::AttnCombine => "attn_combine",
             Kernel::AttnGqa => "attn_gqa",
+            Kernel::AttnGqa128x8 => "attn_gqa_128_8",
             Kernel::MoeTopk => "moe_topk",
             Kernel::RouterTopk => "router_topk",
             Kernel::RouterCluster => "router_cluster",

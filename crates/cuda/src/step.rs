@@ -421,8 +421,14 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             theta: c.rope_theta,
             max_blocks: s.att_blocks as i32,
         };
+        // Qwen3-MoE's shape has a kernel with it as constants (attention.cu).
+        let kernel = if c.head_dim == 128 && c.n_head == 8 * c.n_kv_head {
+            Kernel::AttnGqa128x8
+        } else {
+            Kernel::AttnGqa
+        };
         out.push(Launch::new(
-            Kernel::AttnGqa,
+            kernel,
             "attn_gqa",
             (c.n_kv_head as u32, s.att_blocks as u32, 1),
             256,

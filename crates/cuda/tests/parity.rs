@@ -220,6 +220,18 @@ fn mid_q4_k_m() {
     run(Config::mid(), SynthQuant::Q4_K_M);
 }
 
+/// Qwen3-30B-A3B's attention shape (head_dim 128, 8 query heads a KV head), which has an
+/// attention kernel of its own (attention.cu attn_gqa_128_8).
+#[test]
+fn mid_q4_0_qwen3_attention() {
+    let cfg = Config {
+        n_head: 32,
+        n_kv_head: 4,
+        ..Config::mid()
+    };
+    run(cfg, SynthQuant::Q4_0);
+}
+
 #[test]
 fn missing_cuda_is_a_clear_error() {
     match q4moe_cuda::cuda_available() {
