@@ -347,9 +347,11 @@ __device__ __forceinline__ void gqa_load_kv(const float* kc, const float* vc, in
 // maximum rises), so span 1 computes exactly the one-chunk partial. With `pdl` the first chunk's
 // K/V rows (written by earlier steps, so immutable now) load before pdl_wait; each later
 // chunk's load is issued before the chunk ahead of it is computed. HD / GG: head_dim and the
-// group size as constants (0: read from p).
+// group size as constants (0: read from p). `direct`: the block holds all of the KV head's
+// positions, so it writes the heads' outputs (acc / l, what the merge of one partial gives bit
+// for bit) instead of a partial.
 template <int HD = 0, int GG = 0>
-__device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u, bool pdl, int span) {
+__device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u, bool pdl, int span, bool direct = false) {
     float (&qs)[8][128] = sm.qs;
     float* knew = sm.knew;
     float* vnew = sm.vnew;
@@ -418,6 +420,10 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
         float v = 0.f;
 #pragma unroll
         for (int w = 0; w < 8; w++) v += red[w][g][d];
+        if (direct) {
+            ((float*)p.out)[(kvh * G + g) * hd + d] = v / ml[g][1];
+            continue;
+        }
         float* part = (float*)p.part + ((u64)(kvh * G + g) * p.n_split + s) * (hd + 2);
         part[2 + d] = v;
         if (d == 0) { part[0] = ml[g][0]; part[1] = ml[g][1]; }
@@ -483,8 +489,9 @@ __device__ __forceinline__ void attn_gqa_blocks(const AttnGqaParams& p) {
     int span = (n_chunk + p.max_blocks - 1) / p.max_blocks;
     int n_act = (n_chunk + span - 1) / span;
     if (u.y >= n_act) return;  // no position here; the merge reads active blocks only
-    attn_gqa_unit<HD, GG>(p, sm, u, true, span);
-    attn_gqa_merge<HD, GG>(p, sm, u.x, n_act);
+    // One block a KV head: no partial, fence, count or reload on the way to o_proj.
+    attn_gqa_unit<HD, GG>(p, sm, u, true, span, n_act == 1);
+    if (n_act > 1) attn_gqa_merge<HD, GG>(p, sm, u.x, n_act);
 }
 
 extern "C" __global__ void attn_gqa(const AttnGqaParams p) { attn_gqa_blocks<0, 0>(p); }

@@ -18,10 +18,15 @@ struct TopkParams {
 // expert's rank among all places it, and warp 0 sums the chosen weights in rank order. Why the
 // rank: n_used serial warp arg-max rounds sat between the router and the experts' weight
 // fetches. Logits are read through L2 (__ldcg): other blocks of the same grid wrote them.
+// The chosen ids and weights gather in shared memory and are stored once, renormalised: the
+// renormalisation read them back from `ids` / `ws` (global), an L2 round trip between the router
+// and the experts' weight fetches.
 // `pr`: n_expert floats of shared scratch; `red`: at least one float of shared memory.
 // `SHARED_LG`: the logits are in this block's shared memory (router_cluster), not global.
 template <bool SHARED_LG = false>
 __device__ void topk_block(const float* lg, int n_expert, int n_used, int norm_topk, int* ids, float* ws, float* pr, float* red) {
+    __shared__ float sel_w[32];  // n_used <= 32
+    __shared__ int sel_id[32];
     int lane = threadIdx.x & 31;
     if (threadIdx.x < 32) {
         float m = -INFINITY, s = 0.f;
@@ -61,22 +66,25 @@ __device__ void topk_block(const float* lg, int n_expert, int n_used, int norm_t
         float v = pr[i];
         v = v == v ? v : -1.f;  // NaN ranks last, as the arg-max rounds skipped it
         int rank = 0;
+#pragma unroll 8
         for (int j = 0; j < n_expert; j++) {
             float u = pr[j];
             u = u == u ? u : -1.f;
             rank += (u > v) || (u == v && j < i);
         }
         if (rank < n_used) {
-            ids[rank] = i;
-            ws[rank] = v / s;
+            sel_id[rank] = i;
+            sel_w[rank] = v / s;
         }
     }
     __syncthreads();
     if (threadIdx.x < 32) {
-        float chosen = 0.f;
-        for (int k = 0; k < n_used; k++) chosen += ws[k];
-        __syncwarp();
-        if (norm_topk && lane < n_used) ws[lane] /= chosen;
+        float chosen = 0.f;  // in rank order
+        for (int k = 0; k < n_used; k++) chosen += sel_w[k];
+        if (lane < n_used) {
+            ids[lane] = sel_id[lane];
+            ws[lane] = norm_topk ? sel_w[lane] / chosen : sel_w[lane];
+        }
     }
     __syncthreads();
 }
