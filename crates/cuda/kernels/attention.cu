@@ -194,17 +194,20 @@ __device__ __forceinline__ void lane_norm(const float* nw, int hd, float (&w)[4]
     for (int j = 0; j < 4; j++) w[j] = j < hd >> 5 ? nw[lane + 32 * j] : 0.f;
 }
 
-// Normalises + ropes one head of hd <= 128 values held 4 per lane (lane l: dims l, l+32, ..);
-// `src` raw values, `nw` the lane's norm weights, result into dst (shared). One warp.
-__device__ __forceinline__ void gqa_norm_rope(const float* src, const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float eps) {
+// A lane's 4 values of one head of hd <= 128 (lane l: dims l, l+32, ..; zeros past hd).
+__device__ __forceinline__ void lane_head(const float* src, int hd, float (&v)[4]) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 4; j++) v[j] = j < hd >> 5 ? src[lane + 32 * j] : 0.f;
+}
+
+// Normalises + ropes one head held 4 values a lane (lane_head's layout); `nw` the lane's norm
+// weights, result into dst (shared). One warp.
+__device__ __forceinline__ void gqa_norm_rope(float (&v)[4], const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float eps) {
     int lane = threadIdx.x & 31, nj = hd >> 5, half = hd >> 1;
-    float v[4];
     float ss = 0.f;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        v[j] = j < nj ? src[lane + 32 * j] : 0.f;
-        ss += v[j] * v[j];
-    }
+    for (int j = 0; j < 4; j++) ss += v[j] * v[j];
     ss = warp_sum(ss);
     float r = rsqrtf(ss / (float)hd + eps);
 #pragma unroll
@@ -380,21 +383,27 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     const float* qkv = (const float*)p.qkv;
     bool has_new = (int)pos >= first && (int)pos < last;
     // Queries of the group (warp g -> head g), zero padding past G; the new K/V by warp 0 / 1
-    // of the block whose chunks hold pos (after the queries when G == 8).
-    if (warp < G) gqa_norm_rope(qkv + (kvh * G + warp) * hd, qn, qs[warp], hd, rp, p.eps);
+    // of the block whose chunks hold pos (after the queries when G == 8). The new K / V rows
+    // load with the queries: one L2 round trip, not two, in the block the merge waits for.
+    float qv[4], nv[4];
+    if (warp < G) lane_head(qkv + (kvh * G + warp) * hd, hd, qv);
+    if (has_new && warp < 2) lane_head(qkv + q_dim + warp * kv_dim + kvh * hd, hd, nv);
+    if (warp < G) gqa_norm_rope(qv, qn, qs[warp], hd, rp, p.eps);
     else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (has_new) {
         if (warp == 0) {
-            gqa_norm_rope(qkv + q_dim + kvh * hd, kn, knew, hd, rp, p.eps);
+            gqa_norm_rope(nv, kn, knew, hd, rp, p.eps);
             __syncwarp();
             for (int d = lane; d < hd; d += 32) ((float*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = knew[d];
         } else if (warp == 1) {
-            for (int d = lane; d < hd; d += 32) {
-                float v = qkv[q_dim + kv_dim + kvh * hd + d];
-                vnew[d] = v;
-                ((float*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = v;
-            }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (j < hd >> 5) {
+                    int d = lane + 32 * j;
+                    vnew[d] = nv[j];
+                    ((float*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = nv[j];
+                }
         }
     }
 #pragma unroll
