@@ -60,15 +60,36 @@ enum StepRef {
     Cached(usize),
 }
 
-/// Pinned host memory for asynchronous read-back of the step state.
-struct Pinned {
-    ptr: *mut StepState,
+/// Pinned host memory of `len` values for asynchronous read-back (the step state ring, the
+/// logits of the host sampler's steps): copies into it need no staging and no page pinning.
+struct Pinned<T> {
+    ptr: *mut T,
+    len: usize,
 }
 
-impl Pinned {
-    fn slot(&mut self, i: usize) -> &mut [StepState] {
-        // SAFETY: RING slots allocated in `new`, freed in Drop.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i % RING), 1) }
+impl<T: Copy> Pinned<T> {
+    fn new(len: usize) -> Result<Self> {
+        // SAFETY: page-locked allocation of len values, freed once in Drop.
+        let ptr = unsafe { result::malloc_host(len * std::mem::size_of::<T>(), 0)? } as *mut T;
+        Ok(Pinned { ptr, len })
+    }
+    fn all(&mut self) -> &mut [T] {
+        // SAFETY: len values allocated in `new`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    /// Ring slot i (modulo len), one value.
+    fn slot(&mut self, i: usize) -> &mut [T] {
+        let i = i % self.len;
+        &mut self.all()[i..i + 1]
+    }
+}
+
+impl<T> Drop for Pinned<T> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_host in `new`; the owner keeps the context bound.
+        unsafe {
+            let _ = result::free_host(self.ptr as *mut _);
+        }
     }
 }
 
@@ -78,7 +99,9 @@ pub struct CudaBackend {
     sessions: HashMap<SessionId, Session>,
     scratch: Scratch,
     w: Weights,
-    pinned: Pinned,
+    pinned: Pinned<StepState>,
+    /// The logits of the host sampler's steps, copied in stream order after the step.
+    host_logits: Pinned<f32>,
     /// Per-slot (start, end) events timing each step's GPU work.
     events: Vec<(sys::CUevent, sys::CUevent)>,
     /// Per-launch event pairs of the profiled eager path.
@@ -114,9 +137,8 @@ impl CudaBackend {
             kv_bytes + Scratch::bytes(&c, opts.kv_capacity),
         )?;
         let scratch = Scratch::new(&dev, &c, opts.kv_capacity, opts.attn_max_blocks)?;
-        // SAFETY: pinned allocation of RING states.
-        let ptr = unsafe { result::malloc_host(RING * std::mem::size_of::<StepState>(), 0)? }
-            as *mut StepState;
+        let pinned = Pinned::new(RING)?;
+        let host_logits = Pinned::new(c.vocab_size)?;
         let events = (0..RING)
             .map(|_| Ok((ev()?, ev()?)))
             .collect::<Result<Vec<_>>>()?;
@@ -126,7 +148,8 @@ impl CudaBackend {
             sessions: HashMap::new(),
             scratch,
             w,
-            pinned: Pinned { ptr },
+            pinned,
+            host_logits,
             events,
             prof_events: Vec::new(),
             profile: HashMap::new(),
@@ -351,15 +374,36 @@ impl CudaBackend {
             .upload(&self.dev, 0, std::slice::from_ref(&st))
     }
 
-    /// Runs one full step synchronously at `pos` with `token` (prefill, host sampling).
-    fn step_sync(&mut self, id: SessionId, token: u32, pos: usize) -> Result<Duration> {
+    /// Runs one full step synchronously at `pos` with `token` (prefill, host sampling); with
+    /// `logits_to_host` its logits are in `host_logits` on return.
+    fn step_sync(
+        &mut self,
+        id: SessionId,
+        token: u32,
+        pos: usize,
+        logits_to_host: bool,
+    ) -> Result<Duration> {
         self.set_state(StepState {
             token,
             pos: pos as u32,
         })?;
         let step = self.setup(id, false)?;
         self.submit(id, step, 0)?;
-        Ok(self.wait(0)?.1)
+        if logits_to_host {
+            // SAFETY: vocab_size pinned floats; copied in stream order after the step.
+            unsafe {
+                result::memcpy_dtoh_async(
+                    self.host_logits.all(),
+                    self.scratch.logits.ptr,
+                    self.dev.stream,
+                )?
+            };
+        }
+        let gpu = self.wait(0)?.1;
+        if logits_to_host {
+            self.dev.sync()?;
+        }
+        Ok(gpu)
     }
 
     fn logits(&mut self) -> Result<Vec<f32>> {
@@ -444,12 +488,12 @@ impl CudaBackend {
         let (mut token, mut handed) = (req.first_token, 0);
         while handed < steps {
             let t0 = Instant::now();
-            let gpu = self.step_sync(id, token, len0 + handed)?;
+            let gpu = self.step_sync(id, token, len0 + handed, true)?;
             let t1 = Instant::now();
-            let mut logits = self.logits()?;
+            let logits = self.host_logits.all();
             let flow;
             (token, flow) =
-                backend::sample_and_emit(&mut sampler, &mut logits, req.want_logits, on_token);
+                backend::sample_and_emit(&mut sampler, logits, req.want_logits, on_token);
             stats.phases.push(PhaseTimes {
                 wait: t1 - t0,
                 tail: t1.elapsed(),
@@ -501,7 +545,7 @@ impl Backend for CudaBackend {
         });
         let len0 = self.kv_len(session);
         for (i, &t) in tokens.iter().enumerate() {
-            self.step_sync(session, t, len0 + i)?;
+            self.step_sync(session, t, len0 + i, false)?;
             self.session(session)?.len = len0 + i + 1;
             if all_logits || i + 1 == tokens.len() {
                 out.extend(self.logits()?);
@@ -567,13 +611,13 @@ impl Drop for CudaBackend {
         let _ = self.dev.bind();
         let _ = self.dev.sync();
         self.sessions.clear();
-        // SAFETY: events and pinned memory were created in `build` and are freed once.
+        // SAFETY: events were created in `build` and are destroyed once (the pinned buffers
+        // free themselves after this, with the context still bound).
         unsafe {
             for &(a, b) in self.events.iter().chain(&self.prof_events) {
                 let _ = result::event::destroy(a);
                 let _ = result::event::destroy(b);
             }
-            let _ = result::free_host(self.pinned.ptr as *mut _);
         }
     }
 }
