@@ -232,6 +232,33 @@ fn mid_q4_0_qwen3_attention() {
     run(cfg, SynthQuant::Q4_0);
 }
 
+/// Qwen3-30B-A3B's layer widths (d_model 2048, 8 of the experts' 768-row FFNs, head_dim 128, 8
+/// query heads a KV head) on two layers: the kernel modes the full geometry takes (qkv and the
+/// head at k 2048, o_proj at 4096, gate_up at 2048, down's 192 pieces a row) against the CPU.
+fn wide() -> Config {
+    Config {
+        n_layer: 2,
+        d_model: 2048,
+        n_head: 32,
+        n_kv_head: 4,
+        n_expert: 16,
+        n_expert_used: 8,
+        d_ff_expert: 768,
+        vocab_size: 4096,
+        ..Config::mid()
+    }
+}
+
+#[test]
+fn wide_q4_0() {
+    run(wide(), SynthQuant::Q4_0);
+}
+
+#[test]
+fn wide_q4_k_m() {
+    run(wide(), SynthQuant::Q4_K_M);
+}
+
 #[test]
 fn missing_cuda_is_a_clear_error() {
     match q4moe_cuda::cuda_available() {
