@@ -108,16 +108,61 @@ __device__ float block_sum(float v, float* red) {
 // `xs[i] = src[i]` waits one L2 round trip (~0.5 us) per iteration, n / blockDim of them in a
 // row (16 for n = 4096 at 256 threads) -- that chain, not the weights, was most of each kernel.
 
-// load_x for n % 4 == 0 and n <= 16 * blockDim: x (and the norm weights) as float4 in one go.
-// `PAD`: padded layout (pad_idx) or plain. Returns false (nothing done) for other shapes.
-template <bool PAD>
-__device__ __forceinline__ bool load_x_fast(float* xs, const float* src, int n, const float* norm, float eps, float* red) {
+// Activations for the integer dots (every staged mode): each group of 32 values x is held as
+// 16-bit integers q with the group's scale s (x ~ s * q, |q| <= 32767: the error is 1/65534 of
+// the group's largest |x|, well inside the 2e-3 parity bound), q split into a signed high byte
+// and an unsigned low byte (q = 256 hi + lo), so dp4a multiplies four weights by four values in
+// one instruction with exact integer sums. Why: the float dots took three instructions a weight
+// (nibble to float, offset, fma) and the kernels' post-wait arithmetic is on the step's critical
+// path; the integer dot takes about one. A group is QXW words: for weight word w (0..3) of a
+// block, [4w] high bytes of values 4w..4w+3, [4w+1] their low bytes, [4w+2] / [4w+3] the same
+// of values 16+4w..; then [16] the scale, [17] / [18] the sums of q over values 0..15 / 16..31;
+// 20 words so 8 lanes' 16-byte loads of consecutive groups hit distinct banks.
+#define QXW 20
+
+// Stores the float4 of values 4 * i4 .. 4 * i4 + 3 (held by lane i4 & 7 of an aligned group of
+// 8 lanes: all 32 lanes call it, `valid` false for values past the end) into its quantised group
+// at qx + (i4 >> 3) * QXW. The group's maximum |x| is taken on the bits of |x|, so a NaN makes
+// the scale NaN (and an infinity gives s * 0 = NaN): non-finite inputs are never hidden.
+__device__ __forceinline__ void quant_store(u32* qx, int i4, float4 v, bool valid) {
+    u32 a = max(max(__float_as_uint(v.x) & 0x7fffffffu, __float_as_uint(v.y) & 0x7fffffffu),
+                max(__float_as_uint(v.z) & 0x7fffffffu, __float_as_uint(v.w) & 0x7fffffffu));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) a = max(a, __shfl_xor_sync(0xffffffff, a, o));
+    float amax = __uint_as_float(a), inv = amax > 0.f ? 32767.f / amax : 0.f;
+    int q0 = __float2int_rn(v.x * inv), q1 = __float2int_rn(v.y * inv);
+    int q2 = __float2int_rn(v.z * inv), q3 = __float2int_rn(v.w * inv);
+    int sq = q0 + q1 + q2 + q3;  // summed over this half (values 0..15 or 16..31) of the group
+    sq += __shfl_xor_sync(0xffffffff, sq, 1);
+    sq += __shfl_xor_sync(0xffffffff, sq, 2);
+    u32 hi = __byte_perm(__byte_perm(q0 >> 8, q1 >> 8, 0x0040), __byte_perm(q2 >> 8, q3 >> 8, 0x0040), 0x5410);
+    u32 lo = __byte_perm(__byte_perm(q0, q1, 0x0040), __byte_perm(q2, q3, 0x0040), 0x5410);
+    int k = i4 & 7;
+    if (!valid) return;
+    u32* g = qx + (i4 >> 3) * QXW;
+    *(uint2*)(g + 4 * (k & 3) + 2 * (k >> 2)) = make_uint2(hi, lo);
+    if (k == 0) g[16] = __float_as_uint(amax * (1.f / 32767.f));
+    if ((k & 3) == 0) g[17 + (k >> 2)] = (u32)sq;
+}
+
+// Where load_x_fast / stage_slots put the values: plain floats, padded floats (pad_idx), or
+// quantised groups (quant_store).
+#define X_PLAIN 0
+#define X_PAD 1
+#define X_QUANT 2
+
+// load_x for n % 4 == 0 and n <= 16 * blockDim (X_QUANT: n % 32 == 0): x (and the norm
+// weights) as float4 in one go, into `dst` in layout OUT. Returns false (nothing done) for other
+// shapes.
+template <int OUT>
+__device__ __forceinline__ bool load_x_fast(void* dst, const float* src, int n, const float* norm, float eps, float* red) {
     int nv = n >> 2;
-    if ((n & 3) != 0 || nv > LOAD_V * (int)blockDim.x) return false;
+    if ((n & (OUT == X_QUANT ? 31 : 3)) != 0 || nv > LOAD_V * (int)blockDim.x) return false;
     float4 v[LOAD_V], w[LOAD_V];
 #pragma unroll
     for (int j = 0; j < LOAD_V; j++) {
         int i = threadIdx.x + j * blockDim.x;
+        v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (i < nv) {
             v[j] = ((const float4*)src)[i];
             if (norm) w[j] = ((const float4*)norm)[i];
@@ -134,10 +179,11 @@ __device__ __forceinline__ bool load_x_fast(float* xs, const float* src, int n, 
 #pragma unroll
     for (int j = 0; j < LOAD_V; j++) {
         int i = threadIdx.x + j * blockDim.x;
-        if (i >= nv) continue;
+        if (OUT == X_QUANT && (j * (int)blockDim.x) >= nv) break;  // no lane has values here
         float4 o = v[j];
-        if (norm) o = make_float4(o.x * r * w[j].x, o.y * r * w[j].y, o.z * r * w[j].z, o.w * r * w[j].w);
-        *(float4*)(xs + (PAD ? pad_idx(4 * i) : 4 * i)) = o;
+        if (norm && i < nv) o = make_float4(o.x * r * w[j].x, o.y * r * w[j].y, o.z * r * w[j].z, o.w * r * w[j].w);
+        if (OUT == X_QUANT) quant_store((u32*)dst, i, o, i < nv);
+        else if (i < nv) *(float4*)((float*)dst + (OUT == X_PAD ? pad_idx(4 * i) : 4 * i)) = o;
     }
     __syncthreads();
     return true;
@@ -146,7 +192,7 @@ __device__ __forceinline__ bool load_x_fast(float* xs, const float* src, int n, 
 // Loads n floats of `src` into padded shared memory; with `norm` set, applies RMSNorm:
 // x * rsqrt(mean(x^2) + eps) * norm. Every block computes the same sum in the same order.
 __device__ void load_x(float* xs, const float* src, int n, const float* norm, float eps, float* red) {
-    if (load_x_fast<true>(xs, src, n, norm, eps, red)) return;
+    if (load_x_fast<X_PAD>(xs, src, n, norm, eps, red)) return;
     float ss = 0.f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float v = src[i];
@@ -205,23 +251,70 @@ __device__ __forceinline__ float nibble_dot(uint4 q, const float* x, float off, 
     return s0 + s1;
 }
 
+// Integer sums of a block's 32 weight bytes against a quantised group g (see QXW): weight word w
+// (bytes of weights 4w.. in `lo[w]`, of 16+4w.. in `hi[w]`, each byte < 128) times q, over
+// weights 0..15 into s0 and 16..31 into s1. dp4a's high-byte and low-byte sums recombine exactly
+// (|sum| < 2^31 for 6-bit weights).
+__device__ __forceinline__ void byte_idot(const u32 (&lo)[4], const u32 (&hi)[4], const u32* g, int& s0, int& s1) {
+    const uint4* g4 = (const uint4*)g;
+    int h0 = 0, h1 = 0, l0 = 0, l1 = 0;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        uint4 x = g4[w];
+        asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(h0) : "r"(lo[w]), "r"(x.x));
+        asm("dp4a.s32.u32 %0, %1, %2, %0;" : "+r"(l0) : "r"(lo[w]), "r"(x.y));
+        asm("dp4a.s32.s32 %0, %1, %2, %0;" : "+r"(h1) : "r"(hi[w]), "r"(x.z));
+        asm("dp4a.s32.u32 %0, %1, %2, %0;" : "+r"(l1) : "r"(hi[w]), "r"(x.w));
+    }
+    s0 = h0 * 256 + l0;
+    s1 = h1 * 256 + l1;
+}
+// The nibble plane's bytes (weight j low, j + 16 high) as byte_idot's words.
+__device__ __forceinline__ void nibble_bytes(uint4 q, u32 (&lo)[4], u32 (&hi)[4]) {
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        u32 v = (&q.x)[w];
+        lo[w] = v & 0x0F0F0F0Fu;
+        hi[w] = (v >> 4) & 0x0F0F0F0Fu;
+    }
+}
+__device__ __forceinline__ float group_scale(const u32* g) { return __uint_as_float(g[16]); }
+__device__ __forceinline__ int group_qsum(const u32* g) { return (int)(g[17] + g[18]); }
+
 // One Q4_0 block (16 nibble bytes, f16 scale bits) against 32 padded activations.
 __device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
     float unused, s = nibble_dot<false>(q, x, 8388616.f, unused);  // nibble - 8
     return h2f(dbits) * s;
 }
+// The same against a quantised group: d * s * (sum(nibble q) - 8 sum(q)).
+__device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const u32* g) {
+    u32 lo[4], hi[4];
+    int s0, s1;
+    nibble_bytes(q, lo, hi);
+    byte_idot(lo, hi, g, s0, s1);
+    return h2f(dbits) * (group_scale(g) * (float)(s0 + s1 - 8 * group_qsum(g)));
+}
 
 // One Q6_K block as repacked (src/repack.rs): low 4 bits as Q4_0's nibbles, high-bit words
 // g.x (weights 0..15) and g.y (16..31) with weight 4w + b's 2 bits at bits 8b + 2w, and the
 // scale word d (f16) | sub-scale of weights 0..15 (i8) << 16 | of weights 16..31 << 24.
+// Its 6-bit values (0..63) as byte_idot's words.
+__device__ __forceinline__ void q6_k_bytes(uint4 q, uint2 g, u32 (&lo)[4], u32 (&hi)[4]) {
+    nibble_bytes(q, lo, hi);
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        lo[w] |= ((g.x >> (2 * w)) & 0x03030303u) << 4;
+        hi[w] |= ((g.y >> (2 * w)) & 0x03030303u) << 4;
+    }
+}
 __device__ __forceinline__ float q6_k_item(uint4 q, uint2 g, u32 sw, const float* x) {
     const float4* x4 = (const float4*)x;
-    u32 words[4] = {q.x, q.y, q.z, q.w};
+    u32 lw[4], hw[4];
+    q6_k_bytes(q, g, lw, hw);
     float s0 = 0.f, s1 = 0.f;
 #pragma unroll
     for (int w = 0; w < 4; w++) {
-        u32 lo = (words[w] & 0x0F0F0F0Fu) | (((g.x >> (2 * w)) & 0x03030303u) << 4);
-        u32 hi = ((words[w] >> 4) & 0x0F0F0F0Fu) | (((g.y >> (2 * w)) & 0x03030303u) << 4);
+        u32 lo = lw[w], hi = hw[w];
         float4 xa = x4[w], xb = x4[w + 4];
         // q - 32 as an exact float without I2F (2^23 + q - (2^23 + 32))
 #pragma unroll
@@ -232,6 +325,16 @@ __device__ __forceinline__ float q6_k_item(uint4 q, uint2 g, u32 sw, const float
     }
     return h2f((u16)(sw & 0xffff)) * ((float)(signed char)(sw >> 16) * s0 + (float)(signed char)(sw >> 24) * s1);
 }
+// The same against a quantised group: each half's sum(q6 q) - 32 sum(q) times its sub-scale.
+__device__ __forceinline__ float q6_k_item(uint4 q, uint2 g, u32 sw, const u32* x) {
+    u32 lo[4], hi[4];
+    int s0, s1;
+    q6_k_bytes(q, g, lo, hi);
+    byte_idot(lo, hi, x, s0, s1);
+    float a = (float)(signed char)(sw >> 16) * (float)(s0 - 32 * (int)x[17]);
+    float b = (float)(signed char)(sw >> 24) * (float)(s1 - 32 * (int)x[18]);
+    return h2f((u16)(sw & 0xffff)) * (group_scale(x) * (a + b));
+}
 
 // One Q4_K block as repacked: nibbles as Q4_0's (values 0..15), ds = d * scale and
 // dm = dmin * min of the block: ds * sum(q x) - dm * sum(x), ggml's (d * sc) * q - dmin * m.
@@ -239,6 +342,14 @@ __device__ __forceinline__ float q4_k_item(uint4 q, float ds, float dm, const fl
     float sx = 0.f;
     float s = nibble_dot<true>(q, x, 8388608.f, sx);
     return ds * s - dm * sx;
+}
+// The same against a quantised group: s * (ds sum(nibble q) - dm sum(q)).
+__device__ __forceinline__ float q4_k_item(uint4 q, float ds, float dm, const u32* g) {
+    u32 lo[4], hi[4];
+    int s0, s1;
+    nibble_bytes(q, lo, hi);
+    byte_idot(lo, hi, g, s0, s1);
+    return group_scale(g) * (ds * (float)(s0 + s1) - dm * (float)group_qsum(g));
 }
 
 // Weight j (0..31) of a block's nibble plane: byte j & 15, low nibble for j < 16, high after.
@@ -256,7 +367,8 @@ struct Q4_0Piece {
         q = ((const uint4*)w.data)[bi];
         d = ((const u16*)w.scales)[bi];
     }
-    __device__ __forceinline__ float dot(const float* x) const { return q4_0_item(q, d, x); }
+    template <class X>
+    __device__ __forceinline__ float dot(const X* x) const { return q4_0_item(q, d, x); }
     __device__ __forceinline__ float weight(int j) const { return h2f(d) * (float)((int)nibble(q, j) - 8); }
 };
 // Q4_K aux: per super-block (8 blocks, 24 bytes) d | dmin << 16, then (scale, min) byte pairs.
@@ -273,7 +385,8 @@ struct Q4_KPiece {
     // d * scale and dmin * min of the block (ggml's association)
     __device__ __forceinline__ float scale() const { return h2f((u16)(dm & 0xffff)) * (float)(sm & 0xff); }
     __device__ __forceinline__ float offset() const { return h2f((u16)(dm >> 16)) * (float)(sm >> 8); }
-    __device__ __forceinline__ float dot(const float* x) const { return q4_k_item(q, scale(), offset(), x); }
+    template <class X>
+    __device__ __forceinline__ float dot(const X* x) const { return q4_k_item(q, scale(), offset(), x); }
     __device__ __forceinline__ float weight(int j) const { return scale() * (float)nibble(q, j) - offset(); }
 };
 // Q6_K aux: per super-block (8 blocks) 8 high-bit word pairs, then 8 scale words.
@@ -287,7 +400,8 @@ struct Q6_KPiece {
         g = *(const uint2*)(a + (bi & 7) * 8);
         s = *(const u32*)(a + 64 + (bi & 7) * 4);
     }
-    __device__ __forceinline__ float dot(const float* x) const { return q6_k_item(q, g, s, x); }
+    template <class X>
+    __device__ __forceinline__ float dot(const X* x) const { return q6_k_item(q, g, s, x); }
     __device__ __forceinline__ float weight(int j) const {
         int m = j & 15;
         u32 hi = ((j < 16 ? g.x : g.y) >> (8 * (m & 3) + 2 * (m >> 2))) & 3;
@@ -345,6 +459,10 @@ __device__ float dot_f16(const QW& w, u64 row, const float* xs, int lane) {
     return acc;
 }
 
+// Elements from one 32-value group of activations to the next: padded floats, quantised words.
+__device__ __forceinline__ int group_stride(const float*) { return XS; }
+__device__ __forceinline__ int group_stride(const u32*) { return QXW; }
+
 // Split-type rows: lane piece j is block lane + 32j. NR rows (row < 0: skipped), NBL pieces
 // per lane.
 template <int NR, int NBL, class P>
@@ -360,15 +478,17 @@ struct BlockRows {
                 if (rows[i] >= 0 && b < nb) piece[i][j].load(w, (u64)rows[i] * (u64)nb + b);
             }
     }
-    // acc[i] += lane's partial of row i against padded xs[i] (one activation vector per row).
-    __device__ __forceinline__ void dot(const QW& w, const long long* rows, const float* const* xs, int lane, float* acc) {
+    // acc[i] += lane's partial of row i against xs[i] (one activation vector per row): padded
+    // floats or quantised groups (group_stride).
+    template <class X>
+    __device__ __forceinline__ void dot(const QW& w, const long long* rows, const X* const* xs, int lane, float* acc) {
         int nb = w.k >> 5;
 #pragma unroll
         for (int i = 0; i < NR; i++)
 #pragma unroll
             for (int j = 0; j < NBL; j++) {
                 int b = lane + 32 * j;
-                if (rows[i] >= 0 && b < nb) acc[i] += piece[i][j].dot(xs[i] + b * XS);
+                if (rows[i] >= 0 && b < nb) acc[i] += piece[i][j].dot(xs[i] + b * group_stride(xs[i]));
             }
     }
 };

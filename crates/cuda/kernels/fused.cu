@@ -515,7 +515,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) step_fused(const FusedParam
 
         MARK(PH_DOWN, 0);
         if (l + 1 < p.n_layer) stage_attn_weights(p, l + 1, X, pl);
-        stage_slots((const float*)p.h, p.n_used, p.d_ff, xs, plen);
+        stage_slots<X_PAD>((const float*)p.h, p.n_used, p.d_ff, xs, plen);
         MARK(PH_DOWN, 1);
         WAIT_GROUP(MB_DOWN);
         MARK(PH_DOWN, 2);

@@ -31,7 +31,8 @@ __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float
 
 // NR rows a warp staged as `Rows`; with TYPE_B >= 0, warps whose matrix has type TYPE_B stage
 // theirs as `RowsB` (QKV of mixed types), the choice uniform per warp and the barriers of
-// mv_input outside it.
+// the input's load outside it. The input is quantised (QXW groups: integer dots); the host
+// gives these modes k % 32 == 0, k <= 4096 and no xn_out (step.rs mv_mode).
 template <int NR, class Rows, class RowsB = Rows, int TYPE_B = -1>
 __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
@@ -53,11 +54,12 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
 #pragma unroll
     for (int i = 0; i < NR; i++) prev[i] = p.accumulate && lane == 0 && rows[i] >= 0 ? __ldcg(out + rows[i]) : 0.f;
     pdl_start();
-    mv_input(p, xs, red, u);
+    u32* qx = (u32*)xs;
+    load_x_fast<X_QUANT>(qx, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
     float acc[NR];
-    const float* xp[NR];
+    const u32* xp[NR];
 #pragma unroll
-    for (int i = 0; i < NR; i++) { acc[i] = 0.f; xp[i] = xs; }
+    for (int i = 0; i < NR; i++) { acc[i] = 0.f; xp[i] = qx; }
     if (as_b) RB.dot(w, rows, xp, lane, acc);
     else R.dot(w, rows, xp, lane, acc);
 #pragma unroll

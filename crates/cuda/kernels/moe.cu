@@ -125,7 +125,7 @@ __device__ __forceinline__ float router_logit(const RouterParams& p, float* xs, 
     for (int j = 0; j < 16; j++)
         if (j < nq) wv[j] = wr[lane + 32 * j];
     pdl_start();
-    load_x_fast<false>(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
+    load_x_fast<X_PLAIN>(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
     if (store_xn)
         for (int i = threadIdx.x; i < p.k; i += blockDim.x) ((float*)p.xn_out)[i] = xs[i];
     float acc = 0.f;
@@ -249,11 +249,12 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs,
     Rows G, U;
     G.load(p.gate, rows, lane);
     U.load(p.up, rows, lane);
-    load_x(xs, (const float*)p.xn, p.gate.k, 0, 0.f, 0);
+    u32* qx = (u32*)xs;  // quantised groups (integer dots); the host gives k % 32 == 0, <= 2048
+    load_x_fast<X_QUANT>(qx, (const float*)p.xn, p.gate.k, 0, 0.f, 0);
     float ag[NR], au[NR];
-    const float* xp[NR];
+    const u32* xp[NR];
 #pragma unroll
-    for (int i = 0; i < NR; i++) { ag[i] = 0.f; au[i] = 0.f; xp[i] = xs; }
+    for (int i = 0; i < NR; i++) { ag[i] = 0.f; au[i] = 0.f; xp[i] = qx; }
     G.dot(p.gate, rows, xp, lane, ag);
     U.dot(p.up, rows, xp, lane, au);
 #pragma unroll
@@ -309,9 +310,11 @@ struct DownParams {
     int rows_per_warp;
 };
 
-// Stages h [n_used, dff] in shared memory padded (XS floats per 32 values, slot s at s * plen),
-// float4 loads issued LOAD_V * 2 at a time per thread (dff is a multiple of 32). Shared by
+// Stages h [n_used, dff] in shared memory, float4 loads issued LOAD_V * 2 at a time per thread
+// (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen), or
+// X_QUANT as quantised groups, slot after slot (group f = slot * dff / 32 + block). Shared by
 // moe_down and the fused step's down phase.
+template <int OUT>
 __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff, float* hs, int plen) {
     int nv = n_used * dff >> 2;
     const float4* h4 = (const float4*)h;
@@ -320,11 +323,17 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
 #pragma unroll
         for (int j = 0; j < 2 * LOAD_V; j++) {
             int i = base + threadIdx.x + j * blockDim.x;
+            v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (i < nv) v[j] = h4[i];
         }
 #pragma unroll
         for (int j = 0; j < 2 * LOAD_V; j++) {
             int i = base + threadIdx.x + j * blockDim.x;
+            if (OUT == X_QUANT) {
+                if (base + j * (int)blockDim.x >= nv) break;  // no lane has values here
+                quant_store((u32*)hs, i, v[j], i < nv);
+                continue;
+            }
             if (i >= nv) continue;
             int s = 4 * i / dff, e = 4 * i - s * dff;
             *(float4*)(hs + s * plen + pad_idx(e)) = v[j];
@@ -333,18 +342,18 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
     __syncthreads();
 }
 
-// h in shared memory, once the predecessor (moe_gate_up, which writes h) has finished. Its own
-// predecessor wrote the router's results, so the DOWN_KERNELs take the experts and the staged paths
-// issue their weight loads before this.
-__device__ __forceinline__ void stage_h(const DownParams& p, float* hs, int plen) {
+// h in shared memory as quantised groups, once the predecessor (moe_gate_up, which writes h)
+// has finished. Its own predecessor wrote the router's results, so the DOWN_KERNELs take the
+// experts and the staged paths issue their weight loads before this.
+__device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
     pdl_start();
-    stage_slots((const float*)p.h, p.n_used, p.down.k, hs, plen);
+    stage_slots<X_QUANT>((const float*)p.h, p.n_used, p.down.k, (float*)hq, 0);
 }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
 // all slots' loads are in flight at once. Split-type piece f: slot f / nb, block f % nb.
 template <int NR, int CH, class P>
-__device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int plen, const int* ids, const float* sw, Unit u) {
+__device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const int* ids, const float* sw, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int first = (u.x * nwarps + warp) * NR;
     int nb = p.down.k >> 5, items = p.n_used * nb;
@@ -363,7 +372,7 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int 
                 if (first + i < p.d_model) piece[i][j].load(p.down, (e * p.d_model + first + i) * nb + b);
         }
     }
-    stage_h(p, hs, plen);
+    stage_h(p, hq);
     float acc[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) acc[i] = 0.f;
@@ -371,8 +380,8 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int 
     for (int j = 0; j < CH; j++) {
         int f = lane + 32 * j;
         if (f < items) {
-            int s = f / nb, b = f - s * nb;
-            const float* x = hs + s * plen + b * XS;
+            int s = f / nb;
+            const u32* x = hq + f * QXW;  // group f: slot s, block f - s * nb
 #pragma unroll
             for (int i = 0; i < NR; i++) acc[i] += sw[s] * piece[i][j].dot(x);
         }
@@ -394,7 +403,7 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, float* hs, int 
         int* ids;                                                                         \
         float* ws;                                                                        \
         block_experts(p.experts, smem, ids, ws); /* before pdl_wait */                    \
-        down_blocks<1, CH, P>(p, smem, padded_len(p.down.k) - XS, ids, ws, this_unit());  \
+        down_blocks<1, CH, P>(p, (u32*)smem, ids, ws, this_unit());                       \
     }
 DOWN_KERNEL(moe_down_q4_0_2, 2, Q4_0Piece)
 DOWN_KERNEL(moe_down_q4_0_6, 6, Q4_0Piece)

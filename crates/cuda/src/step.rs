@@ -238,7 +238,12 @@ pub(crate) fn matvec(
         p.rows[i] = *rows as i32;
         total += rows;
     }
-    let (mode, rpw) = mv_mode(ws, k);
+    // The staged modes keep only the quantised input (matvec.cu mv_staged): none for xn_out.
+    let (mode, rpw) = if xn_out == 0 {
+        mv_mode(ws, k)
+    } else {
+        (0, rows_per_warp(total))
+    };
     p.rows_per_warp = rpw as i32;
     let blocks = total.div_ceil(rpw * WARPS as usize) as u32;
     let bytes = ws.iter().map(|(w, _, r)| weight_bytes(w, *r)).sum();
