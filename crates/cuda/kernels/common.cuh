@@ -120,6 +120,12 @@ __device__ float block_sum(float v, float* red) {
 // 20 words so 8 lanes' 16-byte loads of consecutive groups hit distinct banks.
 #define QXW 20
 
+// x * inv rounded to the nearest integer (|x * inv| < 2^22) without F2I, which runs at a quarter
+// of the fma rate: 1.5 * 2^23 + t has an ulp of 1, so one fma leaves round(t) in the low bits.
+__device__ __forceinline__ int round_small(float x, float inv) {
+    return __float_as_int(fmaf(x, inv, 12582912.f)) - 0x4B400000;
+}
+
 // Stores the float4 of values 4 * i4 .. 4 * i4 + 3 (held by lane i4 & 7 of an aligned group of
 // 8 lanes: all 32 lanes call it, `valid` false for values past the end) into its quantised group
 // at qx + (i4 >> 3) * QXW. The group's maximum |x| is taken on the bits of |x|, so a NaN makes
@@ -129,9 +135,10 @@ __device__ __forceinline__ void quant_store(u32* qx, int i4, float4 v, bool vali
                 max(__float_as_uint(v.z) & 0x7fffffffu, __float_as_uint(v.w) & 0x7fffffffu));
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) a = max(a, __shfl_xor_sync(0xffffffff, a, o));
-    float amax = __uint_as_float(a), inv = amax > 0.f ? 32767.f / amax : 0.f;
-    int q0 = __float2int_rn(v.x * inv), q1 = __float2int_rn(v.y * inv);
-    int q2 = __float2int_rn(v.z * inv), q3 = __float2int_rn(v.w * inv);
+    // __fdividef's 2 ulp keep amax * inv below 32767.5; an infinite amax gives inv 0.
+    float amax = __uint_as_float(a), inv = amax > 0.f ? __fdividef(32767.f, amax) : 0.f;
+    int q0 = round_small(v.x, inv), q1 = round_small(v.y, inv);
+    int q2 = round_small(v.z, inv), q3 = round_small(v.w, inv);
     int sq = q0 + q1 + q2 + q3;  // summed over this half (values 0..15 or 16..31) of the group
     sq += __shfl_xor_sync(0xffffffff, sq, 1);
     sq += __shfl_xor_sync(0xffffffff, sq, 2);
