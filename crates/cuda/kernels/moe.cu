@@ -310,12 +310,12 @@ struct DownParams {
     int rows_per_warp;
 };
 
-// Stages h [n_used, dff] in shared memory, float4 loads issued LOAD_V * 2 at a time per thread
-// (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen), or
-// X_QUANT as quantised groups, slot after slot (group f = slot * dff / 32 + block). Shared by
-// moe_down and the fused step's down phase.
+// Stages h [n_used, dff] in shared memory at `dst`, float4 loads issued LOAD_V * 2 at a time per
+// thread (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
+// or X_QUANT as quantised groups, slot after slot (group f = slot * dff / 32 + block; plen
+// unused). Shared by moe_down and the fused step's down phase.
 template <int OUT>
-__device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff, float* hs, int plen) {
+__device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff, void* dst, int plen) {
     int nv = n_used * dff >> 2;
     const float4* h4 = (const float4*)h;
     for (int base = 0; base < nv; base += 2 * LOAD_V * blockDim.x) {
@@ -331,12 +331,12 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
             int i = base + threadIdx.x + j * blockDim.x;
             if (OUT == X_QUANT) {
                 if (base + j * (int)blockDim.x >= nv) break;  // no lane has values here
-                quant_store((u32*)hs, i, v[j], i < nv);
+                quant_store((u32*)dst, i, v[j], i < nv);
                 continue;
             }
             if (i >= nv) continue;
             int s = 4 * i / dff, e = 4 * i - s * dff;
-            *(float4*)(hs + s * plen + pad_idx(e)) = v[j];
+            *(float4*)((float*)dst + s * plen + pad_idx(e)) = v[j];
         }
     }
     __syncthreads();
@@ -347,7 +347,7 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
 // experts and the staged paths issue their weight loads before this.
 __device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
     pdl_start();
-    stage_slots<X_QUANT>((const float*)p.h, p.n_used, p.down.k, (float*)hq, 0);
+    stage_slots<X_QUANT>((const float*)p.h, p.n_used, p.down.k, hq, 0);
 }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
