@@ -605,7 +605,8 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         used * (lw.slab[0] + lw.slab[1]),
     ));
     let (dmode, drpw) = down_mode(lw, c);
-    // h staged per slot (padded), then the experts
+    // room for h staged per slot as padded floats (the staged modes keep quantised groups, which
+    // take less), then the experts
     let h_floats = c.n_expert_used * (c.d_ff_expert / 32) * 36;
     let d = DownParams {
         down: lw.down,
