@@ -285,8 +285,16 @@ __device__ __forceinline__ void nibble_bytes(uint4 q, u32 (&lo)[4], u32 (&hi)[4]
         hi[w] = (v >> 4) & 0x0F0F0F0Fu;
     }
 }
+// byte_idot of the nibble plane: integer sums of nibbles x q over weights 0..15 / 16..31.
+__device__ __forceinline__ void nibble_idot(uint4 q, const u32* g, int& s0, int& s1) {
+    u32 lo[4], hi[4];
+    nibble_bytes(q, lo, hi);
+    byte_idot(lo, hi, g, s0, s1);
+}
 __device__ __forceinline__ float group_scale(const u32* g) { return __uint_as_float(g[16]); }
-__device__ __forceinline__ int group_qsum(const u32* g) { return (int)(g[17] + g[18]); }
+// Sum of q over values 0..15 (half 0) or 16..31 (half 1) of a group, and over all 32.
+__device__ __forceinline__ int group_half_qsum(const u32* g, int half) { return (int)g[17 + half]; }
+__device__ __forceinline__ int group_qsum(const u32* g) { return group_half_qsum(g, 0) + group_half_qsum(g, 1); }
 
 // One Q4_0 block (16 nibble bytes, f16 scale bits) against 32 padded activations.
 __device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
@@ -295,17 +303,15 @@ __device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const float* x) {
 }
 // The same against a quantised group: d * s * (sum(nibble q) - 8 sum(q)).
 __device__ __forceinline__ float q4_0_item(uint4 q, u16 dbits, const u32* g) {
-    u32 lo[4], hi[4];
     int s0, s1;
-    nibble_bytes(q, lo, hi);
-    byte_idot(lo, hi, g, s0, s1);
+    nibble_idot(q, g, s0, s1);
     return h2f(dbits) * (group_scale(g) * (float)(s0 + s1 - 8 * group_qsum(g)));
 }
 
-// One Q6_K block as repacked (src/repack.rs): low 4 bits as Q4_0's nibbles, high-bit words
+// A Q6_K block as repacked (src/repack.rs): low 4 bits as Q4_0's nibbles, high-bit words
 // g.x (weights 0..15) and g.y (16..31) with weight 4w + b's 2 bits at bits 8b + 2w, and the
 // scale word d (f16) | sub-scale of weights 0..15 (i8) << 16 | of weights 16..31 << 24.
-// Its 6-bit values (0..63) as byte_idot's words.
+// q6_k_bytes: its 6-bit values (0..63) as byte_idot's words.
 __device__ __forceinline__ void q6_k_bytes(uint4 q, uint2 g, u32 (&lo)[4], u32 (&hi)[4]) {
     nibble_bytes(q, lo, hi);
 #pragma unroll
@@ -314,6 +320,7 @@ __device__ __forceinline__ void q6_k_bytes(uint4 q, uint2 g, u32 (&lo)[4], u32 (
         hi[w] |= ((g.y >> (2 * w)) & 0x03030303u) << 4;
     }
 }
+// One Q6_K block against 32 padded activations.
 __device__ __forceinline__ float q6_k_item(uint4 q, uint2 g, u32 sw, const float* x) {
     const float4* x4 = (const float4*)x;
     u32 lw[4], hw[4];
@@ -338,8 +345,8 @@ __device__ __forceinline__ float q6_k_item(uint4 q, uint2 g, u32 sw, const u32* 
     int s0, s1;
     q6_k_bytes(q, g, lo, hi);
     byte_idot(lo, hi, x, s0, s1);
-    float a = (float)(signed char)(sw >> 16) * (float)(s0 - 32 * (int)x[17]);
-    float b = (float)(signed char)(sw >> 24) * (float)(s1 - 32 * (int)x[18]);
+    float a = (float)(signed char)(sw >> 16) * (float)(s0 - 32 * group_half_qsum(x, 0));
+    float b = (float)(signed char)(sw >> 24) * (float)(s1 - 32 * group_half_qsum(x, 1));
     return h2f((u16)(sw & 0xffff)) * (group_scale(x) * (a + b));
 }
 
@@ -352,10 +359,8 @@ __device__ __forceinline__ float q4_k_item(uint4 q, float ds, float dm, const fl
 }
 // The same against a quantised group: s * (ds sum(nibble q) - dm sum(q)).
 __device__ __forceinline__ float q4_k_item(uint4 q, float ds, float dm, const u32* g) {
-    u32 lo[4], hi[4];
     int s0, s1;
-    nibble_bytes(q, lo, hi);
-    byte_idot(lo, hi, g, s0, s1);
+    nibble_idot(q, g, s0, s1);
     return group_scale(g) * (ds * (float)(s0 + s1) - dm * (float)group_qsum(g));
 }
 

@@ -95,8 +95,8 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
 // One kernel per staged mode (the host picks it by mode, step.rs), so a kernel holds only the
 // code it runs: the layer kernels' warps waited on instruction fetch (Nsight Compute), and
 // splitting the kernels by weight type measured +4% / +8% (Q4_0 / Q4_K_M). Shared memory: red
-// [33], then xs, the padded [k] input, 16-byte aligned. Held to 3 blocks an SM (Q4_0's 4-row
-// mode takes 83 registers unbounded, the Q6_K ones 86).
+// [33], then the input's quantised groups, 16-byte aligned (sized by the host as the padded
+// float input, which is larger). Held to 3 blocks an SM.
 #define MV_KERNEL(name, NR, ...)                                                          \
     extern "C" __global__ void __launch_bounds__(256, 3) name(const MatvecParams p) {     \
         extern __shared__ __align__(16) float smem[];                                     \
