@@ -214,7 +214,11 @@ impl Device {
         for &k in &Kernel::ALL {
             if matches!(
                 k,
-                Kernel::Matvec(_) | Kernel::MoeGateUp(_) | Kernel::MoeDown(_)
+                Kernel::Matvec(_)
+                    | Kernel::MoeGateUp(_)
+                    | Kernel::MoeDown(_)
+                    | Kernel::AttnGqa
+                    | Kernel::AttnGqa128x8
             ) {
                 // Large activations (d_ff * n_used floats) need more than the default 48 KB;
                 // GPUs before Hopper allow less than 200 KB a block (A100 163 KB, Ada 99 KB).
@@ -265,6 +269,22 @@ impl Device {
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
         )?;
         Ok(n.max(0) as usize)
+    }
+
+    /// Dynamic shared memory that holds `k`'s blocks to one an SM (more than half of an SM's
+    /// shared memory with its static part), or 0 where Q4MOE_CUDA_ATT_SOLO=0 or it cannot.
+    /// Why: attention's chunk walks load the KV cache; two blocks on one SM share its loads,
+    /// a cost that grows with the context (the guess behind session 12's 4,096-context loss).
+    pub fn att_solo_smem(&self, k: Kernel) -> Result<u32> {
+        if std::env::var("Q4MOE_CUDA_ATT_SOLO").is_ok_and(|v| v == "0") {
+            return Ok(0);
+        }
+        let per_sm = self.ctx.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        )?;
+        let need = (per_sm.max(0) as usize / 2 + 1).saturating_sub(self.static_smem(k)?) as u32;
+        let room = self.dyn_smem[self.index(k)].load(Ordering::Relaxed);
+        Ok(if need <= room { need } else { 0 })
     }
 
     /// Static shared memory `k` declares.

@@ -61,6 +61,8 @@ pub struct Scratch {
     pub att_blocks: usize,
     /// The router as one thread block cluster (`router_cluster`, Device::clusters).
     pub router_cluster: bool,
+    /// Dynamic shared memory of attn_gqa's launches (Device::att_solo_smem).
+    pub att_solo_smem: u32,
 }
 
 impl Scratch {
@@ -98,6 +100,7 @@ impl Scratch {
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
+            att_solo_smem: dev.att_solo_smem(Kernel::AttnGqa128x8)?,
         })
     }
 
@@ -437,7 +440,7 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             "attn_gqa",
             (c.n_kv_head as u32, s.att_blocks as u32, 1),
             256,
-            0,
+            s.att_solo_smem,
             &g,
             0,
         ));
