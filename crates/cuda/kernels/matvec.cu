@@ -33,11 +33,15 @@ __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float
 // theirs as `RowsB` (QKV of mixed types), the choice uniform per warp and the barriers of
 // the input's load outside it. The input is quantised (QXW groups: integer dots); the host
 // gives these modes k % 32 == 0, k <= 4096 and no xn_out (step.rs mv_mode).
-template <int NR, class Rows, class RowsB = Rows, int TYPE_B = -1>
+// LOOP (one matrix, no accumulate: the output head): the grid is what the SMs hold at once and a
+// warp walks units of NR rows grid-wide, the next unit's weights in flight during this one's dot.
+// Why: a block a unit (9,496 blocks for Qwen3's head) quantised the same input in every block,
+// about as many instructions as its dots, and the head was issue-bound.
+template <int NR, class Rows, class RowsB = Rows, int TYPE_B = -1, bool LOOP = false>
 __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
-    int first = (u.x * nwarps + warp) * NR;
+    int first = (u.x * nwarps + warp) * NR, stride = u.nx * nwarps * NR;
     int m = 0, r0 = first;
     while (m < p.n_w - 1 && r0 >= p.rows[m]) { r0 -= p.rows[m]; m++; }
     QW w = p.w[m];
@@ -56,16 +60,32 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     pdl_start();
     u32* qx = (u32*)xs;
     load_x_fast<X_QUANT>(qx, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
-    float acc[NR];
     const u32* xp[NR];
 #pragma unroll
-    for (int i = 0; i < NR; i++) { acc[i] = 0.f; xp[i] = qx; }
-    if (as_b) RB.dot(w, rows, xp, lane, acc);
-    else R.dot(w, rows, xp, lane, acc);
+    for (int i = 0; i < NR; i++) xp[i] = qx;
+    while (true) {
+        Rows next;
+        long long next_rows[NR];
+        if (LOOP) {
 #pragma unroll
-    for (int i = 0; i < NR; i++) {
-        float v = warp_sum(acc[i]);
-        if (lane == 0 && rows[i] >= 0) out[rows[i]] = p.accumulate ? prev[i] + v : v;
+            for (int i = 0; i < NR; i++) next_rows[i] = first + stride + i < total ? (long long)(first + stride + i) : -1;
+            next.load(w, next_rows, lane);
+        }
+        float acc[NR];
+#pragma unroll
+        for (int i = 0; i < NR; i++) acc[i] = 0.f;
+        if (as_b) RB.dot(w, rows, xp, lane, acc);
+        else R.dot(w, rows, xp, lane, acc);
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            float v = warp_sum(acc[i]);
+            if (lane == 0 && rows[i] >= 0) out[rows[i]] = p.accumulate ? prev[i] + v : v;
+        }
+        first += stride;
+        if (!LOOP || first >= total) break;
+        R = next;
+#pragma unroll
+        for (int i = 0; i < NR; i++) rows[i] = next_rows[i];
     }
 }
 
@@ -96,12 +116,13 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
 // code it runs: the layer kernels' warps waited on instruction fetch (Nsight Compute), and
 // splitting the kernels by weight type measured +4% / +8% (Q4_0 / Q4_K_M). Shared memory: red
 // [33], then the input's quantised groups, 16-byte aligned (sized by the host as the padded
-// float input, which is larger). Held to 3 blocks an SM.
-#define MV_KERNEL(name, NR, ...)                                                          \
-    extern "C" __global__ void __launch_bounds__(256, 3) name(const MatvecParams p) {     \
-        extern __shared__ __align__(16) float smem[];                                     \
-        mv_staged<NR, __VA_ARGS__>(p, smem + 36, smem, this_unit());                      \
+// float input, which is larger). Held to 3 blocks an SM (MV_KERNEL).
+#define MV_KERNEL_AT(blocks_per_sm, name, NR, ...)                                          \
+    extern "C" __global__ void __launch_bounds__(256, blocks_per_sm) name(const MatvecParams p) { \
+        extern __shared__ __align__(16) float smem[];                                           \
+        mv_staged<NR, __VA_ARGS__>(p, smem + 36, smem, this_unit());                            \
     }
+#define MV_KERNEL(name, NR, ...) MV_KERNEL_AT(3, name, NR, __VA_ARGS__)
 MV_KERNEL(matvec_q4_0_1, 4, Q4_0Rows<4, 1>)  // mode 1: Q4_0, k <= 1024, 4 rows a warp
 MV_KERNEL(matvec_q4_0_2, 2, Q4_0Rows<2, 2>)  // 2: Q4_0, k <= 2048, 2 rows
 MV_KERNEL(matvec_q4_0_4, 1, Q4_0Rows<1, 4>)  // 3: Q4_0, k <= 4096, 1 row
@@ -112,6 +133,17 @@ MV_KERNEL(matvec_q6_k_2, 2, Q6_KRows<2, 2>)  // 7: Q6_K, k <= 2048, 2 rows
 MV_KERNEL(matvec_q6_k_4, 1, Q6_KRows<1, 4>)  // 8: Q6_K, k <= 4096, 1 row
 // 9: Q4_K and Q6_K matrices (Q4_K_M's QKV), k <= 2048, 2 rows
 MV_KERNEL(matvec_k_mixed, 2, Q4_KRows<2, 2>, Q6_KRows<2, 2>, T_Q6_K)
+// 10..17: modes 1..8 walking rows grid-wide (LOOP: the output head, step.rs looped), 2 blocks
+// an SM: two units' weights a warp need more than 3 blocks' 85 registers (spills).
+#define MV_LOOP_KERNEL(name, NR, ...) MV_KERNEL_AT(2, name, NR, __VA_ARGS__, __VA_ARGS__, -1, true)
+MV_LOOP_KERNEL(matvec_q4_0_1_loop, 4, Q4_0Rows<4, 1>)
+MV_LOOP_KERNEL(matvec_q4_0_2_loop, 2, Q4_0Rows<2, 2>)
+MV_LOOP_KERNEL(matvec_q4_0_4_loop, 1, Q4_0Rows<1, 4>)
+MV_LOOP_KERNEL(matvec_q4_k_1_loop, 2, Q4_KRows<2, 2>)
+MV_LOOP_KERNEL(matvec_q4_k_2_loop, 1, Q4_KRows<1, 4>)
+MV_LOOP_KERNEL(matvec_q6_k_1_loop, 4, Q6_KRows<4, 1>)
+MV_LOOP_KERNEL(matvec_q6_k_2_loop, 2, Q6_KRows<2, 2>)
+MV_LOOP_KERNEL(matvec_q6_k_4_loop, 1, Q6_KRows<1, 4>)
 
 // The generic mode, held to 3 blocks per SM (rows of types without a staged mode, e.g. Q8_0).
 extern "C" __global__ void __launch_bounds__(256, 3) matvec_generic(const MatvecParams p) {

@@ -35,7 +35,7 @@ pub enum Kernel {
 }
 
 /// The symbols of the modes, by mode (matvec.cu, moe.cu).
-const MATVEC: [&str; 10] = [
+const MATVEC: [&str; 18] = [
     "matvec_generic",
     "matvec_q4_0_1",
     "matvec_q4_0_2",
@@ -46,6 +46,14 @@ const MATVEC: [&str; 10] = [
     "matvec_q6_k_2",
     "matvec_q6_k_4",
     "matvec_k_mixed",
+    "matvec_q4_0_1_loop",
+    "matvec_q4_0_2_loop",
+    "matvec_q4_0_4_loop",
+    "matvec_q4_k_1_loop",
+    "matvec_q4_k_2_loop",
+    "matvec_q6_k_1_loop",
+    "matvec_q6_k_2_loop",
+    "matvec_q6_k_4_loop",
 ];
 const GATE_UP: [&str; 4] = [
     "moe_gate_up",

@@ -61,6 +61,9 @@ pub struct Scratch {
     pub att_blocks: usize,
     /// The router as one thread block cluster (`router_cluster`, Device::clusters).
     pub router_cluster: bool,
+    /// The output head's grid (`looped`): 2 blocks an SM, as the walking kernels' launch bounds
+    /// hold (matvec.cu MV_LOOP_KERNEL), or Q4MOE_CUDA_HEAD_BLOCKS (0: a block a unit of rows).
+    pub head_blocks: u32,
     /// Dynamic shared memory of attn_gqa's launches (Device::att_solo_smem).
     pub att_solo_smem: u32,
 }
@@ -100,6 +103,10 @@ impl Scratch {
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
+            head_blocks: match std::env::var("Q4MOE_CUDA_HEAD_BLOCKS") {
+                Ok(v) => v.parse().unwrap_or(0),
+                Err(_) => 2 * dev.sm_count()?,
+            },
             att_solo_smem: dev.att_solo_smem(Kernel::AttnGqa128x8)?,
         })
     }
@@ -310,9 +317,22 @@ pub fn layers(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
     out
 }
 
+/// `l` (a one-matrix staged matvec without accumulate) on at most `blocks` blocks that walk
+/// its rows grid-wide (matvec.cu mv_staged LOOP: modes 10..17 are modes 1..8 walking); other
+/// launches, and grids no larger, stay as they are.
+pub(crate) fn looped(mut l: Launch, blocks: u32) -> Launch {
+    if let Kernel::Matvec(m @ 1..=8) = l.kernel {
+        if blocks > 0 && l.grid.0 > blocks {
+            l.kernel = Kernel::Matvec(m + 9);
+            l.grid.0 = blocks;
+        }
+    }
+    l
+}
+
 /// The output head, then the token choice (arg-max, or the device sampler when `sampled`).
 pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> {
-    let mut out = vec![matvec(
+    let head = matvec(
         "head",
         &[(w.output, s.logits.ptr, c.vocab_size)],
         s.x.ptr,
@@ -321,7 +341,8 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> 
         0,
         false,
         c.rms_eps,
-    )];
+    );
+    let mut out = vec![looped(head, s.head_blocks)];
     if sampled {
         let p = SampleParams {
             logits: s.logits.ptr,

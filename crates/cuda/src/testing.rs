@@ -64,7 +64,10 @@ impl TestDevice {
         ))
     }
 
-    /// y = W x (with optional fused RMSNorm of x), through the `matvec` kernel.
+    /// y = W x (with optional fused RMSNorm of x), through the `matvec` kernel; with `walk`, one
+    /// matrix whose rows at most that many blocks walk, as the output head's launch
+    /// (step::looped).
+    #[allow(clippy::too_many_arguments)]
     pub fn matvec(
         &self,
         ty: GgmlType,
@@ -73,6 +76,7 @@ impl TestDevice {
         k: usize,
         x: &[f32],
         norm: Option<(&[f32], f32)>,
+        walk: Option<u32>,
     ) -> Result<Vec<f32>> {
         let (w, _keep) = self.weight(ty, bytes, k)?;
         let xb = self.upload(x)?;
@@ -83,7 +87,7 @@ impl TestDevice {
         // Two matrices (the same weights) when the rows split evenly: exercises the multi-matrix
         // row mapping of the staged modes as the QKV launch uses it.
         let half = rows / 2;
-        let l = if rows % 8 == 0 && half > 0 {
+        let l = if walk.is_none() && rows % 8 == 0 && half > 0 {
             let mut w2 = w;
             w2.data += (half * ty.row_bytes(k).unwrap()) as u64;
             if let Some(aux) = split_aux_bytes(ty) {
@@ -104,7 +108,7 @@ impl TestDevice {
                 eps,
             )
         } else {
-            crate::step::matvec(
+            let one = crate::step::matvec(
                 "matvec",
                 &[(w, out.ptr, rows)],
                 xb.ptr,
@@ -113,7 +117,8 @@ impl TestDevice {
                 0,
                 false,
                 eps,
-            )
+            );
+            crate::step::looped(one, walk.unwrap_or(0))
         };
         self.dev.launch(&l)?;
         self.dev.sync()?;

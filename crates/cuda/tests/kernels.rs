@@ -27,7 +27,15 @@ fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     x.iter().zip(w).map(|(v, w)| v * r * w).collect()
 }
 
-fn check_matvec(dev: &TestDevice, ty: GgmlType, rows: usize, k: usize, fused_norm: bool) {
+/// `walk`: the rows walked by at most that many blocks (the output head's launch).
+fn check_matvec(
+    dev: &TestDevice,
+    ty: GgmlType,
+    rows: usize,
+    k: usize,
+    fused_norm: bool,
+    walk: Option<u32>,
+) {
     let mut rng = Rng::new(ty.id() as u64 * 1000 + rows as u64 + k as u64);
     let wf = randn(&mut rng, rows * k, 1.0);
     let mut bytes = Vec::new();
@@ -58,13 +66,14 @@ fn check_matvec(dev: &TestDevice, ty: GgmlType, rows: usize, k: usize, fused_nor
             k,
             &x,
             fused_norm.then_some((&nw[..], 1e-6)),
+            walk,
         )
         .unwrap();
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     for (r, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!(
             (g - w).abs() <= 1e-4 * scale.max(1.0),
-            "{ty:?} {rows}x{k} row {r}: got {g}, want {w}"
+            "{ty:?} {rows}x{k} (walk {walk:?}) row {r}: got {g}, want {w}"
         );
     }
 }
@@ -84,9 +93,21 @@ fn matvec_every_type_matches_host() {
     let Some(dev) = device() else { return };
     for ty in EVERY_TYPE {
         for (rows, k) in [(37, 256), (130, 768), (64, 2048), (9, 4096)] {
-            check_matvec(&dev, ty, rows, k, false);
+            check_matvec(&dev, ty, rows, k, false, None);
         }
-        check_matvec(&dev, ty, 50, 1024, true);
+        check_matvec(&dev, ty, 50, 1024, true, None);
+    }
+}
+
+/// The output head's launch: a few blocks walk every row (several units a warp, the last one
+/// partly past the end), with the head's RMSNorm, for each staged type and k up to 4096.
+#[test]
+fn walked_matvec_matches_host() {
+    let Some(dev) = device() else { return };
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for (rows, k, blocks) in [(1001, 256, 3), (517, 2048, 2), (203, 4096, 5)] {
+            check_matvec(&dev, ty, rows, k, true, Some(blocks));
+        }
     }
 }
 
