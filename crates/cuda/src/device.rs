@@ -228,8 +228,9 @@ impl Device {
                     | Kernel::AttnGqa
                     | Kernel::AttnGqa128x8
             ) {
-                // Large activations (d_ff * n_used floats) need more than the default 48 KB;
-                // GPUs before Hopper allow less than 200 KB a block (A100 163 KB, Ada 99 KB).
+                // Large activations (d_ff * n_used floats) and attention's reservation
+                // (att_solo_smem) need more than the default 48 KB; GPUs before Hopper allow
+                // less than 200 KB a block (A100 163 KB, Ada 99 KB).
                 let room = optin.saturating_sub(dev.static_smem(k)?) as u32;
                 dev.set_max_dynamic_smem(k, MAX_DYNAMIC_SMEM.min(room))?;
             } else {
@@ -281,8 +282,9 @@ impl Device {
 
     /// Dynamic shared memory that holds `k`'s blocks to one an SM (more than half of an SM's
     /// shared memory with its static part), or 0 where Q4MOE_CUDA_ATT_SOLO=0 or it cannot.
-    /// Why: attention's chunk walks load the KV cache; two blocks on one SM share its loads,
-    /// a cost that grows with the context (the guess behind session 12's 4,096-context loss).
+    /// Why: attention's chunk walks load the KV cache, and two blocks on one SM share its
+    /// loads, a cost that grows with the context: reserved, Q4_0 at 4,096 context went 408.0 ->
+    /// 444.5 tok/s, the bench's context unchanged (NOTES.md session 13).
     pub fn att_solo_smem(&self, k: Kernel) -> Result<u32> {
         if std::env::var("Q4MOE_CUDA_ATT_SOLO").is_ok_and(|v| v == "0") {
             return Ok(0);

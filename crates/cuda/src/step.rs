@@ -64,7 +64,9 @@ pub struct Scratch {
     /// The output head's grid (`looped`): 2 blocks an SM, as the walking kernels' launch bounds
     /// hold (matvec.cu MV_LOOP_KERNEL), or Q4MOE_CUDA_HEAD_BLOCKS (0: a block a unit of rows).
     pub head_blocks: u32,
-    /// Dynamic shared memory of attn_gqa's launches (Device::att_solo_smem).
+    /// Dynamic shared memory of attn_gqa's launches (Device::att_solo_smem, sized for the
+    /// Qwen3-shape kernel; the generic one's static part is no larger, so its blocks are alone
+    /// on an SM too).
     pub att_solo_smem: u32,
 }
 
@@ -317,9 +319,10 @@ pub fn layers(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
     out
 }
 
-/// `l` (a one-matrix staged matvec without accumulate) on at most `blocks` blocks that walk
-/// its rows grid-wide (matvec.cu mv_staged LOOP: modes 10..17 are modes 1..8 walking); other
-/// launches, and grids no larger, stay as they are.
+/// `l` on at most `blocks` blocks that walk its rows grid-wide (matvec.cu mv_staged LOOP:
+/// modes 10..17 are modes 1..8 walking); other launches, and grids no larger, stay as they
+/// are. Only for a `matvec` of one matrix without accumulate (the walk keeps the first unit's
+/// matrix and reads no old outputs): the head, and the kernel test of it.
 pub(crate) fn looped(mut l: Launch, blocks: u32) -> Launch {
     if let Kernel::Matvec(m @ 1..=8) = l.kernel {
         if blocks > 0 && l.grid.0 > blocks {
