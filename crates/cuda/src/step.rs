@@ -62,7 +62,8 @@ pub struct Scratch {
     /// The router as one thread block cluster (`router_cluster`, Device::clusters).
     pub router_cluster: bool,
     /// The output head's grid (`looped`): 2 blocks an SM, as the walking kernels' launch bounds
-    /// hold (matvec.cu MV_LOOP_KERNEL), or Q4MOE_CUDA_HEAD_BLOCKS (0: a block a unit of rows).
+    /// hold (matvec.cu MV_LOOP_KERNEL), or Q4MOE_CUDA_HEAD_BLOCKS when it parses, as
+    /// Q4MOE_CUDA_ATT_BLOCKS does (0: a block a unit of rows).
     pub head_blocks: u32,
     /// Dynamic shared memory of attn_gqa's launches (Device::att_solo_smem, sized for the
     /// Qwen3-shape kernel; the generic one's static part is no larger, so its blocks are alone
@@ -105,9 +106,9 @@ impl Scratch {
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
-            head_blocks: match std::env::var("Q4MOE_CUDA_HEAD_BLOCKS") {
-                Ok(v) => v.parse().unwrap_or(0),
-                Err(_) => 2 * dev.sm_count()?,
+            head_blocks: match std::env::var("Q4MOE_CUDA_HEAD_BLOCKS").map(|v| v.parse()) {
+                Ok(Ok(n)) => n,
+                _ => 2 * dev.sm_count()?,
             },
             att_solo_smem: dev.att_solo_smem(Kernel::AttnGqa128x8)?,
         })
