@@ -37,8 +37,10 @@ __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float
 // warp walks units of NR rows grid-wide, the next unit's weights in flight during this one's dot.
 // Why: a block a unit (9,496 blocks for Qwen3's head) quantised the same input in every block,
 // about as many instructions as its dots, and the head was issue-bound.
+// `resid` (accumulate only): the old outputs are read there instead of from the outputs (o_proj
+// with the folded router, whose router rows read the residual while o_proj writes the new one).
 template <int NR, class Rows, class RowsB = Rows, int TYPE_B = -1, bool LOOP = false>
-__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u) {
+__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u, const float* resid = nullptr) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
     int first = (u.x * nwarps + warp) * NR, stride = u.nx * nwarps * NR;
@@ -56,7 +58,7 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     float* out = (float*)p.out[m];
     float prev[NR];  // accumulate: the outputs' old values, loaded early (see accumulate)
 #pragma unroll
-    for (int i = 0; i < NR; i++) prev[i] = p.accumulate && lane == 0 && rows[i] >= 0 ? __ldcg(out + rows[i]) : 0.f;
+    for (int i = 0; i < NR; i++) prev[i] = p.accumulate && lane == 0 && rows[i] >= 0 ? __ldcg((resid ? resid : out) + rows[i]) : 0.f;
     pdl_start();
     u32* qx = (u32*)xs;
     load_x_fast<X_QUANT>(qx, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);

@@ -12,6 +12,21 @@ struct TopkParams {
 // Logits a lane of topk_block's first warp holds in registers (n_expert <= 256).
 #define TOPK_REG 8
 
+// Rank of entry i of pr[0..n) (NaN taken as `nan_as`): larger values first, the lower index
+// first on ties, so every entry has its own rank.
+__device__ __forceinline__ int rank_in(const float* pr, int n, int i, float nan_as) {
+    float v = pr[i];
+    v = v == v ? v : nan_as;
+    int rank = 0;
+#pragma unroll 8
+    for (int j = 0; j < n; j++) {
+        float u = pr[j];
+        u = u == u ? u : nan_as;
+        rank += (u > v) || (u == v && j < i);
+    }
+    return rank;
+}
+
 // Softmax over the router logits, the n_used largest probabilities (lower index first on ties)
 // and, with norm_topk, their renormalisation, by the whole block: warp 0 takes the max and the
 // sum of exponentials (a lane sums i = lane, lane + 32, .. in order, then warp_sum), then every
@@ -65,13 +80,7 @@ __device__ void topk_block(const float* lg, int n_expert, int n_used, int norm_t
     for (int i = threadIdx.x; i < n_expert; i += blockDim.x) {
         float v = pr[i];
         v = v == v ? v : -1.f;  // NaN ranks last, as the arg-max rounds skipped it
-        int rank = 0;
-#pragma unroll 8
-        for (int j = 0; j < n_expert; j++) {
-            float u = pr[j];
-            u = u == u ? u : -1.f;
-            rank += (u > v) || (u == v && j < i);
-        }
+        int rank = rank_in(pr, n_expert, i, -1.f);
         if (rank < n_used) {
             sel_id[rank] = i;
             sel_w[rank] = v / s;
@@ -207,6 +216,145 @@ extern "C" __global__ void __cluster_dims__(RC_BLOCKS, 1, 1) __launch_bounds__(R
 extern "C" __global__ void router_cluster(const RouterParams p) {}  // clusters need sm_90: never launched
 #endif
 
+// ---- The router folded into o_proj's launch (step.rs `router_fold`). The router's logits are
+// linear in the residual before RMSNorm: with x' = x + W_o a (o_proj's output) and the norm's
+// factor s = rsqrt(mean(x'^2) + eps) > 0,
+//     R (s x' * g) = s ((R * g) x + ((R * g) W_o) a),
+// so the unscaled logits need only x (final before o_proj starts) and a (o_proj's own input):
+// they are computed by extra blocks of o_proj's launch, with F = (R * g) W_o built at load
+// (router_fold_build). s changes no ranking, so the top-k runs at once; moe_down, which reads
+// x' anyway, applies s when it turns the chosen logits into weights (fold_weights). Why: the
+// router was a launch of its own, 5.9 us of the ~35 a layer (NOTES.md session 13) -- a launch
+// boundary and a chain of L2 round trips between o_proj and the experts.
+struct RouterFold {
+    u64 w;        // const float* [n_expert, d_model] router rows, as stored
+    u64 fold;     // const float* [n_expert, q_dim] F
+    u64 norm;     // const float* [d_model] the FFN's RMSNorm weight g
+    u64 x;        // const float* [d_model] the residual before o_proj (moe_down wrote it
+                  // three launches back: read before pdl_wait)
+    u64 logits;   // float* [n_expert] unscaled logits
+    u64 ids;      // int* [n_used] chosen experts, rank order
+    u64 sel;      // float* [n_used] their unscaled logits
+    u64 counter;  // int*, 0 between launches
+    int n_expert; // the launch's first n_expert blocks take a router row each
+    int d_model;  // <= 4 * RF_X * blockDim
+    int q_dim;    // <= 4 * RF_A * blockDim
+    int n_used;
+};
+struct OprojRouterParams {
+    MatvecParams mv;  // o_proj: accumulate, its residual read from RouterFold::x
+    RouterFold r;
+};
+#define RF_X 2
+#define RF_A 4
+
+// The n_used largest unscaled logits (NaN ranks last but keeps its value, so it reaches the
+// weights), ids and values in rank order. `pr`: n_expert floats of shared memory.
+__device__ void topk_logits(const RouterFold& r, float* pr) {
+    __shared__ float sel_v[32];  // n_used <= 32
+    __shared__ int sel_id[32];
+    for (int i = threadIdx.x; i < r.n_expert; i += blockDim.x) pr[i] = __ldcg((const float*)r.logits + i);
+    __syncthreads();
+    for (int i = threadIdx.x; i < r.n_expert; i += blockDim.x) {
+        int rank = rank_in(pr, r.n_expert, i, -INFINITY);
+        if (rank < r.n_used) {
+            sel_id[rank] = i;
+            sel_v[rank] = pr[i];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < r.n_used) {
+        ((int*)r.ids)[threadIdx.x] = sel_id[threadIdx.x];
+        ((float*)r.sel)[threadIdx.x] = sel_v[threadIdx.x];
+    }
+}
+
+// Router row `row`'s unscaled logit by the whole block: the weights, g and x before pdl_wait,
+// then a; the last block to finish (completion count, reset by it) takes the top-k.
+// smem: 36 + 4 + n_expert floats.
+__device__ void router_fold_row(const RouterFold& r, const float* a, float* smem, int row) {
+    float* red = smem;
+    int* is_last = (int*)(smem + 36);
+    int t = threadIdx.x, nt = blockDim.x, nx = r.d_model >> 2, na = r.q_dim >> 2;
+    const float4* w4 = (const float4*)((const float*)r.w + (u64)row * r.d_model);
+    const float4* f4 = (const float4*)((const float*)r.fold + (u64)row * r.q_dim);
+    float4 wv[RF_X], gv[RF_X], xv[RF_X], fv[RF_A];
+#pragma unroll
+    for (int j = 0; j < RF_X; j++)
+        if (t + j * nt < nx) {
+            wv[j] = w4[t + j * nt];
+            gv[j] = ((const float4*)r.norm)[t + j * nt];
+            xv[j] = __ldcg((const float4*)r.x + t + j * nt);
+        }
+#pragma unroll
+    for (int j = 0; j < RF_A; j++)
+        if (t + j * nt < na) fv[j] = f4[t + j * nt];
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < RF_X; j++)
+        if (t + j * nt < nx)
+            acc += wv[j].x * gv[j].x * xv[j].x + wv[j].y * gv[j].y * xv[j].y + wv[j].z * gv[j].z * xv[j].z +
+                   wv[j].w * gv[j].w * xv[j].w;
+    pdl_start();
+#pragma unroll
+    for (int j = 0; j < RF_A; j++)
+        if (t + j * nt < na) {
+            float4 v = __ldcg((const float4*)a + t + j * nt);
+            acc += fv[j].x * v.x + fv[j].y * v.y + fv[j].z * v.z + fv[j].w * v.w;
+        }
+    float logit = block_sum(acc, red);
+    if (t == 0) ((float*)r.logits)[row] = logit;
+    __threadfence();
+    __syncthreads();
+    if (t == 0) *is_last = atomicAdd((int*)r.counter, 1) == r.n_expert - 1;
+    __syncthreads();
+    if (!*is_last) return;
+    __threadfence();
+    topk_logits(r, smem + 40);
+    if (t == 0) *(volatile int*)r.counter = 0;
+}
+
+// o_proj with the router folded in: blocks [0, n_expert) are router rows, the rest o_proj's
+// staged rows (mode `mv_mode` as matvec's), which write x' = x + W_o a to mv.out. One kernel per
+// mode, as matvec's; 3 blocks an SM as MV_KERNEL. Dynamic smem: o_proj's (smem_x(q_dim)) and at
+// least the router's.
+#define OPROJ_ROUTER_KERNEL(name, NR, ...)                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 3) name(const OprojRouterParams p) {       \
+        extern __shared__ __align__(16) float smem[];                                             \
+        Unit u = this_unit();                                                                     \
+        if (u.x < p.r.n_expert) return router_fold_row(p.r, (const float*)p.mv.in, smem, u.x);    \
+        Unit o{u.x - p.r.n_expert, 0, u.nx - p.r.n_expert};                                       \
+        mv_staged<NR, __VA_ARGS__>(p.mv, smem + 36, smem, o, (const float*)p.r.x);                \
+    }
+OPROJ_ROUTER_KERNEL(o_proj_router_q4_0_1, 4, Q4_0Rows<4, 1>)  // matvec modes 1..8
+OPROJ_ROUTER_KERNEL(o_proj_router_q4_0_2, 2, Q4_0Rows<2, 2>)
+OPROJ_ROUTER_KERNEL(o_proj_router_q4_0_4, 1, Q4_0Rows<1, 4>)
+OPROJ_ROUTER_KERNEL(o_proj_router_q4_k_1, 2, Q4_KRows<2, 2>)
+OPROJ_ROUTER_KERNEL(o_proj_router_q4_k_2, 1, Q4_KRows<1, 4>)
+OPROJ_ROUTER_KERNEL(o_proj_router_q6_k_1, 4, Q6_KRows<4, 1>)
+OPROJ_ROUTER_KERNEL(o_proj_router_q6_k_2, 2, Q6_KRows<2, 2>)
+OPROJ_ROUTER_KERNEL(o_proj_router_q6_k_4, 1, Q6_KRows<1, 4>)
+
+// F = (R * g) W_o at load, in double: grid (ceil(q_dim / 256), n_expert), 256 threads, one
+// element a thread (W_o's rows are o_proj's outputs, its k = q_dim).
+struct FoldBuildParams {
+    QW o;
+    u64 router;  // const float* [n_expert, d_model]
+    u64 norm;    // const float* [d_model]
+    u64 out;     // float* [n_expert, q_dim]
+    int d_model;
+    int q_dim;
+};
+extern "C" __global__ void router_fold_build(const FoldBuildParams p) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x, e = blockIdx.y;
+    if (j >= p.q_dim) return;
+    const float* r = (const float*)p.router + (u64)e * p.d_model;
+    double acc = 0.0;
+    for (int i = 0; i < p.d_model; i++)
+        acc += (double)r[i] * (double)((const float*)p.norm)[i] * (double)weight_at(p.o, (u64)i, j);
+    ((float*)p.out)[(u64)e * p.q_dim + j] = (float)acc;
+}
+
 // The selected experts, as router_topk / moe_topk wrote them.
 struct Experts {
     u64 ids;      // const int* [n_used]
@@ -231,15 +379,52 @@ __device__ __forceinline__ void block_experts(const Experts& t, float* smem, int
 struct GateUpParams {
     QW gate;     // rows of all experts: expert e's row r is row e*d_ff + r
     QW up;
-    u64 xn;      // const float* [d_model], already normalised
+    u64 xn;      // const float* [d_model]: the generic mode's normalised input; the staged
+                 // modes' residual, which they normalise (load_xg_quant)
     u64 h;       // float* [n_used, d_ff]
+    u64 norm;    // const float* [d_model] the FFN's RMSNorm weight (staged modes)
     Experts experts;
     int d_ff;
     int rows_per_warp;
+    float eps;
 };
 
+// x * g of the residual x as quantised groups at qx (n % 32 == 0, n <= 4 * LOAD_V * blockDim),
+// g in shared memory at gs, and the RMS factor s = rsqrt(mean(x^2) + eps) returned apart: a
+// group's integers do not depend on s (only its scale would), so the dots take x * g and are
+// multiplied by s after, and the sum of x^2 needs no barrier of its own (its warp partials in
+// red[0..warps) ride on the barrier that publishes qx). Why: a block-wide sum before the
+// quantisation sat on the experts' critical path, and the norm weights in registers beside the
+// staged rows spilled (Q4_K).
+__device__ __forceinline__ float load_xg_quant(u32* qx, const float* x, const float* gs, int n, float eps, float* red) {
+    int nv = n >> 2, lane = threadIdx.x & 31;
+    float4 v[LOAD_V];
+#pragma unroll
+    for (int j = 0; j < LOAD_V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        v[j] = i < nv ? ((const float4*)x)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < LOAD_V; j++) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    ss = warp_sum(ss);
+    if (lane == 0) red[threadIdx.x >> 5] = ss;
+#pragma unroll
+    for (int j = 0; j < LOAD_V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (j * (int)blockDim.x >= nv) break;  // no lane has values here
+        float4 g = i < nv ? ((const float4*)gs)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        quant_store(qx, i, make_float4(v[j].x * g.x, v[j].y * g.y, v[j].z * g.z, v[j].w * g.w), i < nv);
+    }
+    __syncthreads();
+    float t = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
+    return rsqrtf(__fdividef(t, (float)n) + eps);  // no division slow path on the critical path
+}
+
+// smem: red [36], then the input's quantised groups; `gs`: the norm weights (stage_norm).
 template <int NR, class Rows>
-__device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs, int e, Unit u) {
+__device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* smem, const float* gs, int e, Unit u) {
     int slot = u.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int first = (u.x * nwarps + warp) * NR;
@@ -249,8 +434,8 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs,
     Rows G, U;
     G.load(p.gate, rows, lane);
     U.load(p.up, rows, lane);
-    u32* qx = (u32*)xs;  // quantised groups (integer dots); the host gives k % 32 == 0, <= 2048
-    load_x_fast<X_QUANT>(qx, (const float*)p.xn, p.gate.k, 0, 0.f, 0);
+    u32* qx = (u32*)(smem + 36);  // quantised groups (integer dots); the host gives k % 32 == 0, <= 2048
+    float s = load_xg_quant(qx, (const float*)p.xn, gs, p.gate.k, p.eps, smem);
     float ag[NR], au[NR];
     const u32* xp[NR];
 #pragma unroll
@@ -259,7 +444,7 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* xs,
     U.dot(p.up, rows, xp, lane, au);
 #pragma unroll
     for (int i = 0; i < NR; i++) {
-        float g = warp_sum(ag[i]), u = warp_sum(au[i]);
+        float g = warp_sum(ag[i]) * s, u = warp_sum(au[i]) * s;
         if (lane == 0 && rows[i] >= 0) ((float*)p.h)[slot * p.d_ff + first + i] = g / (1.f + expf(-g)) * u;
     }
 }
@@ -272,13 +457,22 @@ __device__ __forceinline__ int slot_expert(const GateUpParams& p, float* smem) {
     return ids[blockIdx.y];
 }
 
+// The norm weights into shared memory (n floats, n % 4 == 0), before pdl_wait; slot_expert's
+// barrier publishes them.
+__device__ __forceinline__ void stage_norm(float* gs, const float* g, int n) {
+    for (int i = threadIdx.x; i < n >> 2; i += blockDim.x) ((float4*)gs)[i] = ((const float4*)g)[i];
+}
+
 // One kernel per staged mode, as matvec's. 4 blocks per SM (<= 64 registers, no more spills
 // than at 3): one staged row a warp gives 768 blocks for Qwen3-30B-A3B, 528 of them resident.
+// Dynamic smem: smem_x(k), the experts (64 floats at experts.scratch), then the norm weights.
 #define GATE_UP_KERNEL(name, NR, ...)                                                     \
     extern "C" __global__ void __launch_bounds__(256, 4) name(const GateUpParams p) {     \
         extern __shared__ __align__(16) float smem[];                                     \
+        float* gs = smem + p.experts.scratch + 64;                                        \
+        stage_norm(gs, (const float*)p.norm, p.gate.k);                                   \
         pdl_start();                                                                      \
-        gate_up_staged<NR, __VA_ARGS__>(p, smem, slot_expert(p, smem), this_unit());      \
+        gate_up_staged<NR, __VA_ARGS__>(p, smem, gs, slot_expert(p, smem), this_unit());  \
     }
 GATE_UP_KERNEL(moe_gate_up_q4_0_1, 2, Q4_0Rows<2, 1>)
 GATE_UP_KERNEL(moe_gate_up_q4_0_2, 1, Q4_0Rows<1, 2>)
@@ -304,11 +498,46 @@ struct DownParams {
     QW down;     // expert e's row r is row e*d_model + r; k = d_ff
     u64 h;       // const float* [n_used, d_ff]
     u64 x;       // float* [d_model], residual stream (+=; the staged modes read it before pdl_wait)
+    u64 logits;  // the folded router's unscaled logits [n_expert] (experts.weights then holds
+                 // the chosen ones', fold_weights), or 0: experts.weights are the weights
     Experts experts;
     int d_model;
     int n_used;
     int rows_per_warp;
+    int n_expert;
+    int norm_topk;
+    float eps;
 };
+
+// The folded router's weights of the chosen experts from their unscaled logits (already in
+// `ws`, rank order) and s = rsqrt(mean(x'^2) + eps) of the residual o_proj wrote two launches
+// back: softmax(s * logits) at the chosen, renormalised over them with norm_topk. Before
+// pdl_wait, so off the step's critical path. `red`: 32 floats of shared memory.
+__device__ __forceinline__ void fold_weights(const DownParams& p, float* ws, float* red) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < p.d_model >> 2; i += blockDim.x) {
+        float4 v = __ldcg((const float4*)p.x + i);
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x;
+        float t = 0.f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
+        float s = rsqrtf(__fdividef(t, (float)p.d_model) + p.eps);
+        float top = ws[0];
+        float e = lane < p.n_used ? expf(s * (ws[lane] - top)) : 0.f;
+        float den = 0.f;
+        if (p.norm_topk) den = e;
+        else
+            for (int j = lane; j < p.n_expert; j += 32) den += expf(s * (__ldcg((const float*)p.logits + j) - top));
+        den = warp_sum(den);
+        if (lane < p.n_used) ws[lane] = e / den;
+    }
+    __syncthreads();
+}
 
 // Stages h [n_used, dff] in shared memory at `dst`, float4 loads issued LOAD_V * 2 at a time per
 // thread (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
@@ -353,7 +582,7 @@ __device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
 // all slots' loads are in flight at once. Split-type piece f: slot f / nb, block f % nb.
 template <int NR, int CH, class P>
-__device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const int* ids, const float* sw, Unit u) {
+__device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const int* ids, float* sw, Unit u) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int first = (u.x * nwarps + warp) * NR;
     int nb = p.down.k >> 5, items = p.n_used * nb;
@@ -372,6 +601,7 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const 
                 if (first + i < p.d_model) piece[i][j].load(p.down, (e * p.d_model + first + i) * nb + b);
         }
     }
+    if (p.logits) fold_weights(p, sw, sw + 64);  // the loads above in flight meanwhile
     stage_h(p, hq);
     float acc[NR];
 #pragma unroll
@@ -394,7 +624,7 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const 
 }
 
 // grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the
-// experts (Experts::scratch). The staged modes (CH pieces of type P a lane: 2, 6 or 8 for items
+// experts (Experts::scratch: 64 floats, and 32 more for fold_weights). The staged modes (CH pieces of type P a lane: 2, 6 or 8 for items
 // <= 64 / 192 / 256) issue their weight loads first, then stage h (stage_h). One kernel per
 // staged mode, as matvec's.
 #define DOWN_KERNEL(name, CH, P)                                                          \

@@ -514,7 +514,7 @@ impl Backend for CudaBackend {
         BackendInfo {
             kind: "cuda".into(),
             device: self.dev.name.clone(),
-            resident_bytes: self.w.buf.bytes as u64,
+            resident_bytes: self.w.resident_bytes() as u64,
             kv_capacity: self.opts.kv_capacity,
         }
     }

@@ -28,6 +28,9 @@ pub enum Kernel {
     RouterCluster,
     MoeGateUp(u8),
     MoeDown(u8),
+    /// o_proj with the router folded in, by o_proj's matvec mode (1..=8).
+    OprojRouter(u8),
+    RouterFoldBuild,
     ArgmaxPartial,
     ArgmaxFinal,
     StepFused,
@@ -73,7 +76,17 @@ const DOWN: [&str; 10] = [
     "moe_down_q6_k_6",
     "moe_down_q6_k_8",
 ];
-const SINGLE: [Kernel; 13] = [
+const OPROJ_ROUTER: [&str; 8] = [
+    "o_proj_router_q4_0_1",
+    "o_proj_router_q4_0_2",
+    "o_proj_router_q4_0_4",
+    "o_proj_router_q4_k_1",
+    "o_proj_router_q4_k_2",
+    "o_proj_router_q6_k_1",
+    "o_proj_router_q6_k_2",
+    "o_proj_router_q6_k_4",
+];
+const SINGLE: [Kernel; 14] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -83,15 +96,19 @@ const SINGLE: [Kernel; 13] = [
     Kernel::MoeTopk,
     Kernel::RouterTopk,
     Kernel::RouterCluster,
+    Kernel::RouterFoldBuild,
     Kernel::ArgmaxPartial,
     Kernel::ArgmaxFinal,
     Kernel::StepFused,
     Kernel::SampleTopk,
 ];
 
+const N_KERNELS: usize =
+    SINGLE.len() + MATVEC.len() + GATE_UP.len() + DOWN.len() + OPROJ_ROUTER.len();
+
 impl Kernel {
-    pub const ALL: [Kernel; SINGLE.len() + MATVEC.len() + GATE_UP.len() + DOWN.len()] = {
-        let mut all = [Kernel::Embed; SINGLE.len() + MATVEC.len() + GATE_UP.len() + DOWN.len()];
+    pub const ALL: [Kernel; N_KERNELS] = {
+        let mut all = [Kernel::Embed; N_KERNELS];
         let mut i = 0;
         while i < SINGLE.len() {
             all[i] = SINGLE[i];
@@ -103,8 +120,10 @@ impl Kernel {
                 Kernel::Matvec(m as u8)
             } else if m < MATVEC.len() + GATE_UP.len() {
                 Kernel::MoeGateUp((m - MATVEC.len()) as u8)
-            } else {
+            } else if m < MATVEC.len() + GATE_UP.len() + DOWN.len() {
                 Kernel::MoeDown((m - MATVEC.len() - GATE_UP.len()) as u8)
+            } else {
+                Kernel::OprojRouter((m - MATVEC.len() - GATE_UP.len() - DOWN.len() + 1) as u8)
             };
             (i, m) = (i + 1, m + 1);
         }
@@ -115,6 +134,8 @@ impl Kernel {
             Kernel::Matvec(m) => MATVEC[m as usize],
             Kernel::MoeGateUp(m) => GATE_UP[m as usize],
             Kernel::MoeDown(m) => DOWN[m as usize],
+            Kernel::OprojRouter(m) => OPROJ_ROUTER[m as usize - 1],
+            Kernel::RouterFoldBuild => "router_fold_build",
             Kernel::Embed => "embed",
             Kernel::QkNormRope => "qk_norm_rope",
             Kernel::AttnSplit => "attn_split",
@@ -223,6 +244,7 @@ impl Device {
             if matches!(
                 k,
                 Kernel::Matvec(_)
+                    | Kernel::OprojRouter(_)
                     | Kernel::MoeGateUp(_)
                     | Kernel::MoeDown(_)
                     | Kernel::AttnGqa

@@ -113,11 +113,13 @@ pub struct GateUpParams {
     pub up: Qw,
     pub xn: u64,
     pub h: u64,
+    pub norm: u64,
     pub experts: Experts,
     pub d_ff: i32,
     pub rows_per_warp: i32,
+    pub eps: f32,
 }
-const _: () = assert!(std::mem::size_of::<GateUpParams>() == 96);
+const _: () = assert!(std::mem::size_of::<GateUpParams>() == 112);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -125,12 +127,61 @@ pub struct DownParams {
     pub down: Qw,
     pub h: u64,
     pub x: u64,
+    pub logits: u64,
     pub experts: Experts,
     pub d_model: i32,
     pub n_used: i32,
     pub rows_per_warp: i32,
+    pub n_expert: i32,
+    pub norm_topk: i32,
+    pub eps: f32,
 }
-const _: () = assert!(std::mem::size_of::<DownParams>() == 80);
+const _: () = assert!(std::mem::size_of::<DownParams>() == 96);
+
+/// `RouterFold` in moe.cu: the router's rows of o_proj's launch (step.rs `router_fold`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RouterFold {
+    pub w: u64,
+    pub fold: u64,
+    pub norm: u64,
+    pub x: u64,
+    pub logits: u64,
+    pub ids: u64,
+    pub sel: u64,
+    pub counter: u64,
+    pub n_expert: i32,
+    pub d_model: i32,
+    pub q_dim: i32,
+    pub n_used: i32,
+}
+
+/// `OprojRouterParams` in moe.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OprojRouterParams {
+    pub mv: MatvecParams,
+    pub r: RouterFold,
+}
+const _: () = assert!(std::mem::size_of::<OprojRouterParams>() == 152 + 80);
+
+/// Float4s of the residual / the attention output a thread of a router row takes (RF_X, RF_A
+/// in moe.cu), at 256 threads.
+pub const RF_MAX_D_MODEL: usize = 2 * 4 * 256;
+pub const RF_MAX_Q_DIM: usize = 4 * 4 * 256;
+
+/// `FoldBuildParams` in moe.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FoldBuildParams {
+    pub o: Qw,
+    pub router: u64,
+    pub norm: u64,
+    pub out: u64,
+    pub d_model: i32,
+    pub q_dim: i32,
+}
+const _: () = assert!(std::mem::size_of::<FoldBuildParams>() == 56);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

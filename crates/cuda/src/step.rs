@@ -25,6 +25,8 @@ pub struct Scratch {
     pub state: DevBuf,
     /// [d_model] residual stream
     pub x: DevBuf,
+    /// [d_model] the residual's second buffer with the folded router (`residual`)
+    pub x2: DevBuf,
     /// [d_model] normalised input of the FFN
     pub xn: DevBuf,
     /// [q_dim + 2 kv_dim]
@@ -87,6 +89,7 @@ impl Scratch {
         Ok(Scratch {
             state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
             x: f(c.d_model)?,
+            x2: f(c.d_model)?,
             xn: f(c.d_model)?,
             qkv: f(c.q_dim() + 2 * c.kv_dim())?,
             q: f(c.q_dim())?,
@@ -117,7 +120,7 @@ impl Scratch {
     pub fn bytes(c: &Config, kv_capacity: usize) -> usize {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
         4 + 4
-            * (3 * c.d_model
+            * (4 * c.d_model
                 + 3 * c.q_dim()
                 + 2 * c.kv_dim()
                 + c.n_head * n_split * (c.head_dim + 2)
@@ -234,6 +237,28 @@ pub(crate) fn matvec(
     accumulate: bool,
     eps: f32,
 ) -> Launch {
+    let (p, mode, blocks, bytes) = matvec_params(ws, input, k, norm, xn_out, accumulate, eps);
+    Launch::new(
+        Kernel::Matvec(mode),
+        name,
+        (blocks, 1, 1),
+        THREADS,
+        smem_x(k),
+        &p,
+        bytes,
+    )
+}
+
+/// `matvec`'s params, mode, blocks and weight bytes.
+fn matvec_params(
+    ws: &[(Qw, u64, usize)],
+    input: u64,
+    k: usize,
+    norm: u64,
+    xn_out: u64,
+    accumulate: bool,
+    eps: f32,
+) -> (MatvecParams, u8, u32, u64) {
     let mut p = MatvecParams {
         input,
         norm,
@@ -260,15 +285,74 @@ pub(crate) fn matvec(
     p.rows_per_warp = rpw as i32;
     let blocks = total.div_ceil(rpw * WARPS as usize) as u32;
     let bytes = ws.iter().map(|(w, _, r)| weight_bytes(w, *r)).sum();
+    (p, mode, blocks, bytes)
+}
+
+/// Whether every layer's router is folded into its o_proj launch (moe.cu RouterFold): the fold
+/// was built (weights.rs router_fold_wanted) and o_proj and both expert launches have staged
+/// modes (the generic ones neither normalise the experts' input nor weigh the folded logits).
+fn router_fold(c: &Config, w: &Weights) -> bool {
+    w.layers.iter().all(|lw| {
+        lw.router_fold != 0
+            && matches!(mv_mode(&[(lw.o, 0, c.d_model)], c.q_dim()).0, 1..=8)
+            && gate_up_mode(lw, c.d_model).0 != 0
+            && down_mode(lw, c).0 != 0
+    })
+}
+
+/// Layer l's residual buffers (input, output): one, updated in place, without the fold. With
+/// it o_proj writes the other buffer while its router rows still read the old residual, the
+/// two alternating so the last layer's output is `x`, which the head reads.
+fn residual(c: &Config, s: &Scratch, l: usize, fold: bool) -> (u64, u64) {
+    let at = |j: usize| match fold && j % 2 == 1 {
+        true => s.x2.ptr,
+        false => s.x.ptr,
+    };
+    (at(c.n_layer - l), at(c.n_layer - 1 - l))
+}
+
+/// o_proj (`x_out = r.x + o attn`) with the router's rows as the launch's first n_expert
+/// blocks (moe.cu OPROJ_ROUTER_KERNEL): the unscaled logits, the chosen experts' ids and
+/// logits. `router` (F32) is only for the bytes read; the caller checks o's mode is staged.
+pub(crate) fn o_proj_router(o: Qw, router: &Qw, attn: u64, x_out: u64, r: RouterFold) -> Launch {
+    let (n_expert, q_dim) = (r.n_expert as usize, r.q_dim as usize);
+    let ws = [(o, x_out, r.d_model as usize)];
+    let (mv, mode, blocks, bytes) = matvec_params(&ws, attn, q_dim, 0, 0, true, 0.0);
+    let router_bytes = weight_bytes(router, n_expert) + (n_expert * q_dim * 4) as u64;
     Launch::new(
-        Kernel::Matvec(mode),
-        name,
-        (blocks, 1, 1),
+        Kernel::OprojRouter(mode),
+        "o_proj",
+        (blocks + n_expert as u32, 1, 1),
         THREADS,
-        smem_x(k),
-        &p,
-        bytes,
+        smem_x(q_dim).max(((40 + n_expert) * 4) as u32),
+        &OprojRouterParams { mv, r },
+        bytes + router_bytes,
     )
+}
+
+/// Layer `lw`'s o_proj_router over the step's buffers.
+fn layer_o_proj_router(
+    c: &Config,
+    lw: &crate::weights::LayerW,
+    s: &Scratch,
+    x_in: u64,
+    x_out: u64,
+) -> Launch {
+    let r = RouterFold {
+        w: lw.router.data,
+        fold: lw.router_fold,
+        norm: lw.ffn_norm,
+        x: x_in,
+        logits: s.router.ptr,
+        ids: s.ids.ptr,
+        sel: s.topw.ptr,
+        counter: s.counter.ptr,
+        n_expert: c.n_expert as i32,
+        d_model: c.d_model as i32,
+        q_dim: c.q_dim() as i32,
+        n_used: c.n_expert_used as i32,
+    };
+    o_proj_router(lw.o, &lw.router, s.attn.ptr, x_out, r)
 }
 
 /// The device sampler's settings for `p`, or None when it needs the host sampler (penalties,
@@ -295,10 +379,11 @@ pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, sampled: bool) -> Ve
 /// The embedding and every layer (what the fused step replaces).
 pub fn layers(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
     let mut out = Vec::with_capacity(8 * c.n_layer + 1);
+    let fold = router_fold(c, w);
     let e = EmbedParams {
         w: w.embd,
         state: s.state.ptr,
-        x: s.x.ptr,
+        x: residual(c, s, 0, fold).0,
     };
     out.push(Launch::new(
         Kernel::Embed,
@@ -310,7 +395,7 @@ pub fn layers(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
         weight_bytes(&w.embd, 1),
     ));
     for l in 0..c.n_layer {
-        layer(c, w, s, kv, l, &mut out);
+        layer(c, w, s, kv, l, fold, &mut out);
     }
     // Timing experiments only (the output is wrong): Q4MOE_CUDA_OMIT=o_proj,moe_down leaves
     // those launches out, so the step time drops by what they cost inside the graph.
@@ -395,8 +480,17 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> 
     out
 }
 
-fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<Launch>) {
+fn layer(
+    c: &Config,
+    w: &Weights,
+    s: &Scratch,
+    kv: &Kv,
+    l: usize,
+    fold: bool,
+    out: &mut Vec<Launch>,
+) {
     let lw = &w.layers[l];
+    let (x_in, x_out) = residual(c, s, l, fold);
     let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
     let qkv = [
         (lw.q, s.qkv.ptr, q_dim),
@@ -406,7 +500,7 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
     out.push(matvec(
         "qkv",
         &qkv,
-        s.x.ptr,
+        x_in,
         c.d_model,
         lw.attn_norm,
         0,
@@ -512,17 +606,22 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             0,
         ));
     }
-    out.push(matvec(
-        "o_proj",
-        &[(lw.o, s.x.ptr, c.d_model)],
-        s.attn.ptr,
-        q_dim,
-        0,
-        0,
-        true,
-        c.rms_eps,
-    ));
-    let fused = !legacy()
+    if fold {
+        out.push(layer_o_proj_router(c, lw, s, x_in, x_out));
+    } else {
+        out.push(matvec(
+            "o_proj",
+            &[(lw.o, s.x.ptr, c.d_model)],
+            s.attn.ptr,
+            q_dim,
+            0,
+            0,
+            true,
+            c.rms_eps,
+        ));
+    }
+    let fused = !fold
+        && !legacy()
         && lw.router.ty == T_F32
         && c.d_model % 128 == 0
         && c.d_model <= 2048
@@ -568,7 +667,7 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
             &r,
             weight_bytes(&lw.router, c.n_expert),
         ));
-    } else {
+    } else if !fold {
         out.push(matvec(
             "router",
             &[(lw.router, s.router.ptr, c.n_expert)],
@@ -604,12 +703,16 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         scratch: 0,
     };
     let experts_smem = 64 * 4;
+    // The staged modes normalise the residual themselves (moe.cu load_xg_quant): with the fold
+    // no router writes xn.
     let (gmode, grpw) = gate_up_mode(lw, c.d_model);
     let g = GateUpParams {
         gate: lw.gate,
         up: lw.up,
-        xn: s.xn.ptr,
+        xn: if gmode == 0 { s.xn.ptr } else { x_out },
         h: s.h.ptr,
+        norm: lw.ffn_norm,
+        eps: c.rms_eps,
         experts: Experts {
             scratch: (smem_x(c.d_model) / 4) as i32,
             ..experts
@@ -628,7 +731,7 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         "moe_gate_up",
         grid,
         THREADS,
-        smem_x(c.d_model) + experts_smem,
+        smem_x(c.d_model) + experts_smem + 4 * c.d_model as u32, // + the norm weights
         &g,
         used * (lw.slab[0] + lw.slab[1]),
     ));
@@ -639,7 +742,11 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
     let d = DownParams {
         down: lw.down,
         h: s.h.ptr,
-        x: s.x.ptr,
+        x: x_out,
+        logits: if fold { s.router.ptr } else { 0 },
+        n_expert: c.n_expert as i32,
+        norm_topk: c.norm_topk_prob as i32,
+        eps: c.rms_eps,
         experts: Experts {
             scratch: h_floats as i32,
             ..experts
@@ -648,7 +755,7 @@ fn layer(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, l: usize, out: &mut Vec<
         n_used: c.n_expert_used as i32,
         rows_per_warp: drpw as i32,
     };
-    let smem = (h_floats * 4) as u32 + experts_smem;
+    let smem = (h_floats * 4) as u32 + experts_smem + 32 * 4; // + fold_weights' sums
     let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
     out.push(Launch::new(
         Kernel::MoeDown(dmode),

@@ -8,6 +8,17 @@ use crate::params::*;
 use crate::repack::{split_aux_bytes, split_planes};
 use crate::Result;
 
+/// What `TestDevice::o_proj_router` returns.
+pub struct FoldOut {
+    /// x + o attn
+    pub x: Vec<f32>,
+    /// Unscaled router logits (no RMSNorm factor)
+    pub logits: Vec<f32>,
+    /// The chosen experts and their logits, rank order
+    pub ids: Vec<i32>,
+    pub sel: Vec<f32>,
+}
+
 pub struct TestDevice {
     dev: Device,
 }
@@ -147,6 +158,83 @@ impl TestDevice {
         ))?;
         self.dev.sync()?;
         self.read(&out, k)
+    }
+
+    /// o_proj with the folded router on one layer's inputs: the fold of `o` (rows d_model of
+    /// k = attn.len(), ggml bytes of `ty`), `router` (F32 [n_expert, d_model]) and `norm` built
+    /// by router_fold_build, then the o_proj_router launch, twice (its completion count must
+    /// be back at 0 after each). Returns (x + o attn, unscaled logits, ids, their logits).
+    #[allow(clippy::too_many_arguments)]
+    pub fn o_proj_router(
+        &self,
+        ty: GgmlType,
+        o_bytes: &[u8],
+        router: &[f32],
+        norm: &[f32],
+        x: &[f32],
+        attn: &[f32],
+        n_used: usize,
+    ) -> Result<FoldOut> {
+        let (d_model, q_dim) = (x.len(), attn.len());
+        let n_expert = router.len() / d_model;
+        let (o, _keep) = self.weight(ty, o_bytes, q_dim)?;
+        let (rb, nb) = (self.upload(router)?, self.upload(norm)?);
+        let (xb, ab) = (self.upload(x)?, self.upload(attn)?);
+        let fold = self.poisoned(n_expert * q_dim)?;
+        let fp = FoldBuildParams {
+            o,
+            router: rb.ptr,
+            norm: nb.ptr,
+            out: fold.ptr,
+            d_model: d_model as i32,
+            q_dim: q_dim as i32,
+        };
+        crate::weights::build_fold(&self.dev, &fp, n_expert)?;
+        let (x_out, logits) = (self.poisoned(d_model)?, self.poisoned(n_expert)?);
+        let (ids, sel) = (self.poisoned(n_used)?, self.poisoned(n_used)?);
+        let counter = DevBuf::new(&self.dev, 4)?;
+        counter.fill(&self.dev, 0)?;
+        let r = RouterFold {
+            w: rb.ptr,
+            fold: fold.ptr,
+            norm: nb.ptr,
+            x: xb.ptr,
+            logits: logits.ptr,
+            ids: ids.ptr,
+            sel: sel.ptr,
+            counter: counter.ptr,
+            n_expert: n_expert as i32,
+            d_model: d_model as i32,
+            q_dim: q_dim as i32,
+            n_used: n_used as i32,
+        };
+        let rq = Qw {
+            data: rb.ptr,
+            ty: GgmlType::F32.id() as i32,
+            k: d_model as i32,
+            ..Default::default()
+        };
+        let l = crate::step::o_proj_router(o, &rq, ab.ptr, x_out.ptr, r);
+        let mut count = [0i32];
+        for _ in 0..2 {
+            self.dev.launch(&l)?;
+            self.dev.sync()?;
+            counter.download(&self.dev, 0, &mut count)?;
+            if count[0] != 0 {
+                return Err(crate::CudaError::Unsupported(format!(
+                    "o_proj_router left its completion count at {}",
+                    count[0]
+                )));
+            }
+        }
+        let mut iv = vec![0i32; n_used];
+        ids.download(&self.dev, 0, &mut iv)?;
+        Ok(FoldOut {
+            x: self.read(&x_out, d_model)?,
+            logits: self.read(&logits, n_expert)?,
+            ids: iv,
+            sel: self.read(&sel, n_used)?,
+        })
     }
 
     /// Router softmax + top-k (+ renormalisation): returns (ids, weights).

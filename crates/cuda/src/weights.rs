@@ -8,8 +8,8 @@ use std::ops::Range;
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, Model, QTensor};
 
-use crate::device::{DevBuf, Device};
-use crate::params::Qw;
+use crate::device::{DevBuf, Device, Kernel, Launch};
+use crate::params::{FoldBuildParams, Qw, RF_MAX_D_MODEL, RF_MAX_Q_DIM};
 use crate::repack::{plane_bytes, split_aux_bytes, write_planes};
 use crate::{CudaError, Result};
 
@@ -32,10 +32,15 @@ pub struct LayerW {
     pub down: Qw,
     /// Bytes per expert slab of gate, up, down (for the profile's bytes-read).
     pub slab: [u64; 3],
+    /// [n_expert, q_dim] f32 (router * ffn_norm) @ attn_output (moe.cu RouterFold), or 0 where
+    /// the router is not folded (`router_fold_wanted`).
+    pub router_fold: u64,
 }
 
 pub struct Weights {
     pub buf: DevBuf,
+    /// Every layer's `router_fold`, when folded.
+    pub folds: Option<DevBuf>,
     pub embd: Qw,
     pub output_norm: u64,
     pub output: Qw,
@@ -143,11 +148,68 @@ fn device_bytes(model: &Model, p: &Place) -> Vec<u8> {
     out
 }
 
+/// Whether o_proj's launch takes the router (moe.cu RouterFold): an F32 router whose rows fit
+/// the router blocks' registers, unless Q4MOE_CUDA_ROUTER_FOLD=0 (A/B measurements) or
+/// Q4MOE_CUDA_LEGACY is set. step.rs folds a layer only where its o_proj and experts have
+/// staged modes as well.
+pub fn router_fold_wanted(model: &Model) -> bool {
+    let c = &model.config;
+    std::env::var("Q4MOE_CUDA_ROUTER_FOLD").map_or(true, |v| v != "0")
+        && std::env::var_os("Q4MOE_CUDA_LEGACY").is_none()
+        && c.d_model <= RF_MAX_D_MODEL
+        && c.q_dim() <= RF_MAX_Q_DIM
+        && model
+            .layers
+            .iter()
+            .all(|l| l.ffn_gate_inp.ty == GgmlType::F32)
+}
+
+/// Bytes of every layer's router fold.
+fn fold_bytes(c: &Config) -> usize {
+    c.n_layer * c.n_expert * c.q_dim() * 4
+}
+
+/// Launches the build of one router fold, [n_expert, o's k] f32 at `p.out` (moe.cu
+/// router_fold_build); `p.router` holds n_expert rows.
+pub(crate) fn build_fold(dev: &Device, p: &FoldBuildParams, n_expert: usize) -> Result<()> {
+    let grid = ((p.q_dim as u32).div_ceil(256), n_expert as u32, 1);
+    dev.launch(&Launch::new(
+        Kernel::RouterFoldBuild,
+        "router_fold",
+        grid,
+        256,
+        0,
+        p,
+        0,
+    ))
+}
+
+/// Builds every layer's router fold on the device.
+fn build_folds(dev: &Device, c: &Config, layers: &mut [LayerW]) -> Result<DevBuf> {
+    let buf = DevBuf::new(dev, fold_bytes(c))?;
+    let per_layer = (c.n_expert * c.q_dim() * 4) as u64;
+    for (i, lw) in layers.iter_mut().enumerate() {
+        lw.router_fold = buf.ptr + i as u64 * per_layer;
+        let p = FoldBuildParams {
+            o: lw.o,
+            router: lw.router.data,
+            norm: lw.ffn_norm,
+            out: lw.router_fold,
+            d_model: c.d_model as i32,
+            q_dim: c.q_dim() as i32,
+        };
+        build_fold(dev, &p, c.n_expert)?;
+    }
+    dev.sync()?;
+    Ok(buf)
+}
+
 /// Checks that weights, KV and scratch fit, then uploads every tensor with a progress bar.
 pub fn upload(dev: &Device, model: &Model, extra_bytes: usize) -> Result<Weights> {
     let (places, total) = plan(model)?;
+    let fold = router_fold_wanted(model);
     let (free, _) = dev.free_mem()?;
-    let need = total + extra_bytes + (256 << 20);
+    let need = total + extra_bytes + (256 << 20) + if fold { fold_bytes(&model.config) } else { 0 };
     if need > free {
         return Err(CudaError::OutOfMemory { need, free });
     }
@@ -190,7 +252,7 @@ pub fn upload(dev: &Device, model: &Model, extra_bytes: usize) -> Result<Weights
     } else {
         &model.token_embd
     };
-    let layers = model
+    let mut layers = model
         .layers
         .iter()
         .map(|l| LayerW {
@@ -211,16 +273,29 @@ pub fn upload(dev: &Device, model: &Model, extra_bytes: usize) -> Result<Weights
                 l.ffn_up_exps.slab_bytes() as u64,
                 l.ffn_down_exps.slab_bytes() as u64,
             ],
+            router_fold: 0,
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let folds = match fold {
+        true => Some(build_folds(dev, &model.config, &mut layers)?),
+        false => None,
+    };
     let (embd, output_norm, output) = (qw(&model.token_embd), ptr(&model.output_norm), qw(out_t));
     Ok(Weights {
         buf,
+        folds,
         embd,
         output_norm,
         output,
         layers,
     })
+}
+
+impl Weights {
+    /// Device bytes the weights hold: the tensors and the router folds.
+    pub fn resident_bytes(&self) -> usize {
+        self.buf.bytes + self.folds.as_ref().map_or(0, |f| f.bytes)
+    }
 }
 
 /// Checks the geometry limits the kernels assume.

@@ -132,6 +132,81 @@ fn embedding_row_matches_host_for_every_type() {
     }
 }
 
+/// o_proj with the folded router (moe.cu RouterFold): the new residual as o_proj's, the
+/// unscaled logits as (router * norm) (x + W_o attn) in f64, and the chosen experts the largest
+/// of them, for each staged type and the test geometries' shapes up to Qwen3-30B-A3B's.
+#[test]
+fn o_proj_with_folded_router_matches_host() {
+    let Some(dev) = device() else { return };
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for (d_model, q_dim, n_expert, n_used) in
+            [(256, 256, 8, 2), (1024, 2048, 32, 4), (2048, 4096, 128, 8)]
+        {
+            let mut rng = Rng::new(ty.id() as u64 * 31 + d_model as u64);
+            let mut o_bytes = Vec::new();
+            quantize_row(ty, &randn(&mut rng, d_model * q_dim, 1.0), &mut o_bytes).unwrap();
+            let router = randn(&mut rng, n_expert * d_model, 0.05);
+            let norm = randn(&mut rng, d_model, 1.0);
+            let x = randn(&mut rng, d_model, 4.0);
+            let attn = randn(&mut rng, q_dim, 1.0);
+            let rb = o_bytes.len() / d_model;
+            let xo: Vec<f64> = (0..d_model)
+                .map(|r| {
+                    let mut w = vec![0f32; q_dim];
+                    dequantize_row(ty, &o_bytes[r * rb..(r + 1) * rb], &mut w).unwrap();
+                    let dot: f64 = w
+                        .iter()
+                        .zip(&attn)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum();
+                    x[r] as f64 + dot
+                })
+                .collect();
+            let want: Vec<f64> = router
+                .chunks(d_model)
+                .map(|row| {
+                    (0..d_model)
+                        .map(|i| row[i] as f64 * norm[i] as f64 * xo[i])
+                        .sum()
+                })
+                .collect();
+            let got = dev
+                .o_proj_router(ty, &o_bytes, &router, &norm, &x, &attn, n_used)
+                .unwrap();
+            let what = format!("{ty:?} d_model {d_model} q_dim {q_dim} {n_expert} experts");
+            let xs = xo.iter().fold(0f64, |m, v| m.max(v.abs()));
+            for (i, (g, w)) in got.x.iter().zip(&xo).enumerate() {
+                assert!(
+                    (*g as f64 - w).abs() <= 1e-4 * xs,
+                    "{what}: x[{i}] {g} vs {w}"
+                );
+            }
+            let ls = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+            for (e, (g, w)) in got.logits.iter().zip(&want).enumerate() {
+                assert!(
+                    (*g as f64 - w).abs() <= 1e-4 * ls,
+                    "{what}: logit {e} {g} vs {w}"
+                );
+            }
+            // The chosen are the largest got logits in rank order, their own values, and
+            // within the tolerance of the host's largest.
+            let mut order: Vec<usize> = (0..n_expert).collect();
+            order.sort_by(|&a, &b| got.logits[b].total_cmp(&got.logits[a]).then(a.cmp(&b)));
+            let ids: Vec<i32> = order[..n_used].iter().map(|&i| i as i32).collect();
+            assert_eq!(got.ids, ids, "{what}: chosen experts");
+            for (j, &i) in order[..n_used].iter().enumerate() {
+                assert_eq!(got.sel[j], got.logits[i], "{what}: chosen logit {j}");
+            }
+            let mut host: Vec<f64> = want.clone();
+            host.sort_by(|a, b| b.total_cmp(a));
+            assert!(
+                (want[order[n_used - 1]] - host[n_used - 1]).abs() <= 2e-4 * ls,
+                "{what}: the last chosen is not among the host's largest"
+            );
+        }
+    }
+}
+
 #[test]
 fn topk_matches_host() {
     let Some(dev) = device() else { return };
