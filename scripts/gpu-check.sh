@@ -73,9 +73,10 @@ named() {  # named "<names>" <name>: the list is empty or "all" or holds the nam
 # Racecheck one kernel family at a time (--kernel-name; the others run uninstrumented) on short
 # decodes of the tiny geometry (`q4moe bench`: a 100-token prompt, so attention merges 4 chunks,
 # then 8 tokens; the parity tests under racecheck outlast a device call), then memcheck on the
-# same runs (graph, device sampler). Racecheck without the router cluster: it fails on it with an
-# internal error (session 7); router_topk stands in. Nor the fused step (its grid barrier spins
-# when racecheck serialises blocks).
+# same runs (graph, device sampler). The "router" family is the router folded into o_proj's
+# launch (o_proj_router_*, session 14); with the fold off, racecheck runs without the router
+# cluster: it fails on it with an internal error (session 7), router_topk stands in. Nor the
+# fused step (its grid barrier spins when racecheck serialises blocks).
 tiny_sanitize() {
   racy() {  # racy <quant> <tool args..>: the sanitizer's verdict on one short tiny decode
     local q=$1 extra="--setup-cache off" cluster=0
