@@ -180,9 +180,10 @@ for s in $steps; do
     racecheck) tiny_sanitize ;;
     omit)
       # Each layer kernel's cost inside the graph: the step without it (Q4MOE_CUDA_OMIT; wrong
-      # output, timing only), Q4_0, cache on, in-flight 2, 3 runs.
+      # output, timing only), Q4_0, cache on, in-flight 2, 3 runs. o_proj includes the folded
+      # router (router_topk is a launch of its own only with Q4MOE_CUDA_ROUTER_FOLD=0).
       model q4_0
-      for k in none qkv attn_gqa o_proj router_topk moe_gate_up moe_down; do
+      for k in none qkv attn_gqa o_proj moe_gate_up moe_down; do
         r=$(Q4MOE_CUDA_OMIT=$k quick "$Q" q4_0)
         say "omit $k: $r"
       done ;;

@@ -135,6 +135,7 @@ impl CudaBackend {
             &dev,
             &model,
             kv_bytes + Scratch::bytes(&c, opts.kv_capacity),
+            opts.router_fold,
         )?;
         let scratch = Scratch::new(&dev, &c, opts.kv_capacity, opts.attn_max_blocks)?;
         let pinned = Pinned::new(RING)?;

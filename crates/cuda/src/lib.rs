@@ -40,6 +40,10 @@ pub struct CudaOptions {
     /// several (one wave of blocks at long context, a short merge). Q4MOE_CUDA_ATT_BLOCKS
     /// overrides the default (for measuring).
     pub attn_max_blocks: usize,
+    /// Fold the router into o_proj's launch where it applies (moe.cu RouterFold; NOTES.md
+    /// session 14: +8%). On by default; Q4MOE_CUDA_ROUTER_FOLD=0 turns it off (A/B
+    /// measurements; the parity tests run both).
+    pub router_fold: bool,
 }
 
 impl Default for CudaOptions {
@@ -54,6 +58,7 @@ impl Default for CudaOptions {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(params::ATT_MAX_BLOCKS),
+            router_fold: std::env::var("Q4MOE_CUDA_ROUTER_FOLD").map_or(true, |v| v != "0"),
         }
     }
 }

@@ -289,7 +289,7 @@ fn matvec_params(
 }
 
 /// Whether every layer's router is folded into its o_proj launch (moe.cu RouterFold): the fold
-/// was built (weights.rs router_fold_wanted) and o_proj and both expert launches have staged
+/// was built (weights.rs router_fold_applies) and o_proj and both expert launches have staged
 /// modes (the generic ones neither normalise the experts' input nor weigh the folded logits).
 fn router_fold(c: &Config, w: &Weights) -> bool {
     w.layers.iter().all(|lw| {

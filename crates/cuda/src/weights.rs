@@ -33,7 +33,7 @@ pub struct LayerW {
     /// Bytes per expert slab of gate, up, down (for the profile's bytes-read).
     pub slab: [u64; 3],
     /// [n_expert, q_dim] f32 (router * ffn_norm) @ attn_output (moe.cu RouterFold), or 0 where
-    /// the router is not folded (`router_fold_wanted`).
+    /// the router is not folded (`router_fold_applies`).
     pub router_fold: u64,
 }
 
@@ -148,13 +148,13 @@ fn device_bytes(model: &Model, p: &Place) -> Vec<u8> {
     out
 }
 
-/// Whether o_proj's launch takes the router (moe.cu RouterFold): an F32 router whose rows fit
-/// the router blocks' registers, unless Q4MOE_CUDA_ROUTER_FOLD=0 (A/B measurements) or
-/// Q4MOE_CUDA_LEGACY is set. step.rs folds a layer only where its o_proj and experts have
+/// Whether o_proj's launch takes the router (moe.cu RouterFold), when `wanted`
+/// (CudaOptions::router_fold): an F32 router whose rows fit the router blocks' registers, and
+/// not with Q4MOE_CUDA_LEGACY. step.rs folds the layers only where o_proj and the experts have
 /// staged modes as well.
-pub fn router_fold_wanted(model: &Model) -> bool {
+fn router_fold_applies(model: &Model, wanted: bool) -> bool {
     let c = &model.config;
-    std::env::var("Q4MOE_CUDA_ROUTER_FOLD").map_or(true, |v| v != "0")
+    wanted
         && std::env::var_os("Q4MOE_CUDA_LEGACY").is_none()
         && c.d_model <= RF_MAX_D_MODEL
         && c.q_dim() <= RF_MAX_Q_DIM
@@ -204,10 +204,16 @@ fn build_folds(dev: &Device, c: &Config, layers: &mut [LayerW]) -> Result<DevBuf
     Ok(buf)
 }
 
-/// Checks that weights, KV and scratch fit, then uploads every tensor with a progress bar.
-pub fn upload(dev: &Device, model: &Model, extra_bytes: usize) -> Result<Weights> {
+/// Checks that weights, KV and scratch fit, then uploads every tensor with a progress bar, and
+/// builds the router folds when `router_fold` (CudaOptions) and they apply.
+pub fn upload(
+    dev: &Device,
+    model: &Model,
+    extra_bytes: usize,
+    router_fold: bool,
+) -> Result<Weights> {
     let (places, total) = plan(model)?;
-    let fold = router_fold_wanted(model);
+    let fold = router_fold_applies(model, router_fold);
     let (free, _) = dev.free_mem()?;
     let need = total + extra_bytes + (256 << 20) + if fold { fold_bytes(&model.config) } else { 0 };
     if need > free {

@@ -80,28 +80,33 @@ fn test_prompt(len: u32, cfg: &Config) -> Vec<u32> {
 }
 
 /// The CPU reference and the CUDA backend (default options, KV capacity CAP) over one model.
-fn backends(m: &Arc<Model>) -> (CpuBackend, CudaBackend) {
+/// The CPU reference and a CUDA backend with `opts` (its kv_capacity set to CAP).
+fn backends_with(m: &Arc<Model>, opts: CudaOptions) -> (CpuBackend, CudaBackend) {
     // The exact f32 path: the default Q8-activation path is itself ~1e-2 off (crates/cpu).
     let cpu = CpuBackend::with_precision(m.clone(), CAP, Precision::Exact);
-    let gpu = CudaBackend::new(
-        m.clone(),
-        CudaOptions {
-            kv_capacity: CAP,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    (cpu, gpu)
+    let opts = CudaOptions {
+        kv_capacity: CAP,
+        ..opts
+    };
+    (cpu, CudaBackend::new(m.clone(), opts).unwrap())
+}
+
+fn backends(m: &Arc<Model>) -> (CpuBackend, CudaBackend) {
+    backends_with(m, CudaOptions::default())
 }
 
 fn run(cfg: Config, q: SynthQuant) {
+    run_with(cfg, q, CudaOptions::default());
+}
+
+fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
     if no_gpu() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let m = model(&cfg, q, &dir);
     let prompt = test_prompt(12, &cfg);
-    let (mut cpu, mut gpu) = backends(&m);
+    let (mut cpu, mut gpu) = backends_with(&m, opts);
     let lc = cpu.prefill(1, &prompt, true).unwrap();
     let lg = gpu.prefill(1, &prompt, true).unwrap();
     assert_eq!(lc.len(), lg.len());
@@ -208,6 +213,20 @@ fn tiny_q4_0() {
 #[test]
 fn tiny_q4_k_m() {
     run(Config::tiny(), SynthQuant::Q4_K_M);
+}
+
+/// The router as its own launch (CudaOptions::router_fold off, as where the fold does not
+/// apply): the cluster router writes the normalised input, the experts still normalise the
+/// residual themselves.
+#[test]
+fn tiny_router_unfolded() {
+    for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
+        let opts = CudaOptions {
+            router_fold: false,
+            ..Default::default()
+        };
+        run_with(Config::tiny(), q, opts);
+    }
 }
 
 #[test]
