@@ -609,92 +609,7 @@ fn layer(
     if fold {
         out.push(layer_o_proj_router(c, lw, s, x_in, x_out));
     } else {
-        out.push(matvec(
-            "o_proj",
-            &[(lw.o, s.x.ptr, c.d_model)],
-            s.attn.ptr,
-            q_dim,
-            0,
-            0,
-            true,
-            c.rms_eps,
-        ));
-    }
-    let fused = !fold
-        && !legacy()
-        && lw.router.ty == T_F32
-        && c.d_model % 128 == 0
-        && c.d_model <= 2048
-        && c.n_expert <= 4096
-        && c.n_expert_used <= 32;
-    if fused {
-        let r = RouterParams {
-            w: lw.router.data,
-            input: s.x.ptr,
-            norm: lw.ffn_norm,
-            xn_out: s.xn.ptr,
-            logits: s.router.ptr,
-            ids: s.ids.ptr,
-            weights: s.topw.ptr,
-            counter: s.counter.ptr,
-            n_expert: c.n_expert as i32,
-            k: c.d_model as i32,
-            n_used: c.n_expert_used as i32,
-            norm_topk: c.norm_topk_prob as i32,
-            eps: c.rms_eps,
-        };
-        let (kernel, blocks, threads, smem_floats) =
-            if s.router_cluster && c.n_expert <= RC_BLOCKS * RC_WARPS {
-                // One cluster: the logits meet in block 0's shared memory (moe.cu).
-                let (b, t) = (RC_BLOCKS as u32, 32 * RC_WARPS as u32);
-                (Kernel::RouterCluster, b, t, 36 + c.d_model + 2 * c.n_expert)
-            } else {
-                // 4 rows a block: the 1 MB of router rows spread over 32 SMs instead of 16.
-                let b = (c.n_expert as u32).div_ceil(ROUTER_THREADS / 32);
-                (
-                    Kernel::RouterTopk,
-                    b,
-                    ROUTER_THREADS,
-                    36 + c.d_model + c.n_expert + 4,
-                )
-            };
-        out.push(Launch::new(
-            kernel,
-            "router_topk",
-            (blocks, 1, 1),
-            threads,
-            (smem_floats * 4) as u32,
-            &r,
-            weight_bytes(&lw.router, c.n_expert),
-        ));
-    } else if !fold {
-        out.push(matvec(
-            "router",
-            &[(lw.router, s.router.ptr, c.n_expert)],
-            s.x.ptr,
-            c.d_model,
-            lw.ffn_norm,
-            s.xn.ptr,
-            false,
-            c.rms_eps,
-        ));
-        let t = TopkParams {
-            logits: s.router.ptr,
-            ids: s.ids.ptr,
-            weights: s.topw.ptr,
-            n_expert: c.n_expert as i32,
-            n_used: c.n_expert_used as i32,
-            norm_topk: c.norm_topk_prob as i32,
-        };
-        out.push(Launch::new(
-            Kernel::MoeTopk,
-            "moe_topk",
-            (1, 1, 1),
-            32,
-            0,
-            &t,
-            0,
-        ));
+        o_proj_then_router(c, lw, s, x_out, out);
     }
     let experts = Experts {
         ids: s.ids.ptr,
@@ -766,6 +681,104 @@ fn layer(
         &d,
         used * lw.slab[2],
     ));
+}
+
+/// o_proj (`x += W_o attn`) and the router as a launch of its own (without the fold): the
+/// router with its top-k in one launch where it can (`router_cluster` / `router_topk`, which
+/// also write the normalised input to xn for the generic experts' mode), else a matvec and
+/// `moe_topk`.
+fn o_proj_then_router(
+    c: &Config,
+    lw: &crate::weights::LayerW,
+    s: &Scratch,
+    x: u64,
+    out: &mut Vec<Launch>,
+) {
+    out.push(matvec(
+        "o_proj",
+        &[(lw.o, x, c.d_model)],
+        s.attn.ptr,
+        c.q_dim(),
+        0,
+        0,
+        true,
+        c.rms_eps,
+    ));
+    let with_topk = !legacy()
+        && lw.router.ty == T_F32
+        && c.d_model % 128 == 0
+        && c.d_model <= 2048
+        && c.n_expert <= 4096
+        && c.n_expert_used <= 32;
+    if with_topk {
+        let r = RouterParams {
+            w: lw.router.data,
+            input: x,
+            norm: lw.ffn_norm,
+            xn_out: s.xn.ptr,
+            logits: s.router.ptr,
+            ids: s.ids.ptr,
+            weights: s.topw.ptr,
+            counter: s.counter.ptr,
+            n_expert: c.n_expert as i32,
+            k: c.d_model as i32,
+            n_used: c.n_expert_used as i32,
+            norm_topk: c.norm_topk_prob as i32,
+            eps: c.rms_eps,
+        };
+        let (kernel, blocks, threads, smem_floats) =
+            if s.router_cluster && c.n_expert <= RC_BLOCKS * RC_WARPS {
+                // One cluster: the logits meet in block 0's shared memory (moe.cu).
+                let (b, t) = (RC_BLOCKS as u32, 32 * RC_WARPS as u32);
+                (Kernel::RouterCluster, b, t, 36 + c.d_model + 2 * c.n_expert)
+            } else {
+                // 4 rows a block: the 1 MB of router rows spread over 32 SMs instead of 16.
+                let b = (c.n_expert as u32).div_ceil(ROUTER_THREADS / 32);
+                (
+                    Kernel::RouterTopk,
+                    b,
+                    ROUTER_THREADS,
+                    36 + c.d_model + c.n_expert + 4,
+                )
+            };
+        out.push(Launch::new(
+            kernel,
+            "router_topk",
+            (blocks, 1, 1),
+            threads,
+            (smem_floats * 4) as u32,
+            &r,
+            weight_bytes(&lw.router, c.n_expert),
+        ));
+    } else {
+        out.push(matvec(
+            "router",
+            &[(lw.router, s.router.ptr, c.n_expert)],
+            x,
+            c.d_model,
+            lw.ffn_norm,
+            s.xn.ptr,
+            false,
+            c.rms_eps,
+        ));
+        let t = TopkParams {
+            logits: s.router.ptr,
+            ids: s.ids.ptr,
+            weights: s.topw.ptr,
+            n_expert: c.n_expert as i32,
+            n_used: c.n_expert_used as i32,
+            norm_topk: c.norm_topk_prob as i32,
+        };
+        out.push(Launch::new(
+            Kernel::MoeTopk,
+            "moe_topk",
+            (1, 1, 1),
+            32,
+            0,
+            &t,
+            0,
+        ));
+    }
 }
 
 /// (mode, rows per warp) of `moe_gate_up`, a kernel each: gate and up of one type, staged
