@@ -125,27 +125,29 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
         mv_staged<NR, __VA_ARGS__>(p, smem + 36, smem, this_unit());                            \
     }
 #define MV_KERNEL(name, NR, ...) MV_KERNEL_AT(3, name, NR, __VA_ARGS__)
-MV_KERNEL(matvec_q4_0_1, 4, Q4_0Rows<4, 1>)  // mode 1: Q4_0, k <= 1024, 4 rows a warp
-MV_KERNEL(matvec_q4_0_2, 2, Q4_0Rows<2, 2>)  // 2: Q4_0, k <= 2048, 2 rows
-MV_KERNEL(matvec_q4_0_4, 1, Q4_0Rows<1, 4>)  // 3: Q4_0, k <= 4096, 1 row
-MV_KERNEL(matvec_q4_k_1, 2, Q4_KRows<2, 2>)  // 4: Q4_K (as repacked), k <= 2048, 2 rows
-MV_KERNEL(matvec_q4_k_2, 1, Q4_KRows<1, 4>)  // 5: Q4_K, k <= 4096, 1 row
-MV_KERNEL(matvec_q6_k_1, 4, Q6_KRows<4, 1>)  // 6: Q6_K (as repacked), k <= 1024, 4 rows
-MV_KERNEL(matvec_q6_k_2, 2, Q6_KRows<2, 2>)  // 7: Q6_K, k <= 2048, 2 rows
-MV_KERNEL(matvec_q6_k_4, 1, Q6_KRows<1, 4>)  // 8: Q6_K, k <= 4096, 1 row
+// The staged modes 1..8 (a kernel each, step.rs mv_mode): name, rows a warp, their pieces.
+// 1: Q4_0, k <= 1024, 4 rows a warp; 2: Q4_0, k <= 2048, 2 rows; 3: Q4_0, k <= 4096, 1 row;
+// 4: Q4_K (as repacked), k <= 2048, 2 rows; 5: Q4_K, k <= 4096, 1 row; 6: Q6_K (as repacked),
+// k <= 1024, 4 rows; 7: Q6_K, k <= 2048, 2 rows; 8: Q6_K, k <= 4096, 1 row. The walking
+// kernels (modes 10..17) and o_proj with the folded router (moe.cu) take the same list.
+#define STAGED_MODES(X)          \
+    X(q4_0_1, 4, Q4_0Rows<4, 1>) \
+    X(q4_0_2, 2, Q4_0Rows<2, 2>) \
+    X(q4_0_4, 1, Q4_0Rows<1, 4>) \
+    X(q4_k_1, 2, Q4_KRows<2, 2>) \
+    X(q4_k_2, 1, Q4_KRows<1, 4>) \
+    X(q6_k_1, 4, Q6_KRows<4, 1>) \
+    X(q6_k_2, 2, Q6_KRows<2, 2>) \
+    X(q6_k_4, 1, Q6_KRows<1, 4>)
+#define MV_STAGED(sfx, NR, ...) MV_KERNEL(matvec_##sfx, NR, __VA_ARGS__)
+STAGED_MODES(MV_STAGED)
 // 9: Q4_K and Q6_K matrices (Q4_K_M's QKV), k <= 2048, 2 rows
 MV_KERNEL(matvec_k_mixed, 2, Q4_KRows<2, 2>, Q6_KRows<2, 2>, T_Q6_K)
 // 10..17: modes 1..8 walking rows grid-wide (LOOP: the output head, step.rs looped), 2 blocks
 // an SM: two units' weights a warp need more than 3 blocks' 85 registers (spills).
 #define MV_LOOP_KERNEL(name, NR, ...) MV_KERNEL_AT(2, name, NR, __VA_ARGS__, __VA_ARGS__, -1, true)
-MV_LOOP_KERNEL(matvec_q4_0_1_loop, 4, Q4_0Rows<4, 1>)
-MV_LOOP_KERNEL(matvec_q4_0_2_loop, 2, Q4_0Rows<2, 2>)
-MV_LOOP_KERNEL(matvec_q4_0_4_loop, 1, Q4_0Rows<1, 4>)
-MV_LOOP_KERNEL(matvec_q4_k_1_loop, 2, Q4_KRows<2, 2>)
-MV_LOOP_KERNEL(matvec_q4_k_2_loop, 1, Q4_KRows<1, 4>)
-MV_LOOP_KERNEL(matvec_q6_k_1_loop, 4, Q6_KRows<4, 1>)
-MV_LOOP_KERNEL(matvec_q6_k_2_loop, 2, Q6_KRows<2, 2>)
-MV_LOOP_KERNEL(matvec_q6_k_4_loop, 1, Q6_KRows<1, 4>)
+#define MV_STAGED_LOOP(sfx, NR, ...) MV_LOOP_KERNEL(matvec_##sfx##_loop, NR, __VA_ARGS__)
+STAGED_MODES(MV_STAGED_LOOP)
 
 // The generic mode, held to 3 blocks per SM (rows of types without a staged mode, e.g. Q8_0).
 extern "C" __global__ void __launch_bounds__(256, 3) matvec_generic(const MatvecParams p) {

@@ -326,14 +326,8 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
         Unit o{u.x - p.r.n_expert, 0, u.nx - p.r.n_expert};                                       \
         mv_staged<NR, __VA_ARGS__>(p.mv, smem + 36, smem, o, (const float*)p.r.x);                \
     }
-OPROJ_ROUTER_KERNEL(o_proj_router_q4_0_1, 4, Q4_0Rows<4, 1>)  // matvec modes 1..8
-OPROJ_ROUTER_KERNEL(o_proj_router_q4_0_2, 2, Q4_0Rows<2, 2>)
-OPROJ_ROUTER_KERNEL(o_proj_router_q4_0_4, 1, Q4_0Rows<1, 4>)
-OPROJ_ROUTER_KERNEL(o_proj_router_q4_k_1, 2, Q4_KRows<2, 2>)
-OPROJ_ROUTER_KERNEL(o_proj_router_q4_k_2, 1, Q4_KRows<1, 4>)
-OPROJ_ROUTER_KERNEL(o_proj_router_q6_k_1, 4, Q6_KRows<4, 1>)
-OPROJ_ROUTER_KERNEL(o_proj_router_q6_k_2, 2, Q6_KRows<2, 2>)
-OPROJ_ROUTER_KERNEL(o_proj_router_q6_k_4, 1, Q6_KRows<1, 4>)
+#define OPROJ_ROUTER_MODE(sfx, NR, ...) OPROJ_ROUTER_KERNEL(o_proj_router_##sfx, NR, __VA_ARGS__)
+STAGED_MODES(OPROJ_ROUTER_MODE)  // matvec modes 1..8
 
 // F = (R * g) W_o at load, in double: grid (ceil(q_dim / 256), n_expert), 256 threads, one
 // element a thread (W_o's rows are o_proj's outputs, its k = q_dim).

@@ -227,38 +227,61 @@ fn mv_mode(ws: &[(Qw, u64, usize)], k: usize) -> (u8, usize) {
     (mode, nr)
 }
 
-pub(crate) fn matvec(
-    name: &'static str,
-    ws: &[(Qw, u64, usize)],
-    input: u64,
-    k: usize,
-    norm: u64,
-    xn_out: u64,
-    accumulate: bool,
-    eps: f32,
-) -> Launch {
-    let (p, mode, blocks, bytes) = matvec_params(ws, input, k, norm, xn_out, accumulate, eps);
+/// One matvec launch's operands: up to three matrices (weights, output, rows) whose rows are
+/// concatenated in the output space, over one input of k values.
+pub(crate) struct Mv<'a> {
+    pub ws: &'a [(Qw, u64, usize)],
+    pub input: u64,
+    pub k: usize,
+    /// RMSNorm weight applied to the input (0: none), with `eps`
+    pub norm: u64,
+    pub eps: f32,
+    /// Where block 0 also stores the normalised input (0: nowhere; the generic mode only)
+    pub xn_out: u64,
+    /// out += result (the residual add) instead of out = result
+    pub accumulate: bool,
+}
+
+impl<'a> Mv<'a> {
+    /// `ws` times `input`, no norm, no residual.
+    pub fn new(ws: &'a [(Qw, u64, usize)], input: u64, k: usize) -> Mv<'a> {
+        Mv {
+            ws,
+            input,
+            k,
+            norm: 0,
+            eps: 0.0,
+            xn_out: 0,
+            accumulate: false,
+        }
+    }
+}
+
+pub(crate) fn matvec(name: &'static str, m: &Mv) -> Launch {
+    let (p, mode, blocks, bytes) = matvec_params(m);
+    let smem = smem_x(m.k);
     Launch::new(
         Kernel::Matvec(mode),
         name,
         (blocks, 1, 1),
         THREADS,
-        smem_x(k),
+        smem,
         &p,
         bytes,
     )
 }
 
 /// `matvec`'s params, mode, blocks and weight bytes.
-fn matvec_params(
-    ws: &[(Qw, u64, usize)],
-    input: u64,
-    k: usize,
-    norm: u64,
-    xn_out: u64,
-    accumulate: bool,
-    eps: f32,
-) -> (MatvecParams, u8, u32, u64) {
+fn matvec_params(m: &Mv) -> (MatvecParams, u8, u32, u64) {
+    let Mv {
+        ws,
+        input,
+        k,
+        norm,
+        eps,
+        xn_out,
+        accumulate,
+    } = *m;
     let mut p = MatvecParams {
         input,
         norm,
@@ -317,7 +340,11 @@ fn residual(c: &Config, s: &Scratch, l: usize, fold: bool) -> (u64, u64) {
 pub(crate) fn o_proj_router(o: Qw, router: &Qw, attn: u64, x_out: u64, r: RouterFold) -> Launch {
     let (n_expert, q_dim) = (r.n_expert as usize, r.q_dim as usize);
     let ws = [(o, x_out, r.d_model as usize)];
-    let (mv, mode, blocks, bytes) = matvec_params(&ws, attn, q_dim, 0, 0, true, 0.0);
+    let o_proj = Mv {
+        accumulate: true,
+        ..Mv::new(&ws, attn, q_dim)
+    };
+    let (mv, mode, blocks, bytes) = matvec_params(&o_proj);
     let router_bytes = weight_bytes(router, n_expert) + (n_expert * q_dim * 4) as u64;
     Launch::new(
         Kernel::OprojRouter(mode),
@@ -421,16 +448,13 @@ pub(crate) fn looped(mut l: Launch, blocks: u32) -> Launch {
 
 /// The output head, then the token choice (arg-max, or the device sampler when `sampled`).
 pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> {
-    let head = matvec(
-        "head",
-        &[(w.output, s.logits.ptr, c.vocab_size)],
-        s.x.ptr,
-        c.d_model,
-        w.output_norm,
-        0,
-        false,
-        c.rms_eps,
-    );
+    let rows = [(w.output, s.logits.ptr, c.vocab_size)];
+    let head = Mv {
+        norm: w.output_norm,
+        eps: c.rms_eps,
+        ..Mv::new(&rows, s.x.ptr, c.d_model)
+    };
+    let head = matvec("head", &head);
     let mut out = vec![looped(head, s.head_blocks)];
     if sampled {
         let p = SampleParams {
@@ -497,16 +521,12 @@ fn layer(
         (lw.k, s.qkv.ptr + 4 * q_dim as u64, kv_dim),
         (lw.v, s.qkv.ptr + 4 * (q_dim + kv_dim) as u64, kv_dim),
     ];
-    out.push(matvec(
-        "qkv",
-        &qkv,
-        x_in,
-        c.d_model,
-        lw.attn_norm,
-        0,
-        false,
-        c.rms_eps,
-    ));
+    let qkv = Mv {
+        norm: lw.attn_norm,
+        eps: c.rms_eps,
+        ..Mv::new(&qkv, x_in, c.d_model)
+    };
+    out.push(matvec("qkv", &qkv));
     let (kc, vc) = kv.layer(c, l);
     let group = c.n_head / c.n_kv_head.max(1);
     let gqa = !legacy()
@@ -694,16 +714,12 @@ fn o_proj_then_router(
     x: u64,
     out: &mut Vec<Launch>,
 ) {
-    out.push(matvec(
-        "o_proj",
-        &[(lw.o, x, c.d_model)],
-        s.attn.ptr,
-        c.q_dim(),
-        0,
-        0,
-        true,
-        c.rms_eps,
-    ));
+    let o = [(lw.o, x, c.d_model)];
+    let o_proj = Mv {
+        accumulate: true,
+        ..Mv::new(&o, s.attn.ptr, c.q_dim())
+    };
+    out.push(matvec("o_proj", &o_proj));
     let with_topk = !legacy()
         && lw.router.ty == T_F32
         && c.d_model % 128 == 0
@@ -751,16 +767,14 @@ fn o_proj_then_router(
             weight_bytes(&lw.router, c.n_expert),
         ));
     } else {
-        out.push(matvec(
-            "router",
-            &[(lw.router, s.router.ptr, c.n_expert)],
-            x,
-            c.d_model,
-            lw.ffn_norm,
-            s.xn.ptr,
-            false,
-            c.rms_eps,
-        ));
+        let rows = [(lw.router, s.router.ptr, c.n_expert)];
+        let router = Mv {
+            norm: lw.ffn_norm,
+            eps: c.rms_eps,
+            xn_out: s.xn.ptr,
+            ..Mv::new(&rows, x, c.d_model)
+        };
+        out.push(matvec("router", &router));
         let t = TopkParams {
             logits: s.router.ptr,
             ids: s.ids.ptr,

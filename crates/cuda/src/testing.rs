@@ -6,6 +6,7 @@ use q4moe_gguf::GgmlType;
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
 use crate::repack::{split_aux_bytes, split_planes};
+use crate::step::Mv;
 use crate::Result;
 
 /// What `TestDevice::o_proj_router` returns.
@@ -105,31 +106,24 @@ impl TestDevice {
                 w2.data = w.data + (half * (k / 32) * 16) as u64;
                 w2.scales = w.scales + (half * (k / 32) * aux) as u64;
             }
-            crate::step::matvec(
-                "matvec",
-                &[
-                    (w, out.ptr, half),
-                    (w2, out.ptr + 4 * half as u64, rows - half),
-                ],
-                xb.ptr,
-                k,
-                norm_ptr,
-                0,
-                false,
+            let ws = [
+                (w, out.ptr, half),
+                (w2, out.ptr + 4 * half as u64, rows - half),
+            ];
+            let m = Mv {
+                norm: norm_ptr,
                 eps,
-            )
+                ..Mv::new(&ws, xb.ptr, k)
+            };
+            crate::step::matvec("matvec", &m)
         } else {
-            let one = crate::step::matvec(
-                "matvec",
-                &[(w, out.ptr, rows)],
-                xb.ptr,
-                k,
-                norm_ptr,
-                0,
-                false,
+            let ws = [(w, out.ptr, rows)];
+            let m = Mv {
+                norm: norm_ptr,
                 eps,
-            );
-            crate::step::looped(one, walk.unwrap_or(0))
+                ..Mv::new(&ws, xb.ptr, k)
+            };
+            crate::step::looped(crate::step::matvec("matvec", &m), walk.unwrap_or(0))
         };
         self.dev.launch(&l)?;
         self.dev.sync()?;
