@@ -13,8 +13,9 @@ root=$(git rev-parse --show-toplevel)
 mkdir -p "$root/variants"
 for ref in "$@"; do
   name=$(echo "$ref" | tr '/' '-')
+  sha=$(git -C "$root" rev-parse --short "$ref")  # the commit built, even if the ref moves meanwhile
   wt=$(mktemp -d)
-  git -C "$root" worktree add -q --detach "$wt" "$ref"
+  git -C "$root" worktree add -q --detach "$wt" "$sha"
   tgt="${CARGO_TARGET_DIR_VARIANTS:-/tmp/q4moe-variants}/$name"
   (cd "$wt" && CARGO_TARGET_DIR="$tgt" cargo build -q --release -p q4moe \
      && CARGO_TARGET_DIR="$tgt" cargo test -q --release -p q4moe-cuda --test parity --test kernels --no-run)
@@ -25,5 +26,5 @@ for ref in "$@"; do
   done
   strip "$root/variants/$name"/*
   git -C "$root" worktree remove --force "$wt"
-  echo "variants/$name: $(git -C "$root" rev-parse --short "$ref")"
+  echo "variants/$name: $sha"
 done
