@@ -107,16 +107,16 @@ fn smem_plan(
 /// Why the fused step's kernels cannot serve this geometry, if they cannot.
 fn unsupported(c: &Config) -> Option<String> {
     let group = c.n_head / c.n_kv_head.max(1);
-    if c.n_kv_head == 0 || c.n_head % c.n_kv_head != 0 || group > 8 {
+    if c.n_kv_head == 0 || !c.n_head.is_multiple_of(c.n_kv_head) || group > 8 {
         return Some(format!(
             "{} query heads over {} KV heads",
             c.n_head, c.n_kv_head
         ));
     }
-    if c.head_dim % 64 != 0 || c.head_dim > 128 {
+    if !c.head_dim.is_multiple_of(64) || c.head_dim > 128 {
         return Some(format!("head_dim {}", c.head_dim));
     }
-    if c.d_ff_expert % 32 != 0 || c.d_model % 4 != 0 {
+    if !c.d_ff_expert.is_multiple_of(32) || !c.d_model.is_multiple_of(4) {
         return Some(format!("d_ff {} / d_model {}", c.d_ff_expert, c.d_model));
     }
     if c.n_expert > FUSED_MAX_EXPERT || c.n_expert_used > FUSED_MAX_USED || c.n_expert_used == 0 {

@@ -198,13 +198,13 @@ fn mv_mode(ws: &[(Qw, u64, usize)], k: usize) -> (u8, usize) {
         // Q4_K_M's QKV on half the layers: Q4_K q and k, Q6_K v.
         _ if ws.iter().any(|w| w.0.ty != ty) => {
             let k_quant = |t: i32| t == T_Q4_K || t == T_Q6_K;
-            if !ws.iter().all(|w| k_quant(w.0.ty)) || k % 256 != 0 || k > 2048 {
+            if !ws.iter().all(|w| k_quant(w.0.ty)) || !k.is_multiple_of(256) || k > 2048 {
                 return generic;
             }
             (9, 2)
         }
         // Split types (as repacked): one 32-weight block a lane piece.
-        T_Q4_0 | T_Q6_K if k % 32 == 0 => {
+        T_Q4_0 | T_Q6_K if k.is_multiple_of(32) => {
             let first = if ty == T_Q4_0 { 1 } else { 6 };
             match (k / 32).div_ceil(32) {
                 1 => (first, 4),
@@ -214,7 +214,7 @@ fn mv_mode(ws: &[(Qw, u64, usize)], k: usize) -> (u8, usize) {
             }
         }
         // Q4_K: no 4-row mode (k <= 1024 takes the 2-row one).
-        T_Q4_K if k % 256 == 0 => match (k / 32).div_ceil(32) {
+        T_Q4_K if k.is_multiple_of(256) => match (k / 32).div_ceil(32) {
             1 | 2 => (4, 2),
             3 | 4 => (5, 1),
             _ => return generic,
@@ -531,9 +531,9 @@ fn layer(
     let group = c.n_head / c.n_kv_head.max(1);
     let gqa = !legacy()
         && std::env::var_os("Q4MOE_CUDA_NO_GQA").is_none()
-        && c.n_head % c.n_kv_head == 0
+        && c.n_head.is_multiple_of(c.n_kv_head)
         && group <= 8
-        && c.head_dim % 64 == 0
+        && c.head_dim.is_multiple_of(64)
         && c.head_dim <= 128;
     let a = AttnParams {
         q: s.q.ptr,
@@ -722,7 +722,7 @@ fn o_proj_then_router(
     out.push(matvec("o_proj", &o_proj));
     let with_topk = !legacy()
         && lw.router.ty == T_F32
-        && c.d_model % 128 == 0
+        && c.d_model.is_multiple_of(128)
         && c.d_model <= 2048
         && c.n_expert <= 4096
         && c.n_expert_used <= 32;
@@ -803,9 +803,9 @@ fn gate_up_mode(lw: &crate::weights::LayerW, k: usize) -> (u8, usize) {
         return (0, 1);
     }
     match lw.gate.ty {
-        T_Q4_0 if k % 32 == 0 && k <= 1024 => (1, 2),
-        T_Q4_0 if k % 32 == 0 && k <= 2048 => (2, 1),
-        T_Q4_K if k % 256 == 0 && k <= 2048 => (3, 1),
+        T_Q4_0 if k.is_multiple_of(32) && k <= 1024 => (1, 2),
+        T_Q4_0 if k.is_multiple_of(32) && k <= 2048 => (2, 1),
+        T_Q4_K if k.is_multiple_of(256) && k <= 2048 => (3, 1),
         _ => (0, 1),
     }
 }

@@ -99,7 +99,7 @@ impl TestDevice {
         // Two matrices (the same weights) when the rows split evenly: exercises the multi-matrix
         // row mapping of the staged modes as the QKV launch uses it.
         let half = rows / 2;
-        let l = if walk.is_none() && rows % 8 == 0 && half > 0 {
+        let l = if walk.is_none() && rows.is_multiple_of(8) && half > 0 {
             let mut w2 = w;
             w2.data += (half * ty.row_bytes(k).unwrap()) as u64;
             if let Some(aux) = split_aux_bytes(ty) {

@@ -307,7 +307,7 @@ impl Weights {
 /// Checks the geometry limits the kernels assume.
 pub fn check_config(c: &Config) -> Result<()> {
     let bad = |m: String| Err(CudaError::Unsupported(m));
-    if c.head_dim > 512 || c.head_dim % 32 != 0 {
+    if c.head_dim > 512 || !c.head_dim.is_multiple_of(32) {
         return bad(format!(
             "head_dim {} (the kernels need a multiple of 32, at most 512)",
             c.head_dim
@@ -319,7 +319,7 @@ pub fn check_config(c: &Config) -> Result<()> {
             c.n_expert, c.n_expert_used
         ));
     }
-    if c.d_model % 32 != 0 || c.d_ff_expert % 32 != 0 {
+    if !c.d_model.is_multiple_of(32) || !c.d_ff_expert.is_multiple_of(32) {
         return bad("d_model and d_ff_expert must be multiples of 32".into());
     }
     Ok(())

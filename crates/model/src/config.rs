@@ -134,7 +134,7 @@ impl Config {
         if let Some((k, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{k} must be positive"));
         }
-        if self.n_head % self.n_kv_head != 0 {
+        if !self.n_head.is_multiple_of(self.n_kv_head) {
             return Err(format!(
                 "head_count {} is not a multiple of head_count_kv {}",
                 self.n_head, self.n_kv_head
@@ -146,7 +146,7 @@ impl Config {
                 self.n_expert_used, self.n_expert
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!(
                 "head dimension {} must be even for RoPE",
                 self.head_dim

@@ -221,7 +221,7 @@ pub fn write(
 fn check_block_sizes(plans: &[Plan]) -> Result<()> {
     for p in plans {
         let row = p.dims[0] as usize;
-        if row % p.ty.block_size() != 0 {
+        if !row.is_multiple_of(p.ty.block_size()) {
             return Err(ModelError::Invalid(format!(
                 "tensor {}: row length {row} is not a multiple of the {} block size {}; pick dimensions that are",
                 p.name,
