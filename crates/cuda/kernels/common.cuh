@@ -66,6 +66,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
 }
 
+// a.x b.x + a.y b.y + a.z b.z + a.w b.w, summed left to right.
+__device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+__device__ __forceinline__ float4 mul4(float4 a, float4 b) { return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
@@ -180,7 +184,7 @@ __device__ __forceinline__ bool load_x_fast(void* dst, const float* src, int n, 
         float ss = 0.f;
 #pragma unroll
         for (int j = 0; j < LOAD_V; j++)
-            if (threadIdx.x + j * blockDim.x < nv) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+            if (threadIdx.x + j * blockDim.x < nv) ss += dot4(v[j], v[j]);
         r = rsqrtf(block_sum(ss, red) / (float)n + eps);
     }
 #pragma unroll

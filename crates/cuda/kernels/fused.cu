@@ -283,7 +283,7 @@ __device__ void router_rows(const SegV& sg, float* logits, const float* xs) {
             float acc = 0.f;
             for (int j = 0; j < nq; j++) {
                 float4 a = wr[lane + 32 * j], b = *(const float4*)(xs + pad_idx(4 * (lane + 32 * j)));
-                acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+                acc += dot4(a, b);
             }
             v = warp_sum(acc);
         } else {

@@ -143,7 +143,7 @@ __device__ __forceinline__ float router_logit(const RouterParams& p, float* xs, 
     for (int j = 0; j < 16; j++)
         if (j < nq) {
             float4 a = wv[j], b = x4[lane + 32 * j];
-            acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            acc += dot4(a, b);
         }
     return warp_sum(acc);
 }
@@ -292,15 +292,13 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < RF_X; j++)
-        if (t + j * nt < nx)
-            acc += wv[j].x * gv[j].x * xv[j].x + wv[j].y * gv[j].y * xv[j].y + wv[j].z * gv[j].z * xv[j].z +
-                   wv[j].w * gv[j].w * xv[j].w;
+        if (t + j * nt < nx) acc += dot4(mul4(wv[j], gv[j]), xv[j]);
     pdl_start();
 #pragma unroll
     for (int j = 0; j < RF_A; j++)
         if (t + j * nt < na) {
             float4 v = __ldcg((const float4*)a + t + j * nt);
-            acc += fv[j].x * v.x + fv[j].y * v.y + fv[j].z * v.z + fv[j].w * v.w;
+            acc += dot4(fv[j], v);
         }
     float logit = block_sum(acc, red);
     if (t == 0) ((float*)r.logits)[row] = logit;
@@ -383,6 +381,19 @@ struct GateUpParams {
     float eps;
 };
 
+// The block-wide RMS factor in two halves around a barrier the caller has anyway: each warp's
+// partial sum of squares into red[warp], then (after that barrier) rsqrt(mean + eps) over the
+// partials in warp order.
+__device__ __forceinline__ void warp_partial(float ss, float* red) {
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+}
+__device__ __forceinline__ float rms_factor(const float* red, int n, float eps) {
+    float t = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
+    return rsqrtf(__fdividef(t, (float)n) + eps);  // no division slow path on the critical path
+}
+
 // x * g of the residual x as quantised groups at qx (n % 32 == 0, n <= 4 * LOAD_V * blockDim),
 // g in shared memory at gs, and the RMS factor s = rsqrt(mean(x^2) + eps) returned apart: a
 // group's integers do not depend on s (only its scale would), so the dots take x * g and are
@@ -391,7 +402,7 @@ struct GateUpParams {
 // quantisation sat on the experts' critical path, and the norm weights in registers beside the
 // staged rows spilled (Q4_K).
 __device__ __forceinline__ float load_xg_quant(u32* qx, const float* x, const float* gs, int n, float eps, float* red) {
-    int nv = n >> 2, lane = threadIdx.x & 31;
+    int nv = n >> 2;
     float4 v[LOAD_V];
 #pragma unroll
     for (int j = 0; j < LOAD_V; j++) {
@@ -400,20 +411,17 @@ __device__ __forceinline__ float load_xg_quant(u32* qx, const float* x, const fl
     }
     float ss = 0.f;
 #pragma unroll
-    for (int j = 0; j < LOAD_V; j++) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-    ss = warp_sum(ss);
-    if (lane == 0) red[threadIdx.x >> 5] = ss;
+    for (int j = 0; j < LOAD_V; j++) ss += dot4(v[j], v[j]);
+    warp_partial(ss, red);
 #pragma unroll
     for (int j = 0; j < LOAD_V; j++) {
         int i = threadIdx.x + j * blockDim.x;
         if (j * (int)blockDim.x >= nv) break;  // no lane has values here
         float4 g = i < nv ? ((const float4*)gs)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-        quant_store(qx, i, make_float4(v[j].x * g.x, v[j].y * g.y, v[j].z * g.z, v[j].w * g.w), i < nv);
+        quant_store(qx, i, mul4(v[j], g), i < nv);
     }
     __syncthreads();
-    float t = 0.f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
-    return rsqrtf(__fdividef(t, (float)n) + eps);  // no division slow path on the critical path
+    return rms_factor(red, n, eps);
 }
 
 // smem: red [36], then the input's quantised groups; `gs`: the norm weights (stage_norm).
@@ -511,16 +519,13 @@ __device__ __forceinline__ void fold_weights(const DownParams& p, float* ws, flo
     float ss = 0.f;
     for (int i = threadIdx.x; i < p.d_model >> 2; i += blockDim.x) {
         float4 v = __ldcg((const float4*)p.x + i);
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        ss += dot4(v, v);
     }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    warp_partial(ss, red);
     __syncthreads();
     if (threadIdx.x < 32) {
         int lane = threadIdx.x;
-        float t = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
-        float s = rsqrtf(__fdividef(t, (float)p.d_model) + p.eps);
+        float s = rms_factor(red, p.d_model, p.eps);
         float top = ws[0];
         float e = lane < p.n_used ? expf(s * (ws[lane] - top)) : 0.f;
         float den = 0.f;
@@ -618,9 +623,9 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const 
 }
 
 // grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the
-// experts (Experts::scratch: 64 floats, and 32 more for fold_weights). The staged modes (CH pieces of type P a lane: 2, 6 or 8 for items
-// <= 64 / 192 / 256) issue their weight loads first, then stage h (stage_h). One kernel per
-// staged mode, as matvec's.
+// experts (Experts::scratch: 64 floats, and 32 more for fold_weights). The staged modes (CH
+// pieces of type P a lane: 2, 6 or 8 for items <= 64 / 192 / 256) issue their weight loads
+// first, then stage h (stage_h). One kernel per staged mode, as matvec's.
 #define DOWN_KERNEL(name, CH, P)                                                          \
     extern "C" __global__ void name(const DownParams p) {                                 \
         extern __shared__ __align__(16) float smem[];                                     \
