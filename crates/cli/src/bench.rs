@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use q4moe_engine::{Backend, Device, Flow, PhaseTimes, SamplingParams};
-use q4moe_model::backend::DecodeRequest;
+use q4moe_model::backend::{DecodeRequest, KvType};
 use q4moe_model::sampling::{argmax, Rng};
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
@@ -34,6 +34,9 @@ pub struct BenchArgs {
     decode_len: usize,
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// KV cache element type (f16 halves what attention reads a position).
+    #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
+    kv_type: String,
     /// GPU: setup cache configurations to measure.
     #[arg(long, default_value = "both", value_parser = ["on", "off", "both"])]
     setup_cache: String,
@@ -132,15 +135,16 @@ fn open(model: &Arc<Model>, a: &BenchArgs, ctx: usize) -> anyhow::Result<AnyBack
         }
         Device::Auto => q4moe_cuda::cuda_available().is_ok(),
     };
+    let kv_type = KvType::parse(&a.kv_type)?;
     if !want_cuda {
         model.prefault(true);
-        return Ok(AnyBackend::Cpu(q4moe_cpu::CpuBackend::new(
-            model.clone(),
-            ctx,
-        )));
+        return Ok(AnyBackend::Cpu(
+            q4moe_cpu::CpuBackend::new(model.clone(), ctx).with_kv_type(kv_type),
+        ));
     }
     let opts = q4moe_cuda::CudaOptions {
         kv_capacity: ctx,
+        kv_type,
         profile_kernels: a.profile.as_deref() == Some("kernels"),
         ..Default::default()
     };

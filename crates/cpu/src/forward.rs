@@ -314,8 +314,7 @@ fn attention_block(
     rmsnorm_heads(&mut s.k, &w.k_norm, c.rms_eps);
     rope_neox(&mut s.q, c.head_dim, pos, c.rope_theta);
     rope_neox(&mut s.k, c.head_dim, pos, c.rope_theta);
-    kv.k[li].extend_from_slice(&s.k);
-    kv.v[li].extend_from_slice(&s.v);
+    kv.push(li, &s.k, &s.v);
     attend(c, &s.q, &kv.k[li], &kv.v[li], &mut s.scores, &mut s.attn);
     matvec_t(m, &l.attn_output, &s.attn, &mut s.xq, p, &mut s.proj);
     s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use q4moe_model::backend::{
     check_room, check_token, sample_and_emit, Backend, BackendError, BackendInfo, BackendResult,
-    DecodeRequest, DecodeStats, Flow, PhaseTimes, SessionId, TokenEvent,
+    DecodeRequest, DecodeStats, Flow, KvType, PhaseTimes, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
@@ -24,6 +24,7 @@ pub struct CpuBackend {
     model: Arc<Model>,
     weights: forward::HostWeights,
     kv_capacity: usize,
+    kv_type: KvType,
     sessions: HashMap<SessionId, KvCache>,
     scratch: Scratch,
 }
@@ -44,9 +45,16 @@ impl CpuBackend {
             model,
             weights,
             kv_capacity,
+            kv_type: KvType::default(),
             sessions: HashMap::new(),
             scratch,
         }
+    }
+
+    /// Stores keys and values rounded to `kv_type` (default f16, as the GPU's cache).
+    pub fn with_kv_type(mut self, kv_type: KvType) -> Self {
+        self.kv_type = kv_type;
+        self
     }
 
     fn check_room(&self, session: SessionId, extra: usize) -> BackendResult<()> {
@@ -60,10 +68,11 @@ impl CpuBackend {
     /// Runs one token and leaves the logits in the scratch.
     fn step(&mut self, session: SessionId, token: u32) -> &[f32] {
         let c = &self.model.config;
+        let kv_type = self.kv_type;
         let kv = self
             .sessions
             .entry(session)
-            .or_insert_with(|| KvCache::new(c));
+            .or_insert_with(|| KvCache::new(c, kv_type));
         let (model, weights, scratch) = (&self.model, &self.weights, &mut self.scratch);
         forward::token_logits(model, weights, kv, token, scratch);
         &self.scratch.logits
@@ -117,6 +126,7 @@ impl Backend for CpuBackend {
             device: cpu_description(),
             resident_bytes: self.model.weight_bytes(),
             kv_capacity: self.kv_capacity,
+            kv_type: self.kv_type,
         }
     }
 

@@ -1,3 +1,34 @@
+// The KV cache's element type: f16 where Device::new passes -DKV_F16 (the default: half the
+// bytes a position, what long contexts are bound by), else f32. Stores round to nearest even,
+// as the CPU backend's cache does. A lane's 4 values of a K or V row travel as kv4 (8 or 16
+// bytes) and are widened where they are used.
+#ifdef KV_F16
+typedef u16 kv_t;
+typedef uint2 kv4;
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float kv_get(kv_t v) { return h2f(v); }
+__device__ __forceinline__ kv_t kv_put(float f) { return f2h(f); }
+__device__ __forceinline__ float4 kv_f4(kv4 v) {
+    return make_float4(h2f((u16)v.x), h2f((u16)(v.x >> 16)), h2f((u16)v.y), h2f((u16)(v.y >> 16)));
+}
+__device__ __forceinline__ kv4 kv_pack(float4 f) {
+    return make_uint2(f2h(f.x) | (u32)f2h(f.y) << 16, f2h(f.z) | (u32)f2h(f.w) << 16);
+}
+__device__ __forceinline__ kv4 kv_zero() { return make_uint2(0u, 0u); }
+#else
+typedef float kv_t;
+typedef float4 kv4;
+__device__ __forceinline__ float kv_get(kv_t v) { return v; }
+__device__ __forceinline__ kv_t kv_put(float f) { return f; }
+__device__ __forceinline__ float4 kv_f4(kv4 v) { return v; }
+__device__ __forceinline__ kv4 kv_pack(float4 f) { return f; }
+__device__ __forceinline__ kv4 kv_zero() { return make_float4(0.f, 0.f, 0.f, 0.f); }
+#endif
+
 // Per-head RMSNorm + RoPE (NeoX, rotate-half) + KV append, then flash-decoding attention:
 // the KV sequence is split in fixed chunks across blocks, each writing (max, sum, acc), and a
 // combine kernel merges the chunks in order.
@@ -6,8 +37,8 @@ struct RopeParams {
     u64 q_out;    // float* [q_dim]
     u64 q_norm;   // const float* [head_dim]
     u64 k_norm;   // const float* [head_dim]
-    u64 k_cache;  // float* [capacity, kv_dim] (this layer)
-    u64 v_cache;  // float* [capacity, kv_dim]
+    u64 k_cache;  // kv_t* [capacity, kv_dim] (this layer)
+    u64 v_cache;  // kv_t* [capacity, kv_dim]
     u64 state;    // const StepState*
     int n_head;
     int n_kv_head;
@@ -42,8 +73,8 @@ extern "C" __global__ void qk_norm_rope(const RopeParams p) {
         ((float*)p.q_out)[h * hd + t] = o;
     } else {
         u64 off = (u64)pos * kv_dim + kvh * hd + t;
-        ((float*)p.k_cache)[off] = o;
-        ((float*)p.v_cache)[off] = src[kv_dim + t];
+        ((kv_t*)p.k_cache)[off] = kv_put(o);
+        ((kv_t*)p.v_cache)[off] = kv_put(src[kv_dim + t]);
     }
 }
 
@@ -51,7 +82,7 @@ extern "C" __global__ void qk_norm_rope(const RopeParams p) {
 #define ATT_CHUNK 32
 struct AttnParams {
     u64 q;        // const float* [q_dim]
-    u64 k_cache;  // const float* [capacity, kv_dim]
+    u64 k_cache;  // const kv_t* [capacity, kv_dim]
     u64 v_cache;
     u64 part;     // float* [n_head, n_split, head_dim + 2]
     u64 out;      // float* [q_dim]
@@ -81,11 +112,11 @@ extern "C" __global__ void attn_split(const AttnParams p) {
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = ((const float*)p.q)[h * hd + d];
     __syncthreads();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const float* kc = (const float*)p.k_cache + kvh * hd;
+    const kv_t* kc = (const kv_t*)p.k_cache + kvh * hd;
     for (int t = start + warp; t < end; t += nw) {
-        const float* kr = kc + (u64)t * kv_dim;
+        const kv_t* kr = kc + (u64)t * kv_dim;
         float a = 0.f;
-        for (int d = lane; d < hd; d += 32) a += qs[d] * kr[d];
+        for (int d = lane; d < hd; d += 32) a += qs[d] * kv_get(kr[d]);
         a = warp_sum(a);
         if (lane == 0) sc[t - start] = a * p.scale;
     }
@@ -105,11 +136,11 @@ extern "C" __global__ void attn_split(const AttnParams p) {
     float l = 0.f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) { float e = expf(sc[i] - m); sc[i] = e; l += e; }
     l = block_sum(l, red);
-    const float* vc = (const float*)p.v_cache + kvh * hd;
+    const kv_t* vc = (const kv_t*)p.v_cache + kvh * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.f;
 #pragma unroll 8
-        for (int i = 0; i < n; i++) acc += sc[i] * vc[(u64)(start + i) * kv_dim + d];
+        for (int i = 0; i < n; i++) acc += sc[i] * kv_get(vc[(u64)(start + i) * kv_dim + d]);
         part[2 + d] = acc;
     }
     if (threadIdx.x == 0) { part[0] = m; part[1] = l; }
@@ -153,7 +184,7 @@ struct AttnGqaParams {
     u64 qkv;      // const float* [q_dim + 2*kv_dim] (raw projections)
     u64 q_norm;   // const float* [head_dim]
     u64 k_norm;   // const float* [head_dim]
-    u64 k_cache;  // float* [capacity, kv_dim] (this layer)
+    u64 k_cache;  // kv_t* [capacity, kv_dim] (this layer)
     u64 v_cache;
     u64 part;     // float* [n_head, n_split, head_dim + 2]
     u64 state;    // const StepState*
@@ -239,27 +270,29 @@ struct GqaSmem {
 // each head: shared memory, not registers, which hold two chunks' K/V rows) after rescaling
 // them. The first chunk (m_run = -inf) gives fac 0 and so exactly the one-chunk sums.
 template <int NP>
-__device__ __forceinline__ void gqa_chunk(const AttnGqaParams& p, GqaSmem& sm, float4 (&kr)[NP], float4 (&vr)[NP], int start, int end, u32 pos, int hd, int G, float& m_run, float& l_run) {
+__device__ __forceinline__ void gqa_chunk(const AttnGqaParams& p, GqaSmem& sm, kv4 (&kr)[NP], kv4 (&vr)[NP], int start, int end, u32 pos, int hd, int G, float& m_run, float& l_run) {
     float (&qs)[8][128] = sm.qs;
     float (&sc)[8][ATT_CHUNK] = sm.sc;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // The new position's K/V (produced by attn_gqa_unit) replaces its zero placeholder.
+    // The new position's K/V (produced by attn_gqa_unit) replaces its zero placeholder, as the
+    // cache holds it.
 #pragma unroll
     for (int i = 0; i < NP; i++)
         if (start + warp + 8 * i == (int)pos && lane * 4 < hd) {
-            kr[i] = *(const float4*)(sm.knew + lane * 4);
-            vr[i] = *(const float4*)(sm.vnew + lane * 4);
+            kr[i] = kv_pack(*(const float4*)(sm.knew + lane * 4));
+            vr[i] = kv_pack(*(const float4*)(sm.vnew + lane * 4));
         }
     // Scores: 8 head partials per lane, reduced by a transposing butterfly (9 shuffles for 8
     // heads); lane 4g ends with head g's total.
 #pragma unroll
     for (int i = 0; i < NP; i++) {
         int t = start + warp + 8 * i;
+        float4 k = kv_f4(kr[i]);
         float a[8];
 #pragma unroll
         for (int g = 0; g < 8; g++) {
             float4 q = *(const float4*)(&qs[g][lane * 4]);
-            a[g] = q.x * kr[i].x + q.y * kr[i].y + q.z * kr[i].z + q.w * kr[i].w;
+            a[g] = q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
         }
         float b[4];
         bool hi = lane & 16;
@@ -306,6 +339,9 @@ __device__ __forceinline__ void gqa_chunk(const AttnGqaParams& p, GqaSmem& sm, f
     }
     __syncthreads();
     // P V: this warp's positions for all heads, added to the rescaled sums.
+    float4 v[NP];
+#pragma unroll
+    for (int i = 0; i < NP; i++) v[i] = kv_f4(vr[i]);
 #pragma unroll
     for (int g = 0; g < 8; g++) {
         float4* sum = (float4*)&sm.red[warp][g][lane * 4];
@@ -318,10 +354,10 @@ __device__ __forceinline__ void gqa_chunk(const AttnGqaParams& p, GqaSmem& sm, f
 #pragma unroll
         for (int i = 0; i < NP; i++) {
             float e = sc[g][warp + 8 * i];
-            acc.x += e * vr[i].x;
-            acc.y += e * vr[i].y;
-            acc.z += e * vr[i].z;
-            acc.w += e * vr[i].w;
+            acc.x += e * v[i].x;
+            acc.y += e * v[i].y;
+            acc.z += e * v[i].z;
+            acc.w += e * v[i].w;
         }
         *sum = acc;
     }
@@ -330,16 +366,16 @@ __device__ __forceinline__ void gqa_chunk(const AttnGqaParams& p, GqaSmem& sm, f
 // K and V rows of a warp's positions of the chunk at `start` (4 dims a lane; zeros past hd/4,
 // past `end` and at the new position, which attn_gqa_unit produces itself).
 template <int NP>
-__device__ __forceinline__ void gqa_load_kv(const float* kc, const float* vc, int kv_dim, int hd, int start, int end, u32 pos, float4 (&kr)[NP], float4 (&vr)[NP]) {
+__device__ __forceinline__ void gqa_load_kv(const kv_t* kc, const kv_t* vc, int kv_dim, int hd, int start, int end, u32 pos, kv4 (&kr)[NP], kv4 (&vr)[NP]) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int i = 0; i < NP; i++) {
         int t = start + warp + 8 * i;
-        kr[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        kr[i] = kv_zero();
         vr[i] = kr[i];
         if (t < end && lane * 4 < hd && t != (int)pos) {
-            kr[i] = __ldcg((const float4*)(kc + (u64)t * kv_dim + lane * 4));
-            vr[i] = __ldcg((const float4*)(vc + (u64)t * kv_dim + lane * 4));
+            kr[i] = __ldcg((const kv4*)(kc + (u64)t * kv_dim + lane * 4));
+            vr[i] = __ldcg((const kv4*)(vc + (u64)t * kv_dim + lane * 4));
         }
     }
 }
@@ -370,10 +406,10 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     int n_chunk = (last - first + ATT_CHUNK - 1) / ATT_CHUNK;
     // The first chunk's K and V rows load first: they do not depend on this step's projections,
     // so their DRAM latency overlaps the query norm + RoPE below.
-    const float* kc = (const float*)p.k_cache + kvh * hd;
-    const float* vc = (const float*)p.v_cache + kvh * hd;
+    const kv_t* kc = (const kv_t*)p.k_cache + kvh * hd;
+    const kv_t* vc = (const kv_t*)p.v_cache + kvh * hd;
     const int NP = ATT_CHUNK / 8;
-    float4 kr[NP], vr[NP];
+    kv4 kr[NP], vr[NP];
     gqa_load_kv<NP>(kc, vc, kv_dim, hd, first, min(first + ATT_CHUNK, len), pos, kr, vr);
     LaneRope rp = lane_rope(hd, pos, p.theta);
     float qn[4], kn[4];
@@ -395,14 +431,14 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
         if (warp == 0) {
             gqa_norm_rope(nv, kn, knew, hd, rp, p.eps);
             __syncwarp();
-            for (int d = lane; d < hd; d += 32) ((float*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = knew[d];
+            for (int d = lane; d < hd; d += 32) ((kv_t*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(knew[d]);
         } else if (warp == 1) {
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 if (j < hd >> 5) {
                     int d = lane + 32 * j;
                     vnew[d] = nv[j];
-                    ((float*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = nv[j];
+                    ((kv_t*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(nv[j]);
                 }
         }
     }
@@ -413,7 +449,7 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
 #pragma unroll 1
     for (int c = 0; c < n_chunk; c++) {
         int start = first + c * ATT_CHUNK, end = min(start + ATT_CHUNK, len);
-        float4 kx[NP], vx[NP];  // the next chunk's rows, in flight while this one is computed
+        kv4 kx[NP], vx[NP];  // the next chunk's rows, in flight while this one is computed
         if (c + 1 < n_chunk) gqa_load_kv<NP>(kc, vc, kv_dim, hd, start + ATT_CHUNK, min(start + 2 * ATT_CHUNK, len), pos, kx, vx);
         gqa_chunk(p, sm, kr, vr, start, end, pos, hd, G, m_run, l_run);
         if (c + 1 < n_chunk) {

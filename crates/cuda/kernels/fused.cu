@@ -34,7 +34,7 @@
 struct LayerDesc {
     QW q, k, v, o, router, gate, up, down;
     u64 attn_norm, q_norm, k_norm, ffn_norm;
-    u64 k_cache, v_cache;  // float* [capacity, kv_dim] of this layer
+    u64 k_cache, v_cache;  // kv_t* [capacity, kv_dim] of this layer
 };
 
 // Monotonic arrival counter: barrier i of a step waits for base + (i+1) * grid arrivals; the

@@ -129,8 +129,8 @@ impl CudaBackend {
         weights::check_config(&c)?;
         opts.kv_capacity = opts.kv_capacity.min(c.context_length).max(1);
         opts.in_flight = opts.in_flight.clamp(1, RING - 1);
-        let dev = Device::new()?;
-        let kv_bytes = 2 * c.n_layer * opts.kv_capacity * c.kv_dim() * 4;
+        let dev = Device::new(opts.kv_type)?;
+        let kv_bytes = 2 * c.n_layer * opts.kv_capacity * c.kv_dim() * opts.kv_type.bytes();
         let w = weights::upload(
             &dev,
             &model,
@@ -517,6 +517,7 @@ impl Backend for CudaBackend {
             device: self.dev.name.clone(),
             resident_bytes: self.w.resident_bytes() as u64,
             kv_capacity: self.opts.kv_capacity,
+            kv_type: self.opts.kv_type,
         }
     }
 

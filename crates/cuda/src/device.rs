@@ -9,6 +9,8 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys, CudaContext};
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
+use q4moe_model::backend::KvType;
+
 use crate::{CudaError, Result};
 
 /// Every kernel the step uses, in one place so lookups happen once at start-up. The
@@ -198,6 +200,8 @@ pub struct Device {
     /// Thread block clusters (sm_90+): `router_cluster` instead of router_topk. On by default;
     /// Q4MOE_CUDA_ROUTER_CLUSTER=0 turns it off (A/B measurements).
     pub clusters: bool,
+    /// The KV cache's element type the module was compiled for.
+    pub kv_type: KvType,
     /// Dynamic shared memory a block of each kernel (Kernel::ALL order) may use, as set.
     dyn_smem: Vec<AtomicU32>,
 }
@@ -207,13 +211,14 @@ unsafe impl Send for Device {}
 unsafe impl Sync for Device {}
 
 impl Device {
-    pub fn new() -> Result<Device> {
+    /// `kv_type`: the KV cache's element type the attention kernels are compiled for.
+    pub fn new(kv_type: KvType) -> Result<Device> {
         probe().map_err(CudaError::Unavailable)?;
         let ctx = CudaContext::new(0)?;
         ctx.bind_to_thread()?;
         let name = ctx.name()?;
         let (maj, min) = ctx.compute_capability()?;
-        let image = compiled_module(maj, min)?;
+        let image = compiled_module(maj, min, kv_type)?;
         // SAFETY: `image` is a cubin NVRTC produced for this device; the handles stay in ctx.
         let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void)? };
         let funcs = Kernel::ALL
@@ -238,6 +243,7 @@ impl Device {
             pdl,
             sm_major: maj,
             clusters,
+            kv_type,
         };
         let optin = dev.max_smem_optin()?;
         for &k in &Kernel::ALL {
@@ -510,13 +516,17 @@ impl Drop for DevBuf {
 }
 
 /// Options every compile uses; part of the cache key.
-fn compile_options(maj: i32, min: i32) -> Vec<String> {
-    vec![
+fn compile_options(maj: i32, min: i32, kv_type: KvType) -> Vec<String> {
+    let mut opts = vec![
         format!("--gpu-architecture=sm_{maj}{min}"),
         "-default-device".into(),
         "--std=c++17".into(),
         "-lineinfo".into(),
-    ]
+    ];
+    if kv_type == KvType::F16 {
+        opts.push("-DKV_F16".into()); // attention.cu's kv_t
+    }
+    opts
 }
 
 fn cache_dir() -> PathBuf {
@@ -543,8 +553,8 @@ fn source_hash(opts: &[String]) -> u64 {
 }
 
 /// The cubin for this device: from the disk cache, else compiled by NVRTC and stored.
-fn compiled_module(maj: i32, min: i32) -> Result<Vec<u8>> {
-    let opts = compile_options(maj, min);
+fn compiled_module(maj: i32, min: i32, kv_type: KvType) -> Result<Vec<u8>> {
+    let opts = compile_options(maj, min, kv_type);
     let path = cache_dir().join(format!(
         "q4moe-{:016x}-sm{maj}{min}.cubin",
         source_hash(&opts)

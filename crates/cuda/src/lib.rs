@@ -18,6 +18,8 @@ mod weights;
 
 use std::time::Duration;
 
+pub use q4moe_model::backend::KvType;
+
 pub use backend::CudaBackend;
 
 /// Options of the CUDA backend.
@@ -29,6 +31,9 @@ pub struct CudaOptions {
     pub in_flight: usize,
     /// Positions each session's KV cache holds.
     pub kv_capacity: usize,
+    /// How the KV cache stores keys and values (attention.cu's kv_t, chosen when the kernels
+    /// are compiled): f16 halves what attention reads at long context.
+    pub kv_type: KvType,
     /// Time every kernel with events (eager path only; slows decoding).
     pub profile_kernels: bool,
     /// With the setup cache on: run the embedding and every layer as one persistent kernel
@@ -52,6 +57,7 @@ impl Default for CudaOptions {
             setup_cache: true,
             in_flight: 2,
             kv_capacity: 4096,
+            kv_type: KvType::default(),
             profile_kernels: false,
             fused_step: std::env::var("Q4MOE_CUDA_FUSED").is_ok_and(|v| v != "0"),
             attn_max_blocks: std::env::var("Q4MOE_CUDA_ATT_BLOCKS")

@@ -129,24 +129,27 @@ impl Scratch {
     }
 }
 
-/// A session's KV cache: [n_layer, capacity, kv_dim] f32 for K and for V.
+/// A session's KV cache: [n_layer, capacity, kv_dim] for K and for V, of the device's KV type.
 pub struct Kv {
     pub k: DevBuf,
     pub v: DevBuf,
     pub capacity: usize,
+    elem_bytes: usize,
 }
 
 impl Kv {
     pub fn new(dev: &Device, c: &Config, capacity: usize) -> Result<Kv> {
-        let bytes = c.n_layer * capacity * c.kv_dim() * 4;
+        let elem_bytes = dev.kv_type.bytes();
+        let bytes = c.n_layer * capacity * c.kv_dim() * elem_bytes;
         Ok(Kv {
             k: DevBuf::new(dev, bytes)?,
             v: DevBuf::new(dev, bytes)?,
             capacity,
+            elem_bytes,
         })
     }
     pub(crate) fn layer(&self, c: &Config, l: usize) -> (u64, u64) {
-        let off = (l * self.capacity * c.kv_dim() * 4) as u64;
+        let off = (l * self.capacity * c.kv_dim() * self.elem_bytes) as u64;
         (self.k.ptr + off, self.v.ptr + off)
     }
 }

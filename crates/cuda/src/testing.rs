@@ -2,6 +2,7 @@
 //! Not part of the stable API.
 
 use q4moe_gguf::GgmlType;
+use q4moe_model::backend::KvType;
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
@@ -27,7 +28,7 @@ pub struct TestDevice {
 impl TestDevice {
     pub fn new() -> Result<TestDevice> {
         Ok(TestDevice {
-            dev: Device::new()?,
+            dev: Device::new(KvType::default())?,
         })
     }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compiles crates/cuda/kernels like device.rs does (one NVRTC program, common.cuh first) on a
 machine without a GPU, prints the log, and writes the cubin (for cuobjdump/nvdisasm -res-usage).
-usage: python3 crates/cuda/tools/nvrtc_check.py [sm_90] [out.cubin]"""
+usage: python3 crates/cuda/tools/nvrtc_check.py [sm_90] [out.cubin] [extra NVRTC options, e.g. -DKV_F16]"""
 import ctypes, glob, os, sys
 here = os.path.dirname(os.path.abspath(__file__))
 kdir = os.path.join(here, "..", "kernels")
@@ -17,6 +17,7 @@ arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90"
 prog = ctypes.c_void_p()
 assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"q4moe_kernels.cu", 0, None, None) == 0
 opts = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--std=c++17", b"-lineinfo"]
+opts += [o.encode() for o in sys.argv[3:]]
 arr = (ctypes.c_char_p * len(opts))(*opts)
 rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
 n = ctypes.c_size_t()

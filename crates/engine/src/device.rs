@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use q4moe_cpu::CpuBackend;
 use q4moe_cuda::{CudaBackend, CudaOptions};
-use q4moe_model::backend::Backend;
+use q4moe_model::backend::{Backend, KvType};
 use q4moe_model::Model;
 
 use crate::{EngineError, Result};
@@ -33,6 +33,8 @@ pub struct EngineOptions {
     pub device: Device,
     /// Positions each session may hold (clamped to the model's context length).
     pub kv_capacity: usize,
+    /// How the KV cache stores keys and values (both backends round alike).
+    pub kv_type: KvType,
     pub setup_cache: bool,
     pub in_flight: usize,
     pub profile_kernels: bool,
@@ -46,6 +48,7 @@ impl Default for EngineOptions {
         EngineOptions {
             device: Device::Auto,
             kv_capacity: 4096,
+            kv_type: KvType::default(),
             setup_cache: cuda.setup_cache,
             in_flight: cuda.in_flight,
             profile_kernels: false,
@@ -60,11 +63,13 @@ pub fn open_backend(model: Arc<Model>, opts: &EngineOptions) -> Result<Box<dyn B
         setup_cache: opts.setup_cache,
         in_flight: opts.in_flight.max(1),
         kv_capacity,
+        kv_type: opts.kv_type,
         profile_kernels: opts.profile_kernels,
         ..Default::default()
     };
+    let cpu = || CpuBackend::new(model.clone(), kv_capacity).with_kv_type(opts.kv_type);
     match opts.device {
-        Device::Cpu => Ok(Box::new(CpuBackend::new(model, kv_capacity))),
+        Device::Cpu => Ok(Box::new(cpu())),
         Device::Cuda => match q4moe_cuda::cuda_available() {
             Ok(_) => Ok(Box::new(CudaBackend::new(model, cuda_opts())?)),
             Err(why) => Err(EngineError::Invalid(format!(
@@ -73,7 +78,7 @@ pub fn open_backend(model: Arc<Model>, opts: &EngineOptions) -> Result<Box<dyn B
         },
         Device::Auto => match q4moe_cuda::cuda_available() {
             Ok(_) => Ok(Box::new(CudaBackend::new(model, cuda_opts())?)),
-            Err(_) => Ok(Box::new(CpuBackend::new(model, kv_capacity))),
+            Err(_) => Ok(Box::new(cpu())),
         },
     }
 }

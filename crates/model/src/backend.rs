@@ -74,6 +74,50 @@ pub fn check_room(
     Ok(())
 }
 
+/// How a backend stores the KV cache's keys and values. F16 halves the bytes attention reads
+/// a position (what long contexts are bound by) at a relative rounding of at most 2^-11 a value;
+/// every backend rounds the same way, so the CPU and GPU agree on what attention sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvType {
+    F32,
+    #[default]
+    F16,
+}
+
+impl KvType {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<KvType, BackendError> {
+        match s {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            other => Err(BackendError::Invalid(format!(
+                "unknown KV cache type '{other}' (f16, f32)"
+            ))),
+        }
+    }
+
+    /// A value as the cache holds it.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            KvType::F32 => x,
+            KvType::F16 => half::f16::from_f32(x).to_f32(),
+        }
+    }
+}
+
 /// What a backend is and holds, for summaries and benchmark records.
 #[derive(Debug, Clone, Default)]
 pub struct BackendInfo {
@@ -85,6 +129,7 @@ pub struct BackendInfo {
     pub resident_bytes: u64,
     /// Positions each session may hold.
     pub kv_capacity: usize,
+    pub kv_type: KvType,
 }
 
 /// One decode run: feed `first_token` at the session's current length, then keep sampling and

@@ -116,6 +116,7 @@ pub fn build(
         "quant_bytes_by_type": quant_summary(m),
         "backend": info.kind, "device": info.device,
         "resident_bytes": info.resident_bytes,
+        "kv_type": info.kv_type.name(),
         "prompt_len": a.prompt_len, "decode_len": a.decode_len, "runs": a.runs, "batch": 1,
         "bytes_read_per_token": bpt,
         "copy_bandwidth_gb_s": extras.copy_gbs,
@@ -138,10 +139,11 @@ pub fn print_table(r: &Value) {
         r["commit"]
     );
     println!(
-        "prompt {} tok, decode {} tok, {} runs, {:.3} GB read per token",
+        "prompt {} tok, decode {} tok, {} runs, KV {}, {:.3} GB read per token",
         r["prompt_len"],
         r["decode_len"],
         r["runs"],
+        r["kv_type"].as_str().unwrap_or("?"),
         r["bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e9
     );
     println!(
