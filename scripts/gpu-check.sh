@@ -28,6 +28,7 @@
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
 #   ncu           Nsight Compute (--clock-control none) on one layer's eager launches and the output
 #                 head (cache off): $OUT/ncu-{layer,head}.txt; NCU_FUSED=1 adds the fused step.
+#   ncu-att:<N>   Nsight Compute on two attn_gqa launches after an N-token prompt: $OUT/ncu-att.txt.
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   profile:<q>   per-kernel GPU times (--profile kernels: eager launches, cache off; 64 tokens, one run).
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
@@ -193,17 +194,28 @@ for s in $steps; do
       args="bench --model /tmp/q4_0.gguf --device cuda --prompt-len 4 --decode-len 8 --runs 1 --in-flight 1"
       [ "${NCU_FUSED:-0}" = 1 ] && Q4MOE_CUDA_FUSED=1 timeout 240 ncu --clock-control none $sec --kernel-name step_fused \
         --launch-skip 6 --launch-count 1 $Q $args --setup-cache on > "$OUT/ncu-fused.txt" 2>&1
-      # Eager: embed + 6 launches a layer + head + arg-max (2) per token; skip 5 tokens, the
-      # embedding and one layer, then profile one layer's launches; then token 6's head.
-      tok=$((1 + 6 * 48 + 3))
-      timeout 240 ncu --clock-control none $sec --launch-skip $((5 * tok + 7)) --launch-count 6 \
+      # Eager: embed + 5 launches a layer (the router folded into o_proj's) + head + arg-max (2)
+      # per token; skip 5 tokens, the embedding and one layer, then profile one layer's
+      # launches; then token 6's head.
+      tok=$((1 + 5 * 48 + 3))
+      timeout 240 ncu --clock-control none $sec --launch-skip $((5 * tok + 6)) --launch-count 5 \
         $Q $args --setup-cache off > "$OUT/ncu-layer.txt" 2>&1
-      timeout 120 ncu --clock-control none $sec --launch-skip $((5 * tok + 1 + 6 * 48)) --launch-count 1 \
+      timeout 120 ncu --clock-control none $sec --launch-skip $((5 * tok + 1 + 5 * 48)) --launch-count 1 \
         $Q $args --setup-cache off > "$OUT/ncu-head.txt" 2>&1
       for f in layer head; do
         grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-$f.txt" | head -120
       done
       [ "${NCU_FUSED:-0}" = 1 ] && grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-fused.txt" | head -20 ;;
+    ncu-att:*)
+      # Nsight Compute on attention alone after a long prompt (ncu-att:<N>, eager, cache off):
+      # the attn_gqa launches of the last prefill tokens and the decode, two profiled.
+      model q4_0
+      sec="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section SourceCounters"
+      n=${s#ncu-att:}
+      timeout 400 ncu --clock-control none $sec --kernel-name regex:attn_gqa --launch-skip $((48 * n)) --launch-count 2 \
+        $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len "$n" --decode-len 4 --runs 1 --in-flight 1 \
+        --setup-cache off > "$OUT/ncu-att.txt" 2>&1
+      grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-att.txt" | head -60 ;;
     stamps)
       # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).
       [ $ok = 1 ] || continue
