@@ -15,8 +15,10 @@
 #                 AB_ENVS="A=1 B=2" times those settings instead.
 #   parity:<V=x>  the CPU-parity tests with environment setting V=x.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
-#                 parity test and kernel unit tests (when its build has them), then the quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M,
-#                 and on Q4_0 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused);
+#                 parity test and kernel unit tests (when its build has them; whole output in
+#                 $OUT/{parity,kernels}-<name>.txt, failures named in the summary), then the
+#                 quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M, and on Q4_0
+#                 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused);
 #                 VARIANT_LONG=4096 adds Q4_0 decode at that context (VARIANT_LONG_FOR="<names>":
 #                 those variants only); VARIANT_SAMPLED="<names>|all" adds their --sampled rows;
 #                 VARIANTS="<names>" picks and orders them; VARIANT_TESTS=0 skips their tests;
@@ -67,6 +69,19 @@ quick() {
   [ -n "${QUICK_ALL:-}" ] && n=9
   timeout 150 "$b" bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
     --setup-cache on --in-flight 2 "$@" 2>&1 | grep -E "${QUICK_LINE:-median}" | tail -$n
+}
+# vtest <variant> <parity|kernels>: a variant's test binary; its whole output goes to
+# $OUT/<test>-<variant>.txt, and a failure names the failing tests and their panics in the
+# summary (and marks the variant failed).
+vtest() {
+  local log="$OUT/$2-$1.txt" r
+  timeout 200 "variants/$1/$2" --test-threads=1 --nocapture > "$log" 2>&1
+  r=$(grep -E "^test result" "$log")
+  say "variant $1: $2 [$r] (at ${SECONDS} s)"
+  [[ $r == *" 0 failed"* ]] && return 0
+  say "$(grep -E "^test .* FAILED$|panicked|^  left|^ right|assertion" "$log" | head -12)"
+  failed+="$1 "
+  return 1
 }
 named() {  # named "<names>" <name>: the list is empty or "all" or holds the name
   [ -z "$1" ] || [ "$1" = all ] || [[ " $1 " == *" $2 "* ]]
@@ -148,14 +163,10 @@ for s in $steps; do
         [ "$round" -gt 1 ] && tag=" round $round" || tag=""
         if [ "${VARIANT_TESTS:-1}" = 0 ] || [ "$round" -gt 1 ]; then :  # timed again: its tests passed
         elif [ -x "$d/parity" ]; then  # a variant stacked under a checked one may come without it
-          r=$(timeout 200 "$d/parity" --test-threads=1 2>&1 | grep -E "^test result")
-          say "variant $n: parity [$r] (at ${SECONDS} s)"
-          [[ $r == *" 0 failed"* ]] || { failed+="$n "; continue; }
+          vtest "$n" parity || continue
         fi
         if [ "${VARIANT_TESTS:-1}" != 0 ] && [ "$round" = 1 ] && [ -x "$d/kernels" ]; then
-          r=$(timeout 200 "$d/kernels" --test-threads=1 2>&1 | grep -E "^test result|panicked")
-          say "variant $n: kernels [$r] (at ${SECONDS} s)"
-          [[ $r == *" 0 failed"* ]] || { failed+="$n "; continue; }
+          vtest "$n" kernels || continue
         fi
         IFS=, read -ra runs <<< "${VARIANT_RUNS:-q4_0 0,q4_k_m 0,q4_0 1}"
         for run in "${runs[@]}"; do
