@@ -6,7 +6,8 @@
 #   run(command="tar xzf variants.tar.gz; Q=variants/main/q4moe bash scripts/gpu-check.sh variants",
 #       carry=["variants.tar.gz"])
 # Each ref builds in its own worktree and target directory (kernels are embedded at build time).
-# About 15 MB a variant (stripped: the binary, the parity and the kernel tests), ~5.5 MB
+# About 15 MB a variant (stripped: the binary, the parity and the kernel tests, the launch-chain
+# bench where the build has it), ~5.5 MB
 # gzipped: the device tool carries at most 64 MiB.
 set -eu -o pipefail
 root=$(git rev-parse --show-toplevel)
@@ -18,13 +19,17 @@ for ref in "$@"; do
   git -C "$root" worktree add -q --detach "$wt" "$sha"
   tgt="${CARGO_TARGET_DIR_VARIANTS:-/tmp/q4moe-variants}/$name"
   (cd "$wt" && CARGO_TARGET_DIR="$tgt" cargo build -q --release -p q4moe \
-     && CARGO_TARGET_DIR="$tgt" cargo test -q --release -p q4moe-cuda --test parity --test kernels --no-run)
+     && CARGO_TARGET_DIR="$tgt" cargo test -q --release -p q4moe-cuda --test parity --test kernels --no-run \
+     && { CARGO_TARGET_DIR="$tgt" cargo bench -q -p q4moe-cuda --bench launch_chain --no-run 2>/dev/null || true; })
   mkdir -p "$root/variants/$name"
   cp "$tgt/release/q4moe" "$root/variants/$name/q4moe"
-  for t in parity kernels; do
-    cp "$(ls -t "$tgt"/release/deps/$t-* | grep -v '\.d$' | head -1)" "$root/variants/$name/$t"
+  for t in parity kernels launch_chain; do  # launch_chain: builds that have the bench
+    f=$(ls -t "$tgt"/release/deps/$t-* 2>/dev/null | grep -v '\.d$' | head -1)
+    [ -n "$f" ] && cp "$f" "$root/variants/$name/$t"
   done
-  strip "$root/variants/$name"/*
+  for f in q4moe parity kernels launch_chain; do  # the binaries only (wrappers, notes stay)
+    if [ -f "$root/variants/$name/$f" ]; then strip "$root/variants/$name/$f"; fi
+  done
   git -C "$root" worktree remove --force "$wt"
   echo "variants/$name: $sha"
 done

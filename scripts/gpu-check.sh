@@ -31,6 +31,8 @@
 #   ncu           Nsight Compute (--clock-control none) on one layer's eager launches and the output
 #                 head (cache off): $OUT/ncu-{layer,head}.txt; NCU_FUSED=1 adds the fused step.
 #   ncu-att:<N>   Nsight Compute on two attn_gqa launches after an N-token prompt: $OUT/ncu-att.txt.
+#   chain         what one dependent launch costs in a graph without work (benches/launch_chain.rs),
+#                 PDL on and off.
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   profile:<q>   per-kernel GPU times (--profile kernels: eager launches, cache off; 64 tokens, one run).
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
@@ -217,6 +219,14 @@ for s in $steps; do
         grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-$f.txt" | head -120
       done
       [ "${NCU_FUSED:-0}" = 1 ] && grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-fused.txt" | head -20 ;;
+    chain)
+      # One dependent launch's cost inside a graph apart from any work (benches/launch_chain.rs:
+      # empty pdl_probe launches at the step's grid sizes), with PDL and without. The binary:
+      # CHAIN_BIN (variants/<name>/launch_chain, scripts/build-variants.sh) or the carried
+      # target/release/deps/launch_chain-* (cargo bench -p q4moe-cuda --no-run).
+      b=${CHAIN_BIN:-$(bin launch_chain)}
+      say "$(timeout 120 "$b" 2>&1 | tail -8)"
+      say "$(Q4MOE_CUDA_PDL=0 timeout 120 "$b" 2>&1 | tail -8)" ;;
     ncu-att:*)
       # Nsight Compute on attention alone after a long prompt (ncu-att:<N>, eager, cache off):
       # the attn_gqa launches of the last prefill tokens and the decode, two profiled.

@@ -37,6 +37,8 @@ pub enum Kernel {
     ArgmaxFinal,
     StepFused,
     SampleTopk,
+    /// An empty dependent launch (probe.cu; benches/launch_chain.rs).
+    PdlProbe,
 }
 
 /// The symbols of the modes, by mode (matvec.cu, moe.cu).
@@ -88,7 +90,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 14] = [
+const SINGLE: [Kernel; 15] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -103,6 +105,7 @@ const SINGLE: [Kernel; 14] = [
     Kernel::ArgmaxFinal,
     Kernel::StepFused,
     Kernel::SampleTopk,
+    Kernel::PdlProbe,
 ];
 
 const N_KERNELS: usize =
@@ -151,18 +154,20 @@ impl Kernel {
             Kernel::ArgmaxFinal => "argmax_final",
             Kernel::StepFused => "step_fused",
             Kernel::SampleTopk => "sample_topk",
+            Kernel::PdlProbe => "pdl_probe",
         }
     }
 }
 
 /// Kernel sources, one file per op family; compiled as one program behind `common.cuh`.
-const SOURCES: [(&str, &str); 6] = [
+const SOURCES: [(&str, &str); 7] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
+    ("probe.cu", include_str!("../kernels/probe.cu")),
 ];
 
 /// Probes the libraries before any cudarc call (cudarc panics when libcuda is missing).

@@ -84,6 +84,13 @@ pub struct AttnParams {
     pub scale: f32,
 }
 
+/// `ProbeParams` in probe.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProbeParams {
+    pub cell: u64,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TopkParams {

@@ -1,6 +1,7 @@
 //! Single-kernel entry points for the unit tests (each kernel against a scalar host reference).
 //! Not part of the stable API.
 
+use cudarc::driver::{result, sys};
 use q4moe_gguf::GgmlType;
 use q4moe_model::backend::KvType;
 
@@ -257,6 +258,53 @@ impl TestDevice {
         let mut iv = vec![0i32; n_used];
         ids.download(&self.dev, 0, &mut iv)?;
         Ok((iv, self.read(&ws, n_used)?))
+    }
+
+    /// A captured graph of `n` dependent `pdl_probe` launches of `blocks` x `threads`, replayed
+    /// `reps` times after one warm-up: microseconds a launch (event-timed) and the probe's final
+    /// count (n x (reps + 1) when every launch ran).
+    pub fn launch_chain(
+        &self,
+        n: usize,
+        blocks: u32,
+        threads: u32,
+        reps: usize,
+    ) -> Result<(f64, u32)> {
+        let cell = self.upload(&[0u32])?;
+        let p = ProbeParams { cell: cell.ptr };
+        let launches: Vec<Launch> = (0..n)
+            .map(|_| {
+                Launch::new(
+                    Kernel::PdlProbe,
+                    "pdl_probe",
+                    (blocks, 1, 1),
+                    threads,
+                    0,
+                    &p,
+                    0,
+                )
+            })
+            .collect();
+        let graph = crate::graph::Graph::capture(&self.dev, &launches)?;
+        graph.launch(&self.dev)?;
+        self.dev.sync()?;
+        // SAFETY: plain events on our stream, destroyed below.
+        let ms = unsafe {
+            let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+            let (e0, e1) = (result::event::create(flags)?, result::event::create(flags)?);
+            result::event::record(e0, self.dev.stream)?;
+            for _ in 0..reps {
+                graph.launch(&self.dev)?;
+            }
+            result::event::record(e1, self.dev.stream)?;
+            self.dev.sync()?;
+            let ms = result::event::elapsed(e0, e1)?;
+            let _ = (result::event::destroy(e0), result::event::destroy(e1));
+            ms
+        };
+        let mut count = [0u32];
+        cell.download(&self.dev, 0, &mut count)?;
+        Ok((ms as f64 * 1e3 / (n * reps) as f64, count[0]))
     }
 
     /// Greedy choice over `logits` through both arg-max stages.

@@ -675,7 +675,10 @@ mod tests {
                 let ids = c * len..((c + 1) * len).min(logits.len());
                 if s > 0.0 && r >= s {
                     r -= s;
-                    last = ids.filter(|&i| weight(logits[i]) > 0.0).next_back().unwrap();
+                    last = ids
+                        .filter(|&i| weight(logits[i]) > 0.0)
+                        .next_back()
+                        .unwrap();
                     continue;
                 }
                 for i in ids {

@@ -1,0 +1,35 @@
+//! What one dependent launch costs inside a captured graph (the decode step is 244 of them a
+//! token), apart from any kernel's work: chains of empty `pdl_probe` launches (probe.cu) at the
+//! grid sizes the step uses, with programmatic dependent launch as the device is set
+//! (Q4MOE_CUDA_PDL=0 turns it off). Prints one line a grid; skips where no GPU is usable.
+//!   cargo bench -p q4moe-cuda --bench launch_chain
+
+use q4moe_cuda::testing::TestDevice;
+
+fn main() {
+    if let Err(why) = q4moe_cuda::cuda_available() {
+        println!("launch_chain: skipped ({why})");
+        return;
+    }
+    let dev = TestDevice::new().expect("CUDA is available but the device did not start");
+    let (n, reps) = (240, 50);
+    let pdl = std::env::var("Q4MOE_CUDA_PDL").map_or(true, |v| v != "0");
+    println!("launch_chain: {n} dependent launches a graph, {reps} replays, PDL {pdl}");
+    for (blocks, threads) in [
+        (1, 32),
+        (32, 256),
+        (132, 256),
+        (264, 256),
+        (528, 256),
+        (768, 256),
+    ] {
+        let (us, count) = dev
+            .launch_chain(n, blocks, threads, reps)
+            .expect("launch chain");
+        let ran = count as usize == n * (reps + 1);
+        println!(
+            "  {blocks:>4} blocks x {threads:>3} threads: {us:6.2} us a launch{}",
+            if ran { "" } else { "  (COUNT WRONG)" }
+        );
+    }
+}
