@@ -675,10 +675,7 @@ mod tests {
                 let ids = c * len..((c + 1) * len).min(logits.len());
                 if s > 0.0 && r >= s {
                     r -= s;
-                    last = ids
-                        .filter(|&i| weight(logits[i]) > 0.0)
-                        .next_back()
-                        .unwrap();
+                    last = ids.rfind(|&i| weight(logits[i]) > 0.0).unwrap();
                     continue;
                 }
                 for i in ids {
