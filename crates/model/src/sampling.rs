@@ -672,7 +672,7 @@ mod tests {
             let mut r = rng.next_f32() * total;
             let mut last = 0;
             for (c, &s) in sums.iter().enumerate() {
-                let ids = c * len..((c + 1) * len).min(logits.len());
+                let mut ids = c * len..((c + 1) * len).min(logits.len());
                 if s > 0.0 && r >= s {
                     r -= s;
                     last = ids.rfind(|&i| weight(logits[i]) > 0.0).unwrap();
