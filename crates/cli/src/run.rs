@@ -100,9 +100,11 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         crate::npy::write_f32_matrix(path, &out.logits, engine.model.config.vocab_size)?;
     }
     let decoded = out.tokens.len().saturating_sub(1);
+    let info = engine.backend().info();
     eprintln!(
-        "[{}] prompt {} tok in {:.2} s ({:.1} tok/s) | decode {} tok in {:.2} s ({:.1} tok/s) | finish {:?}",
-        engine.backend().info().device,
+        "[{}, KV {}] prompt {} tok in {:.2} s ({:.1} tok/s) | decode {} tok in {:.2} s ({:.1} tok/s) | finish {:?}",
+        info.device,
+        info.kv_type.name(),
         out.prompt_tokens,
         out.prefill_time.as_secs_f64(),
         out.prompt_tokens as f64 / out.prefill_time.as_secs_f64(),

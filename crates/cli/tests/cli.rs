@@ -150,3 +150,41 @@ fn bad_inputs_fail_with_clear_errors() {
         );
     }
 }
+
+#[test]
+fn kv_type_flag_picks_the_cache_and_rejects_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth_tiny(dir.path());
+    let run = |kv: &str| {
+        q4moe(&[
+            "run",
+            "-m",
+            &model,
+            "-p",
+            "Hi",
+            "-n",
+            "3",
+            "--device",
+            "cpu",
+            "--ignore-eos",
+            "--kv-type",
+            kv,
+        ])
+    };
+    for kv in ["f16", "f32"] {
+        let out = run(kv);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!("KV {kv}]")),
+            "summary lacks the KV type: {stderr}"
+        );
+    }
+    let out = run("bf16");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("bf16") && stderr.contains("--kv-type"),
+        "{stderr}"
+    );
+}

@@ -211,3 +211,25 @@ pub trait Backend: Send {
     /// Frees the session's KV and any setup cached for it.
     fn drop_session(&mut self, session: SessionId);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_type_parses_its_names_and_names_a_bad_one() {
+        for t in [KvType::F16, KvType::F32] {
+            assert_eq!(KvType::parse(t.name()).unwrap(), t);
+        }
+        let err = KvType::parse("bf16").unwrap_err().to_string();
+        assert!(err.contains("'bf16'") && err.contains("f16, f32"), "{err}");
+        assert_eq!(KvType::default(), KvType::F16);
+        assert_eq!((KvType::F16.bytes(), KvType::F32.bytes()), (2, 4));
+        // 1 + 2^-11 is halfway between two f16 values: it rounds to the even one, 1.
+        assert_eq!(KvType::F16.round(1.0 + 2f32.powi(-11)), 1.0);
+        assert_eq!(
+            KvType::F32.round(1.0 + 2f32.powi(-11)),
+            1.0 + 2f32.powi(-11)
+        );
+    }
+}
