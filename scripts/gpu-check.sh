@@ -133,13 +133,18 @@ for s in $steps; do
       fi ;;
     sanitize)
       # memcheck on the tiny parity tests of both quants (Q4_K_M runs the Q6_K kernels; the
-      # fused step included) and on the kernel tests, then tiny_sanitize (racecheck a family at
+      # fused step included) and on the kernel tests, racecheck on the attention kernel test
+      # (where the builds have it), then tiny_sanitize (racecheck a family at
       # a time, memcheck of the graph and the device sampler).
       {
         echo "== compute-sanitizer memcheck (tiny Q4_0 and Q4_K_M parity)"
         timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$(bin parity)" tiny_q4 --test-threads=1 2>&1 | tail -4
         echo "== compute-sanitizer memcheck (kernel tests)"
         timeout 120 compute-sanitizer --tool memcheck --print-limit 20 "$(bin kernels)" --test-threads=1 2>&1 | tail -4
+        # The Qwen3-shape attention kernels run only at full geometry and in this kernel test
+        # (the tiny geometry has its own shape), so they are racechecked here.
+        echo "== compute-sanitizer racecheck (kernel test attention_matches_host)"
+        timeout 150 compute-sanitizer --tool racecheck --print-limit 10 "$(bin kernels)" attention_matches_host 2>&1 | tail -4
         tiny_sanitize
       } 2>&1 | tee "$OUT/sanitizer.log" ;;
     ab|ab:*)
