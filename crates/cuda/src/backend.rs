@@ -221,22 +221,17 @@ impl CudaBackend {
             DevBuf::new(&self.dev, bytes)?,
         );
         a.fill(&self.dev, 1)?;
-        let (e0, e1) = (ev()?, ev()?);
         let reps = 10;
-        // SAFETY: both buffers hold `bytes`; events are ours.
-        let ms = unsafe {
-            result::memcpy_dtod_async(b.ptr, a.ptr, bytes, self.dev.stream)?;
-            result::event::record(e0, self.dev.stream)?;
+        let stream = self.dev.stream;
+        // SAFETY: both buffers hold `bytes`.
+        unsafe { result::memcpy_dtod_async(b.ptr, a.ptr, bytes, stream)? };
+        let ms = self.dev.time_ms(|| {
             for _ in 0..reps {
-                result::memcpy_dtod_async(b.ptr, a.ptr, bytes, self.dev.stream)?;
+                // SAFETY: as above.
+                unsafe { result::memcpy_dtod_async(b.ptr, a.ptr, bytes, stream)? };
             }
-            result::event::record(e1, self.dev.stream)?;
-            result::event::synchronize(e1)?;
-            let ms = result::event::elapsed(e0, e1)?;
-            let _ = result::event::destroy(e0);
-            let _ = result::event::destroy(e1);
-            ms
-        };
+            Ok(())
+        })?;
         Ok(2.0 * bytes as f64 * reps as f64 / (ms as f64 * 1e-3) / 1e9)
     }
 

@@ -417,6 +417,25 @@ impl Device {
         Ok(())
     }
 
+    /// Milliseconds between two events recorded on the stream around what `work` enqueues.
+    pub fn time_ms(&self, work: impl FnOnce() -> Result<()>) -> Result<f32> {
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        // SAFETY: two events of our own on our stream, destroyed before returning.
+        unsafe {
+            let (e0, e1) = (result::event::create(flags)?, result::event::create(flags)?);
+            let timed = (|| {
+                result::event::record(e0, self.stream)?;
+                work()?;
+                result::event::record(e1, self.stream)?;
+                result::event::synchronize(e1)?;
+                Ok(result::event::elapsed(e0, e1)?)
+            })();
+            let _ = result::event::destroy(e0);
+            let _ = result::event::destroy(e1);
+            timed
+        }
+    }
+
     pub fn sync(&self) -> Result<()> {
         unsafe { result::stream::synchronize(self.stream)? };
         Ok(())

@@ -1,7 +1,6 @@
 //! Single-kernel entry points for the unit tests (each kernel against a scalar host reference).
 //! Not part of the stable API.
 
-use cudarc::driver::{result, sys};
 use q4moe_gguf::GgmlType;
 use q4moe_model::backend::KvType;
 
@@ -288,20 +287,9 @@ impl TestDevice {
         let graph = crate::graph::Graph::capture(&self.dev, &launches)?;
         graph.launch(&self.dev)?;
         self.dev.sync()?;
-        // SAFETY: plain events on our stream, destroyed below.
-        let ms = unsafe {
-            let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
-            let (e0, e1) = (result::event::create(flags)?, result::event::create(flags)?);
-            result::event::record(e0, self.dev.stream)?;
-            for _ in 0..reps {
-                graph.launch(&self.dev)?;
-            }
-            result::event::record(e1, self.dev.stream)?;
-            self.dev.sync()?;
-            let ms = result::event::elapsed(e0, e1)?;
-            let _ = (result::event::destroy(e0), result::event::destroy(e1));
-            ms
-        };
+        let ms = self
+            .dev
+            .time_ms(|| (0..reps).try_for_each(|_| graph.launch(&self.dev)))?;
         let mut count = [0u32];
         cell.download(&self.dev, 0, &mut count)?;
         Ok((ms as f64 * 1e3 / (n * reps) as f64, count[0]))
