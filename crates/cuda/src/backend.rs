@@ -130,7 +130,7 @@ impl CudaBackend {
         opts.kv_capacity = opts.kv_capacity.min(c.context_length).max(1);
         opts.in_flight = opts.in_flight.clamp(1, RING - 1);
         let dev = Device::new(opts.kv_type)?;
-        let kv_bytes = 2 * c.n_layer * opts.kv_capacity * c.kv_dim() * opts.kv_type.bytes();
+        let kv_bytes = Kv::bytes(&c, opts.kv_capacity, opts.kv_type);
         let w = weights::upload(
             &dev,
             &model,

@@ -1,6 +1,7 @@
 //! One decode step as a list of resolved launches. The setup cache keeps this list (and the
 //! graph captured from it) per session; the eager path rebuilds it every token.
 
+use q4moe_model::backend::KvType;
 use q4moe_model::sampling::SamplingParams;
 use q4moe_model::Config;
 
@@ -138,9 +139,14 @@ pub struct Kv {
 }
 
 impl Kv {
+    /// Bytes of K and V together (what Kv::new allocates).
+    pub fn bytes(c: &Config, capacity: usize, kv_type: KvType) -> usize {
+        2 * c.n_layer * capacity * c.kv_dim() * kv_type.bytes()
+    }
+
     pub fn new(dev: &Device, c: &Config, capacity: usize) -> Result<Kv> {
         let elem_bytes = dev.kv_type.bytes();
-        let bytes = c.n_layer * capacity * c.kv_dim() * elem_bytes;
+        let bytes = Kv::bytes(c, capacity, dev.kv_type) / 2;
         Ok(Kv {
             k: DevBuf::new(dev, bytes)?,
             v: DevBuf::new(dev, bytes)?,
