@@ -34,9 +34,9 @@ pub struct BenchArgs {
     decode_len: usize,
     #[arg(long, default_value_t = 5)]
     runs: usize,
-    /// KV cache element type (f16 halves what attention reads a position).
-    #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
-    kv_type: String,
+    /// KV cache element type, f16 or f32 (f16 halves what attention reads a position).
+    #[arg(long, default_value = "f16", value_parser = KvType::parse)]
+    kv_type: KvType,
     /// GPU: setup cache configurations to measure.
     #[arg(long, default_value = "both", value_parser = ["on", "off", "both"])]
     setup_cache: String,
@@ -135,7 +135,7 @@ fn open(model: &Arc<Model>, a: &BenchArgs, ctx: usize) -> anyhow::Result<AnyBack
         }
         Device::Auto => q4moe_cuda::cuda_available().is_ok(),
     };
-    let kv_type = KvType::parse(&a.kv_type)?;
+    let kv_type = a.kv_type;
     if !want_cuda {
         model.prefault(true);
         return Ok(AnyBackend::Cpu(

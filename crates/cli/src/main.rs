@@ -57,10 +57,10 @@ pub struct DeviceArgs {
     /// Positions a session may hold (KV capacity), at most the model's context length.
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
-    /// KV cache element type: f16 halves the bytes attention reads a position (long contexts
-    /// are bound by them) at a rounding of at most 2^-11 a value; f32 keeps them exact.
-    #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
-    pub kv_type: String,
+    /// KV cache element type, f16 or f32: f16 halves the bytes attention reads a position (long
+    /// contexts are bound by them) at a rounding of at most 2^-11 a value; f32 keeps them exact.
+    #[arg(long, default_value = "f16", value_parser = KvType::parse)]
+    pub kv_type: KvType,
 }
 
 impl DeviceArgs {
@@ -68,7 +68,7 @@ impl DeviceArgs {
         Ok(EngineOptions {
             device: Device::parse(&self.device)?,
             kv_capacity: self.ctx,
-            kv_type: KvType::parse(&self.kv_type)?,
+            kv_type: self.kv_type,
             setup_cache: self.setup_cache == "on",
             in_flight: self.in_flight.max(1),
             ..EngineOptions::default()
