@@ -200,6 +200,8 @@ struct AttnGqaParams {
     float theta;
     int max_blocks;  // blocks a KV head at most (attn_gqa only): past max_blocks chunks, a block
                      // walks several, so a long context takes one wave and a short merge
+    int min_span;    // chunks a block at least (attn_gqa only): the tensor-core kernel's warps
+                     // take 16-position tiles, so a 32-position block leaves 6 of 8 idle
 };
 
 // RoPE angles of a lane's rotated pairs (i = lane, lane + 32) at `pos`, and its norm weights
@@ -380,6 +382,38 @@ __device__ __forceinline__ void gqa_load_kv(const kv_t* kc, const kv_t* vc, int 
     }
 }
 
+// After pdl_wait: the group's queries into qs (warp g -> head g, zero padding past G and hd);
+// in the block whose positions hold pos, the new K (normalised, roped) / V into knew / vnew
+// and the cache, by warp 0 / 1 (after the queries when G == 8). The new K / V rows load with
+// the queries: one L2 round trip, not two, in the block the merge waits for.
+template <int HD, int GG>
+__device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs)[8][128], float* knew, float* vnew, int kvh, u32 pos, bool has_new, const LaneRope& rp, const float (&qn)[4], const float (&kn)[4]) {
+    int hd = HD ? HD : p.head_dim, G = GG ? GG : p.n_head / p.n_kv_head;
+    int kv_dim = p.n_kv_head * hd, q_dim = p.n_head * hd;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float* qkv = (const float*)p.qkv;
+    float qv[4], nv[4];
+    if (warp < G) lane_head(qkv + (kvh * G + warp) * hd, hd, qv);
+    if (has_new && warp < 2) lane_head(qkv + q_dim + warp * kv_dim + kvh * hd, hd, nv);
+    if (warp < G) gqa_norm_rope(qv, qn, qs[warp], hd, rp, p.eps);
+    else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
+    if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
+    if (!has_new) return;
+    if (warp == 0) {
+        gqa_norm_rope(nv, kn, knew, hd, rp, p.eps);
+        __syncwarp();
+        for (int d = lane; d < hd; d += 32) ((kv_t*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(knew[d]);
+    } else if (warp == 1) {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (j < hd >> 5) {
+                int d = lane + 32 * j;
+                vnew[d] = nv[j];
+                ((kv_t*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(nv[j]);
+            }
+    }
+}
+
 // grid (n_kv_head, blocks), 256 threads; block u.y holds the `span` chunks from chunk u.y * span
 // (callers skip blocks past the positions: the merges read active blocks only). A chunk's
 // scores and P V are folded into running per-head sums (maximum, l, acc rescaled when the
@@ -397,7 +431,7 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     float (&ml)[8][2] = sm.ml;
     float (&red)[8][8][128] = sm.red;
     int kvh = u.x, s = u.y, hd = HD ? HD : p.head_dim;
-    int G = GG ? GG : p.n_head / p.n_kv_head, kv_dim = p.n_kv_head * hd, q_dim = p.n_head * hd;
+    int G = GG ? GG : p.n_head / p.n_kv_head, kv_dim = p.n_kv_head * hd;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     // Read before pdl_wait: from L2 (ld.cg), never a line an earlier kernel left in L1.
     u32 pos = __ldcg(&((const StepState*)p.state)->pos);
@@ -416,32 +450,8 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     lane_norm((const float*)p.q_norm, hd, qn);
     lane_norm((const float*)p.k_norm, hd, kn);
     if (pdl) pdl_start();
-    const float* qkv = (const float*)p.qkv;
     bool has_new = (int)pos >= first && (int)pos < last;
-    // Queries of the group (warp g -> head g), zero padding past G; the new K/V by warp 0 / 1
-    // of the block whose chunks hold pos (after the queries when G == 8). The new K / V rows
-    // load with the queries: one L2 round trip, not two, in the block the merge waits for.
-    float qv[4], nv[4];
-    if (warp < G) lane_head(qkv + (kvh * G + warp) * hd, hd, qv);
-    if (has_new && warp < 2) lane_head(qkv + q_dim + warp * kv_dim + kvh * hd, hd, nv);
-    if (warp < G) gqa_norm_rope(qv, qn, qs[warp], hd, rp, p.eps);
-    else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
-    if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
-    if (has_new) {
-        if (warp == 0) {
-            gqa_norm_rope(nv, kn, knew, hd, rp, p.eps);
-            __syncwarp();
-            for (int d = lane; d < hd; d += 32) ((kv_t*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(knew[d]);
-        } else if (warp == 1) {
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (j < hd >> 5) {
-                    int d = lane + 32 * j;
-                    vnew[d] = nv[j];
-                    ((kv_t*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(nv[j]);
-                }
-        }
-    }
+    gqa_stage_new<HD, GG>(p, qs, knew, vnew, kvh, pos, has_new, rp, qn, kn);
 #pragma unroll
     for (int g = 0; g < 8; g++) *(float4*)&red[warp][g][lane * 4] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
@@ -490,12 +500,12 @@ __device__ __forceinline__ float key_float(u32 k) {
 // in chunk order), warp g on head g, 4 dims a lane, so one pass of chunk loads serves 4 outputs
 // and 16 chunks' loads are in flight at once. Counts and maxima return to 0 for the next launch.
 template <int HD, int GG>
-__device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const GqaSmem& sm, int kvh, int n_act) {
+__device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const float (&ml)[8][2], int kvh, int n_act) {
     __shared__ int last;
     int G = GG ? GG : p.n_head / p.n_kv_head, hd = HD ? HD : p.head_dim, g = threadIdx.x >> 5, lane = threadIdx.x & 31;
     u32* cnt = (u32*)p.done + kvh;
     u32* mk = (u32*)p.done + p.n_kv_head + kvh * G;  // [G] maximum keys of this group's heads
-    if (threadIdx.x < G) atomicMax(mk + threadIdx.x, max_key(sm.ml[threadIdx.x][0]));
+    if (threadIdx.x < G) atomicMax(mk + threadIdx.x, max_key(ml[threadIdx.x][0]));
     __threadfence();  // this block's partials and maxima visible before its count
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -525,18 +535,26 @@ __device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const Gqa
     if (lane == 0) mk[g] = 0;
 }
 
+// Chunks a block walks (span) and the blocks a KV head that hold positions (n_act).
+struct GqaSpan {
+    int span, n_act;
+};
+__device__ __forceinline__ GqaSpan gqa_span(const AttnGqaParams& p) {
+    int len = (int)__ldcg(&((const StepState*)p.state)->pos) + 1;
+    int n_chunk = (len + ATT_CHUNK - 1) / ATT_CHUNK;
+    int span = max((n_chunk + p.max_blocks - 1) / p.max_blocks, p.min_span);
+    return GqaSpan{span, (n_chunk + span - 1) / span};
+}
+
 template <int HD, int GG>
 __device__ __forceinline__ void attn_gqa_blocks(const AttnGqaParams& p) {
     __shared__ GqaSmem sm;
     Unit u = this_unit();
-    int len = (int)__ldcg(&((const StepState*)p.state)->pos) + 1;
-    int n_chunk = (len + ATT_CHUNK - 1) / ATT_CHUNK;
-    int span = (n_chunk + p.max_blocks - 1) / p.max_blocks;
-    int n_act = (n_chunk + span - 1) / span;
-    if (u.y >= n_act) return;  // no position here; the merge reads active blocks only
+    GqaSpan w = gqa_span(p);
+    if (u.y >= w.n_act) return;  // no position here; the merge reads active blocks only
     // One block a KV head: no partial, fence, count or reload on the way to o_proj.
-    attn_gqa_unit<HD, GG>(p, sm, u, true, span, n_act == 1);
-    if (n_act > 1) attn_gqa_merge<HD, GG>(p, sm, u.x, n_act);
+    attn_gqa_unit<HD, GG>(p, sm, u, true, w.span, w.n_act == 1);
+    if (w.n_act > 1) attn_gqa_merge<HD, GG>(p, sm.ml, u.x, w.n_act);
 }
 
 extern "C" __global__ void attn_gqa(const AttnGqaParams p) { attn_gqa_blocks<0, 0>(p); }
@@ -544,3 +562,238 @@ extern "C" __global__ void attn_gqa(const AttnGqaParams p) { attn_gqa_blocks<0, 
 // Qwen3-MoE's shape (head_dim 128, 8 query heads a KV head) as constants: no predicates on
 // the dims, shifts for the divisions, fixed trip counts (the host picks it for that shape).
 extern "C" __global__ void attn_gqa_128_8(const AttnGqaParams p) { attn_gqa_blocks<128, 8>(p); }
+
+// Qwen3-MoE's attention shape on tensor cores, over the f16 cache (sm_80+; the host picks it
+// where both hold, Q4MOE_CUDA_ATT_TC=0 turns it off). Why: the scalar walk above spends ~75 ns
+// of an SM a position at long context (8 shared-memory query loads and a 9-shuffle butterfly a
+// position and warp, three barriers a chunk) against ~8 ns of arithmetic (NOTES.md session 15).
+// Each warp walks 16-position tiles of the block's range: S^T = Q K^T as mma.m16n8k16 (A = the
+// 8 queries, pre-scaled, in f16, padded to 16 rows, in registers for the whole walk; B = K rows
+// straight from the cache), whose accumulators are the A operand of P V as they stand
+// (FlashAttention-2's register reuse); V through shared memory and ldmatrix.trans. A warp keeps
+// its running maximum, l and sums; the block merges its warps' into attn_gqa's partial layout,
+// so attn_gqa_merge is unchanged. Dot products run over the 128 dims in a permuted order (the
+// same for Q and K): a thread's two pairs of a 16-dim step are 4 adjacent dims, and one 16-byte
+// load feeds two steps.
+#if defined(KV_F16) && __CUDA_ARCH__ >= 800
+#define TC_ROW 136  // halves a staged V row: 128 + 8, so ldmatrix's 8 rows hit distinct banks
+struct TcSmem {
+    __align__(16) float qs[8][128];
+    __align__(16) float knew[128];
+    __align__(16) float vnew[128];
+    float wm[8][8], wl[8][8];  // per warp and head: running maximum, l
+    float ml[8][2];
+    union {
+        __align__(16) u16 v[8][16 * TC_ROW];  // per warp: its tile's V rows
+        __align__(16) float o[8][8][128];     // per warp and head: the P V sums (after the walk)
+    };
+};
+
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) { return (u32)f2h(lo) | (u32)f2h(hi) << 16; }
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    return make_uint4(pack_h2(f[0], f[1]), pack_h2(f[2], f[3]), pack_h2(f[4], f[5]), pack_h2(f[6], f[7]));
+}
+
+// c += A B for A's rows 0..7 (a0: k 0..7 pair, a2: k 8..15 pair; rows 8..15 zero: the 8 heads
+// padded to 16), B one 8-column tile (b0: k 0..7, b1: k 8..15). f16 in, f32 accumulate.
+__device__ __forceinline__ void mma_h8(float (&c)[4], u32 a0, u32 a2, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 f16 matrices from shared memory, transposed: the B operands of two 8-column tiles.
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], const u16* ptr) {
+    u32 a = (u32)__cvta_generic_to_shared(ptr);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// A tile's rows from the cache (zeros past `last`): kq[j * 4 + s] = K row t0 + 8j + lane / 4,
+// dims 32s + 8 (lane % 4) .. + 8 (a thread's B operands); vq[i] = V row t0 + 2i + lane / 16,
+// dims 8 (lane % 16) .. + 8 (coalesced, for shared memory).
+__device__ __forceinline__ void tc_load(const kv_t* kc, const kv_t* vc, int kv_dim, int t0, int last, uint4 (&kq)[8], uint4 (&vq)[8]) {
+    int lane = threadIdx.x & 31;
+    uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int t = t0 + 8 * j + (lane >> 2);
+#pragma unroll
+        for (int s = 0; s < 4; s++)
+            kq[j * 4 + s] = t < last ? __ldcg((const uint4*)(kc + (u64)t * kv_dim + 32 * s + 8 * (lane & 3))) : z;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int t = t0 + 2 * i + (lane >> 4);
+        vq[i] = t < last ? __ldcg((const uint4*)(vc + (u64)t * kv_dim + 8 * (lane & 15))) : z;
+    }
+}
+
+// The new position's rows, as the cache holds them, over what was loaded for it (the loads may
+// predate this step's write).
+__device__ __forceinline__ void tc_patch_new(const TcSmem& sm, int t0, u32 pos, uint4 (&kq)[8], uint4 (&vq)[8]) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        if (t0 + 8 * j + (lane >> 2) == (int)pos)
+#pragma unroll
+            for (int s = 0; s < 4; s++) kq[j * 4 + s] = pack8(sm.knew + 32 * s + 8 * (lane & 3));
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (t0 + 2 * i + (lane >> 4) == (int)pos) vq[i] = pack8(sm.vnew + 8 * (lane & 15));
+}
+
+// Running softmax state and P V sums of one warp: head lane / 4, dims 8n + 2 (lane % 4) + {0, 1}
+// of tile n in o[n][0..1] (o[n][2..3]: the padded heads, zero).
+struct TcRun {
+    float m, l;
+    float o[16][4];
+};
+
+// One 16-position tile at t0 (rows in kq, V staged at vs): scores, the running maximum and l
+// (l over the f16 weights P V uses), P V.
+__device__ __forceinline__ void tc_tile(const uint4 (&kq)[8], const u16* vs, const u32 (&qa)[8][2], int t0, int last, TcRun& r) {
+    int lane = threadIdx.x & 31, c = lane & 3;
+    float sc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            uint4 w = kq[j * 4 + (k >> 1)];
+            mma_h8(sc[j], qa[k][0], qa[k][1], k & 1 ? w.z : w.x, k & 1 ? w.w : w.y);
+        }
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if (t0 + 8 * j + 2 * c + e >= last) sc[j][e] = -INFINITY;
+            mx = fmaxf(mx, sc[j][e]);
+        }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    float m = fmaxf(r.m, mx), f = expf(r.m - m);  // the first tile: f = 0
+    r.m = m;
+    u32 pa[2];
+    float ls = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        u16 h0 = f2h(expf(sc[j][0] - m)), h1 = f2h(expf(sc[j][1] - m));
+        ls += h2f(h0) + h2f(h1);
+        pa[j] = (u32)h0 | (u32)h1 << 16;
+    }
+    r.l = r.l * f + ls;
+#pragma unroll
+    for (int n = 0; n < 16; n++) {
+        r.o[n][0] *= f;
+        r.o[n][1] *= f;
+    }
+    int mi = lane >> 3, row = (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int n = 0; n < 16; n += 2) {
+        u32 b[4];
+        ldsm_x4_t(b, vs + row * TC_ROW + 8 * (n + (mi >> 1)));
+        mma_h8(r.o[n], pa[0], pa[1], b[0], b[1]);
+        mma_h8(r.o[n + 1], pa[0], pa[1], b[2], b[3]);
+    }
+}
+
+// The block's warps' states merged into the partial of attn_gqa_unit's layout (or the heads'
+// outputs where the block holds all positions), ml as attn_gqa_merge reads it.
+__device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& sm, const TcRun& r, int kvh, int s, bool direct) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    float l = r.l + __shfl_xor_sync(0xffffffff, r.l, 1);
+    l += __shfl_xor_sync(0xffffffff, l, 2);
+    __syncthreads();  // every warp is done with its staged V (o shares its memory)
+    if (c == 0) { sm.wm[warp][g] = r.m; sm.wl[warp][g] = l; }
+#pragma unroll
+    for (int n = 0; n < 16; n++) *(float2*)&sm.o[warp][g][8 * n + 2 * c] = make_float2(r.o[n][0], r.o[n][1]);
+    __syncthreads();
+    if (threadIdx.x < 8) {
+        int h = threadIdx.x;
+        float m = -INFINITY, L = 0.f;
+        for (int w = 0; w < 8; w++) m = fmaxf(m, sm.wm[w][h]);
+        for (int w = 0; w < 8; w++) L += expf(sm.wm[w][h] - m) * sm.wl[w][h];  // idle warps: 0
+        sm.ml[h][0] = m;
+        sm.ml[h][1] = L;
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < 8 * 128; o += blockDim.x) {
+        int h = o >> 7, d = o & 127;
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) v += expf(sm.wm[w][h] - sm.ml[h][0]) * sm.o[w][h][d];
+        if (direct) {
+            ((float*)p.out)[(kvh * 8 + h) * 128 + d] = v / sm.ml[h][1];
+            continue;
+        }
+        float* part = (float*)p.part + ((u64)(kvh * 8 + h) * p.n_split + s) * 130;
+        part[2 + d] = v;
+        if (d == 0) { part[0] = sm.ml[h][0]; part[1] = sm.ml[h][1]; }
+    }
+}
+
+// Block u.y of KV head u.x: positions [first, last) as attn_gqa_unit's, in 16-position tiles
+// (warp w: tiles w, w + 8, ..), the next tile's rows in flight while one is computed.
+__device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm, Unit u, int span, bool direct) {
+    int kvh = u.x, s = u.y, kv_dim = p.n_kv_head * 128;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    u32 pos = __ldcg(&((const StepState*)p.state)->pos);  // before pdl_wait: from L2
+    int first = s * span * ATT_CHUNK, last = min(first + span * ATT_CHUNK, (int)pos + 1);
+    int n_tiles = (last - first + 15) >> 4;
+    const kv_t* kc = (const kv_t*)p.k_cache + kvh * 128;
+    const kv_t* vc = (const kv_t*)p.v_cache + kvh * 128;
+    uint4 kq[8], vq[8];
+    if (warp < n_tiles) tc_load(kc, vc, kv_dim, first + 16 * warp, last, kq, vq);  // written by earlier steps
+    LaneRope rp = lane_rope(128, pos, p.theta);
+    float qn[4], kn[4];
+    lane_norm((const float*)p.q_norm, 128, qn);
+    lane_norm((const float*)p.k_norm, 128, kn);
+    pdl_start();
+    bool has_new = (int)pos >= first && (int)pos < last;
+    gqa_stage_new<128, 8>(p, sm.qs, sm.knew, sm.vnew, kvh, pos, has_new, rp, qn, kn);
+    __syncthreads();
+    u32 qa[8][2];  // k-step k: this thread's dims 32 (k / 2) + 8c + 4 (k % 2) + {0, 1} and {2, 3}
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const float* q = sm.qs[g] + 32 * (k >> 1) + 8 * c + 4 * (k & 1);
+        qa[k][0] = pack_h2(q[0] * p.scale, q[1] * p.scale);
+        qa[k][1] = pack_h2(q[2] * p.scale, q[3] * p.scale);
+    }
+    TcRun r;
+    r.m = -INFINITY;
+    r.l = 0.f;
+#pragma unroll
+    for (int n = 0; n < 16; n++) r.o[n][0] = r.o[n][1] = r.o[n][2] = r.o[n][3] = 0.f;
+    u16* vs = sm.v[warp];
+#pragma unroll 1
+    for (int tile = warp; tile < n_tiles; tile += 8) {
+        int t0 = first + 16 * tile;
+        if (has_new) tc_patch_new(sm, t0, pos, kq, vq);
+#pragma unroll
+        for (int i = 0; i < 8; i++) *(uint4*)(vs + (2 * i + (lane >> 4)) * TC_ROW + 8 * (lane & 15)) = vq[i];
+        __syncwarp();
+        uint4 kt[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) kt[i] = kq[i];
+        if (tile + 8 < n_tiles) tc_load(kc, vc, kv_dim, t0 + 128, last, kq, vq);
+        tc_tile(kt, vs, qa, t0, last, r);
+        __syncwarp();  // vs is rewritten by the next tile
+    }
+    tc_block_merge(p, sm, r, kvh, s, direct);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 1) attn_gqa_128_8_tc(const AttnGqaParams p) {
+#if defined(KV_F16) && __CUDA_ARCH__ >= 800
+    __shared__ TcSmem sm;
+    Unit u = this_unit();
+    GqaSpan w = gqa_span(p);
+    if (u.y >= w.n_act) return;
+    attn_tc_unit(p, sm, u, w.span, w.n_act == 1);
+    if (w.n_act > 1) attn_gqa_merge<128, 8>(p, sm.ml, u.x, w.n_act);
+#endif
+}

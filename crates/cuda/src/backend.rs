@@ -137,7 +137,7 @@ impl CudaBackend {
             kv_bytes + Scratch::bytes(&c, opts.kv_capacity),
             opts.router_fold,
         )?;
-        let scratch = Scratch::new(&dev, &c, opts.kv_capacity, opts.attn_max_blocks)?;
+        let scratch = Scratch::new(&dev, &c, &opts)?;
         let pinned = Pinned::new(RING)?;
         let host_logits = Pinned::new(c.vocab_size)?;
         let events = (0..RING)

@@ -25,6 +25,8 @@ pub enum Kernel {
     AttnCombine,
     AttnGqa,
     AttnGqa128x8,
+    /// The same shape on tensor cores over the f16 cache (sm_80+).
+    AttnGqa128x8Tc,
     MoeTopk,
     RouterTopk,
     RouterCluster,
@@ -90,13 +92,14 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 15] = [
+const SINGLE: [Kernel; 16] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
     Kernel::AttnCombine,
     Kernel::AttnGqa,
     Kernel::AttnGqa128x8,
+    Kernel::AttnGqa128x8Tc,
     Kernel::MoeTopk,
     Kernel::RouterTopk,
     Kernel::RouterCluster,
@@ -147,6 +150,7 @@ impl Kernel {
             Kernel::AttnCombine => "attn_combine",
             Kernel::AttnGqa => "attn_gqa",
             Kernel::AttnGqa128x8 => "attn_gqa_128_8",
+            Kernel::AttnGqa128x8Tc => "attn_gqa_128_8_tc",
             Kernel::MoeTopk => "moe_topk",
             Kernel::RouterTopk => "router_topk",
             Kernel::RouterCluster => "router_cluster",
@@ -260,6 +264,7 @@ impl Device {
                     | Kernel::MoeDown(_)
                     | Kernel::AttnGqa
                     | Kernel::AttnGqa128x8
+                    | Kernel::AttnGqa128x8Tc
             ) {
                 // Large activations (d_ff * n_used floats) and attention's reservation
                 // (att_solo_smem) need more than the default 48 KB; GPUs before Hopper allow

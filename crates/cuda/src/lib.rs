@@ -49,6 +49,10 @@ pub struct CudaOptions {
     /// session 14: +8%). On by default; Q4MOE_CUDA_ROUTER_FOLD=0 turns it off (A/B
     /// measurements; the parity tests run both).
     pub router_fold: bool,
+    /// Qwen3-shape attention on tensor cores where the cache is f16 (attention.cu
+    /// attn_gqa_128_8_tc, sm_80+; session 16, H200: +3.3% Q4_0 at the bench's context, +16% at
+    /// 4,096). On by default; Q4MOE_CUDA_ATT_TC=0 turns it off.
+    pub attn_tensor_cores: bool,
 }
 
 impl Default for CudaOptions {
@@ -65,6 +69,7 @@ impl Default for CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(params::ATT_MAX_BLOCKS),
             router_fold: std::env::var("Q4MOE_CUDA_ROUTER_FOLD").map_or(true, |v| v != "0"),
+            attn_tensor_cores: std::env::var("Q4MOE_CUDA_ATT_TC").map_or(true, |v| v != "0"),
         }
     }
 }

@@ -240,8 +240,9 @@ pub struct AttnGqaParams {
     pub eps: f32,
     pub theta: f32,
     pub max_blocks: i32,
+    pub min_span: i32,
 }
-const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 104);
+const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 112);
 
 /// `LayerDesc` in fused.cu: one layer's weights and KV slices for the fused step.
 #[repr(C)]

@@ -8,7 +8,7 @@ use q4moe_model::Config;
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
 use crate::weights::Weights;
-use crate::Result;
+use crate::{CudaOptions, Result};
 
 const THREADS: u32 = 256;
 const WARPS: u32 = THREADS / 32;
@@ -72,21 +72,26 @@ pub struct Scratch {
     /// Qwen3-shape kernel; the generic one's static part is no larger, so its blocks are alone
     /// on an SM too).
     pub att_solo_smem: u32,
+    /// Qwen3-shape attention on tensor cores (attn_gqa_128_8_tc): the f16 cache on sm_80+,
+    /// where CudaOptions::attn_tensor_cores.
+    pub att_tc: bool,
+    /// Chunks an attention block takes at least: 4 (8 tiles, one a warp) on tensor cores, as
+    /// Q4MOE_CUDA_ATT_MIN_SPAN overrides (A/B measurements: 1 and 8 were both ~4% slower at the
+    /// bench's context, session 16); 1 on the scalar kernels.
+    pub att_min_span: usize,
 }
 
 impl Scratch {
-    pub fn new(
-        dev: &Device,
-        c: &Config,
-        kv_capacity: usize,
-        attn_max_blocks: usize,
-    ) -> Result<Scratch> {
+    pub fn new(dev: &Device, c: &Config, opts: &CudaOptions) -> Result<Scratch> {
+        let (kv_capacity, attn_max_blocks) = (opts.kv_capacity, opts.attn_max_blocks);
         let f = |n: usize| DevBuf::new(dev, n * 4);
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
         let counter = DevBuf::new(dev, 4)?;
         counter.fill(dev, 0)?;
         let attn_done = DevBuf::new(dev, 4 * (c.n_kv_head + c.n_head))?;
         attn_done.fill(dev, 0)?;
+        let att_tc = opts.attn_tensor_cores && dev.kv_type == KvType::F16 && dev.sm_major >= 8;
+        let env_span = std::env::var("Q4MOE_CUDA_ATT_MIN_SPAN").map(|v| v.parse::<usize>());
         Ok(Scratch {
             state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
             x: f(c.d_model)?,
@@ -115,6 +120,12 @@ impl Scratch {
                 _ => 2 * dev.sm_count()?,
             },
             att_solo_smem: dev.att_solo_smem(Kernel::AttnGqa128x8)?,
+            att_tc,
+            att_min_span: match env_span {
+                Ok(Ok(n)) if att_tc => n.max(1),
+                _ if att_tc => 4,
+                _ => 1,
+            },
         })
     }
 
@@ -576,10 +587,15 @@ fn layer(
             eps: c.rms_eps,
             theta: c.rope_theta,
             max_blocks: s.att_blocks as i32,
+            min_span: s.att_min_span as i32,
         };
         // Qwen3-MoE's shape has a kernel with it as constants (attention.cu).
         let kernel = if c.head_dim == 128 && c.n_head == 8 * c.n_kv_head {
-            Kernel::AttnGqa128x8
+            if s.att_tc {
+                Kernel::AttnGqa128x8Tc
+            } else {
+                Kernel::AttnGqa128x8
+            }
         } else {
             Kernel::AttnGqa
         };

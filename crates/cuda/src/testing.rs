@@ -21,6 +21,31 @@ pub struct FoldOut {
     pub sel: Vec<f32>,
 }
 
+/// One attention launch's inputs (`TestDevice::attention`).
+pub struct AttentionCase {
+    pub n_kv_head: usize,
+    /// The raw projections [q_dim + 2 * kv_dim].
+    pub qkv: Vec<f32>,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+    /// [capacity, kv_dim] f16 bits: rows before `pos` are the context.
+    pub k_cache: Vec<u16>,
+    pub v_cache: Vec<u16>,
+    pub pos: usize,
+    pub scale: f32,
+    pub eps: f32,
+    pub theta: f32,
+    pub max_blocks: usize,
+    pub min_span: usize,
+}
+
+/// What `TestDevice::attention` returns.
+pub struct AttentionOut {
+    pub out: Vec<f32>,
+    pub k_row: Vec<u16>,
+    pub v_row: Vec<u16>,
+}
+
 pub struct TestDevice {
     dev: Device,
 }
@@ -293,6 +318,68 @@ impl TestDevice {
         let mut count = [0u32];
         cell.download(&self.dev, 0, &mut count)?;
         Ok((ms as f64 * 1e3 / (n * reps) as f64, count[0]))
+    }
+
+    /// Qwen3-shape attention (head_dim 128, 8 query heads a KV head) at position `pos` over an
+    /// f16 cache of `capacity` rows, through `attn_gqa_128_8_tc` (`tensor_cores`) or
+    /// `attn_gqa_128_8`: the heads' outputs [n_head * 128] and the cache rows the kernel wrote
+    /// at `pos` (K, V as f16 bits).
+    pub fn attention(&self, a: &AttentionCase, tensor_cores: bool) -> Result<AttentionOut> {
+        let (kv_dim, n_head) = (a.n_kv_head * 128, a.n_kv_head * 8);
+        let capacity = a.k_cache.len() / kv_dim;
+        let n_split = capacity.div_ceil(ATT_CHUNK);
+        let (kc, vc) = (self.upload(&a.k_cache)?, self.upload(&a.v_cache)?);
+        let (qkv, qn, kn) = (
+            self.upload(&a.qkv)?,
+            self.upload(&a.q_norm)?,
+            self.upload(&a.k_norm)?,
+        );
+        let state = self.upload(&[StepState {
+            token: 0,
+            pos: a.pos as u32,
+        }])?;
+        let part = self.poisoned(n_head * n_split * 130)?;
+        let done = self.upload(&vec![0u32; a.n_kv_head + n_head])?;
+        let out = self.poisoned(n_head * 128)?;
+        let p = AttnGqaParams {
+            qkv: qkv.ptr,
+            q_norm: qn.ptr,
+            k_norm: kn.ptr,
+            k_cache: kc.ptr,
+            v_cache: vc.ptr,
+            part: part.ptr,
+            state: state.ptr,
+            out: out.ptr,
+            done: done.ptr,
+            n_head: n_head as i32,
+            n_kv_head: a.n_kv_head as i32,
+            head_dim: 128,
+            n_split: n_split as i32,
+            scale: a.scale,
+            eps: a.eps,
+            theta: a.theta,
+            max_blocks: a.max_blocks as i32,
+            min_span: a.min_span as i32,
+        };
+        let k = if tensor_cores {
+            Kernel::AttnGqa128x8Tc
+        } else {
+            Kernel::AttnGqa128x8
+        };
+        let grid = (a.n_kv_head as u32, a.max_blocks.min(n_split) as u32, 1);
+        self.dev
+            .launch(&Launch::new(k, "attn_gqa", grid, 256, 0, &p, 0))?;
+        self.dev.sync()?;
+        let row = |b: &DevBuf| -> Result<Vec<u16>> {
+            let mut v = vec![0u16; kv_dim];
+            b.download(&self.dev, a.pos * kv_dim * 2, &mut v)?;
+            Ok(v)
+        };
+        Ok(AttentionOut {
+            out: self.read(&out, n_head * 128)?,
+            k_row: row(&kc)?,
+            v_row: row(&vc)?,
+        })
     }
 
     /// Greedy choice over `logits` through both arg-max stages.

@@ -308,3 +308,145 @@ fn sampler_matches_host_sampler() {
         "top-k off with top-p: host path"
     );
 }
+
+/// NeoX RoPE (rotate-half) of one head at `pos`, as attention.cu and the CPU backend.
+fn rope(v: &mut [f32], pos: usize, theta: f32) {
+    let half = v.len() / 2;
+    for i in 0..half {
+        let freq = theta.powf(-2.0 * i as f32 / v.len() as f32);
+        let (s, c) = (pos as f32 * freq).sin_cos();
+        let (x0, x1) = (v[i], v[i + half]);
+        v[i] = x0 * c - x1 * s;
+        v[i + half] = x0 * s + x1 * c;
+    }
+}
+
+fn f16_bits(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+
+fn f16_val(b: u16) -> f32 {
+    half::f16::from_bits(b).to_f32()
+}
+
+/// Host attention of `TestDevice::attention`'s case: the new K (normalised, roped) and V
+/// rounded to f16 as the cache holds them, then softmax(q k / sqrt) v over positions 0..=pos in
+/// f64. Returns the outputs and the new K / V rows (f32, before rounding).
+fn attention_reference(a: &q4moe_cuda::testing::AttentionCase) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (kvd, nh) = (a.n_kv_head * 128, a.n_kv_head * 8);
+    let qd = nh * 128;
+    let head = |src: &[f32], w: &[f32]| {
+        let mut v = rmsnorm(src, w, a.eps);
+        rope(&mut v, a.pos, a.theta);
+        v
+    };
+    let mut k_new = Vec::new();
+    for h in 0..a.n_kv_head {
+        k_new.extend(head(&a.qkv[qd + h * 128..qd + (h + 1) * 128], &a.k_norm));
+    }
+    let v_new = a.qkv[qd + kvd..].to_vec();
+    let key = |t: usize, i: usize| {
+        if t == a.pos {
+            f16_val(f16_bits(k_new[i]))
+        } else {
+            f16_val(a.k_cache[t * kvd + i])
+        }
+    };
+    let val = |t: usize, i: usize| {
+        if t == a.pos {
+            f16_val(f16_bits(v_new[i]))
+        } else {
+            f16_val(a.v_cache[t * kvd + i])
+        }
+    };
+    let mut out = vec![0f32; qd];
+    for h in 0..nh {
+        let q = head(&a.qkv[h * 128..(h + 1) * 128], &a.q_norm);
+        let kvh = h / 8;
+        let s: Vec<f64> = (0..=a.pos)
+            .map(|t| {
+                (0..128)
+                    .map(|d| q[d] as f64 * key(t, kvh * 128 + d) as f64)
+                    .sum::<f64>()
+                    * a.scale as f64
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let l: f64 = w.iter().sum();
+        for d in 0..128 {
+            let o: f64 = (0..=a.pos)
+                .map(|t| w[t] * val(t, kvh * 128 + d) as f64)
+                .sum();
+            out[h * 128 + d] = (o / l) as f32;
+        }
+    }
+    (out, k_new, v_new)
+}
+
+/// The Qwen3-shape attention kernels (scalar and tensor cores) over an f16 cache against the
+/// host: one block a KV head (direct), several merged, blocks walking several chunks, the new
+/// position inside a tile, rows past it NaN (never read). Bounds, relative to the largest |out|:
+/// 1e-4 scalar (f32 arithmetic), 4e-3 tensor cores (queries and softmax weights in f16).
+#[test]
+fn attention_matches_host() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng::new(11);
+    let (n_kv_head, capacity) = (2, 512);
+    let kvd = n_kv_head * 128;
+    let nan = 0x7e00u16;
+    for (pos, max_blocks, min_span) in [
+        (5, 32, 1),
+        (37, 32, 1),
+        (300, 32, 1),
+        (300, 32, 4),
+        (300, 2, 4),
+        (469, 4, 1),
+    ] {
+        let mut k_cache = vec![nan; capacity * kvd];
+        let mut v_cache = vec![nan; capacity * kvd];
+        for i in 0..pos * kvd {
+            k_cache[i] = f16_bits((rng.next_f32() * 2.0 - 1.0) * 3.0);
+            v_cache[i] = f16_bits((rng.next_f32() * 2.0 - 1.0) * 2.0);
+        }
+        let case = q4moe_cuda::testing::AttentionCase {
+            n_kv_head,
+            qkv: randn(&mut rng, n_kv_head * 8 * 128 + 2 * kvd, 2.0),
+            q_norm: randn(&mut rng, 128, 1.5),
+            k_norm: randn(&mut rng, 128, 1.5),
+            k_cache,
+            v_cache,
+            pos,
+            scale: 1.0 / (128f32).sqrt(),
+            eps: 1e-6,
+            theta: 1e6,
+            max_blocks,
+            min_span,
+        };
+        let (want, k_new, v_new) = attention_reference(&case);
+        let top = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for tc in [false, true] {
+            let got = dev.attention(&case, tc).unwrap();
+            let err = got
+                .out
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| (g - w).abs())
+                .fold(
+                    0f32,
+                    |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
+                );
+            let bound = if tc { 4e-3 } else { 1e-4 };
+            eprintln!("pos {pos}, {max_blocks} blocks, min span {min_span}, tensor cores {tc}: max error {:.2e} of {top:.2e}", err);
+            assert!(err <= bound * top, "pos {pos}, {max_blocks} blocks, min span {min_span}, tensor cores {tc}: error {err} > {bound} x {top}");
+            for (i, (&g, (&k, &v))) in got.k_row.iter().zip(k_new.iter().zip(&v_new)).enumerate() {
+                assert!(
+                    (f16_val(g) - k).abs() <= 2e-3 * k.abs().max(1e-3),
+                    "K row at pos, dim {i}: {} vs {k}",
+                    f16_val(g)
+                );
+                assert_eq!(got.v_row[i], f16_bits(v), "V row at pos, dim {i}");
+            }
+        }
+    }
+}

@@ -376,3 +376,48 @@ fn tiny_long_context() {
         "2 attention blocks a KV head: greedy stream differs from the CPU's"
     );
 }
+
+/// Qwen3-30B-A3B's attention shape past the bench's context (a 300-token prompt: 10 chunks),
+/// on tensor cores (the f16 cache's default: 16-position tiles, at least 4 chunks a block, the
+/// new position's rows patched in) and on the scalar kernel; with 32 blocks a KV head (tensor
+/// cores: 3 active, 8 tiles = one a warp in the first two, merged; scalar: 10) and with 2 (each
+/// block 5 chunks = 10 tiles: warps 0-1 take 2, the rest 1).
+#[test]
+fn mid_qwen3_attention_long_context() {
+    if no_gpu() {
+        return;
+    }
+    let cfg = Config {
+        n_head: 32,
+        n_kv_head: 4,
+        ..Config::mid()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    let prompt = test_prompt(300, &cfg);
+    let (mut cpu, _) = backends(&m);
+    let lc = cpu.prefill(1, &prompt, false).unwrap();
+    let first = q4moe_model::sampling::argmax(&lc);
+    let want = greedy(&mut cpu, 1, first, 16, None);
+    for (tc, max_blocks) in [(true, 32), (true, 2), (false, 32)] {
+        let opts = CudaOptions {
+            attn_max_blocks: max_blocks,
+            attn_tensor_cores: tc,
+            fused_step: false,
+            ..Default::default()
+        };
+        let (_, mut gpu) = backends_with(&m, opts);
+        let lg = gpu.prefill(1, &prompt, false).unwrap();
+        let e = rel_err(&lg, &lc);
+        eprintln!("Qwen3 attention, 300-token prompt, tensor cores {tc}, {max_blocks} blocks a KV head: relative logit error {e:.2e}");
+        assert!(
+            e <= 2e-3,
+            "tensor cores {tc}, {max_blocks} blocks: relative logit error {e}"
+        );
+        assert_eq!(
+            greedy(&mut gpu, 1, first, 16, None),
+            want,
+            "tensor cores {tc}, {max_blocks} blocks a KV head: greedy stream differs from the CPU's"
+        );
+    }
+}
