@@ -202,6 +202,9 @@ struct AttnGqaParams {
                      // walks several, so a long context takes one wave and a short merge
     int min_span;    // chunks a block at least (attn_gqa only): the tensor-core kernel's warps
                      // take 16-position tiles, so a 32-position block leaves 6 of 8 idle
+    int stage;       // tiles past its first a warp of the tensor-core kernel loads into dynamic
+                     // shared memory before pdl_wait (0 elsewhere); a KV head whose positions
+                     // fit one block's 8 * (1 + stage) tiles takes one block, with no merge
 };
 
 // RoPE angles of a lane's rotated pairs (i = lane, lane + 32) at `pos`, and its norm weights
@@ -542,7 +545,8 @@ struct GqaSpan {
 __device__ __forceinline__ GqaSpan gqa_span(const AttnGqaParams& p) {
     int len = (int)__ldcg(&((const StepState*)p.state)->pos) + 1;
     int n_chunk = (len + ATT_CHUNK - 1) / ATT_CHUNK;
-    int span = max((n_chunk + p.max_blocks - 1) / p.max_blocks, p.min_span);
+    int fit = p.stage > 0 ? (1 + p.stage) * 8 * 16 / ATT_CHUNK : 0;  // chunks one block loads early
+    int span = n_chunk <= fit ? n_chunk : max((n_chunk + p.max_blocks - 1) / p.max_blocks, p.min_span);
     return GqaSpan{span, (n_chunk + span - 1) / span};
 }
 
@@ -577,15 +581,19 @@ extern "C" __global__ void attn_gqa_128_8(const AttnGqaParams p) { attn_gqa_bloc
 // load feeds two steps.
 #if defined(KV_F16) && __CUDA_ARCH__ >= 800
 #define TC_ROW 136  // halves a staged V row: 128 + 8, so ldmatrix's 8 rows hit distinct banks
+#define TC_STAGE_MAX 2  // AttnGqaParams::stage at most (params.rs ATT_TC_STAGE_MAX: 2 x 64 KB fit H100 / H200)
+#define TC_OROW 136  // floats a head's P V sums: 128 + 8, so a warp's float2 stores (8 heads x 4
+                     // lanes) take 2 wavefronts, not 8 as at 128 (ncu: 41% excess wavefronts)
 struct TcSmem {
     __align__(16) float qs[8][128];
     __align__(16) float knew[128];
     __align__(16) float vnew[128];
     float wm[8][8], wl[8][8];  // per warp and head: running maximum, l
+    float wf[8][8];            // per warp and head: its sums' factor in the block's merge
     float ml[8][2];
     union {
-        __align__(16) u16 v[8][16 * TC_ROW];  // per warp: its tile's V rows
-        __align__(16) float o[8][8][128];     // per warp and head: the P V sums (after the walk)
+        __align__(16) u16 v[8][16 * TC_ROW];   // per warp: its tile's V rows
+        __align__(16) float o[8][8][TC_OROW];  // per warp and head: the P V sums (after the walk)
     };
 };
 
@@ -627,6 +635,37 @@ __device__ __forceinline__ void tc_load(const kv_t* kc, const kv_t* vc, int kv_d
     for (int i = 0; i < 8; i++) {
         int t = t0 + 2 * i + (lane >> 4);
         vq[i] = t < last ? __ldcg((const uint4*)(vc + (u64)t * kv_dim + 8 * (lane & 15))) : z;
+    }
+}
+
+// Staged tiles (dynamic shared memory): tc_load's registers of one warp's tile, uint4 i of lane l
+// at [i][l], so each thread reads back what it copied (no barrier but the copies' own wait) and
+// no two lanes share a bank group. 8 KB a warp and tile.
+__device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool in) {  // !in: zeros
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0));
+}
+__device__ __forceinline__ void tc_stage(const kv_t* kc, const kv_t* vc, int kv_dim, int t0, int last, uint4* st) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int t = t0 + 8 * j + (lane >> 2);
+        const kv_t* row = kc + (u64)min(t, last - 1) * kv_dim;  // a valid address even when unread
+#pragma unroll
+        for (int s = 0; s < 4; s++) cp_async16(st + (j * 4 + s) * 32 + lane, row + 32 * s + 8 * (lane & 3), t < last);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int t = t0 + 2 * i + (lane >> 4);
+        cp_async16(st + (8 + i) * 32 + lane, vc + (u64)min(t, last - 1) * kv_dim + 8 * (lane & 15), t < last);
+    }
+}
+__device__ __forceinline__ void tc_unstage(const uint4* st, uint4 (&kq)[8], uint4 (&vq)[8]) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        kq[i] = st[i * 32 + lane];
+        vq[i] = st[(8 + i) * 32 + lane];
     }
 }
 
@@ -712,20 +751,26 @@ __device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& s
 #pragma unroll
     for (int n = 0; n < 16; n++) *(float2*)&sm.o[warp][g][8 * n + 2 * c] = make_float2(r.o[n][0], r.o[n][1]);
     __syncthreads();
-    if (threadIdx.x < 8) {
-        int h = threadIdx.x;
-        float m = -INFINITY, L = 0.f;
-        for (int w = 0; w < 8; w++) m = fmaxf(m, sm.wm[w][h]);
-        for (int w = 0; w < 8; w++) L += expf(sm.wm[w][h] - m) * sm.wl[w][h];  // idle warps: 0
-        sm.ml[h][0] = m;
-        sm.ml[h][1] = L;
+    // The 64 factors once (thread 8h + w: head h, warp w; 8-lane groups), not 8 per output:
+    // the merge is on the critical path of the layer.
+    if (threadIdx.x < 64) {
+        int h = threadIdx.x >> 3, w = threadIdx.x & 7;
+        float wm = sm.wm[w][h], m = wm;
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+        float f = expf(wm - m);  // idle warps: 0
+        float L = f * sm.wl[w][h];
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) L += __shfl_xor_sync(0xffffffff, L, o);
+        sm.wf[w][h] = f;
+        if (w == 0) { sm.ml[h][0] = m; sm.ml[h][1] = L; }
     }
     __syncthreads();
     for (int o = threadIdx.x; o < 8 * 128; o += blockDim.x) {
         int h = o >> 7, d = o & 127;
         float v = 0.f;
 #pragma unroll
-        for (int w = 0; w < 8; w++) v += expf(sm.wm[w][h] - sm.ml[h][0]) * sm.o[w][h][d];
+        for (int w = 0; w < 8; w++) v += sm.wf[w][h] * sm.o[w][h][d];
         if (direct) {
             ((float*)p.out)[(kvh * 8 + h) * 128 + d] = v / sm.ml[h][1];
             continue;
@@ -737,8 +782,12 @@ __device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& s
 }
 
 // Block u.y of KV head u.x: positions [first, last) as attn_gqa_unit's, in 16-position tiles
-// (warp w: tiles w, w + 8, ..), the next tile's rows in flight while one is computed.
-__device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm, Unit u, int span, bool direct) {
+// (warp w: tiles w, w + 8, ..). Before pdl_wait the warp's first tile loads into registers and
+// its next p.stage tiles into `st` (cp.async; their DRAM latency overlaps the predecessor
+// kernel) where that stages all of them; otherwise (long context) each later tile's rows are in
+// flight while the one before it is computed. Staging 2 of a warp's 4 tiles at 16,384 positions
+// measured 7% slower (NOTES.md session 16).
+__device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm, uint4* st, Unit u, int span, bool direct) {
     int kvh = u.x, s = u.y, kv_dim = p.n_kv_head * 128;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     u32 pos = __ldcg(&((const StepState*)p.state)->pos);  // before pdl_wait: from L2
@@ -748,6 +797,12 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
     const kv_t* vc = (const kv_t*)p.v_cache + kvh * 128;
     uint4 kq[8], vq[8];
     if (warp < n_tiles) tc_load(kc, vc, kv_dim, first + 16 * warp, last, kq, vq);  // written by earlier steps
+    st += warp * 16 * 32;  // this warp's staged tiles, 8 warps apart
+    int stage = n_tiles <= 8 * (1 + p.stage) ? p.stage : 0;
+#pragma unroll
+    for (int j = 1; j <= TC_STAGE_MAX; j++)
+        if (j <= stage && warp + 8 * j < n_tiles) tc_stage(kc, vc, kv_dim, first + 16 * (warp + 8 * j), last, st + (j - 1) * 8 * 16 * 32);
+    asm volatile("cp.async.commit_group;\n" ::);
     LaneRope rp = lane_rope(128, pos, p.theta);
     float qn[4], kn[4];
     lane_norm((const float*)p.q_norm, 128, qn);
@@ -769,9 +824,11 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
 #pragma unroll
     for (int n = 0; n < 16; n++) r.o[n][0] = r.o[n][1] = r.o[n][2] = r.o[n][3] = 0.f;
     u16* vs = sm.v[warp];
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
 #pragma unroll 1
-    for (int tile = warp; tile < n_tiles; tile += 8) {
+    for (int i = 0, tile = warp; tile < n_tiles; i++, tile += 8) {
         int t0 = first + 16 * tile;
+        if (i >= 1 && i <= stage) tc_unstage(st + (i - 1) * 8 * 16 * 32, kq, vq);
         if (has_new) tc_patch_new(sm, t0, pos, kq, vq);
 #pragma unroll
         for (int i = 0; i < 8; i++) *(uint4*)(vs + (2 * i + (lane >> 4)) * TC_ROW + 8 * (lane & 15)) = vq[i];
@@ -779,7 +836,7 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
         uint4 kt[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) kt[i] = kq[i];
-        if (tile + 8 < n_tiles) tc_load(kc, vc, kv_dim, t0 + 128, last, kq, vq);
+        if (tile + 8 < n_tiles && i + 1 > stage) tc_load(kc, vc, kv_dim, t0 + 128, last, kq, vq);
         tc_tile(kt, vs, qa, t0, last, r);
         __syncwarp();  // vs is rewritten by the next tile
     }
@@ -790,10 +847,11 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
 extern "C" __global__ void __launch_bounds__(256, 1) attn_gqa_128_8_tc(const AttnGqaParams p) {
 #if defined(KV_F16) && __CUDA_ARCH__ >= 800
     __shared__ TcSmem sm;
+    extern __shared__ __align__(16) uint4 tc_staged[];  // [p.stage][8 warps][16][32]
     Unit u = this_unit();
     GqaSpan w = gqa_span(p);
     if (u.y >= w.n_act) return;
-    attn_tc_unit(p, sm, u, w.span, w.n_act == 1);
+    attn_tc_unit(p, sm, tc_staged, u, w.span, w.n_act == 1);
     if (w.n_act > 1) attn_gqa_merge<128, 8>(p, sm.ml, u.x, w.n_act);
 #endif
 }

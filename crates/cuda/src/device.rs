@@ -335,6 +335,11 @@ impl Device {
         Ok(if need <= room { need } else { 0 })
     }
 
+    /// Dynamic shared memory launches of `k` may use (its attribute as set at start-up).
+    pub fn dynamic_smem_room(&self, k: Kernel) -> u32 {
+        self.dyn_smem[self.index(k)].load(Ordering::Relaxed)
+    }
+
     /// Static shared memory `k` declares.
     pub fn static_smem(&self, k: Kernel) -> Result<usize> {
         // SAFETY: plain query on a live function.

@@ -53,6 +53,12 @@ pub struct CudaOptions {
     /// attn_gqa_128_8_tc, sm_80+; session 16, H200: +3.3% Q4_0 at the bench's context, +16% at
     /// 4,096). On by default; Q4MOE_CUDA_ATT_TC=0 turns it off.
     pub attn_tensor_cores: bool,
+    /// Tiles past its first a warp of the tensor-core attention loads into shared memory before
+    /// pdl_wait (AttnGqaParams::stage): a KV head whose positions fit one block's tiles then
+    /// takes one block, with no merge. None = 1 (params::ATT_TC_STAGE_DEFAULT: 256 positions;
+    /// session 16: +2.7% Q4_0, +3.3% Q4_K_M), at most 2 and what the device's shared memory
+    /// holds. Q4MOE_CUDA_ATT_STAGE=<n> sets it (A/B measurements; the parity tests run 0).
+    pub attn_stage: Option<usize>,
 }
 
 impl Default for CudaOptions {
@@ -70,6 +76,9 @@ impl Default for CudaOptions {
                 .unwrap_or(params::ATT_MAX_BLOCKS),
             router_fold: std::env::var("Q4MOE_CUDA_ROUTER_FOLD").map_or(true, |v| v != "0"),
             attn_tensor_cores: std::env::var("Q4MOE_CUDA_ATT_TC").map_or(true, |v| v != "0"),
+            attn_stage: std::env::var("Q4MOE_CUDA_ATT_STAGE")
+                .ok()
+                .and_then(|v| v.parse().ok()),
         }
     }
 }

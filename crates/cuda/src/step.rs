@@ -79,6 +79,11 @@ pub struct Scratch {
     /// Q4MOE_CUDA_ATT_MIN_SPAN overrides (A/B measurements: 1 and 8 were both ~4% slower at the
     /// bench's context, session 16); 1 on the scalar kernels.
     pub att_min_span: usize,
+    /// Tiles past its first a warp of the tensor-core attention loads into shared memory
+    /// before pdl_wait (AttnGqaParams::stage): CudaOptions::attn_stage or ATT_TC_STAGE_DEFAULT,
+    /// at most what the kernel's dynamic shared memory holds and ATT_TC_STAGE_MAX; 0 on the
+    /// scalar kernels.
+    pub att_stage: usize,
 }
 
 impl Scratch {
@@ -92,6 +97,8 @@ impl Scratch {
         attn_done.fill(dev, 0)?;
         let att_tc = opts.attn_tensor_cores && dev.kv_type == KvType::F16 && dev.sm_major >= 8;
         let env_span = std::env::var("Q4MOE_CUDA_ATT_MIN_SPAN").map(|v| v.parse::<usize>());
+        let stage_room = dev.dynamic_smem_room(Kernel::AttnGqa128x8Tc) / ATT_TC_STAGE_BYTES;
+        let stage_fit = ATT_TC_STAGE_MAX.min(stage_room as usize);
         Ok(Scratch {
             state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
             x: f(c.d_model)?,
@@ -125,6 +132,11 @@ impl Scratch {
                 Ok(Ok(n)) if att_tc => n.max(1),
                 _ if att_tc => 4,
                 _ => 1,
+            },
+            att_stage: match opts.attn_stage {
+                _ if !att_tc => 0,
+                Some(n) => n.min(stage_fit),
+                None => ATT_TC_STAGE_DEFAULT.min(stage_fit),
             },
         })
     }
@@ -588,6 +600,7 @@ fn layer(
             theta: c.rope_theta,
             max_blocks: s.att_blocks as i32,
             min_span: s.att_min_span as i32,
+            stage: s.att_stage as i32,
         };
         // Qwen3-MoE's shape has a kernel with it as constants (attention.cu).
         let kernel = if c.head_dim == 128 && c.n_head == 8 * c.n_kv_head {
@@ -599,12 +612,14 @@ fn layer(
         } else {
             Kernel::AttnGqa
         };
+        // The staged tiles' shared memory holds the blocks one an SM as att_solo_smem does.
+        let smem = s.att_solo_smem.max(s.att_stage as u32 * ATT_TC_STAGE_BYTES);
         out.push(Launch::new(
             kernel,
             "attn_gqa",
             (c.n_kv_head as u32, s.att_blocks as u32, 1),
             256,
-            s.att_solo_smem,
+            smem,
             &g,
             0,
         ));

@@ -37,6 +37,8 @@ pub struct AttentionCase {
     pub theta: f32,
     pub max_blocks: usize,
     pub min_span: usize,
+    /// Tiles a warp stages in shared memory (tensor cores only; AttnGqaParams::stage).
+    pub stage: usize,
 }
 
 /// What `TestDevice::attention` returns.
@@ -360,6 +362,7 @@ impl TestDevice {
             theta: a.theta,
             max_blocks: a.max_blocks as i32,
             min_span: a.min_span as i32,
+            stage: if tensor_cores { a.stage as i32 } else { 0 },
         };
         let k = if tensor_cores {
             Kernel::AttnGqa128x8Tc
@@ -367,8 +370,9 @@ impl TestDevice {
             Kernel::AttnGqa128x8
         };
         let grid = (a.n_kv_head as u32, a.max_blocks.min(n_split) as u32, 1);
+        let smem = p.stage as u32 * ATT_TC_STAGE_BYTES;
         self.dev
-            .launch(&Launch::new(k, "attn_gqa", grid, 256, 0, &p, 0))?;
+            .launch(&Launch::new(k, "attn_gqa", grid, 256, smem, &p, 0))?;
         self.dev.sync()?;
         let row = |b: &DevBuf| -> Result<Vec<u16>> {
             let mut v = vec![0u16; kv_dim];

@@ -395,13 +395,20 @@ fn attention_matches_host() {
     let (n_kv_head, capacity) = (2, 512);
     let kvd = n_kv_head * 128;
     let nan = 0x7e00u16;
-    for (pos, max_blocks, min_span) in [
-        (5, 32, 1),
-        (37, 32, 1),
-        (300, 32, 1),
-        (300, 32, 4),
-        (300, 2, 4),
-        (469, 4, 1),
+    // (pos, max_blocks, min_span, staged tiles a warp): the staged cases hold all positions in
+    // one block (300: the new position in a staged tile; 100: nothing to stage), two blocks of
+    // two tiles a warp, and one block of four tiles a warp, too many to stage (all load late).
+    for (pos, max_blocks, min_span, stage) in [
+        (5, 32, 1, 0),
+        (37, 32, 1, 0),
+        (300, 32, 1, 0),
+        (300, 32, 4, 0),
+        (300, 2, 4, 0),
+        (469, 4, 1, 0),
+        (100, 32, 4, 2),
+        (300, 32, 4, 2),
+        (469, 2, 4, 1),
+        (469, 1, 1, 1),
     ] {
         let mut k_cache = vec![nan; capacity * kvd];
         let mut v_cache = vec![nan; capacity * kvd];
@@ -422,6 +429,7 @@ fn attention_matches_host() {
             theta: 1e6,
             max_blocks,
             min_span,
+            stage,
         };
         let (want, k_new, v_new) = attention_reference(&case);
         let top = want.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -437,8 +445,9 @@ fn attention_matches_host() {
                     |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
                 );
             let bound = if tc { 4e-3 } else { 1e-4 };
-            eprintln!("pos {pos}, {max_blocks} blocks, min span {min_span}, tensor cores {tc}: max error {:.2e} of {top:.2e}", err);
-            assert!(err <= bound * top, "pos {pos}, {max_blocks} blocks, min span {min_span}, tensor cores {tc}: error {err} > {bound} x {top}");
+            let what = format!("pos {pos}, {max_blocks} blocks, min span {min_span}, stage {stage}, tensor cores {tc}");
+            eprintln!("{what}: max error {err:.2e} of {top:.2e}");
+            assert!(err <= bound * top, "{what}: error {err} > {bound} x {top}");
             for (i, (&g, (&k, &v))) in got.k_row.iter().zip(k_new.iter().zip(&v_new)).enumerate() {
                 assert!(
                     (f16_val(g) - k).abs() <= 2e-3 * k.abs().max(1e-3),

@@ -399,17 +399,21 @@ fn mid_qwen3_attention_long_context() {
     let lc = cpu.prefill(1, &prompt, false).unwrap();
     let first = q4moe_model::sampling::argmax(&lc);
     let want = greedy(&mut cpu, 1, first, 16, None);
-    for (tc, max_blocks) in [(true, 32), (true, 2), (false, 32)] {
+    // Tensor cores as by default (one block a KV head with staged tiles up to 256 positions,
+    // which the prompt passes through; then 3 blocks a KV head) and without staging (two blocks
+    // walking 5 chunks), and the scalar kernel.
+    for (tc, max_blocks, stage) in [(true, 32, None), (true, 2, Some(0)), (false, 32, None)] {
         let opts = CudaOptions {
             attn_max_blocks: max_blocks,
             attn_tensor_cores: tc,
+            attn_stage: stage,
             fused_step: false,
             ..Default::default()
         };
         let (_, mut gpu) = backends_with(&m, opts);
         let lg = gpu.prefill(1, &prompt, false).unwrap();
         let e = rel_err(&lg, &lc);
-        eprintln!("Qwen3 attention, 300-token prompt, tensor cores {tc}, {max_blocks} blocks a KV head: relative logit error {e:.2e}");
+        eprintln!("Qwen3 attention, 300-token prompt, tensor cores {tc}, {max_blocks} blocks a KV head, stage {stage:?}: relative logit error {e:.2e}");
         assert!(
             e <= 2e-3,
             "tensor cores {tc}, {max_blocks} blocks: relative logit error {e}"
