@@ -33,6 +33,8 @@
 #   ncu-att:<N>   Nsight Compute on two attn_gqa launches after an N-token prompt: $OUT/ncu-att.txt.
 #   chain         what one dependent launch costs in a graph without work (benches/launch_chain.rs),
 #                 PDL on and off.
+#   timeline      per kernel inside the graph: how early its blocks were resident, what it costs the
+#                 chain, how late its last blocks arrived (Q4MOE_CUDA_TIMELINE=1, timeline.rs).
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   profile:<q>   per-kernel GPU times (--profile kernels: eager launches, cache off; 64 tokens, one run).
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
@@ -57,7 +59,7 @@ kernel_table() {  # the kernel profile of a bench JSON record, largest total fir
 import json, sys; r = json.load(open(sys.argv[1]))
 for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
     print('%-22s %6d calls %9.3f ms %8.2f us/call' % (k['name'], k['calls'], k['total_ms'], 1e3 * k['total_ms'] / max(k['calls'], 1)))
-" "$1" 2>&1 | head -24
+" "$1" 2>&1 | head -"${2:-24}"
 }
 # Printed as it happens and kept in $OUT/summary.txt: a call that runs out of time returns $OUT
 # but no output when a pipe held it.
@@ -242,6 +244,17 @@ for s in $steps; do
         $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len "$n" --decode-len 4 --runs 1 --in-flight 1 \
         --setup-cache off > "$OUT/ncu-att.txt" 2>&1
       grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-att.txt" | head -60 ;;
+    timeline)
+      # When each launch's blocks reached and passed pdl_wait (Q4MOE_CUDA_TIMELINE=1, timeline.rs),
+      # per kernel: lead (its first block resident before the predecessor finished), step (its
+      # first pass to the next launch's), spread (its blocks arriving after the first passed).
+      # Q4_0, cache on, in-flight 2, 3 runs of 256 tokens, ~33 steps a run recorded. The probe
+      # perturbs what it measures a little (a slot lookup before each wait): the tok/s says how much.
+      model q4_0
+      Q4MOE_CUDA_TIMELINE=1 timeout 150 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 256 \
+        --runs 3 --setup-cache on --in-flight 2 --long-context 0 --json-out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1
+      say "timeline: $(grep -E median "$OUT/timeline.log" | tail -1)"
+      kernel_table "$OUT/timeline.json" 40 ;;
     stamps)
       # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).
       [ $ok = 1 ] || continue

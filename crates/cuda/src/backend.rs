@@ -17,6 +17,7 @@ use crate::fused::FusedStep;
 use crate::graph::Graph;
 use crate::params::StepState;
 use crate::step::{self, Kv, Scratch};
+use crate::timeline::{self, Timeline};
 use crate::weights::{self, Weights};
 use crate::{CudaOptions, KernelTime, Result};
 
@@ -109,6 +110,9 @@ pub struct CudaBackend {
     profile: HashMap<&'static str, (u64, f64, u64)>,
     /// Per-op times inside the fused step (Q4MOE_CUDA_STAMPS=1), same layout as `profile`.
     fused_profile: HashMap<String, (u64, f64, u64)>,
+    /// The launch timeline's table (Q4MOE_CUDA_TIMELINE=1) and what it recorded.
+    timeline: Option<Timeline>,
+    timeline_profile: HashMap<String, (u64, f64, u64)>,
     dev: Device,
 }
 
@@ -143,6 +147,10 @@ impl CudaBackend {
         let events = (0..RING)
             .map(|_| Ok((ev()?, ev()?)))
             .collect::<Result<Vec<_>>>()?;
+        let timeline = match timeline::enabled() {
+            true => Some(Timeline::new(&dev)?),
+            false => None,
+        };
         Ok(CudaBackend {
             model,
             opts,
@@ -155,6 +163,8 @@ impl CudaBackend {
             prof_events: Vec::new(),
             profile: HashMap::new(),
             fused_profile: HashMap::new(),
+            timeline,
+            timeline_profile: HashMap::new(),
             dev,
         })
     }
@@ -175,8 +185,9 @@ impl CudaBackend {
         &self.opts
     }
 
-    /// Per-kernel GPU times gathered on the eager path with `profile_kernels` on, and per-op
-    /// times inside the fused step (named "fused <op>") with Q4MOE_CUDA_STAMPS=1.
+    /// Per-kernel GPU times gathered on the eager path with `profile_kernels` on, per-op
+    /// times inside the fused step (named "fused <op>") with Q4MOE_CUDA_STAMPS=1, and the
+    /// launch timeline ("timeline <kernel> lead|step|spread") with Q4MOE_CUDA_TIMELINE=1.
     pub fn kernel_profile(&self) -> Vec<KernelTime> {
         let entry = |name: String, &(calls, secs, bytes): &(u64, f64, u64)| KernelTime {
             name,
@@ -193,6 +204,11 @@ impl CudaBackend {
                     .iter()
                     .map(|(n, e)| entry(format!("fused {n}"), e)),
             )
+            .chain(
+                self.timeline_profile
+                    .iter()
+                    .map(|(n, e)| entry(n.clone(), e)),
+            )
             .collect();
         v.sort_by(|a, b| b.total.cmp(&a.total));
         v
@@ -201,6 +217,7 @@ impl CudaBackend {
     pub fn reset_kernel_profile(&mut self) {
         self.profile.clear();
         self.fused_profile.clear();
+        self.timeline_profile.clear();
     }
 
     pub fn set_profile_kernels(&mut self, on: bool) {
@@ -331,6 +348,23 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Adds what the timeline recorded since its reset, launches named after this session's
+    /// step (no-op without Q4MOE_CUDA_TIMELINE=1).
+    fn read_timeline(&mut self, id: SessionId, sampled: bool) -> Result<()> {
+        let Some(t) = &self.timeline else {
+            return Ok(());
+        };
+        let stamps = t.read(&self.dev)?;
+        let kv = &self.sessions[&id].kv;
+        let launches = step::build(&self.model.config, &self.w, &self.scratch, kv, sampled);
+        for (name, (calls, secs, _)) in timeline::summarize(&stamps, &launches) {
+            let e = self.timeline_profile.entry(name).or_default();
+            e.0 += calls;
+            e.1 += secs;
+        }
+        Ok(())
+    }
+
     fn launch_profiled(&mut self, ls: &[Launch]) -> Result<()> {
         while self.prof_events.len() < ls.len() {
             self.prof_events.push((ev()?, ev()?));
@@ -442,6 +476,11 @@ impl CudaBackend {
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
         while handed < steps && !stopped {
             while submitted < steps && submitted < handed + f {
+                if submitted == timeline::FROM_STEP {
+                    if let Some(t) = &self.timeline {
+                        t.reset(&self.dev)?;
+                    }
+                }
                 let t0 = Instant::now();
                 let step = self.setup(id, sampled)?;
                 let t1 = Instant::now();
@@ -463,6 +502,9 @@ impl CudaBackend {
         }
         // Steps computed ahead are discarded: the KV length below ignores what they wrote.
         self.dev.sync()?;
+        if submitted > timeline::FROM_STEP {
+            self.read_timeline(id, sampled)?;
+        }
         phases.truncate(handed);
         Ok((
             DecodeStats { phases },

@@ -335,6 +335,27 @@ impl Device {
         Ok(if need <= room { need } else { 0 })
     }
 
+    /// A `__device__` variable of the module: its address and size.
+    pub fn global(&self, name: &str) -> Result<(u64, usize)> {
+        let name = std::ffi::CString::new(name).expect("no NUL in a symbol");
+        // SAFETY: the module is loaded for the device's lifetime.
+        Ok(unsafe { result::module::get_global(self._module, name)? })
+    }
+
+    /// Sets `bytes` bytes at `ptr` in stream order.
+    pub fn memset_async(&self, ptr: u64, byte: u8, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's range lies in one allocation or module variable.
+        unsafe { result::memset_d8_async(ptr, byte, bytes, self.stream)? };
+        Ok(())
+    }
+
+    /// Copies `out.len()` values from `ptr` after the stream's work.
+    pub fn download_raw<T: Copy>(&self, ptr: u64, out: &mut [T]) -> Result<()> {
+        // SAFETY: the caller's range lies in one allocation or module variable.
+        unsafe { result::memcpy_dtoh_async(out, ptr, self.stream)? };
+        self.sync()
+    }
+
     /// Dynamic shared memory launches of `k` may use (its attribute as set at start-up).
     pub fn dynamic_smem_room(&self, k: Kernel) -> u32 {
         self.dyn_smem[self.index(k)].load(Ordering::Relaxed)
@@ -529,12 +550,11 @@ impl DevBuf {
         dev.sync()
     }
     pub fn download<T: Copy>(&self, dev: &Device, off: usize, out: &mut [T]) -> Result<()> {
-        unsafe { result::memcpy_dtoh_async(out, self.ptr + off as u64, dev.stream)? };
-        dev.sync()
+        dev.download_raw(self.ptr + off as u64, out)
     }
     /// Fills with a byte pattern (tests poison outputs with 0xff = NaN floats).
     pub fn fill(&self, dev: &Device, byte: u8) -> Result<()> {
-        unsafe { result::memset_d8_async(self.ptr, byte, self.bytes, dev.stream)? };
+        dev.memset_async(self.ptr, byte, self.bytes)?;
         dev.sync()
     }
 }
@@ -559,6 +579,9 @@ fn compile_options(maj: i32, min: i32, kv_type: KvType) -> Vec<String> {
     ];
     if kv_type == KvType::F16 {
         opts.push("-DKV_F16".into()); // attention.cu's kv_t
+    }
+    if crate::timeline::enabled() {
+        opts.push("-DQ4MOE_TIMELINE".into()); // common.cuh's pdl_wait probe
     }
     opts
 }

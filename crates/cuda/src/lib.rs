@@ -14,6 +14,7 @@ mod repack;
 mod step;
 #[doc(hidden)]
 pub mod testing;
+mod timeline;
 mod weights;
 
 use std::time::Duration;

@@ -1,0 +1,183 @@
+//! The launch timeline (Q4MOE_CUDA_TIMELINE=1; common.cuh `tl_*`): for each launch, when its
+//! blocks reached pdl_wait and when they passed it (%globaltimer), so the step's overlap can be
+//! read directly instead of inferred from the omit table: how long a kernel's first block was
+//! resident before its predecessor finished (lead: its early weight loads' head start), the
+//! time from one launch's first pass to the next one's (step: what the launch costs the chain),
+//! and how long its blocks kept arriving after the first passed (spread: waves, or blocks that
+//! found no room beside the predecessor). Recorded for a window of steady decode steps
+//! (`FROM_STEP`, as many launches as the table holds), read after the decode.
+
+use std::collections::HashMap;
+
+use crate::device::{Device, Launch};
+use crate::Result;
+
+/// Slots of the device table (`TL_SLOTS` in common.cuh): ~33 steps of ~245 launches.
+const SLOTS: usize = 8192;
+/// Fields a slot (`tl_val`): !first ready, last ready, !first pass, last pass, blocks, shape.
+const FIELDS: usize = 6;
+/// The decode step of a call from which launches are recorded (earlier ones warm up).
+pub const FROM_STEP: usize = 32;
+
+/// Q4MOE_CUDA_TIMELINE=1: the kernels are compiled with the probe (-DQ4MOE_TIMELINE).
+pub fn enabled() -> bool {
+    std::env::var("Q4MOE_CUDA_TIMELINE").is_ok_and(|v| v == "1")
+}
+
+/// One launch as the table holds it (nanoseconds of %globaltimer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LaunchStamp {
+    pub first_ready: u64,
+    pub last_ready: u64,
+    pub first_pass: u64,
+    pub last_pass: u64,
+    pub blocks: u64,
+    /// (blocks in the grid, threads a block, dynamic shared memory), as `shape` packs them.
+    pub shape: u64,
+}
+
+/// The key a launch is recognised by on both sides (common.cuh packs the same).
+pub fn shape(grid: (u32, u32, u32), block: u32, smem: u32) -> u64 {
+    ((grid.0 * grid.1 * grid.2) as u64) << 40 | (block as u64) << 24 | smem as u64
+}
+
+/// The device table (the module's `tl_key`, `tl_val`).
+pub struct Timeline {
+    keys: u64,
+    vals: u64,
+}
+
+impl Timeline {
+    pub fn new(dev: &Device) -> Result<Timeline> {
+        let (keys, kb) = dev.global("tl_key")?;
+        let (vals, vb) = dev.global("tl_val")?;
+        assert_eq!((kb, vb), (8 * SLOTS, 8 * SLOTS * FIELDS), "tl_* sizes");
+        Ok(Timeline { keys, vals })
+    }
+
+    /// Empties the table in stream order: launches after this are recorded.
+    pub fn reset(&self, dev: &Device) -> Result<()> {
+        dev.memset_async(self.keys, 0, 8 * SLOTS)?;
+        dev.memset_async(self.vals, 0, 8 * SLOTS * FIELDS)
+    }
+
+    /// The recorded launches in the order their first blocks passed pdl_wait.
+    pub fn read(&self, dev: &Device) -> Result<Vec<LaunchStamp>> {
+        let mut keys = vec![0u64; SLOTS];
+        let mut vals = vec![0u64; SLOTS * FIELDS];
+        dev.download_raw(self.keys, &mut keys)?;
+        dev.download_raw(self.vals, &mut vals)?;
+        let mut v: Vec<LaunchStamp> = keys
+            .iter()
+            .zip(vals.chunks_exact(FIELDS))
+            .filter(|(&k, f)| k != 0 && f[4] > 0)
+            .map(|(_, f)| LaunchStamp {
+                first_ready: !f[0],
+                last_ready: f[1],
+                first_pass: !f[2],
+                last_pass: f[3],
+                blocks: f[4],
+                shape: f[5],
+            })
+            .collect();
+        v.sort_by_key(|s| s.first_pass);
+        Ok(v)
+    }
+}
+
+/// Per kernel name (launches told apart by shape; names sharing one are joined by "|"): the
+/// mean lead, step and spread as profile entries "timeline <name> <what>" of (calls, seconds,
+/// 0). The last launch has no step (nothing recorded after it).
+pub fn summarize(stamps: &[LaunchStamp], launches: &[Launch]) -> HashMap<String, (u64, f64, u64)> {
+    let mut names: HashMap<u64, Vec<&str>> = HashMap::new();
+    for l in launches {
+        let n = names.entry(shape(l.grid, l.block, l.smem)).or_default();
+        if !n.contains(&l.name) {
+            n.push(l.name);
+        }
+    }
+    let mut out: HashMap<String, (u64, f64, u64)> = HashMap::new();
+    let mut add = |name: &str, what: &str, ns: u64| {
+        let e = out.entry(format!("timeline {name} {what}")).or_default();
+        e.0 += 1;
+        e.1 += ns as f64 * 1e-9;
+    };
+    for (i, s) in stamps.iter().enumerate() {
+        let name = names
+            .get(&s.shape)
+            .map_or_else(|| "(other)".to_string(), |n| n.join("|"));
+        add(&name, "lead", s.first_pass.saturating_sub(s.first_ready));
+        add(&name, "spread", s.last_ready.saturating_sub(s.first_pass));
+        if let Some(next) = stamps.get(i + 1) {
+            add(&name, "step", next.first_pass.saturating_sub(s.first_pass));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Kernel;
+
+    fn launch(name: &'static str, blocks: u32) -> Launch {
+        Launch::new(Kernel::Embed, name, (blocks, 1, 1), 256, 0, &0u32, 0)
+    }
+
+    fn stamp(blocks: u32, ready: u64, pass: u64, last_ready: u64) -> LaunchStamp {
+        LaunchStamp {
+            first_ready: ready,
+            last_ready,
+            first_pass: pass,
+            last_pass: pass + 50,
+            blocks: blocks as u64,
+            shape: shape((blocks, 1, 1), 256, 0),
+        }
+    }
+
+    #[test]
+    fn summary_names_launches_by_shape() {
+        let ls = [
+            launch("qkv", 320),
+            launch("attn", 128),
+            launch("o_proj", 384),
+        ];
+        // Two layers' worth: qkv resident 400 ns early, attention not at all and 300 ns of
+        // its blocks arriving late, a launch no step names.
+        let st = [
+            stamp(320, 600, 1000, 1000),
+            stamp(128, 2000, 2000, 2300),
+            stamp(384, 2500, 3000, 3000),
+            stamp(320, 3600, 4000, 4100),
+            stamp(7, 4500, 4600, 4600),
+        ];
+        let s = summarize(&st, &ls);
+        let check = |k: &str, calls: u64, ns: f64| {
+            let (c, secs, _) = s[k];
+            assert_eq!(c, calls, "{k} calls");
+            assert!(
+                (secs * 1e9 - ns).abs() < 1e-6,
+                "{k}: {} ns, want {ns}",
+                secs * 1e9
+            );
+        };
+        check("timeline qkv lead", 2, 800.0);
+        check("timeline qkv step", 2, 1600.0);
+        check("timeline qkv spread", 2, 100.0);
+        check("timeline attn lead", 1, 0.0);
+        check("timeline attn spread", 1, 300.0);
+        check("timeline o_proj step", 1, 1000.0);
+        check("timeline (other) lead", 1, 100.0);
+        assert!(
+            !s.contains_key("timeline (other) step"),
+            "the last launch has no step"
+        );
+    }
+
+    #[test]
+    fn shared_shapes_join_names() {
+        let ls = [launch("qkv", 320), launch("head", 320), launch("qkv", 320)];
+        let s = summarize(&[stamp(320, 0, 10, 10)], &ls);
+        assert!(s.contains_key("timeline qkv|head lead"));
+    }
+}
