@@ -4,7 +4,8 @@
 #   run(command="bash scripts/gpu-check.sh [tests] [sanitize] [ab] [bench:q4_0] [bench:q4_k_m]",
 #       carry=[target/release/q4moe, target/release/deps/kernels-<hash>, target/release/deps/parity-<hash>])
 # Steps (default: tests bench:q4_0 bench:q4_k_m):
-#   tests         kernel unit tests + CPU parity (tiny/mid x Q4_0/Q4_K_M). On failure the benches
+#   tests         kernel unit tests + CPU parity (tiny/mid x Q4_0/Q4_K_M), and the timeline probe's
+#                 test where target/release/deps/timeline-* is carried. On failure the benches
 #                 parity is re-run with Q4MOE_CUDA_NO_GQA / LEGACY to bisect, and the benches
 #                 run with the first passing configuration (or are skipped). A speed-up that breaks
 #                 parity is not kept.
@@ -120,7 +121,8 @@ tiny_sanitize() {
 for s in $steps; do
   case $s in
     tests)
-      for t in kernels parity; do
+      for t in kernels parity timeline; do  # timeline: where carried (its own process: an env switch)
+        [ "$t" = timeline ] && [ -z "$(bin $t)" ] && continue
         echo "== $t"; timeout 300 "$(bin $t)" --test-threads=1 --nocapture 2>&1 || { ok=0; echo "!! $t FAILED"; }
       done > "$OUT/tests.log" 2>&1
       grep -E "relative logit error|agree on|test result|FAILED|panicked" "$OUT/tests.log" | sort | uniq -c | tail -20
