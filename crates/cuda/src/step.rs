@@ -75,14 +75,14 @@ pub struct Scratch {
     /// Qwen3-shape attention on tensor cores (attn_gqa_128_8_tc): the f16 cache on sm_80+,
     /// where CudaOptions::attn_tensor_cores.
     pub att_tc: bool,
-    /// Chunks an attention block takes at least: 4 (8 tiles, one a warp) on tensor cores, as
+    /// Chunks a tensor-core attention block takes at least: 4 (8 tiles, one a warp), as
     /// Q4MOE_CUDA_ATT_MIN_SPAN overrides (A/B measurements: 1 and 8 were both ~4% slower at the
-    /// bench's context, session 16); 1 on the scalar kernels.
+    /// bench's context, session 16). The scalar kernels take 1.
     pub att_min_span: usize,
     /// Tiles past its first a warp of the tensor-core attention loads into shared memory
     /// before pdl_wait (AttnGqaParams::stage): CudaOptions::attn_stage or ATT_TC_STAGE_DEFAULT,
-    /// at most what the kernel's dynamic shared memory holds and ATT_TC_STAGE_MAX; 0 on the
-    /// scalar kernels.
+    /// at most what the kernel's dynamic shared memory holds and ATT_TC_STAGE_MAX. The scalar
+    /// kernels take 0.
     pub att_stage: usize,
 }
 
@@ -129,15 +129,13 @@ impl Scratch {
             att_solo_smem: dev.att_solo_smem(Kernel::AttnGqa128x8)?,
             att_tc,
             att_min_span: match env_span {
-                Ok(Ok(n)) if att_tc => n.max(1),
-                _ if att_tc => 4,
-                _ => 1,
+                Ok(Ok(n)) => n.max(1),
+                _ => 4,
             },
-            att_stage: match opts.attn_stage {
-                _ if !att_tc => 0,
-                Some(n) => n.min(stage_fit),
-                None => ATT_TC_STAGE_DEFAULT.min(stage_fit),
-            },
+            att_stage: opts
+                .attn_stage
+                .unwrap_or(ATT_TC_STAGE_DEFAULT)
+                .min(stage_fit),
         })
     }
 
@@ -581,6 +579,23 @@ fn layer(
         scale: 1.0 / (c.head_dim as f32).sqrt(),
     };
     if gqa {
+        // Qwen3-MoE's shape has a kernel with it as constants (attention.cu), also on tensor
+        // cores; the span and staging knobs are that kernel's.
+        let kernel = if c.head_dim == 128 && c.n_head == 8 * c.n_kv_head {
+            if s.att_tc {
+                Kernel::AttnGqa128x8Tc
+            } else {
+                Kernel::AttnGqa128x8
+            }
+        } else {
+            Kernel::AttnGqa
+        };
+        let tc = kernel == Kernel::AttnGqa128x8Tc;
+        let (min_span, stage) = if tc {
+            (s.att_min_span, s.att_stage)
+        } else {
+            (1, 0)
+        };
         let g = AttnGqaParams {
             qkv: s.qkv.ptr,
             q_norm: lw.q_norm,
@@ -599,21 +614,11 @@ fn layer(
             eps: c.rms_eps,
             theta: c.rope_theta,
             max_blocks: s.att_blocks as i32,
-            min_span: s.att_min_span as i32,
-            stage: s.att_stage as i32,
-        };
-        // Qwen3-MoE's shape has a kernel with it as constants (attention.cu).
-        let kernel = if c.head_dim == 128 && c.n_head == 8 * c.n_kv_head {
-            if s.att_tc {
-                Kernel::AttnGqa128x8Tc
-            } else {
-                Kernel::AttnGqa128x8
-            }
-        } else {
-            Kernel::AttnGqa
+            min_span: min_span as i32,
+            stage: stage as i32,
         };
         // The staged tiles' shared memory holds the blocks one an SM as att_solo_smem does.
-        let smem = s.att_solo_smem.max(s.att_stage as u32 * ATT_TC_STAGE_BYTES);
+        let smem = s.att_solo_smem.max(stage as u32 * ATT_TC_STAGE_BYTES);
         out.push(Launch::new(
             kernel,
             "attn_gqa",
