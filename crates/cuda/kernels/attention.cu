@@ -826,9 +826,9 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
     u16* vs = sm.v[warp];
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 #pragma unroll 1
-    for (int i = 0, tile = warp; tile < n_tiles; i++, tile += 8) {
+    for (int nth = 0, tile = warp; tile < n_tiles; nth++, tile += 8) {  // the warp's nth tile
         int t0 = first + 16 * tile;
-        if (i >= 1 && i <= stage) tc_unstage(st + (i - 1) * 8 * 16 * 32, kq, vq);
+        if (nth >= 1 && nth <= stage) tc_unstage(st + (nth - 1) * 8 * 16 * 32, kq, vq);
         if (has_new) tc_patch_new(sm, t0, pos, kq, vq);
 #pragma unroll
         for (int i = 0; i < 8; i++) *(uint4*)(vs + (2 * i + (lane >> 4)) * TC_ROW + 8 * (lane & 15)) = vq[i];
@@ -836,7 +836,7 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
         uint4 kt[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) kt[i] = kq[i];
-        if (tile + 8 < n_tiles && i + 1 > stage) tc_load(kc, vc, kv_dim, t0 + 128, last, kq, vq);
+        if (tile + 8 < n_tiles && nth + 1 > stage) tc_load(kc, vc, kv_dim, t0 + 128, last, kq, vq);
         tc_tile(kt, vs, qa, t0, last, r);
         __syncwarp();  // vs is rewritten by the next tile
     }
