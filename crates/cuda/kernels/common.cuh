@@ -51,52 +51,53 @@ __device__ __forceinline__ float h2f(u16 h) {
 // pdl_wait() may only read immutable data (weights); pdl_wait() returns once every predecessor
 // grid has completed and its writes are visible. pdl_launch() lets the successor be scheduled.
 #ifdef Q4MOE_TIMELINE
-// The launch timeline (Q4MOE_CUDA_TIMELINE=1, timeline.rs): a slot a launch, keyed by %gridid,
-// where thread 0 of each block records reaching and passing pdl_wait. Minima are kept as the
-// maximum of the complement, so zeroed memory is the empty table. The slot is found before the
-// wait (one L2 round trip, on the critical path only where the predecessor has already
-// finished); only fire-and-forget atomics follow it.
+// The launch timeline (Q4MOE_CUDA_TIMELINE=1, timeline.rs): a slot a launch, at its %gridid less
+// the first one recorded since the host zeroed the table (tl_base), where thread 0 of a block
+// records reaching and passing pdl_wait. Only the first and the last 64 blocks of a grid record
+// (the blocks dispatched first and last, whose times the summary uses): every block's atomics on
+// one slot would queue at one L2 slice and perturb what is measured. Minima are kept as the
+// maximum of the complement, so zeroed memory is the empty table; the atomics return nothing.
 #define TL_SLOTS 8192
-__device__ unsigned long long tl_key[TL_SLOTS];
-__device__ unsigned long long tl_val[TL_SLOTS][6];  // !first ready, last ready, !first pass, last pass, blocks, shape
+__device__ unsigned long long tl_base;                // first recorded %gridid + 1; 0: none yet
+__device__ unsigned long long tl_val[TL_SLOTS][5];    // gridid + 1, !first ready, last ready, !first pass, shape
 __device__ __forceinline__ unsigned long long tl_now() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-__device__ __forceinline__ int tl_slot() {
+__device__ __forceinline__ bool tl_recorder() {
+    unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    unsigned n = gridDim.x * gridDim.y * gridDim.z;
+    return threadIdx.x + threadIdx.y + threadIdx.z == 0 && (b < 64 || b + 64 >= n);
+}
+__device__ __forceinline__ void tl_record(unsigned long long ready, unsigned long long pass) {
     unsigned long long g;
     asm("mov.u64 %0, %%gridid;" : "=l"(g));
-    unsigned long long key = g + 1;
-    unsigned h = (unsigned)((key * 0x9E3779B97F4A7C15ull) >> 40) & (TL_SLOTS - 1);
-    for (int i = 0; i < 64; i++, h = (h + 1) & (TL_SLOTS - 1)) {
-        unsigned long long old = atomicCAS(&tl_key[h], 0ull, key);
-        if (old == 0 || old == key) return (int)h;
+    unsigned long long key = g + 1, base = *(volatile unsigned long long*)&tl_base;
+    if (base == 0) {
+        unsigned long long old = atomicCAS(&tl_base, 0ull, key);
+        base = old == 0 ? key : old;
     }
-    return -1;  // the table is full: not recorded
-}
-__device__ __forceinline__ void tl_record(int s, unsigned long long ready, unsigned long long pass) {
-    unsigned long long* v = tl_val[s];
+    if (key < base || key - base >= TL_SLOTS) return;  // before the window, or past the table
+    unsigned long long* v = tl_val[key - base];
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    atomicMax(v + 0, ~ready);
-    atomicMax(v + 1, ready);
-    atomicMax(v + 2, ~pass);
-    atomicMax(v + 3, pass);
-    atomicAdd(v + 4, 1ull);
+    v[0] = key;
+    atomicMax(v + 1, ~ready);
+    atomicMax(v + 2, ready);
+    atomicMax(v + 3, ~pass);
     // timeline.rs `shape`: grid blocks, block threads, dynamic shared memory.
-    v[5] = (unsigned long long)(gridDim.x * gridDim.y * gridDim.z) << 40 | (unsigned long long)(blockDim.x * blockDim.y * blockDim.z) << 24 | dyn;
+    v[4] = (unsigned long long)(gridDim.x * gridDim.y * gridDim.z) << 40 | (unsigned long long)(blockDim.x * blockDim.y * blockDim.z) << 24 | dyn;
 }
 #endif
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
 #ifdef Q4MOE_TIMELINE
     unsigned long long ready = tl_now();
-    int s = threadIdx.x + threadIdx.y + threadIdx.z == 0 ? tl_slot() : -1;
 #endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #ifdef Q4MOE_TIMELINE
-    if (s >= 0) tl_record(s, ready, tl_now());
+    if (tl_recorder()) tl_record(ready, tl_now());
 #endif
 #endif
 }

@@ -14,8 +14,8 @@ use crate::Result;
 
 /// Slots of the device table (`TL_SLOTS` in common.cuh): ~33 steps of ~245 launches.
 const SLOTS: usize = 8192;
-/// Fields a slot (`tl_val`): !first ready, last ready, !first pass, last pass, blocks, shape.
-const FIELDS: usize = 6;
+/// Fields a slot (`tl_val`): %gridid + 1, !first ready, last ready, !first pass, shape.
+const FIELDS: usize = 5;
 /// The decode step of a call from which launches are recorded (earlier ones warm up).
 pub const FROM_STEP: usize = 32;
 
@@ -24,14 +24,13 @@ pub fn enabled() -> bool {
     std::env::var("Q4MOE_CUDA_TIMELINE").is_ok_and(|v| v == "1")
 }
 
-/// One launch as the table holds it (nanoseconds of %globaltimer).
+/// One launch as the table holds it (nanoseconds of %globaltimer; the device samples the first
+/// and the last 64 blocks of a grid, those dispatched first and last).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LaunchStamp {
     pub first_ready: u64,
     pub last_ready: u64,
     pub first_pass: u64,
-    pub last_pass: u64,
-    pub blocks: u64,
     /// (blocks in the grid, threads a block, dynamic shared memory), as `shape` packs them.
     pub shape: u64,
 }
@@ -41,43 +40,38 @@ pub fn shape(grid: (u32, u32, u32), block: u32, smem: u32) -> u64 {
     ((grid.0 * grid.1 * grid.2) as u64) << 40 | (block as u64) << 24 | smem as u64
 }
 
-/// The device table (the module's `tl_key`, `tl_val`).
+/// The device table (the module's `tl_base`, `tl_val`).
 pub struct Timeline {
-    keys: u64,
+    base: u64,
     vals: u64,
 }
 
 impl Timeline {
     pub fn new(dev: &Device) -> Result<Timeline> {
-        let (keys, kb) = dev.global("tl_key")?;
+        let (base, bb) = dev.global("tl_base")?;
         let (vals, vb) = dev.global("tl_val")?;
-        assert_eq!((kb, vb), (8 * SLOTS, 8 * SLOTS * FIELDS), "tl_* sizes");
-        Ok(Timeline { keys, vals })
+        assert_eq!((bb, vb), (8, 8 * SLOTS * FIELDS), "tl_* sizes");
+        Ok(Timeline { base, vals })
     }
 
     /// Empties the table in stream order: launches after this are recorded.
     pub fn reset(&self, dev: &Device) -> Result<()> {
-        dev.memset_async(self.keys, 0, 8 * SLOTS)?;
+        dev.memset_async(self.base, 0, 8)?;
         dev.memset_async(self.vals, 0, 8 * SLOTS * FIELDS)
     }
 
     /// The recorded launches in the order their first blocks passed pdl_wait.
     pub fn read(&self, dev: &Device) -> Result<Vec<LaunchStamp>> {
-        let mut keys = vec![0u64; SLOTS];
         let mut vals = vec![0u64; SLOTS * FIELDS];
-        dev.download_raw(self.keys, &mut keys)?;
         dev.download_raw(self.vals, &mut vals)?;
-        let mut v: Vec<LaunchStamp> = keys
-            .iter()
-            .zip(vals.chunks_exact(FIELDS))
-            .filter(|(&k, f)| k != 0 && f[4] > 0)
-            .map(|(_, f)| LaunchStamp {
-                first_ready: !f[0],
-                last_ready: f[1],
-                first_pass: !f[2],
-                last_pass: f[3],
-                blocks: f[4],
-                shape: f[5],
+        let mut v: Vec<LaunchStamp> = vals
+            .chunks_exact(FIELDS)
+            .filter(|f| f[0] != 0)
+            .map(|f| LaunchStamp {
+                first_ready: !f[1],
+                last_ready: f[2],
+                first_pass: !f[3],
+                shape: f[4],
             })
             .collect();
         v.sort_by_key(|s| s.first_pass);
@@ -129,8 +123,6 @@ mod tests {
             first_ready: ready,
             last_ready,
             first_pass: pass,
-            last_pass: pass + 50,
-            blocks: blocks as u64,
             shape: shape((blocks, 1, 1), 256, 0),
         }
     }
