@@ -52,12 +52,13 @@ __device__ __forceinline__ float h2f(u16 h) {
 // grid has completed and its writes are visible. pdl_launch() lets the successor be scheduled.
 #ifdef Q4MOE_TIMELINE
 // The launch timeline (Q4MOE_CUDA_TIMELINE=1, timeline.rs): a slot a launch, at its %gridid less
-// the first one recorded since the host zeroed the table (tl_base), where thread 0 of a block
+// the first one recorded since the host zeroed the table (tl_base; before each recorded step:
+// a graph's replays repeat its launches' %gridid), where thread 0 of a block
 // records reaching and passing pdl_wait. Only the first and the last 64 blocks of a grid record
 // (the blocks dispatched first and last, whose times the summary uses): every block's atomics on
 // one slot would queue at one L2 slice and perturb what is measured. Minima are kept as the
 // maximum of the complement, so zeroed memory is the empty table; the atomics return nothing.
-#define TL_SLOTS 8192
+#define TL_SLOTS 1024
 __device__ unsigned long long tl_base;                // first recorded %gridid + 1; 0: none yet
 __device__ unsigned long long tl_val[TL_SLOTS][5];    // gridid + 1, !first ready, last ready, !first pass, shape
 __device__ __forceinline__ unsigned long long tl_now() {

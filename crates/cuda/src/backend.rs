@@ -354,13 +354,15 @@ impl CudaBackend {
         let Some(t) = &self.timeline else {
             return Ok(());
         };
-        let stamps = t.read(&self.dev)?;
+        let steps = t.read(&self.dev)?;
         let kv = &self.sessions[&id].kv;
         let launches = step::build(&self.model.config, &self.w, &self.scratch, kv, sampled);
-        for (name, (calls, secs, _)) in timeline::summarize(&stamps, &launches) {
-            let e = self.timeline_profile.entry(name).or_default();
-            e.0 += calls;
-            e.1 += secs;
+        for stamps in &steps {
+            for (name, (calls, secs, _)) in timeline::summarize(stamps, &launches) {
+                let e = self.timeline_profile.entry(name).or_default();
+                e.0 += calls;
+                e.1 += secs;
+            }
         }
         Ok(())
     }
@@ -476,15 +478,16 @@ impl CudaBackend {
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
         while handed < steps && !stopped {
             while submitted < steps && submitted < handed + f {
-                if submitted == timeline::FROM_STEP {
-                    if let Some(t) = &self.timeline {
-                        t.reset(&self.dev)?;
-                    }
+                if let Some(t) = self.timeline.as_ref().filter(|_| Timeline::records(submitted)) {
+                    t.begin_step(&self.dev)?;
                 }
                 let t0 = Instant::now();
                 let step = self.setup(id, sampled)?;
                 let t1 = Instant::now();
                 self.submit(id, step, submitted)?;
+                if let Some(t) = self.timeline.as_ref().filter(|_| Timeline::records(submitted)) {
+                    t.end_step(&self.dev, submitted)?;
+                }
                 phases[submitted].setup = t1 - t0;
                 phases[submitted].submit = t1.elapsed();
                 submitted += 1;

@@ -4,20 +4,27 @@
 //! resident before its predecessor finished (lead: its early weight loads' head start), the
 //! time from one launch's first pass to the next one's (step: what the launch costs the chain),
 //! and how long its blocks kept arriving after the first passed (spread: waves, or blocks that
-//! found no room beside the predecessor). Recorded for a window of steady decode steps
-//! (`FROM_STEP`, as many launches as the table holds), read after the decode.
+//! found no room beside the predecessor). Recorded for `STEPS` steady decode steps from
+//! `FROM_STEP`: a graph's replays repeat its launches' %gridid, so the table holds one step; it
+//! is emptied before each recorded step and copied to a device ring after it, read after the
+//! decode.
 
 use std::collections::HashMap;
 
-use crate::device::{Device, Launch};
+use cudarc::driver::result;
+
+use crate::device::{DevBuf, Device, Launch};
 use crate::Result;
 
-/// Slots of the device table (`TL_SLOTS` in common.cuh): ~33 steps of ~245 launches.
-const SLOTS: usize = 8192;
+/// Slots of the device table (`TL_SLOTS` in common.cuh): one step's ~245 launches.
+const SLOTS: usize = 1024;
 /// Fields a slot (`tl_val`): %gridid + 1, !first ready, last ready, !first pass, shape.
 const FIELDS: usize = 5;
 /// The decode step of a call from which launches are recorded (earlier ones warm up).
 pub const FROM_STEP: usize = 32;
+/// Steps recorded from `FROM_STEP`.
+pub const STEPS: usize = 16;
+const TABLE_BYTES: usize = 8 * SLOTS * FIELDS;
 
 /// Q4MOE_CUDA_TIMELINE=1: the kernels are compiled with the probe (-DQ4MOE_TIMELINE).
 pub fn enabled() -> bool {
@@ -40,48 +47,71 @@ pub fn shape(grid: (u32, u32, u32), block: u32, smem: u32) -> u64 {
     ((grid.0 * grid.1 * grid.2) as u64) << 40 | (block as u64) << 24 | smem as u64
 }
 
-/// The device table (the module's `tl_base`, `tl_val`).
+/// The device table (the module's `tl_base`, `tl_val`) and the ring of recorded steps.
 pub struct Timeline {
     base: u64,
     vals: u64,
+    ring: DevBuf,
 }
 
 impl Timeline {
     pub fn new(dev: &Device) -> Result<Timeline> {
         let (base, bb) = dev.global("tl_base")?;
         let (vals, vb) = dev.global("tl_val")?;
-        assert_eq!((bb, vb), (8, 8 * SLOTS * FIELDS), "tl_* sizes");
-        Ok(Timeline { base, vals })
+        assert_eq!((bb, vb), (8, TABLE_BYTES), "tl_* sizes");
+        let ring = DevBuf::new(dev, STEPS * TABLE_BYTES)?;
+        ring.fill(dev, 0)?;
+        Ok(Timeline { base, vals, ring })
+    }
+
+    /// Whether decode step `step` of a call is recorded.
+    pub fn records(step: usize) -> bool {
+        (FROM_STEP..FROM_STEP + STEPS).contains(&step)
     }
 
     /// Empties the table in stream order: launches after this are recorded.
-    pub fn reset(&self, dev: &Device) -> Result<()> {
+    pub fn begin_step(&self, dev: &Device) -> Result<()> {
         dev.memset_async(self.base, 0, 8)?;
-        dev.memset_async(self.vals, 0, 8 * SLOTS * FIELDS)
+        dev.memset_async(self.vals, 0, TABLE_BYTES)
     }
 
-    /// The recorded launches in the order their first blocks passed pdl_wait.
-    pub fn read(&self, dev: &Device) -> Result<Vec<LaunchStamp>> {
-        let mut vals = vec![0u64; SLOTS * FIELDS];
-        dev.download_raw(self.vals, &mut vals)?;
-        let mut v: Vec<LaunchStamp> = vals
-            .chunks_exact(FIELDS)
-            .filter(|f| f[0] != 0)
-            .map(|f| LaunchStamp {
-                first_ready: !f[1],
-                last_ready: f[2],
-                first_pass: !f[3],
-                shape: f[4],
-            })
-            .collect();
-        v.sort_by_key(|s| s.first_pass);
-        Ok(v)
+    /// Keeps what recorded step `step` wrote, in stream order after its launches.
+    pub fn end_step(&self, dev: &Device, step: usize) -> Result<()> {
+        let dst = self.ring.ptr + ((step - FROM_STEP) * TABLE_BYTES) as u64;
+        // SAFETY: one table's bytes from the module variable into its slice of the ring.
+        unsafe { result::memcpy_dtod_async(dst, self.vals, TABLE_BYTES, dev.stream)? };
+        Ok(())
+    }
+
+    /// Each recorded step's launches in the order their first blocks passed pdl_wait (steps
+    /// not recorded are empty); empties the ring.
+    pub fn read(&self, dev: &Device) -> Result<Vec<Vec<LaunchStamp>>> {
+        let mut vals = vec![0u64; STEPS * SLOTS * FIELDS];
+        dev.download_raw(self.ring.ptr, &mut vals)?;
+        self.ring.fill(dev, 0)?;
+        Ok(vals.chunks_exact(SLOTS * FIELDS).map(stamps).collect())
     }
 }
 
+/// A table's launches in the order their first blocks passed pdl_wait.
+fn stamps(table: &[u64]) -> Vec<LaunchStamp> {
+    let mut v: Vec<LaunchStamp> = table
+        .chunks_exact(FIELDS)
+        .filter(|f| f[0] != 0)
+        .map(|f| LaunchStamp {
+            first_ready: !f[1],
+            last_ready: f[2],
+            first_pass: !f[3],
+            shape: f[4],
+        })
+        .collect();
+    v.sort_by_key(|s| s.first_pass);
+    v
+}
+
 /// Per kernel name (launches told apart by shape; names sharing one are joined by "|"): the
-/// mean lead, step and spread as profile entries "timeline <name> <what>" of (calls, seconds,
-/// 0). The last launch has no step (nothing recorded after it).
+/// mean lead, step and spread over one step's launches as profile entries "timeline <name>
+/// <what>" of (calls, seconds, 0). The last launch has no step (nothing recorded after it).
 pub fn summarize(stamps: &[LaunchStamp], launches: &[Launch]) -> HashMap<String, (u64, f64, u64)> {
     let mut names: HashMap<u64, Vec<&str>> = HashMap::new();
     for l in launches {
