@@ -113,24 +113,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
 }
 
-// `bytes` (a multiple of 16, from a 16-byte aligned p) into L2 by one bulk request of the
-// block's copy engine (sm_90+; a no-op before).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* p, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// The grid's first PF_BLOCKS blocks prefetch for a successor (dispatched first: with more
-// blocks than fit, the later ones start only as the first finish).
-#define PF_BLOCKS 256
-// Block b of nb's share of [p, p + bytes) into L2 (bytes a multiple of 16).
-__device__ __forceinline__ void prefetch_share(const char* p, unsigned long long bytes, int b, int nb) {
-    if (b >= nb) return;
-    unsigned long long chunk = (bytes / nb + 16) & ~15ull, lo = b * chunk;
-    if (lo < bytes) bulk_prefetch_l2(p + lo, (u32)min(chunk, bytes - lo));
-}
-
 // a.x b.x + a.y b.y + a.z b.z + a.w b.w, summed left to right.
 __device__ __forceinline__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
 __device__ __forceinline__ float4 mul4(float4 a, float4 b) { return make_float4(a.x * b.x, a.y * b.y, a.z * b.z, a.w * b.w); }

@@ -21,21 +21,7 @@ struct MatvecParams {
                       // launches back (o_proj: the residual, last written by moe_down)
     int rows_per_warp;
     float eps;
-    int pf_row;       // bytes a position of `pf`'s two arrays (0: no prefetch; staged modes)
-    u64 pf[2];        // the next attention's K and V cache: positions [0, state.pos) into L2
-    u64 pf_state;     // const StepState*
 };
-
-// Before pdl_wait, block u's share of the positions the next attention reads into L2 (at most
-// PF_KV_CAP bytes of each cache). Why: attention's blocks find no room beside qkv's, so they
-// start when it ends and each walks its KV head's positions with nothing in flight yet.
-#define PF_KV_CAP (4u << 20)
-__device__ __forceinline__ void prefetch_kv(const MatvecParams& p, Unit u) {
-    if (threadIdx.x != 0) return;
-    u32 pos = __ldcg(&((const StepState*)p.pf_state)->pos);  // written steps ago
-    u64 bytes = min((u64)pos * p.pf_row, (u64)PF_KV_CAP) & ~15ull;
-    for (int i = 0; i < 2; i++) prefetch_share((const char*)p.pf[i], bytes, u.x, min(u.nx, PF_BLOCKS));
-}
 
 __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float* red, Unit u) {
     load_x(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
@@ -73,7 +59,6 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     float prev[NR];  // accumulate: the outputs' old values, loaded early (see accumulate)
 #pragma unroll
     for (int i = 0; i < NR; i++) prev[i] = p.accumulate && lane == 0 && rows[i] >= 0 ? __ldcg((resid ? resid : out) + rows[i]) : 0.f;
-    if (p.pf_row) prefetch_kv(p, u);
     pdl_start();
     u32* qx = (u32*)xs;
     load_x_fast<X_QUANT>(qx, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);

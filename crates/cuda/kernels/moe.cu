@@ -379,8 +379,6 @@ struct GateUpParams {
     int d_ff;
     int rows_per_warp;
     float eps;
-    u64 pf[2];       // moe_down's weight planes (data, scales) to prefetch into L2, or 0s
-    u64 pf_slab[2];  // their bytes an expert (multiples of 16)
 };
 
 // The block-wide RMS factor in two halves around a barrier the caller has anyway: each warp's
@@ -453,31 +451,11 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* sme
     }
 }
 
-// moe_down's weights of the chosen experts into L2, a share of each plane by each of the grid's
-// first PF_BLOCKS blocks. Why: moe_down's blocks find no room beside moe_gate_up's (a full register
-// file), so its weight loads could not start before moe_gate_up ended; from L2 they take a
-// fraction of the time, and DRAM is far from busy while moe_gate_up reads its own rows.
-__device__ __forceinline__ void prefetch_down(const GateUpParams& p, const int* ids) {
-    int nb = min((int)(gridDim.x * gridDim.y), PF_BLOCKS), b = blockIdx.x + gridDim.x * blockIdx.y;
-    if (threadIdx.x != 0 || b >= nb) return;
-    for (int plane = 0; plane < 2; plane++) {
-        u64 slab = p.pf_slab[plane], total = slab * p.experts.n_used;
-        u64 chunk = (total / nb + 16) & ~15ull, lo = b * chunk, hi = min(lo + chunk, total);
-        while (lo < hi) {  // across at most two experts' slabs
-            u64 s = lo / slab, off = lo - s * slab, n = min(hi - lo, slab - off);
-            bulk_prefetch_l2((const char*)p.pf[plane] + (u64)ids[s] * slab + off, (u32)n);
-            lo += n;
-        }
-    }
-}
-
-// The expert of the block's slot (grid (ceil(d_ff / rows per block), n_used)), after the
-// prefetch of moe_down's weights where asked.
+// The expert of the block's slot (grid (ceil(d_ff / rows per block), n_used)).
 __device__ __forceinline__ int slot_expert(const GateUpParams& p, float* smem) {
     int* ids;
     float* ws;
     block_experts(p.experts, smem, ids, ws);
-    if (p.pf_slab[0]) prefetch_down(p, ids);
     return ids[blockIdx.y];
 }
 

@@ -34,13 +34,8 @@ pub struct MatvecParams {
     pub accumulate: i32,
     pub rows_per_warp: i32,
     pub eps: f32,
-    /// Bytes a position of `pf`'s arrays (0: no L2 prefetch; matvec.cu prefetch_kv).
-    pub pf_row: i32,
-    /// The next attention's K and V cache, their positions [0, pf_state.pos) into L2.
-    pub pf: [u64; 2],
-    pub pf_state: u64,
 }
-const _: () = assert!(std::mem::size_of::<MatvecParams>() == 184);
+const _: () = assert!(std::mem::size_of::<MatvecParams>() == 152);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -138,12 +133,8 @@ pub struct GateUpParams {
     pub d_ff: i32,
     pub rows_per_warp: i32,
     pub eps: f32,
-    /// moe_down's weight planes (data, scales) to prefetch into L2, and their bytes an expert
-    /// (0: none).
-    pub pf: [u64; 2],
-    pub pf_slab: [u64; 2],
 }
-const _: () = assert!(std::mem::size_of::<GateUpParams>() == 144);
+const _: () = assert!(std::mem::size_of::<GateUpParams>() == 112);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -187,7 +178,7 @@ pub struct OprojRouterParams {
     pub mv: MatvecParams,
     pub r: RouterFold,
 }
-const _: () = assert!(std::mem::size_of::<OprojRouterParams>() == 184 + 80);
+const _: () = assert!(std::mem::size_of::<OprojRouterParams>() == 152 + 80);
 
 /// Float4s of the residual / the attention output a thread of a router row takes (RF_X, RF_A
 /// in moe.cu), at 256 threads.

@@ -1,14 +1,12 @@
 //! One decode step as a list of resolved launches. The setup cache keeps this list (and the
 //! graph captured from it) per session; the eager path rebuilds it every token.
 
-use q4moe_gguf::GgmlType;
 use q4moe_model::backend::KvType;
 use q4moe_model::sampling::SamplingParams;
 use q4moe_model::Config;
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
-use crate::repack;
 use crate::weights::Weights;
 use crate::{CudaOptions, Result};
 
@@ -205,29 +203,6 @@ fn rows_per_warp(rows: usize) -> usize {
     }
 }
 
-/// Whether qkv prefetches the attention's K and V cache into L2 (Q4MOE_CUDA_KV_PREFETCH=0: not).
-fn kv_prefetch() -> bool {
-    std::env::var("Q4MOE_CUDA_KV_PREFETCH").map_or(true, |v| v != "0")
-}
-
-/// Bytes an expert of moe_down's weight planes (data, scales) for moe_gate_up's L2 prefetch
-/// (moe.cu prefetch_down), or None: Q4MOE_CUDA_DOWN_PREFETCH=0, or a slab the bulk copies
-/// cannot take (not a multiple of 16 bytes).
-fn down_prefetch(down: &Qw, rows: usize) -> Option<[u64; 2]> {
-    if std::env::var("Q4MOE_CUDA_DOWN_PREFETCH").is_ok_and(|v| v == "0") {
-        return None;
-    }
-    let ty = GgmlType::from_id(down.ty as u32).ok()?;
-    let k = down.k as usize;
-    let slab = match repack::split_aux_bytes(ty) {
-        Some(aux) => [rows * k / 32 * 16, rows * k / 32 * aux],
-        None => [rows * ty.row_bytes(k)?, 0],
-    };
-    slab.iter()
-        .all(|b| b % 16 == 0)
-        .then(|| slab.map(|b| b as u64))
-}
-
 /// Q4MOE_CUDA_LEGACY=1 selects the v2 kernel paths (row-by-row matvecs, separate top-k): a
 /// bisecting aid for the staged paths, not a supported configuration.
 fn legacy() -> bool {
@@ -295,18 +270,6 @@ pub(crate) struct Mv<'a> {
     pub xn_out: u64,
     /// out += result (the residual add) instead of out = result
     pub accumulate: bool,
-    /// K and V cache of the attention after this launch, prefetched into L2 (staged modes)
-    pub kv_prefetch: Option<KvPrefetch>,
-}
-
-/// What a matvec prefetches for the attention after it (matvec.cu prefetch_kv): its K and V
-/// cache up to the step's position.
-#[derive(Clone, Copy)]
-pub(crate) struct KvPrefetch {
-    pub k: u64,
-    pub v: u64,
-    pub state: u64,
-    pub row_bytes: usize,
 }
 
 impl<'a> Mv<'a> {
@@ -320,7 +283,6 @@ impl<'a> Mv<'a> {
             eps: 0.0,
             xn_out: 0,
             accumulate: false,
-            kv_prefetch: None,
         }
     }
 }
@@ -349,7 +311,6 @@ fn matvec_params(m: &Mv) -> (MatvecParams, u8, u32, u64) {
         eps,
         xn_out,
         accumulate,
-        kv_prefetch,
     } = *m;
     let mut p = MatvecParams {
         input,
@@ -361,9 +322,6 @@ fn matvec_params(m: &Mv) -> (MatvecParams, u8, u32, u64) {
         n_w: ws.len() as i32,
         ..Default::default()
     };
-    if let Some(f) = kv_prefetch {
-        (p.pf, p.pf_state, p.pf_row) = ([f.k, f.v], f.state, f.row_bytes as i32);
-    }
     let mut total = 0;
     for (i, (w, out, rows)) in ws.iter().enumerate() {
         p.w[i] = *w;
@@ -593,22 +551,13 @@ fn layer(
         (lw.k, s.qkv.ptr + 4 * q_dim as u64, kv_dim),
         (lw.v, s.qkv.ptr + 4 * (q_dim + kv_dim) as u64, kv_dim),
     ];
-    let (kc, vc) = kv.layer(c, l);
     let qkv = Mv {
         norm: lw.attn_norm,
         eps: c.rms_eps,
-        // (16-byte rows: the bulk copies' alignment)
-        kv_prefetch: (kv_prefetch() && (kv_dim * kv.elem_bytes).is_multiple_of(16)).then_some(
-            KvPrefetch {
-                k: kc,
-                v: vc,
-                state: s.state.ptr,
-                row_bytes: kv_dim * kv.elem_bytes,
-            },
-        ),
         ..Mv::new(&qkv, x_in, c.d_model)
     };
     out.push(matvec("qkv", &qkv));
+    let (kc, vc) = kv.layer(c, l);
     let group = c.n_head / c.n_kv_head.max(1);
     let gqa = !legacy()
         && std::env::var_os("Q4MOE_CUDA_NO_GQA").is_none()
@@ -750,15 +699,6 @@ fn layer(
         },
         d_ff: c.d_ff_expert as i32,
         rows_per_warp: grpw as i32,
-        ..Default::default()
-    };
-    let g = match down_prefetch(&lw.down, c.d_model) {
-        Some(pf_slab) => GateUpParams {
-            pf: [lw.down.data, lw.down.scales],
-            pf_slab,
-            ..g
-        },
-        None => g,
     };
     let used = c.n_expert_used as u64;
     let grid = (
