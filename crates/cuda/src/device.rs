@@ -255,13 +255,7 @@ impl Device {
             kv_type,
         };
         let optin = dev.max_smem_optin()?;
-        let carveout = std::env::var("Q4MOE_CUDA_CARVEOUT")
-            .ok()
-            .and_then(|v| v.parse::<i32>().ok());
         for &k in &Kernel::ALL {
-            if let Some(pct) = carveout {
-                dev.set_carveout(k, pct)?;
-            }
             if matches!(
                 k,
                 Kernel::Matvec(_)
@@ -377,21 +371,6 @@ impl Device {
             )?
         };
         Ok(n.max(0) as usize)
-    }
-
-    /// The share of an SM's L1/shared memory `k` prefers as shared memory (percent; -1: the
-    /// driver's choice). An SM changes its split only when idle, so a kernel whose preferred
-    /// split differs from the running one's cannot place blocks beside it.
-    fn set_carveout(&self, k: Kernel, pct: i32) -> Result<()> {
-        // SAFETY: plain attribute on a live function.
-        unsafe {
-            result::function::set_function_attribute(
-                self.func(k),
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                pct,
-            )?
-        };
-        Ok(())
     }
 
     /// Lets launches of `k` use `bytes` of dynamic shared memory.
