@@ -479,7 +479,6 @@ __device__ __forceinline__ void stage_norm(float* gs, const float* g, int n) {
 GATE_UP_KERNEL(moe_gate_up_q4_0_1, 2, Q4_0Rows<2, 1>)
 GATE_UP_KERNEL(moe_gate_up_q4_0_2, 1, Q4_0Rows<1, 2>)
 GATE_UP_KERNEL(moe_gate_up_q4_k, 1, Q4_KRows<1, 2>)
-GATE_UP_KERNEL(moe_gate_up_q4_0_2r, 2, Q4_0Rows<2, 2>)  // k <= 2048, two rows a warp: one wave
 
 // The generic mode: row by row, any type.
 extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up(const GateUpParams p) {

@@ -478,22 +478,14 @@ impl CudaBackend {
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
         while handed < steps && !stopped {
             while submitted < steps && submitted < handed + f {
-                if let Some(t) = self
-                    .timeline
-                    .as_ref()
-                    .filter(|_| Timeline::records(submitted))
-                {
+                if let Some(t) = self.timeline.as_ref().filter(|_| Timeline::records(submitted)) {
                     t.begin_step(&self.dev)?;
                 }
                 let t0 = Instant::now();
                 let step = self.setup(id, sampled)?;
                 let t1 = Instant::now();
                 self.submit(id, step, submitted)?;
-                if let Some(t) = self
-                    .timeline
-                    .as_ref()
-                    .filter(|_| Timeline::records(submitted))
-                {
+                if let Some(t) = self.timeline.as_ref().filter(|_| Timeline::records(submitted)) {
                     t.end_step(&self.dev, submitted)?;
                 }
                 phases[submitted].setup = t1 - t0;

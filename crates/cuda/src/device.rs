@@ -64,12 +64,11 @@ const MATVEC: [&str; 18] = [
     "matvec_q6_k_2_loop",
     "matvec_q6_k_4_loop",
 ];
-const GATE_UP: [&str; 5] = [
+const GATE_UP: [&str; 4] = [
     "moe_gate_up",
     "moe_gate_up_q4_0_1",
     "moe_gate_up_q4_0_2",
     "moe_gate_up_q4_k",
-    "moe_gate_up_q4_0_2r",
 ];
 const DOWN: [&str; 10] = [
     "moe_down",

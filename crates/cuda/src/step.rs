@@ -203,13 +203,6 @@ fn rows_per_warp(rows: usize) -> usize {
     }
 }
 
-/// An experiment's setting from the environment (occupancy A/B: Q4MOE_CUDA_GATE_UP_ROWS=2 runs
-/// moe_gate_up's Q4_0 rows two a warp, one wave; Q4MOE_CUDA_DOWN_WARPS sets moe_down's warps a
-/// block, so its blocks fit beside moe_gate_up's).
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok()?.parse().ok()
-}
-
 /// Q4MOE_CUDA_LEGACY=1 selects the v2 kernel paths (row-by-row matvecs, separate top-k): a
 /// bisecting aid for the staged paths, not a supported configuration.
 fn legacy() -> bool {
@@ -743,13 +736,12 @@ fn layer(
         rows_per_warp: drpw as i32,
     };
     let smem = (h_floats * 4) as u32 + experts_smem + 32 * 4; // + fold_weights' sums
-    let warps = env_usize("Q4MOE_CUDA_DOWN_WARPS").map_or(WARPS, |w| w.clamp(1, 32) as u32);
-    let grid = ((c.d_model as u32).div_ceil(warps * drpw as u32), 1, 1);
+    let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
     out.push(Launch::new(
         Kernel::MoeDown(dmode),
         "moe_down",
         grid,
-        32 * warps,
+        THREADS,
         smem,
         &d,
         used * lw.slab[2],
@@ -857,13 +849,6 @@ fn gate_up_mode(lw: &crate::weights::LayerW, k: usize) -> (u8, usize) {
     }
     match lw.gate.ty {
         T_Q4_0 if k.is_multiple_of(32) && k <= 1024 => (1, 2),
-        T_Q4_0
-            if k.is_multiple_of(32)
-                && k <= 2048
-                && env_usize("Q4MOE_CUDA_GATE_UP_ROWS") == Some(2) =>
-        {
-            (4, 2)
-        }
         T_Q4_0 if k.is_multiple_of(32) && k <= 2048 => (2, 1),
         T_Q4_K if k.is_multiple_of(256) && k <= 2048 => (3, 1),
         _ => (0, 1),
