@@ -348,6 +348,11 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The timeline, where it records decode step `step` of a call.
+    fn recording(&self, step: usize) -> Option<&Timeline> {
+        self.timeline.as_ref().filter(|_| Timeline::records(step))
+    }
+
     /// Adds what the timeline recorded since its reset, launches named after this session's
     /// step (no-op without Q4MOE_CUDA_TIMELINE=1).
     fn read_timeline(&mut self, id: SessionId, sampled: bool) -> Result<()> {
@@ -478,14 +483,14 @@ impl CudaBackend {
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
         while handed < steps && !stopped {
             while submitted < steps && submitted < handed + f {
-                if let Some(t) = self.timeline.as_ref().filter(|_| Timeline::records(submitted)) {
+                if let Some(t) = self.recording(submitted) {
                     t.begin_step(&self.dev)?;
                 }
                 let t0 = Instant::now();
                 let step = self.setup(id, sampled)?;
                 let t1 = Instant::now();
                 self.submit(id, step, submitted)?;
-                if let Some(t) = self.timeline.as_ref().filter(|_| Timeline::records(submitted)) {
+                if let Some(t) = self.recording(submitted) {
                     t.end_step(&self.dev, submitted)?;
                 }
                 phases[submitted].setup = t1 - t0;

@@ -57,9 +57,9 @@ fn timeline_names_each_layer_launch() {
         !steps.iter().any(|k| k.name.contains("(other)")),
         "a recorded launch matched no launch of the step"
     );
-    // Each layer kernel once a layer and step: a launch per slot, none merged or lost (a slot is
-    // a launch's %gridid past the window's first: were it the same in each replay of the graph,
-    // the replays would share slots and this count would be one step's).
+    // Each layer kernel once a layer and recorded step: a launch per slot, none merged or lost
+    // (a slot is a launch's %gridid past the step's first; a graph's replays repeat them, so
+    // each step is recorded apart: with one table for all, this count was one step's).
     let want = (cfg.n_layer * RECORDED) as u64;
     for kernel in ["attn_gqa", "moe_gate_up", "moe_down"] {
         let calls: u64 = steps
