@@ -353,8 +353,8 @@ impl CudaBackend {
         self.timeline.as_ref().filter(|_| Timeline::records(step))
     }
 
-    /// Adds what the timeline recorded since its reset, launches named after this session's
-    /// step (no-op without Q4MOE_CUDA_TIMELINE=1).
+    /// Adds what the timeline recorded in this decode's recorded steps, launches named after
+    /// this session's step (no-op without Q4MOE_CUDA_TIMELINE=1).
     fn read_timeline(&mut self, id: SessionId, sampled: bool) -> Result<()> {
         let Some(t) = &self.timeline else {
             return Ok(());

@@ -331,7 +331,7 @@ impl Device {
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
         )?;
         let need = (per_sm.max(0) as usize / 2 + 1).saturating_sub(self.static_smem(k)?) as u32;
-        let room = self.dyn_smem[self.index(k)].load(Ordering::Relaxed);
+        let room = self.dynamic_smem_room(k);
         Ok(if need <= room { need } else { 0 })
     }
 

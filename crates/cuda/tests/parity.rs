@@ -89,18 +89,25 @@ fn test_prompt(len: u32, cfg: &Config) -> Vec<u32> {
         .collect()
 }
 
-/// The CPU reference and the CUDA backend (default options, KV capacity CAP) over one model.
-/// The CPU reference and a CUDA backend with `opts` (its kv_capacity set to CAP).
-fn backends_with(m: &Arc<Model>, opts: CudaOptions) -> (CpuBackend, CudaBackend) {
+/// The CPU reference over one model, its KV cache holding `kv_type` as the GPU's does.
+fn cpu(m: &Arc<Model>, kv_type: KvType) -> CpuBackend {
     // The exact f32 path: the default Q8-activation path is itself ~1e-2 off (crates/cpu).
     // The same KV cache type on both: the CPU rounds what it stores as the GPU's cache does.
-    let cpu =
-        CpuBackend::with_precision(m.clone(), CAP, Precision::Exact).with_kv_type(opts.kv_type);
+    CpuBackend::with_precision(m.clone(), CAP, Precision::Exact).with_kv_type(kv_type)
+}
+
+/// A CUDA backend with `opts`, its kv_capacity set to CAP.
+fn cuda(m: &Arc<Model>, opts: CudaOptions) -> CudaBackend {
     let opts = CudaOptions {
         kv_capacity: CAP,
         ..opts
     };
-    (cpu, CudaBackend::new(m.clone(), opts).unwrap())
+    CudaBackend::new(m.clone(), opts).unwrap()
+}
+
+/// The CPU reference and a CUDA backend with `opts` (its kv_capacity set to CAP).
+fn backends_with(m: &Arc<Model>, opts: CudaOptions) -> (CpuBackend, CudaBackend) {
+    (cpu(m, opts.kv_type), cuda(m, opts))
 }
 
 fn backends(m: &Arc<Model>) -> (CpuBackend, CudaBackend) {
@@ -321,6 +328,27 @@ fn fused_under_test() -> bool {
     std::env::var_os("Q4MOE_TEST_NO_FUSED").is_none()
 }
 
+/// A fresh CUDA backend's prefill of `prompt` against the CPU's logits `lc` (2e-3 of the
+/// largest), then its greedy stream from `first` against the CPU's `want`.
+fn check_long_prompt(
+    gpu: &mut CudaBackend,
+    prompt: &[u32],
+    lc: &[f32],
+    first: u32,
+    want: &[u32],
+    what: &str,
+) {
+    let lg = gpu.prefill(1, prompt, false).unwrap();
+    let e = rel_err(&lg, lc);
+    eprintln!("{what}: relative logit error {e:.2e}");
+    assert!(e <= 2e-3, "{what}: relative logit error {e}");
+    assert_eq!(
+        greedy(gpu, 1, first, want.len(), None),
+        want,
+        "{what}: greedy stream differs from the CPU's"
+    );
+}
+
 /// Past four 32-position chunks (ATT_CHUNK) the fused step merges attention chunks in a phase of
 /// its own (fused.cu INLINE_CHUNKS): a 300-token prompt takes that path; the launch path must
 /// agree.
@@ -353,28 +381,13 @@ fn tiny_long_context() {
     }
     // Attention blocks that walk several chunks each (5-6 of the 10-11 here), as past
     // ATT_MAX_BLOCKS chunks at long context: the running maximum / l / sums across chunks.
-    let mut walk = CudaBackend::new(
-        m.clone(),
-        CudaOptions {
-            kv_capacity: CAP,
-            attn_max_blocks: 2,
-            fused_step: false,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let lw = walk.prefill(1, &prompt, false).unwrap();
-    let e = rel_err(&lw, &lc);
-    eprintln!("300-token prompt, 2 attention blocks a KV head: relative logit error {e:.2e}");
-    assert!(
-        e <= 2e-3,
-        "2 attention blocks a KV head: relative logit error {e}"
-    );
-    assert_eq!(
-        greedy(&mut walk, 1, first, 32, None),
-        want,
-        "2 attention blocks a KV head: greedy stream differs from the CPU's"
-    );
+    let opts = CudaOptions {
+        attn_max_blocks: 2,
+        fused_step: false,
+        ..Default::default()
+    };
+    let what = "300-token prompt, 2 attention blocks a KV head";
+    check_long_prompt(&mut cuda(&m, opts), &prompt, &lc, first, &want, what);
 }
 
 /// Qwen3-30B-A3B's attention shape past the bench's context (a 300-token prompt: 10 chunks),
@@ -395,10 +408,10 @@ fn mid_qwen3_attention_long_context() {
     let dir = tempfile::tempdir().unwrap();
     let m = model(&cfg, SynthQuant::Q4_0, &dir);
     let prompt = test_prompt(300, &cfg);
-    let (mut cpu, _) = backends(&m);
-    let lc = cpu.prefill(1, &prompt, false).unwrap();
+    let mut host = cpu(&m, KvType::default());
+    let lc = host.prefill(1, &prompt, false).unwrap();
     let first = q4moe_model::sampling::argmax(&lc);
-    let want = greedy(&mut cpu, 1, first, 16, None);
+    let want = greedy(&mut host, 1, first, 16, None);
     // Tensor cores as by default (one block a KV head with staged tiles up to 256 positions,
     // which the prompt passes through; then 3 blocks a KV head) and without staging (two blocks
     // walking 5 chunks), and the scalar kernel.
@@ -410,18 +423,7 @@ fn mid_qwen3_attention_long_context() {
             fused_step: false,
             ..Default::default()
         };
-        let (_, mut gpu) = backends_with(&m, opts);
-        let lg = gpu.prefill(1, &prompt, false).unwrap();
-        let e = rel_err(&lg, &lc);
-        eprintln!("Qwen3 attention, 300-token prompt, tensor cores {tc}, {max_blocks} blocks a KV head, stage {stage:?}: relative logit error {e:.2e}");
-        assert!(
-            e <= 2e-3,
-            "tensor cores {tc}, {max_blocks} blocks: relative logit error {e}"
-        );
-        assert_eq!(
-            greedy(&mut gpu, 1, first, 16, None),
-            want,
-            "tensor cores {tc}, {max_blocks} blocks a KV head: greedy stream differs from the CPU's"
-        );
+        let what = format!("Qwen3 attention, 300-token prompt, tensor cores {tc}, {max_blocks} blocks a KV head, stage {stage:?}");
+        check_long_prompt(&mut cuda(&m, opts), &prompt, &lc, first, &want, &what);
     }
 }
