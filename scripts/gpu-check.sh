@@ -51,8 +51,11 @@ bin() { ls -t target/release/deps/$1-* 2>/dev/null | grep -v '\.d$' | head -1; }
 Q=${Q:-target/release/q4moe}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/gpu.txt"
 ok=1
-model() {  # writes the synthetic model once per call
-  [ -f /tmp/$1.gguf ] || timeout 120 $Q synth --geometry qwen3-30b-a3b --quant "$1" --seed 1 --out /tmp/$1.gguf >/dev/null 2>&1
+model() {  # writes the synthetic model once per call (with a variant's binary where $Q was not carried)
+  local q=$Q
+  [ -x "$q" ] || q=$(ls variants/*/q4moe 2>/dev/null | head -1)
+  [ -f /tmp/$1.gguf ] || timeout 120 $q synth --geometry qwen3-30b-a3b --quant "$1" --seed 1 --out /tmp/$1.gguf >/dev/null 2>&1 \
+    || say "model $1 NOT written (synth with '$q' failed)"
 }
 summary=""
 kernel_table() {  # the kernel profile of a bench JSON record, largest total first

@@ -424,31 +424,46 @@ __device__ __forceinline__ float load_xg_quant(u32* qx, const float* x, const fl
     return rms_factor(red, n, eps);
 }
 
-// smem: red [36], then the input's quantised groups; `gs`: the norm weights (stage_norm).
+// One unit of the staged gate/up modes: NR rows a warp of the gate and up of the slot's expert
+// (e < 0: none), their weights loaded first, then h = silu(gate) * up against the quantised
+// input, whose RMS factor s is applied after the integer dots.
+template <int NR, class Rows>
+struct GateUpUnit {
+    Rows G, U;
+    long long rows[NR];
+    int slot, first;
+    __device__ __forceinline__ void load(const GateUpParams& p, int e, Unit u, int lane) {
+        slot = u.y;
+        first = (u.x * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5)) * NR;
+#pragma unroll
+        for (int i = 0; i < NR; i++) rows[i] = e >= 0 && first + i < p.d_ff ? (long long)e * p.d_ff + first + i : -1;
+        G.load(p.gate, rows, lane);
+        U.load(p.up, rows, lane);
+    }
+    __device__ __forceinline__ void finish(const GateUpParams& p, const u32* qx, float s, int lane) {
+        float ag[NR], au[NR];
+        const u32* xp[NR];
+#pragma unroll
+        for (int i = 0; i < NR; i++) { ag[i] = 0.f; au[i] = 0.f; xp[i] = qx; }
+        G.dot(p.gate, rows, xp, lane, ag);
+        U.dot(p.up, rows, xp, lane, au);
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            float g = warp_sum(ag[i]) * s, u = warp_sum(au[i]) * s;
+            if (lane == 0 && rows[i] >= 0) ((float*)p.h)[slot * p.d_ff + first + i] = g / (1.f + expf(-g)) * u;
+        }
+    }
+};
+
+// smem: red [36], then the input's quantised groups (the host gives k % 32 == 0, <= 2048);
+// `gs`: the norm weights (stage_norm).
 template <int NR, class Rows>
 __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* smem, const float* gs, int e, Unit u) {
-    int slot = u.y;
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int first = (u.x * nwarps + warp) * NR;
-    long long rows[NR];
-#pragma unroll
-    for (int i = 0; i < NR; i++) rows[i] = first + i < p.d_ff ? (long long)e * p.d_ff + first + i : -1;
-    Rows G, U;
-    G.load(p.gate, rows, lane);
-    U.load(p.up, rows, lane);
-    u32* qx = (u32*)(smem + 36);  // quantised groups (integer dots); the host gives k % 32 == 0, <= 2048
-    float s = load_xg_quant(qx, (const float*)p.xn, gs, p.gate.k, p.eps, smem);
-    float ag[NR], au[NR];
-    const u32* xp[NR];
-#pragma unroll
-    for (int i = 0; i < NR; i++) { ag[i] = 0.f; au[i] = 0.f; xp[i] = qx; }
-    G.dot(p.gate, rows, xp, lane, ag);
-    U.dot(p.up, rows, xp, lane, au);
-#pragma unroll
-    for (int i = 0; i < NR; i++) {
-        float g = warp_sum(ag[i]) * s, u = warp_sum(au[i]) * s;
-        if (lane == 0 && rows[i] >= 0) ((float*)p.h)[slot * p.d_ff + first + i] = g / (1.f + expf(-g)) * u;
-    }
+    int lane = threadIdx.x & 31;
+    GateUpUnit<NR, Rows> unit;
+    unit.load(p, e, u, lane);
+    u32* qx = (u32*)(smem + 36);
+    unit.finish(p, qx, load_xg_quant(qx, (const float*)p.xn, gs, p.gate.k, p.eps, smem), lane);
 }
 
 // The expert of the block's slot (grid (ceil(d_ff / rows per block), n_used)).
@@ -511,10 +526,27 @@ struct DownParams {
     float eps;
 };
 
+// softmax(s * logits) at the chosen experts, whose unscaled logits `ws` holds in rank order,
+// renormalised over them with norm_topk, in place (warp 0; ends with a barrier).
+__device__ __forceinline__ void chosen_weights(float* ws, float s, const float* logits, int n_used, int n_expert, int norm_topk) {
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x;
+        float top = ws[0];
+        float e = lane < n_used ? expf(s * (ws[lane] - top)) : 0.f;
+        float den = 0.f;
+        if (norm_topk) den = e;
+        else
+            for (int j = lane; j < n_expert; j += 32) den += expf(s * (__ldcg(logits + j) - top));
+        den = warp_sum(den);
+        if (lane < n_used) ws[lane] = e / den;
+    }
+    __syncthreads();
+}
+
 // The folded router's weights of the chosen experts from their unscaled logits (already in
 // `ws`, rank order) and s = rsqrt(mean(x'^2) + eps) of the residual o_proj wrote two launches
-// back: softmax(s * logits) at the chosen, renormalised over them with norm_topk. Before
-// pdl_wait, so off the step's critical path. `red`: 32 floats of shared memory.
+// back (chosen_weights). Before pdl_wait, so off the step's critical path. `red`: 32 floats of
+// shared memory.
 __device__ __forceinline__ void fold_weights(const DownParams& p, float* ws, float* red) {
     float ss = 0.f;
     for (int i = threadIdx.x; i < p.d_model >> 2; i += blockDim.x) {
@@ -523,23 +555,12 @@ __device__ __forceinline__ void fold_weights(const DownParams& p, float* ws, flo
     }
     warp_partial(ss, red);
     __syncthreads();
-    if (threadIdx.x < 32) {
-        int lane = threadIdx.x;
-        float s = rms_factor(red, p.d_model, p.eps);
-        float top = ws[0];
-        float e = lane < p.n_used ? expf(s * (ws[lane] - top)) : 0.f;
-        float den = 0.f;
-        if (p.norm_topk) den = e;
-        else
-            for (int j = lane; j < p.n_expert; j += 32) den += expf(s * (__ldcg((const float*)p.logits + j) - top));
-        den = warp_sum(den);
-        if (lane < p.n_used) ws[lane] = e / den;
-    }
-    __syncthreads();
+    chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const float*)p.logits, p.n_used, p.n_expert, p.norm_topk);
 }
 
-// Stages h [n_used, dff] in shared memory at `dst`, float4 loads issued LOAD_V * 2 at a time per
-// thread (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
+// Stages h [n_used, dff] in shared memory at `dst`, float4 loads (through L2: moe_ffn's h was
+// written by other blocks of its own grid) issued LOAD_V * 2 at a time per thread (dff is a
+// multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
 // or X_QUANT as quantised groups, slot after slot (group f = slot * dff / 32 + block; plen
 // unused). Shared by moe_down and the fused step's down phase.
 template <int OUT>
@@ -552,7 +573,7 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
         for (int j = 0; j < 2 * LOAD_V; j++) {
             int i = base + threadIdx.x + j * blockDim.x;
             v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (i < nv) v[j] = h4[i];
+            if (i < nv) v[j] = __ldcg(h4 + i);
         }
 #pragma unroll
         for (int j = 0; j < 2 * LOAD_V; j++) {
@@ -579,47 +600,63 @@ __device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
 }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
-// all slots' loads are in flight at once. Split-type piece f: slot f / nb, block f % nb.
+// all slots' loads are in flight at once. Split-type piece f: slot f / nb, block f % nb. NR rows
+// a warp of the unit's, their weights and residual rows loaded first (the residual was written
+// three launches back, or before moe_ffn's grid barrier), then the dots against h's quantised
+// groups, weighted by the chosen experts' weights `sw`.
+template <int NR, int CH, class P>
+struct DownRows {
+    P piece[NR][CH];
+    float prev[NR];
+    int first;
+    __device__ __forceinline__ void load(const DownParams& p, const int* ids, Unit u, int lane) {
+        first = (u.x * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5)) * NR;
+        int nb = p.down.k >> 5, items = p.n_used * nb;
+#pragma unroll
+        for (int i = 0; i < NR; i++) prev[i] = lane == 0 && first + i < p.d_model ? __ldcg((const float*)p.x + first + i) : 0.f;
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            int f = lane + 32 * j;
+            if (f < items) {
+                int s = f / nb, b = f - s * nb;
+                u64 e = (u64)ids[s];
+#pragma unroll
+                for (int i = 0; i < NR; i++)
+                    if (first + i < p.d_model) piece[i][j].load(p.down, (e * p.d_model + first + i) * nb + b);
+            }
+        }
+    }
+    __device__ __forceinline__ void finish(const DownParams& p, const u32* hq, const float* sw, int lane) {
+        int nb = p.down.k >> 5, items = p.n_used * nb;
+        float acc[NR];
+#pragma unroll
+        for (int i = 0; i < NR; i++) acc[i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < CH; j++) {
+            int f = lane + 32 * j;
+            if (f < items) {
+                int s = f / nb;
+                const u32* x = hq + f * QXW;  // group f: slot s, block f - s * nb
+#pragma unroll
+                for (int i = 0; i < NR; i++) acc[i] += sw[s] * piece[i][j].dot(x);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            float v = warp_sum(acc[i]);
+            if (lane == 0 && first + i < p.d_model) ((float*)p.x)[first + i] = prev[i] + v;
+        }
+    }
+};
+
 template <int NR, int CH, class P>
 __device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const int* ids, float* sw, Unit u) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    int first = (u.x * nwarps + warp) * NR;
-    int nb = p.down.k >> 5, items = p.n_used * nb;
-    P piece[NR][CH];
-    float prev[NR];  // the residual rows (o_proj wrote them three launches back), early
-#pragma unroll
-    for (int i = 0; i < NR; i++) prev[i] = lane == 0 && first + i < p.d_model ? __ldcg((const float*)p.x + first + i) : 0.f;
-#pragma unroll
-    for (int j = 0; j < CH; j++) {
-        int f = lane + 32 * j;
-        if (f < items) {
-            int s = f / nb, b = f - s * nb;
-            u64 e = (u64)ids[s];
-#pragma unroll
-            for (int i = 0; i < NR; i++)
-                if (first + i < p.d_model) piece[i][j].load(p.down, (e * p.d_model + first + i) * nb + b);
-        }
-    }
+    int lane = threadIdx.x & 31;
+    DownRows<NR, CH, P> rows;
+    rows.load(p, ids, u, lane);
     if (p.logits) fold_weights(p, sw, sw + 64);  // the loads above in flight meanwhile
     stage_h(p, hq);
-    float acc[NR];
-#pragma unroll
-    for (int i = 0; i < NR; i++) acc[i] = 0.f;
-#pragma unroll
-    for (int j = 0; j < CH; j++) {
-        int f = lane + 32 * j;
-        if (f < items) {
-            int s = f / nb;
-            const u32* x = hq + f * QXW;  // group f: slot s, block f - s * nb
-#pragma unroll
-            for (int i = 0; i < NR; i++) acc[i] += sw[s] * piece[i][j].dot(x);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < NR; i++) {
-        float v = warp_sum(acc[i]);
-        if (lane == 0 && first + i < p.d_model) ((float*)p.x)[first + i] = prev[i] + v;
-    }
+    rows.finish(p, hq, sw, lane);
 }
 
 // grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the
@@ -664,3 +701,92 @@ extern "C" __global__ void moe_down(const DownParams p) {
         if (lane == 0) ((float*)p.x)[r] += acc;
     }
 }
+
+// ---- moe_gate_up and moe_down as one launch (step.rs `moe_ffn`, NOTES.md session 18). A grid of
+// d_model / 8 blocks, all resident at once (the host checks occupancy): each block computes
+// FFN_UNITS of moe_gate_up's units at a time (their gate and up rows in flight together), then
+// loads its moe_down rows' pieces of the chosen experts (the ids are known since the start),
+// and only then meets the other blocks at a grid-wide barrier, after which it stages h and
+// finishes its rows. Why: moe_down's blocks found no room beside moe_gate_up's, so everything
+// they did before pdl_wait (ids, router weights, the weights' DRAM latency) ran after
+// moe_gate_up had ended (session 17's timeline: 5.85 us a layer for ~1.8 us of weights); here
+// those loads overlap the other blocks' gate/up tail, and gate/up runs in one wave instead of
+// 1.45. The arithmetic is moe_gate_up's and moe_down's, in their order: the same bits.
+struct MoeFfnParams {
+    GateUpParams gu;  // xn: the residual (staged modes normalise it); gu.experts: ids and weights
+    DownParams dn;    // x: the same residual (+=); dn.experts unused
+    u64 count;        // u64 arrivals at the grid barrier, never reset (grid_barrier)
+    int hq;           // float offset of h's quantised groups in dynamic shared memory
+};
+
+#define FFN_UNITS 3
+
+// Every block of the grid reaches this point before any goes on; every block must be resident.
+// `count` grows by gridDim.x a launch, so a launch's target is the multiple of gridDim.x above
+// the old value its arrival read. The barrier before the release makes the block's writes part
+// of it; the acquire (and the barrier after) orders the block's later reads after the others'.
+__device__ __forceinline__ void grid_barrier(u64* count) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64 old, c;
+        __threadfence();
+        asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(count) : "memory");
+        u64 target = (old / gridDim.x + 1) * gridDim.x;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(count) : "memory");
+        } while (c < target);
+    }
+    __syncthreads();
+}
+
+// grid (d_model / (8 * DNR)): gate/up units (x: d_ff / (8 * NR) of them a slot, slot) b, b +
+// grid, .. taken FFN_UNITS at a time; down rows of type P, CH pieces a lane, as moe_down's. Dynamic
+// smem: smem_x(k), the experts (64 floats at gu.experts.scratch), the norm weights, h's groups.
+template <int NR, class Rows, int CH, class P>
+__device__ __forceinline__ void moe_ffn(const MoeFfnParams& p, float* smem) {
+    const GateUpParams& g = p.gu;
+    float* gs = smem + g.experts.scratch + 64;
+    stage_norm(gs, (const float*)g.norm, g.gate.k);
+    pdl_start();
+    int* ids;
+    float* ws;
+    block_experts(g.experts, smem, ids, ws);
+    int lane = threadIdx.x & 31, n_used = g.experts.n_used;
+    int nx = (g.d_ff + NR * (blockDim.x >> 5) - 1) / (NR * (blockDim.x >> 5)), units = nx * n_used;
+    u32* qx = (u32*)(smem + 36);
+    float s = 0.f;
+    for (int c = 0; c * FFN_UNITS * (int)gridDim.x < units; c++) {
+        GateUpUnit<NR, Rows> unit[FFN_UNITS];
+#pragma unroll
+        for (int j = 0; j < FFN_UNITS; j++) {
+            int u = blockIdx.x + (c * FFN_UNITS + j) * gridDim.x, slot = min(u / nx, n_used - 1);
+            unit[j].load(g, u < units ? ids[slot] : -1, Unit{u % nx, slot, nx}, lane);
+        }
+        if (c == 0) s = load_xg_quant(qx, (const float*)g.xn, gs, g.gate.k, g.eps, smem);
+#pragma unroll
+        for (int j = 0; j < FFN_UNITS; j++) unit[j].finish(g, qx, s, lane);
+    }
+    DownRows<1, CH, P> rows;
+    rows.load(p.dn, ids, this_unit(), lane);
+    if (p.dn.logits) chosen_weights(ws, s, (const float*)p.dn.logits, n_used, p.dn.n_expert, p.dn.norm_topk);
+    grid_barrier((u64*)p.count);
+    u32* hq = (u32*)(smem + p.hq);
+    stage_slots<X_QUANT>((const float*)g.h, n_used, g.d_ff, hq, 0);
+    rows.finish(p.dn, hq, ws, lane);
+}
+
+// One kernel per (gate/up mode, down mode) pair the step takes (step.rs ffn_mode): Q4_0 gate/up
+// at k <= 1024 / 2048 with Q4_0 down, Q4_K with Q4_K or Q6_K down, 2 or 6 pieces a lane.
+#define MOE_FFN_KERNEL(name, NR, CH, P, ...)                                          \
+    extern "C" __global__ void __launch_bounds__(256, 2) name(const MoeFfnParams p) { \
+        extern __shared__ __align__(16) float smem[];                                 \
+        moe_ffn<NR, __VA_ARGS__, CH, P>(p, smem);                                     \
+    }
+MOE_FFN_KERNEL(moe_ffn_q4_0_1_2, 2, 2, Q4_0Piece, Q4_0Rows<2, 1>)
+MOE_FFN_KERNEL(moe_ffn_q4_0_1_6, 2, 6, Q4_0Piece, Q4_0Rows<2, 1>)
+MOE_FFN_KERNEL(moe_ffn_q4_0_2_2, 1, 2, Q4_0Piece, Q4_0Rows<1, 2>)
+MOE_FFN_KERNEL(moe_ffn_q4_0_2_6, 1, 6, Q4_0Piece, Q4_0Rows<1, 2>)
+MOE_FFN_KERNEL(moe_ffn_q4_k_2, 1, 2, Q4_KPiece, Q4_KRows<1, 2>)
+MOE_FFN_KERNEL(moe_ffn_q4_k_6, 1, 6, Q4_KPiece, Q4_KRows<1, 2>)
+MOE_FFN_KERNEL(moe_ffn_q4_k_q6_k_2, 1, 2, Q6_KPiece, Q4_KRows<1, 2>)
+MOE_FFN_KERNEL(moe_ffn_q4_k_q6_k_6, 1, 6, Q6_KPiece, Q4_KRows<1, 2>)

@@ -427,3 +427,56 @@ fn mid_qwen3_attention_long_context() {
         check_long_prompt(&mut cuda(&m, opts), &prompt, &lc, first, &want, &what);
     }
 }
+
+/// moe_gate_up and moe_down as one launch (CudaOptions::moe_ffn, moe.cu moe_ffn): the checks
+/// of `run` on the geometries whose modes it has kernels for (tiny: 2 pieces a lane; wide:
+/// Qwen3-30B-A3B's gate/up at k 2048 and 6 pieces a lane; both quants: Q4_0, and Q4_K with
+/// Q4_K / Q6_K down), with the router folded and not. It does moe_gate_up's and moe_down's
+/// arithmetic in their order, so its logits equal the two launches' bit for bit; the kernel
+/// profile shows it ran.
+#[test]
+fn moe_ffn() {
+    if no_gpu() {
+        return;
+    }
+    let on = CudaOptions {
+        moe_ffn: true,
+        ..Default::default()
+    };
+    for (cfg, q) in [
+        (Config::tiny(), SynthQuant::Q4_0),
+        (Config::tiny(), SynthQuant::Q4_K_M),
+        (wide(), SynthQuant::Q4_0),
+        (wide(), SynthQuant::Q4_K_M),
+    ] {
+        run_with(cfg.clone(), q, on.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let m = model(&cfg, q, &dir);
+        let prompt = test_prompt(12, &cfg);
+        for router_fold in [true, false] {
+            let both = |moe_ffn| CudaOptions {
+                router_fold,
+                moe_ffn,
+                profile_kernels: true,
+                setup_cache: false,
+                ..Default::default()
+            };
+            let mut ffn = cuda(&m, both(true));
+            let mut two = cuda(&m, both(false));
+            let lf = ffn.prefill(1, &prompt, true).unwrap();
+            let lt = two.prefill(1, &prompt, true).unwrap();
+            assert!(lf.iter().all(|v| v.is_finite()), "{q:?}: non-finite logits");
+            assert!(lf == lt, "{q:?} router_fold {router_fold}: moe_ffn's logits differ from moe_gate_up + moe_down's");
+            let ran = |b: &CudaBackend, name: &str| {
+                b.kernel_profile()
+                    .iter()
+                    .any(|k| k.name == name && k.calls > 0)
+            };
+            assert!(
+                ran(&ffn, "moe_ffn") && !ran(&ffn, "moe_down"),
+                "{q:?}: moe_ffn did not run"
+            );
+            assert!(ran(&two, "moe_down") && !ran(&two, "moe_ffn"));
+        }
+    }
+}
