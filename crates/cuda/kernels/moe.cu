@@ -425,7 +425,7 @@ __device__ __forceinline__ float load_xg_quant(u32* qx, const float* x, const fl
 }
 
 // One unit of the staged gate/up modes: NR rows a warp of the gate and up of the slot's expert
-// (e < 0: none), their weights loaded first, then h = silu(gate) * up against the quantised
+// (e < 0: no rows), their weights loaded first, then h = silu(gate) * up against the quantised
 // input, whose RMS factor s is applied after the integer dots.
 template <int NR, class Rows>
 struct GateUpUnit {
@@ -558,9 +558,9 @@ __device__ __forceinline__ void fold_weights(const DownParams& p, float* ws, flo
     chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const float*)p.logits, p.n_used, p.n_expert, p.norm_topk);
 }
 
-// Stages h [n_used, dff] in shared memory at `dst`, float4 loads (through L2: moe_ffn's h was
-// written by other blocks of its own grid) issued LOAD_V * 2 at a time per thread (dff is a
-// multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
+// Stages h [n_used, dff] in shared memory at `dst`, float4 loads through L2 (measured faster
+// than through L1 with the rest of session 18's change: h is read once a block) issued
+// LOAD_V * 2 at a time per thread (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
 // or X_QUANT as quantised groups, slot after slot (group f = slot * dff / 32 + block; plen
 // unused). Shared by moe_down and the fused step's down phase.
 template <int OUT>
@@ -602,8 +602,8 @@ __device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
 // all slots' loads are in flight at once. Split-type piece f: slot f / nb, block f % nb. NR rows
 // a warp of the unit's, their weights and residual rows loaded first (the residual was written
-// three launches back, or before moe_ffn's grid barrier), then the dots against h's quantised
-// groups, weighted by the chosen experts' weights `sw`.
+// three launches back), then the dots against h's quantised groups, weighted by the chosen
+// experts' weights `sw`.
 template <int NR, int CH, class P>
 struct DownRows {
     P piece[NR][CH];
@@ -701,92 +701,3 @@ extern "C" __global__ void moe_down(const DownParams p) {
         if (lane == 0) ((float*)p.x)[r] += acc;
     }
 }
-
-// ---- moe_gate_up and moe_down as one launch (step.rs `moe_ffn`, NOTES.md session 18). A grid of
-// d_model / 8 blocks, all resident at once (the host checks occupancy): each block computes
-// FFN_UNITS of moe_gate_up's units at a time (their gate and up rows in flight together), then
-// loads its moe_down rows' pieces of the chosen experts (the ids are known since the start),
-// and only then meets the other blocks at a grid-wide barrier, after which it stages h and
-// finishes its rows. Why: moe_down's blocks found no room beside moe_gate_up's, so everything
-// they did before pdl_wait (ids, router weights, the weights' DRAM latency) ran after
-// moe_gate_up had ended (session 17's timeline: 5.85 us a layer for ~1.8 us of weights); here
-// those loads overlap the other blocks' gate/up tail, and gate/up runs in one wave instead of
-// 1.45. The arithmetic is moe_gate_up's and moe_down's, in their order: the same bits.
-struct MoeFfnParams {
-    GateUpParams gu;  // xn: the residual (staged modes normalise it); gu.experts: ids and weights
-    DownParams dn;    // x: the same residual (+=); dn.experts unused
-    u64 count;        // u64 arrivals at the grid barrier, never reset (grid_barrier)
-    int hq;           // float offset of h's quantised groups in dynamic shared memory
-};
-
-#define FFN_UNITS 3
-
-// Every block of the grid reaches this point before any goes on; every block must be resident.
-// `count` grows by gridDim.x a launch, so a launch's target is the multiple of gridDim.x above
-// the old value its arrival read. The barrier before the release makes the block's writes part
-// of it; the acquire (and the barrier after) orders the block's later reads after the others'.
-__device__ __forceinline__ void grid_barrier(u64* count) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u64 old, c;
-        __threadfence();
-        asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;" : "=l"(old) : "l"(count) : "memory");
-        u64 target = (old / gridDim.x + 1) * gridDim.x;
-        do {
-            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c) : "l"(count) : "memory");
-        } while (c < target);
-    }
-    __syncthreads();
-}
-
-// grid (d_model / (8 * DNR)): gate/up units (x: d_ff / (8 * NR) of them a slot, slot) b, b +
-// grid, .. taken FFN_UNITS at a time; down rows of type P, CH pieces a lane, as moe_down's. Dynamic
-// smem: smem_x(k), the experts (64 floats at gu.experts.scratch), the norm weights, h's groups.
-template <int NR, class Rows, int CH, class P>
-__device__ __forceinline__ void moe_ffn(const MoeFfnParams& p, float* smem) {
-    const GateUpParams& g = p.gu;
-    float* gs = smem + g.experts.scratch + 64;
-    stage_norm(gs, (const float*)g.norm, g.gate.k);
-    pdl_start();
-    int* ids;
-    float* ws;
-    block_experts(g.experts, smem, ids, ws);
-    int lane = threadIdx.x & 31, n_used = g.experts.n_used;
-    int nx = (g.d_ff + NR * (blockDim.x >> 5) - 1) / (NR * (blockDim.x >> 5)), units = nx * n_used;
-    u32* qx = (u32*)(smem + 36);
-    float s = 0.f;
-    for (int c = 0; c * FFN_UNITS * (int)gridDim.x < units; c++) {
-        GateUpUnit<NR, Rows> unit[FFN_UNITS];
-#pragma unroll
-        for (int j = 0; j < FFN_UNITS; j++) {
-            int u = blockIdx.x + (c * FFN_UNITS + j) * gridDim.x, slot = min(u / nx, n_used - 1);
-            unit[j].load(g, u < units ? ids[slot] : -1, Unit{u % nx, slot, nx}, lane);
-        }
-        if (c == 0) s = load_xg_quant(qx, (const float*)g.xn, gs, g.gate.k, g.eps, smem);
-#pragma unroll
-        for (int j = 0; j < FFN_UNITS; j++) unit[j].finish(g, qx, s, lane);
-    }
-    DownRows<1, CH, P> rows;
-    rows.load(p.dn, ids, this_unit(), lane);
-    if (p.dn.logits) chosen_weights(ws, s, (const float*)p.dn.logits, n_used, p.dn.n_expert, p.dn.norm_topk);
-    grid_barrier((u64*)p.count);
-    u32* hq = (u32*)(smem + p.hq);
-    stage_slots<X_QUANT>((const float*)g.h, n_used, g.d_ff, hq, 0);
-    rows.finish(p.dn, hq, ws, lane);
-}
-
-// One kernel per (gate/up mode, down mode) pair the step takes (step.rs ffn_mode): Q4_0 gate/up
-// at k <= 1024 / 2048 with Q4_0 down, Q4_K with Q4_K or Q6_K down, 2 or 6 pieces a lane.
-#define MOE_FFN_KERNEL(name, NR, CH, P, ...)                                          \
-    extern "C" __global__ void __launch_bounds__(256, 2) name(const MoeFfnParams p) { \
-        extern __shared__ __align__(16) float smem[];                                 \
-        moe_ffn<NR, __VA_ARGS__, CH, P>(p, smem);                                     \
-    }
-MOE_FFN_KERNEL(moe_ffn_q4_0_1_2, 2, 2, Q4_0Piece, Q4_0Rows<2, 1>)
-MOE_FFN_KERNEL(moe_ffn_q4_0_1_6, 2, 6, Q4_0Piece, Q4_0Rows<2, 1>)
-MOE_FFN_KERNEL(moe_ffn_q4_0_2_2, 1, 2, Q4_0Piece, Q4_0Rows<1, 2>)
-MOE_FFN_KERNEL(moe_ffn_q4_0_2_6, 1, 6, Q4_0Piece, Q4_0Rows<1, 2>)
-MOE_FFN_KERNEL(moe_ffn_q4_k_2, 1, 2, Q4_KPiece, Q4_KRows<1, 2>)
-MOE_FFN_KERNEL(moe_ffn_q4_k_6, 1, 6, Q4_KPiece, Q4_KRows<1, 2>)
-MOE_FFN_KERNEL(moe_ffn_q4_k_q6_k_2, 1, 2, Q6_KPiece, Q4_KRows<1, 2>)
-MOE_FFN_KERNEL(moe_ffn_q4_k_q6_k_6, 1, 6, Q6_KPiece, Q4_KRows<1, 2>)

@@ -32,9 +32,6 @@ pub enum Kernel {
     RouterCluster,
     MoeGateUp(u8),
     MoeDown(u8),
-    /// moe_gate_up and moe_down as one launch with a grid barrier between them, by step.rs
-    /// `ffn_mode` (0..FFN.len()).
-    MoeFfn(u8),
     /// o_proj with the router folded in, by o_proj's matvec mode (1..=8).
     OprojRouter(u8),
     RouterFoldBuild,
@@ -85,16 +82,6 @@ const DOWN: [&str; 10] = [
     "moe_down_q6_k_6",
     "moe_down_q6_k_8",
 ];
-const FFN: [&str; 8] = [
-    "moe_ffn_q4_0_1_2",
-    "moe_ffn_q4_0_1_6",
-    "moe_ffn_q4_0_2_2",
-    "moe_ffn_q4_0_2_6",
-    "moe_ffn_q4_k_2",
-    "moe_ffn_q4_k_6",
-    "moe_ffn_q4_k_q6_k_2",
-    "moe_ffn_q4_k_q6_k_6",
-];
 const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q4_0_1",
     "o_proj_router_q4_0_2",
@@ -125,7 +112,7 @@ const SINGLE: [Kernel; 16] = [
 ];
 
 const N_KERNELS: usize =
-    SINGLE.len() + MATVEC.len() + GATE_UP.len() + DOWN.len() + FFN.len() + OPROJ_ROUTER.len();
+    SINGLE.len() + MATVEC.len() + GATE_UP.len() + DOWN.len() + OPROJ_ROUTER.len();
 
 impl Kernel {
     pub const ALL: [Kernel; N_KERNELS] = {
@@ -143,11 +130,8 @@ impl Kernel {
                 Kernel::MoeGateUp((m - MATVEC.len()) as u8)
             } else if m < MATVEC.len() + GATE_UP.len() + DOWN.len() {
                 Kernel::MoeDown((m - MATVEC.len() - GATE_UP.len()) as u8)
-            } else if m < MATVEC.len() + GATE_UP.len() + DOWN.len() + FFN.len() {
-                Kernel::MoeFfn((m - MATVEC.len() - GATE_UP.len() - DOWN.len()) as u8)
             } else {
-                let first = MATVEC.len() + GATE_UP.len() + DOWN.len() + FFN.len();
-                Kernel::OprojRouter((m - first + 1) as u8)
+                Kernel::OprojRouter((m - MATVEC.len() - GATE_UP.len() - DOWN.len() + 1) as u8)
             };
             (i, m) = (i + 1, m + 1);
         }
@@ -158,7 +142,6 @@ impl Kernel {
             Kernel::Matvec(m) => MATVEC[m as usize],
             Kernel::MoeGateUp(m) => GATE_UP[m as usize],
             Kernel::MoeDown(m) => DOWN[m as usize],
-            Kernel::MoeFfn(m) => FFN[m as usize],
             Kernel::OprojRouter(m) => OPROJ_ROUTER[m as usize - 1],
             Kernel::RouterFoldBuild => "router_fold_build",
             Kernel::Embed => "embed",
@@ -279,7 +262,6 @@ impl Device {
                     | Kernel::OprojRouter(_)
                     | Kernel::MoeGateUp(_)
                     | Kernel::MoeDown(_)
-                    | Kernel::MoeFfn(_)
                     | Kernel::AttnGqa
                     | Kernel::AttnGqa128x8
                     | Kernel::AttnGqa128x8Tc

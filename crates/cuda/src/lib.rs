@@ -60,10 +60,6 @@ pub struct CudaOptions {
     /// session 16: +2.7% Q4_0, +3.3% Q4_K_M), at most 2 and what the device's shared memory
     /// holds. Q4MOE_CUDA_ATT_STAGE=<n> sets it (A/B measurements; the parity tests run 0).
     pub attn_stage: Option<usize>,
-    /// moe_gate_up and moe_down as one launch with a grid barrier between them (moe.cu
-    /// moe_ffn), where its kernel exists for the layer's types and its grid fits on the device
-    /// at once. Q4MOE_CUDA_MOE_FFN=1 turns it on (A/B measurements).
-    pub moe_ffn: bool,
 }
 
 impl Default for CudaOptions {
@@ -84,7 +80,6 @@ impl Default for CudaOptions {
             attn_stage: std::env::var("Q4MOE_CUDA_ATT_STAGE")
                 .ok()
                 .and_then(|v| v.parse().ok()),
-            moe_ffn: std::env::var("Q4MOE_CUDA_MOE_FFN").is_ok_and(|v| v != "0"),
         }
     }
 }

@@ -153,18 +153,6 @@ pub struct DownParams {
 }
 const _: () = assert!(std::mem::size_of::<DownParams>() == 96);
 
-/// moe_gate_up and moe_down as one launch (moe.cu MoeFfnParams).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MoeFfnParams {
-    pub gu: GateUpParams,
-    pub dn: DownParams,
-    pub count: u64,
-    pub hq: i32,
-    pub _pad: i32,
-}
-const _: () = assert!(std::mem::size_of::<MoeFfnParams>() == 224);
-
 /// `RouterFold` in moe.cu: the router's rows of o_proj's launch (step.rs `router_fold`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

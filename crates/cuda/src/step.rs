@@ -52,12 +52,6 @@ pub struct Scratch {
     pub am_i: DevBuf,
     /// i32 completion counter of router_topk's last-block pattern (0 between launches)
     pub counter: DevBuf,
-    /// u64 arrivals at moe_ffn's grid barrier (moe.cu grid_barrier: grows, never reset)
-    pub ffn_count: DevBuf,
-    /// Blocks of each moe_ffn kernel (by ffn_mode) the device keeps resident at once at this
-    /// geometry's shared memory, or all zero where CudaOptions::moe_ffn is off: a layer takes
-    /// moe_ffn only where its whole grid fits (its blocks wait for each other).
-    pub ffn_resident: Vec<u32>,
     /// [n_kv_head + n_head] u32: attn_gqa's chunk completion counts, then its heads' maximum
     /// score keys (0 between launches)
     pub attn_done: DevBuf,
@@ -99,14 +93,6 @@ impl Scratch {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
         let counter = DevBuf::new(dev, 4)?;
         counter.fill(dev, 0)?;
-        let ffn_count = DevBuf::new(dev, 8)?;
-        ffn_count.fill(dev, 0)?;
-        let ffn_resident = (0..FFN_MODES)
-            .map(|m| match opts.moe_ffn {
-                true => dev.resident_blocks(Kernel::MoeFfn(m), THREADS, ffn_smem(c).0),
-                false => Ok(0),
-            })
-            .collect::<Result<Vec<_>>>()?;
         let attn_done = DevBuf::new(dev, 4 * (c.n_kv_head + c.n_head))?;
         attn_done.fill(dev, 0)?;
         let att_tc = opts.attn_tensor_cores && dev.kv_type == KvType::F16 && dev.sm_major >= 8;
@@ -130,8 +116,6 @@ impl Scratch {
             am_v: f(ARGMAX_BLOCKS)?,
             am_i: f(ARGMAX_BLOCKS)?,
             counter,
-            ffn_count,
-            ffn_resident,
             attn_done,
             sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
             rng: DevBuf::new(dev, 8)?,
@@ -157,8 +141,8 @@ impl Scratch {
 
     pub fn bytes(c: &Config, kv_capacity: usize) -> usize {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
-        4 + 8
-            + 4 * (4 * c.d_model
+        4 + 4
+            * (4 * c.d_model
                 + 3 * c.q_dim()
                 + 2 * c.kv_dim()
                 + c.n_head * n_split * (c.head_dim + 2)
@@ -695,8 +679,7 @@ fn layer(
     experts(c, lw, s, fold, x_out, out);
 }
 
-/// The chosen experts' FFN over residual `x_out` (+=): moe_gate_up then moe_down, or both as
-/// one moe_ffn launch where CudaOptions::moe_ffn lets it and its grid fits on the device.
+/// The chosen experts' FFN over residual `x_out` (+=): moe_gate_up then moe_down.
 fn experts(
     c: &Config,
     lw: &crate::weights::LayerW,
@@ -750,29 +733,6 @@ fn experts(
     };
     let used = c.n_expert_used as u64;
     let down_grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
-    let ffn = ffn_mode(gmode, dmode).filter(|&m| down_grid.0 <= s.ffn_resident[m as usize]);
-    if let Some(m) = ffn {
-        let (smem, hq) = ffn_smem(c);
-        let p = MoeFfnParams {
-            gu: g,
-            dn: d,
-            count: s.ffn_count.ptr,
-            hq: hq as i32,
-            _pad: 0,
-        };
-        let bytes = used * (lw.slab[0] + lw.slab[1] + lw.slab[2]);
-        let l = Launch::new(
-            Kernel::MoeFfn(m),
-            "moe_ffn",
-            down_grid,
-            THREADS,
-            smem,
-            &p,
-            bytes,
-        );
-        out.push(l);
-        return;
-    }
     let grid = (
         (c.d_ff_expert as u32).div_ceil(WARPS * grpw as u32),
         c.n_expert_used as u32,
@@ -805,28 +765,6 @@ const EXPERTS_SMEM: u32 = 64 * 4;
 /// moe_gate_up's dynamic shared memory: the input (smem_x), the experts, the norm weights.
 fn gate_up_smem(c: &Config) -> u32 {
     smem_x(c.d_model) + EXPERTS_SMEM + 4 * c.d_model as u32
-}
-
-/// moe_ffn kernels (device.rs FFN), by `ffn_mode`.
-const FFN_MODES: u8 = 8;
-
-/// moe_ffn's kernel for a layer's (gate_up_mode, down_mode), where one is built: the staged
-/// gate/up modes with their down type's 2 or 6 pieces a lane.
-fn ffn_mode(gmode: u8, dmode: u8) -> Option<u8> {
-    match (gmode, dmode) {
-        (1 | 2, 1 | 2) => Some(2 * (gmode - 1) + dmode - 1),
-        (3, 4 | 5) => Some(dmode),
-        (3, 7 | 8) => Some(dmode - 1),
-        _ => None,
-    }
-}
-
-/// moe_ffn's dynamic shared memory (bytes) and where h's quantised groups start in it (floats):
-/// moe_gate_up's, then n_used * d_ff / 32 groups of QXW (20) words.
-fn ffn_smem(c: &Config) -> (u32, u32) {
-    let gu = gate_up_smem(c);
-    let hq = (c.n_expert_used * (c.d_ff_expert / 32) * 20 * 4) as u32;
-    (gu + hq, gu / 4)
 }
 
 /// o_proj (`x += W_o attn`) and the router as a launch of its own (without the fold): the
