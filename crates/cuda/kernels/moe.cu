@@ -558,9 +558,8 @@ __device__ __forceinline__ void fold_weights(const DownParams& p, float* ws, flo
     chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const float*)p.logits, p.n_used, p.n_expert, p.norm_topk);
 }
 
-// Stages h [n_used, dff] in shared memory at `dst`, float4 loads through L2 (measured faster
-// than through L1 with the rest of session 18's change: h is read once a block) issued
-// LOAD_V * 2 at a time per thread (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
+// Stages h [n_used, dff] in shared memory at `dst`, float4 loads issued LOAD_V * 2 at a time per
+// thread (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
 // or X_QUANT as quantised groups, slot after slot (group f = slot * dff / 32 + block; plen
 // unused). Shared by moe_down and the fused step's down phase.
 template <int OUT>
@@ -573,7 +572,7 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
         for (int j = 0; j < 2 * LOAD_V; j++) {
             int i = base + threadIdx.x + j * blockDim.x;
             v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (i < nv) v[j] = __ldcg(h4 + i);
+            if (i < nv) v[j] = h4[i];
         }
 #pragma unroll
         for (int j = 0; j < 2 * LOAD_V; j++) {
