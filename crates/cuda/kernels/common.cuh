@@ -50,6 +50,12 @@ __device__ __forceinline__ float h2f(u16 h) {
 // stream serialisation, so a kernel may start while its predecessor finishes. Everything before
 // pdl_wait() may only read immutable data (weights); pdl_wait() returns once every predecessor
 // grid has completed and its writes are visible. pdl_launch() lets the successor be scheduled.
+// The GPU's nanosecond clock (the fused step's stamps, the launch timeline).
+__device__ __forceinline__ u64 global_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 #ifdef Q4MOE_TIMELINE
 // The launch timeline (Q4MOE_CUDA_TIMELINE=1, timeline.rs): a slot a launch, at its %gridid less
 // the first one recorded since the host zeroed the table (tl_base; before each recorded step:
@@ -61,11 +67,6 @@ __device__ __forceinline__ float h2f(u16 h) {
 #define TL_SLOTS 1024
 __device__ unsigned long long tl_base;                // first recorded %gridid + 1; 0: none yet
 __device__ unsigned long long tl_val[TL_SLOTS][5];    // gridid + 1, !first ready, last ready, !first pass, shape
-__device__ __forceinline__ unsigned long long tl_now() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 __device__ __forceinline__ bool tl_recorder() {
     unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     unsigned n = gridDim.x * gridDim.y * gridDim.z;
@@ -94,11 +95,11 @@ __device__ __forceinline__ void tl_record(unsigned long long ready, unsigned lon
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
 #ifdef Q4MOE_TIMELINE
-    unsigned long long ready = tl_now();
+    unsigned long long ready = global_ns();
 #endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #ifdef Q4MOE_TIMELINE
-    if (tl_recorder()) tl_record(ready, tl_now());
+    if (tl_recorder()) tl_record(ready, global_ns());
 #endif
 #endif
 }

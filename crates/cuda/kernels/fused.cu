@@ -240,12 +240,6 @@ __device__ __forceinline__ void bar_wait(StepBar* b, u64& target) {
     __syncthreads();
 }
 
-__device__ __forceinline__ u64 global_ns() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 // Block 0's clock in phase i at mark `which`: 0 start, 1 prologue done (activations in
 // shared memory / copies issued), 2 weights arrived, 3 barrier reached.
 #define N_MARK 4
