@@ -23,6 +23,11 @@ def mma(c, a, b):
             C[g + 8 * (i >> 1), tig * 2 + (i & 1)] = c[t][i]
     D = A @ B + C
     return [[D[(t >> 2) + 8 * (i >> 1), (t & 3) * 2 + (i & 1)] for i in range(4)] for t in range(32)]
+def frag_err(frags, ref):
+    # max |C fragment - reference| over 8-column tiles n: thread t holds head t / 4, columns
+    # 8n + 2 (t % 4) + {0, 1} in its first two accumulators (the last two: the padded heads)
+    return max(abs(frags[n][t][e] - ref[t >> 2, 8 * n + 2 * (t & 3) + e])
+               for n in range(len(frags)) for t in range(32) for e in range(2))
 # K rows as loaded: kq[j*4+s] = row 8j + g, dims 32s + 8c .. +8 (8 halves x,y,z,w pairs)
 sc = [[[0.0] * 4 for _ in range(32)] for _ in range(2)]
 for j in range(2):
@@ -41,13 +46,8 @@ for j in range(2):
             b.append([b0[0], b0[1], b1[0], b1[1]])
         sc[j] = mma(sc[j], a, b)
 S = (Q * scale) @ K.T  # [8 heads, 16 positions]
-err = 0
-for j in range(2):
-    for t in range(32):
-        g, c = t >> 2, t & 3
-        for e in range(2):
-            err = max(err, abs(sc[j][t][e] - S[g, 8 * j + 2 * c + e]))
-        assert abs(sc[j][t][2]) < 1e-9 and abs(sc[j][t][3]) < 1e-9
+err = frag_err(sc, S)
+assert all(abs(sc[j][t][e]) < 1e-9 for j in range(2) for t in range(32) for e in (2, 3))  # padded heads
 print("scores max err", err)
 assert err < 1e-5
 # softmax over the tile (single tile: m = row max), P as A: pa[0] = (p[j=0][e0], p[j=0][e1]), pa[1] = j=1's
@@ -71,11 +71,6 @@ for n in range(0, 16, 2):
     o[n] = mma(o[n], a, [[r[t][0][0], r[t][0][1], r[t][1][0], r[t][1][1]] for t in range(32)])
     o[n + 1] = mma(o[n + 1], a, [[r[t][2][0], r[t][2][1], r[t][3][0], r[t][3][1]] for t in range(32)])
 O = P @ V
-err = 0
-for n in range(16):
-    for t in range(32):
-        g, c = t >> 2, t & 3
-        for e in range(2):
-            err = max(err, abs(o[n][t][e] - O[g, 8 * n + 2 * c + e]))
+err = frag_err(o, O)
 print("P V max err", err)
 assert err < 1e-5
