@@ -60,6 +60,10 @@ pub struct CudaOptions {
     /// session 16: +2.7% Q4_0, +3.3% Q4_K_M), at most 2 and what the device's shared memory
     /// holds. Q4MOE_CUDA_ATT_STAGE=<n> sets it (A/B measurements; the parity tests run 0).
     pub attn_stage: Option<usize>,
+    /// Chunks a tensor-core attention block takes at least. None = 4
+    /// (params::ATT_TC_MIN_SPAN_DEFAULT: 8 tiles, one a warp; session 16: 1 and 8 were both ~4%
+    /// slower at the bench's context). Q4MOE_CUDA_ATT_MIN_SPAN=<n> sets it (A/B measurements).
+    pub attn_min_span: Option<usize>,
 }
 
 impl Default for CudaOptions {
@@ -78,6 +82,9 @@ impl Default for CudaOptions {
             router_fold: std::env::var("Q4MOE_CUDA_ROUTER_FOLD").map_or(true, |v| v != "0"),
             attn_tensor_cores: std::env::var("Q4MOE_CUDA_ATT_TC").map_or(true, |v| v != "0"),
             attn_stage: std::env::var("Q4MOE_CUDA_ATT_STAGE")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+            attn_min_span: std::env::var("Q4MOE_CUDA_ATT_MIN_SPAN")
                 .ok()
                 .and_then(|v| v.parse().ok()),
         }

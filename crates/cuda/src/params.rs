@@ -75,6 +75,8 @@ pub const ATT_TC_STAGE_BYTES: u32 = 8 * 16 * 32 * 16;
 /// ... and by default: one (256 positions in one block). H200, quick bench, session 16: Q4_0
 /// 703.4 tok/s with 1, 696.0 with 0, 683.1 with 2 (Q4_K_M 671.1 / 656.1 / 669.6).
 pub const ATT_TC_STAGE_DEFAULT: usize = 1;
+/// Chunks a tensor-core attention block takes at least, by default (CudaOptions::attn_min_span).
+pub const ATT_TC_MIN_SPAN_DEFAULT: usize = 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

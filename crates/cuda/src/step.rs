@@ -75,9 +75,8 @@ pub struct Scratch {
     /// Qwen3-shape attention on tensor cores (attn_gqa_128_8_tc): the f16 cache on sm_80+,
     /// where CudaOptions::attn_tensor_cores.
     pub att_tc: bool,
-    /// Chunks a tensor-core attention block takes at least: 4 (8 tiles, one a warp), as
-    /// Q4MOE_CUDA_ATT_MIN_SPAN overrides (A/B measurements: 1 and 8 were both ~4% slower at the
-    /// bench's context, session 16). The scalar kernels take 1.
+    /// Chunks a tensor-core attention block takes at least: CudaOptions::attn_min_span or
+    /// ATT_TC_MIN_SPAN_DEFAULT, at least 1. The scalar kernels take 1.
     pub att_min_span: usize,
     /// Tiles past its first a warp of the tensor-core attention loads into shared memory
     /// before pdl_wait (AttnGqaParams::stage): CudaOptions::attn_stage or ATT_TC_STAGE_DEFAULT,
@@ -96,7 +95,6 @@ impl Scratch {
         let attn_done = DevBuf::new(dev, 4 * (c.n_kv_head + c.n_head))?;
         attn_done.fill(dev, 0)?;
         let att_tc = opts.attn_tensor_cores && dev.kv_type == KvType::F16 && dev.sm_major >= 8;
-        let env_span = std::env::var("Q4MOE_CUDA_ATT_MIN_SPAN").map(|v| v.parse::<usize>());
         let stage_room = dev.dynamic_smem_room(Kernel::AttnGqa128x8Tc) / ATT_TC_STAGE_BYTES;
         let stage_fit = ATT_TC_STAGE_MAX.min(stage_room as usize);
         Ok(Scratch {
@@ -128,10 +126,7 @@ impl Scratch {
             },
             att_solo_smem: dev.att_solo_smem(Kernel::AttnGqa128x8)?,
             att_tc,
-            att_min_span: match env_span {
-                Ok(Ok(n)) => n.max(1),
-                _ => 4,
-            },
+            att_min_span: opts.attn_min_span.unwrap_or(ATT_TC_MIN_SPAN_DEFAULT).max(1),
             att_stage: opts
                 .attn_stage
                 .unwrap_or(ATT_TC_STAGE_DEFAULT)
