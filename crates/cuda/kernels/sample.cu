@@ -77,7 +77,11 @@ extern "C" __global__ void argmax_final(const ArgmaxParams p) {
 }
 
 // ---- Sampling on the device: temperature + top-k (1..=1024) + top-p + min-p, or no cut at all
-// (the vocabulary-order walk), SplitMix64 draw.
+// (the vocabulary-order walk), SplitMix64 draw. Two launches: sample_partial's blocks each take
+// a SAMPLE_CHUNK of the logits and keep its k best (and count its finite logits), then
+// sample_topk's one block selects the k best of those candidates and draws. Why: one block
+// reading the 152k logits 7 times (radix passes, gather) took ~0.32 ms a token, 19% of a
+// sampled token (NOTES.md session 19); the whole vocabulary is now read by 38 blocks.
 // Mirrors q4moe_model::Sampler step for step: the k largest of logit / temperature (ties: lower
 // id first), sorted; probabilities exp(v - max) summed in sorted order and normalised; top-p and
 // min-p cut in sorted order; r = u * kept mass walked in sorted order. exp is evaluated in double
@@ -94,10 +98,15 @@ struct SampleParams {
     u64 state;   // StepState*: token written, pos advanced
     u64 cfg;     // const SampleConfig*
     u64 rng;     // u64* SplitMix64 state (advanced once per draw)
+    u64 cand;    // u32 [n_blocks * kc] keys, then u32 [n_blocks * kc] ids: block b's candidates
+                 // at b * kc (kc = min(top_k, SAMPLE_MAX_K)), in id order, key 0 past them
+    u64 finite;  // u32 [n_blocks]: finite logits of each block's chunk
     int n;
+    int n_blocks;  // ceil(n / SAMPLE_CHUNK)
 };
 
 #define SAMPLE_MAX_K 1024
+#define SAMPLE_CHUNK 4096  // logits a sample_partial block takes: 4 a thread
 
 // Order-preserving key: a larger float (total order, -0 < +0) gives a larger key.
 __device__ __forceinline__ u32 fkey(float v) {
@@ -119,24 +128,49 @@ struct SampleSmem {
     u32 idx[SAMPLE_MAX_K];
     float pr[SAMPLE_MAX_K];
     u32 scan[SAMPLE_MAX_K];
-    u32 prefix, want, count, n_finite;
+    u32 scan_in[SAMPLE_MAX_K];
+    u32 prefix, want, n_finite;
 };
 
-// The logits loops are unrolled so 8 loads per thread are in flight (a rolled loop waits one L2
-// round trip per element: ~150 of them over the full vocabulary).
+// Where select_kth and gather find candidates: n slots in id order, key(i) the order-preserving
+// key of slot i's logit / temperature, or 0 (never a finite logit's key) for no candidate.
+// The logits of one chunk (ids from `base`), non-finite ones no candidates:
+struct LogitSrc {
+    const float* lg;
+    int n, base;
+    float t;
+    __device__ __forceinline__ u32 key(int i) const {
+        float x = lg[i];
+        return isfinite(x) ? fkey(x / t) : 0u;
+    }
+    __device__ __forceinline__ u32 id(int i) const { return (u32)(base + i); }
+};
+// sample_partial's candidates (SampleParams::cand), read through L2 (another grid wrote them):
+struct CandSrc {
+    const u32* keys;
+    const u32* ids;
+    int n;
+    __device__ __forceinline__ u32 key(int i) const { return __ldcg(keys + i); }
+    __device__ __forceinline__ u32 id(int i) const { return __ldcg(ids + i); }
+};
+
+// The loops over the logits are unrolled so several loads per thread are in flight (a rolled
+// loop waits one L2 round trip per element).
 // Key of the k-th largest candidate (radix select, 8 bits a pass) and how many candidates equal
-// to it are taken (the lowest ids). Needs k <= the number of finite candidates.
-__device__ void select_kth(const float* lg, int n, float t, int k, SampleSmem& s, u32& thr, u32& take) {
+// to it are taken (the lowest ids). Needs k <= the number of candidates.
+template <class Src>
+__device__ void select_kth(const Src& src, int k, SampleSmem& s, u32& thr, u32& take) {
     u32 prefix = 0, mask = 0, want = (u32)k;
     for (int shift = 24; shift >= 0; shift -= 8) {
         if (threadIdx.x < 256) s.hist[threadIdx.x] = 0;
         __syncthreads();
-#pragma unroll 8
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            float x = lg[i];
-            if (!isfinite(x)) continue;
-            u32 key = fkey(x / t);
-            if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255], 1u);
+#pragma unroll 4
+        for (int i = threadIdx.x; i < src.n; i += blockDim.x) {
+            u32 key = src.key(i);
+            // One atomic a warp and bin: the first passes' keys crowd into a few bins.
+            u32 bin = key != 0 && (key & mask) == prefix ? (key >> shift) & 255 : 256;
+            unsigned peers = __match_any_sync(__activemask(), bin);
+            if (bin < 256 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u32)__popc(peers));
         }
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -156,50 +190,59 @@ __device__ void select_kth(const float* lg, int n, float t, int k, SampleSmem& s
     take = want;
 }
 
-// Gathers the k candidates (unsorted): every key above thr, and the `take` lowest ids equal to it
-// (per-thread contiguous ranges + an exclusive scan give the ids' order).
-__device__ void gather(const float* lg, int n, float t, u32 thr, u32 take, SampleSmem& s) {
-    int chunk = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk, hi = min(n, lo + chunk);
-    u32 eq = 0;
-#pragma unroll 8
-    for (int i = lo; i < hi; i++) {
-        float x = lg[i];
-        eq += isfinite(x) && fkey(x / t) == thr;
-    }
-    s.scan[threadIdx.x] = eq;
-    if (threadIdx.x == 0) s.count = 0;
+// Exclusive prefix sum of v over the block's threads (v[threadIdx.x] is this thread's value;
+// blockDim.x <= SAMPLE_MAX_K), returned; v is left holding the inclusive sums.
+__device__ u32 block_scan(u32* v) {
+    u32 own = v[threadIdx.x];
     __syncthreads();
     for (int o = 1; o < (int)blockDim.x; o <<= 1) {  // inclusive Hillis-Steele scan
-        u32 v = threadIdx.x >= o ? s.scan[threadIdx.x - o] : 0;
+        u32 a = threadIdx.x >= o ? v[threadIdx.x - o] : 0;
         __syncthreads();
-        s.scan[threadIdx.x] += v;
+        v[threadIdx.x] += a;
         __syncthreads();
     }
-    u32 rank = s.scan[threadIdx.x] - eq;
-#pragma unroll 8
+    return v[threadIdx.x] - own;
+}
+
+// Stores the k candidates select_kth chose -- every key above thr, and the `take` lowest ids
+// equal to it -- in id order at out_key / out_id (per-thread contiguous ranges and two
+// exclusive scans give both the ties' ranks and the stores' places). Ends with a barrier.
+template <class Src>
+__device__ void gather(const Src& src, u32 thr, u32 take, SampleSmem& s, u32* out_key, u32* out_id) {
+    int chunk = (src.n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * chunk, hi = min(src.n, lo + chunk);
+    u32 eq = 0, gt = 0;
+#pragma unroll 4
     for (int i = lo; i < hi; i++) {
-        float x = lg[i];
-        if (!isfinite(x)) continue;
-        u32 key = fkey(x / t);
-        bool in = key > thr || (key == thr && rank++ < take);
-        if (in) {
-            u32 at = atomicAdd(&s.count, 1u);
-            s.key[at] = key;
-            s.idx[at] = (u32)i;
-        }
+        u32 key = src.key(i);
+        eq += key != 0 && key == thr;
+        gt += key > thr;
+    }
+    s.scan[threadIdx.x] = eq;
+    u32 rank = block_scan(s.scan);  // ties before this thread's range
+    u32 mine = rank >= take ? 0 : min(eq, take - rank);
+    s.scan_in[threadIdx.x] = gt + mine;
+    u32 at = block_scan(s.scan_in);
+    for (int i = lo; i < hi; i++) {
+        u32 key = src.key(i);
+        if (key == 0 || key < thr || (key == thr && rank++ >= take)) continue;
+        out_key[at] = key;
+        out_id[at] = src.id(i);
+        at++;
     }
     __syncthreads();
 }
 
-// Bitonic sort of SAMPLE_MAX_K (key desc, id asc); slots past `count` are padding that sorts last.
-__device__ void sort_candidates(SampleSmem& s) {
-    int t = threadIdx.x;
-    if (t >= (int)s.count) { s.key[t] = 0; s.idx[t] = 0xffffffffu; }
+// Bitonic sort of the first `count` (<= SAMPLE_MAX_K) candidates (key desc, id asc), padded to
+// a power of two with slots that sort last.
+__device__ void sort_candidates(SampleSmem& s, int count) {
+    int t = threadIdx.x, n2 = 2;
+    while (n2 < count) n2 <<= 1;
+    if (t >= count) { s.key[t] = 0; s.idx[t] = 0xffffffffu; }
     __syncthreads();
-    for (int size = 2; size <= SAMPLE_MAX_K; size <<= 1)
+    for (int size = 2; size <= n2; size <<= 1)
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             int j = t ^ stride;
-            if (j > t) {
+            if (j > t && j < n2) {
                 // "before(a, b)": a comes first in the final order
                 bool jb = s.key[j] > s.key[t] || (s.key[j] == s.key[t] && s.idx[j] < s.idx[t]);
                 bool up = (t & size) == 0;
@@ -274,21 +317,55 @@ __device__ u32 walk_vocab(const float* lg, int n, const SampleConfig& c, SampleS
     return tok;
 }
 
-// One block of SAMPLE_MAX_K threads.
+// The block's sum of the threads' v, to every thread (barriers).
+__device__ u32 block_total(u32 v, SampleSmem& s) {
+    if (threadIdx.x == 0) s.n_finite = 0;
+    __syncthreads();
+    atomicAdd(&s.n_finite, v);
+    __syncthreads();
+    return s.n_finite;
+}
+
+// Candidates a block keeps: the top-k of the cut (sample_topk), at most SAMPLE_MAX_K.
+__device__ __forceinline__ int cand_stride(const SampleConfig& c) { return min(c.top_k, SAMPLE_MAX_K); }
+
+// Block b (SAMPLE_MAX_K threads) of ceil(n / SAMPLE_CHUNK): its chunk's finite count, and its
+// min(kc, finite) best logits as candidates (SampleParams::cand), in id order. The global k
+// best are among them: a logit outside its chunk's kc best has kc better ones.
+extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_partial(const SampleParams p) {
+    __shared__ SampleSmem s;
+    pdl_start();
+    const SampleConfig c = *(const SampleConfig*)p.cfg;
+    int b = blockIdx.x, i0 = b * SAMPLE_CHUNK, i1 = min(p.n, i0 + SAMPLE_CHUNK);
+    const float* lg = (const float*)p.logits;
+    u32 fin = 0;
+#pragma unroll 4
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) fin += isfinite(lg[i]);
+    fin = block_total(fin, s);
+    if (threadIdx.x == 0) ((u32*)p.finite)[b] = fin;
+    if (c.top_k <= 0) return;  // no cut: sample_topk walks the vocabulary
+    int kc = cand_stride(c), k = min(kc, (int)fin);
+    u32* keys = (u32*)p.cand + b * kc;
+    u32* ids = (u32*)p.cand + p.n_blocks * kc + b * kc;
+    for (int j = k + threadIdx.x; j < kc; j += blockDim.x) keys[j] = 0;  // no candidate
+    if (k == 0) return;
+    LogitSrc src{lg + i0, i1 - i0, i0, c.temperature};
+    u32 thr, take;
+    select_kth(src, k, s, thr, take);
+    gather(src, thr, take, s, keys, ids);
+}
+
+// One block of SAMPLE_MAX_K threads, after sample_partial.
 extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const SampleParams p) {
     __shared__ SampleSmem s;
     pdl_start();
     const SampleConfig c = *(const SampleConfig*)p.cfg;
     const float* lg = (const float*)p.logits;
     u32 fin = 0;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < p.n; i += blockDim.x) fin += isfinite(lg[i]);
-    if (threadIdx.x == 0) s.n_finite = 0;
-    __syncthreads();
-    atomicAdd(&s.n_finite, fin);
-    __syncthreads();
+    for (int b = threadIdx.x; b < p.n_blocks; b += blockDim.x) fin += __ldcg((const u32*)p.finite + b);
+    u32 n_finite = block_total(fin, s);
     StepState* st = (StepState*)p.state;
-    if (s.n_finite == 0) {  // like the host: arg-max of the raw logits (+inf wins, NaN never)
+    if (n_finite == 0) {  // like the host: arg-max of the raw logits (+inf wins, NaN never)
         float bv = -INFINITY;
         int bi = 0x7fffffff;
         for (int i = threadIdx.x; i < p.n; i += blockDim.x)
@@ -300,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
         }
         return;
     }
-    if (c.top_p >= 1.f && (c.top_k == 0 || c.top_k >= (int)s.n_finite)) {
+    if (c.top_p >= 1.f && (c.top_k == 0 || c.top_k >= (int)n_finite)) {
         u32 tok = walk_vocab(lg, p.n, c, s, (u64*)p.rng);
         if (threadIdx.x == 0) {
             st->token = tok;
@@ -308,11 +385,13 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
         }
         return;
     }
-    int k = min(min(c.top_k, SAMPLE_MAX_K), (int)s.n_finite);
+    int kc = cand_stride(c), k = min(kc, (int)n_finite);
+    const u32* cand = (const u32*)p.cand;
+    CandSrc src{cand, cand + p.n_blocks * kc, p.n_blocks * kc};
     u32 thr, take;
-    select_kth(lg, p.n, c.temperature, k, s, thr, take);
-    gather(lg, p.n, c.temperature, thr, take, s);
-    sort_candidates(s);
+    select_kth(src, k, s, thr, take);
+    gather(src, thr, take, s, s.key, s.idx);
+    sort_candidates(s, k);
     int t = threadIdx.x;
     float mx = lg[s.idx[0]] / c.temperature;
     if (t < k) s.pr[t] = (float)exp((double)(lg[s.idx[t]] / c.temperature - mx));

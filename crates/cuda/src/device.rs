@@ -38,6 +38,7 @@ pub enum Kernel {
     ArgmaxPartial,
     ArgmaxFinal,
     StepFused,
+    SamplePartial,
     SampleTopk,
     /// An empty dependent launch (probe.cu; benches/launch_chain.rs).
     PdlProbe,
@@ -92,7 +93,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 16] = [
+const SINGLE: [Kernel; 17] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -107,6 +108,7 @@ const SINGLE: [Kernel; 16] = [
     Kernel::ArgmaxPartial,
     Kernel::ArgmaxFinal,
     Kernel::StepFused,
+    Kernel::SamplePartial,
     Kernel::SampleTopk,
     Kernel::PdlProbe,
 ];
@@ -157,6 +159,7 @@ impl Kernel {
             Kernel::ArgmaxPartial => "argmax_partial",
             Kernel::ArgmaxFinal => "argmax_final",
             Kernel::StepFused => "step_fused",
+            Kernel::SamplePartial => "sample_partial",
             Kernel::SampleTopk => "sample_topk",
             Kernel::PdlProbe => "pdl_probe",
         }

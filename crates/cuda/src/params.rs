@@ -343,8 +343,15 @@ pub struct SampleParams {
     pub state: u64,
     pub cfg: u64,
     pub rng: u64,
+    pub cand: u64,
+    pub finite: u64,
     pub n: i32,
+    pub n_blocks: i32,
 }
+const _: () = assert!(std::mem::size_of::<SampleParams>() == 56);
 
 /// `SAMPLE_MAX_K` in sample.cu: the largest top-k the device sampler takes (its block size).
 pub const SAMPLE_MAX_K: usize = 1024;
+
+/// `SAMPLE_CHUNK` in sample.cu: the logits a `sample_partial` block takes.
+pub const SAMPLE_CHUNK: usize = 4096;

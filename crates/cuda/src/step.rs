@@ -59,6 +59,9 @@ pub struct Scratch {
     pub sample_cfg: DevBuf,
     /// u64 SplitMix64 state of that request
     pub rng: DevBuf,
+    /// The device sampler's candidates and per-chunk finite counts (SampleParams::cand, finite)
+    pub sample_cand: DevBuf,
+    pub sample_finite: DevBuf,
     pub n_split: usize,
     /// attn_gqa's blocks a KV head (CudaOptions::attn_max_blocks, at most n_split).
     pub att_blocks: usize,
@@ -117,6 +120,8 @@ impl Scratch {
             attn_done,
             sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
             rng: DevBuf::new(dev, 8)?,
+            sample_cand: DevBuf::new(dev, sample_cand_bytes(c.vocab_size))?,
+            sample_finite: DevBuf::new(dev, 4 * c.vocab_size.div_ceil(SAMPLE_CHUNK))?,
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
@@ -136,8 +141,10 @@ impl Scratch {
 
     pub fn bytes(c: &Config, kv_capacity: usize) -> usize {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
-        4 + 4
-            * (4 * c.d_model
+        sample_cand_bytes(c.vocab_size)
+            + 4 * c.vocab_size.div_ceil(SAMPLE_CHUNK)
+            + 4
+            + 4 * (4 * c.d_model
                 + 3 * c.q_dim()
                 + 2 * c.kv_dim()
                 + c.n_head * n_split * (c.head_dim + 2)
@@ -471,6 +478,32 @@ pub(crate) fn looped(mut l: Launch, blocks: u32) -> Launch {
     l
 }
 
+/// Bytes of the device sampler's candidates over `n` logits (SampleParams::cand: a key and an id
+/// for up to SAMPLE_MAX_K a chunk).
+pub(crate) fn sample_cand_bytes(n: usize) -> usize {
+    n.div_ceil(SAMPLE_CHUNK) * SAMPLE_MAX_K * 8
+}
+
+/// The device sampler over `n` logits (sample.cu): each chunk's candidates, then the draw.
+/// `p`'s buffers as Scratch's (cand: sample_cand_bytes(n)); n and n_blocks are set here.
+pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 2] {
+    p.n = n as i32;
+    p.n_blocks = n.div_ceil(SAMPLE_CHUNK) as i32;
+    let threads = SAMPLE_MAX_K as u32;
+    [
+        Launch::new(
+            Kernel::SamplePartial,
+            "sample",
+            (p.n_blocks as u32, 1, 1),
+            threads,
+            0,
+            &p,
+            0,
+        ),
+        Launch::new(Kernel::SampleTopk, "sample", (1, 1, 1), threads, 0, &p, 0),
+    ]
+}
+
 /// The output head, then the token choice (arg-max, or the device sampler when `sampled`).
 pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> {
     let rows = [(w.output, s.logits.ptr, c.vocab_size)];
@@ -487,17 +520,11 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> 
             state: s.state.ptr,
             cfg: s.sample_cfg.ptr,
             rng: s.rng.ptr,
-            n: c.vocab_size as i32,
+            cand: s.sample_cand.ptr,
+            finite: s.sample_finite.ptr,
+            ..Default::default()
         };
-        out.push(Launch::new(
-            Kernel::SampleTopk,
-            "sample",
-            (1, 1, 1),
-            SAMPLE_MAX_K as u32,
-            0,
-            &p,
-            0,
-        ));
+        out.extend(sample(p, c.vocab_size));
         return out;
     }
     let am = ArgmaxParams {

@@ -441,17 +441,23 @@ impl TestDevice {
         let lb = self.upload(logits)?;
         let (cb, rng) = (self.upload(&[cfg])?, self.upload(&[params.seed])?);
         let st = self.upload(&[StepState { token: 0, pos: 0 }])?;
+        let n = logits.len();
+        let cand = self.poisoned(crate::step::sample_cand_bytes(n) / 4)?;
+        let finite = self.poisoned(n.div_ceil(SAMPLE_CHUNK))?;
         let p = SampleParams {
             logits: lb.ptr,
             state: st.ptr,
             cfg: cb.ptr,
             rng: rng.ptr,
-            n: logits.len() as i32,
+            cand: cand.ptr,
+            finite: finite.ptr,
+            ..Default::default()
         };
         let mut out = Vec::with_capacity(draws);
         for i in 0..draws {
-            let l = Launch::new(Kernel::SampleTopk, "sample", (1, 1, 1), 1024, 0, &p, 0);
-            self.dev.launch(&l)?;
+            for l in crate::step::sample(p, n) {
+                self.dev.launch(&l)?;
+            }
             let mut s = [StepState::default()];
             st.download(&self.dev, 0, &mut s)?;
             assert_eq!(s[0].pos as usize, i + 1, "sampling advances the position");
