@@ -126,8 +126,7 @@ extern "C" __global__ void attn_split(const AttnParams p) {
     if (warp == 0) {
         float m = -INFINITY;
         for (int i = lane; i < n; i += 32) m = fmaxf(m, sc[i]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+        m = warp_max(m);
         if (lane == 0) red[0] = m;
     }
     __syncthreads();
@@ -328,8 +327,7 @@ __device__ __forceinline__ void gqa_chunk(const AttnGqaParams& p, GqaSmem& sm, k
         int g = warp;
         float m = m_run;
         for (int i = lane; i < n; i += 32) m = fmaxf(m, sc[g][i]);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+        m = warp_max(m);
         float l = 0.f;
         for (int i = lane; i < ATT_CHUNK; i += 32) {
             float e = (i < n && g < G) ? expf(sc[g][i] - m) : 0.f;

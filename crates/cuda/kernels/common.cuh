@@ -123,6 +123,11 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
     return v;
 }
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
 
 // Activations live in shared memory in groups of 32 floats padded to XS = 36: each group is
 // 16-byte aligned (float4 reads) and 8 lanes reading different groups hit different banks.

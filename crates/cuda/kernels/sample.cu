@@ -77,11 +77,12 @@ extern "C" __global__ void argmax_final(const ArgmaxParams p) {
 }
 
 // ---- Sampling on the device: temperature + top-k (1..=1024) + top-p + min-p, or no cut at all
-// (the vocabulary-order walk), SplitMix64 draw. Two launches: sample_partial's blocks each take
-// a SAMPLE_CHUNK of the logits and keep its k best (and count its finite logits), then
-// sample_topk's one block selects the k best of those candidates and draws. Why: one block
-// reading the 152k logits 7 times (radix passes, gather) took ~0.32 ms a token, 19% of a
-// sampled token (NOTES.md session 19); the whole vocabulary is now read by 38 blocks.
+// (the vocabulary-order walk), SplitMix64 draw. Three launches: sample_partial's blocks each
+// take a SAMPLE_CHUNK of the logits, count its finite ones, note their maximum and keep its k
+// best; sample_walk's blocks (no cut only) weigh the vocabulary and sum the walk's chunks;
+// sample_topk's one block selects the k best of the candidates and draws, or walks the chunk
+// sums. Why: one block reading the 152k logits 7 times (radix passes, gather) took ~0.32 ms a
+// token, 19% of a sampled token, and its walk ~0.16 ms (NOTES.md session 19).
 // Mirrors q4moe_model::Sampler step for step: the k largest of logit / temperature (ties: lower
 // id first), sorted; probabilities exp(v - max) summed in sorted order and normalised; top-p and
 // min-p cut in sorted order; r = u * kept mass walked in sorted order. exp is evaluated in double
@@ -100,13 +101,18 @@ struct SampleParams {
     u64 rng;     // u64* SplitMix64 state (advanced once per draw)
     u64 cand;    // u32 [n_blocks * kc] keys, then u32 [n_blocks * kc] ids: block b's candidates
                  // at b * kc (kc = min(top_k, SAMPLE_MAX_K)), in id order, key 0 past them
-    u64 finite;  // u32 [n_blocks]: finite logits of each block's chunk
+    u64 finite;  // u32 [n_blocks]: finite logits of each block's chunk, then f32 [n_blocks] their
+                 // maxima of logit / temperature (-inf: none)
+    u64 walk;    // the no-cut walk (sample_walk): f32 [n] weights, f32 [WALK_CHUNKS] chunk sums,
+                 // u32 [WALK_CHUNKS] each chunk's last weighted id
     int n;
     int n_blocks;  // ceil(n / SAMPLE_CHUNK)
+    int walk_cpb;  // chunks a sample_walk block sums
 };
 
 #define SAMPLE_MAX_K 1024
 #define SAMPLE_CHUNK 4096  // logits a sample_partial block takes: 4 a thread
+#define WALK_CHUNKS 1024   // the no-cut walk's chunks (q4moe_model::sampling::WALK_CHUNKS)
 
 // Order-preserving key: a larger float (total order, -0 < +0) gives a larger key.
 __device__ __forceinline__ u32 fkey(float v) {
@@ -154,6 +160,34 @@ struct CandSrc {
     __device__ __forceinline__ u32 id(int i) const { return __ldcg(ids + i); }
 };
 
+// The bin, from the top, where the histogram's running count reaches `want` (want >= 1, at most
+// the histogram's total): s.prefix gets it at `shift`, s.want what is still wanted inside it.
+// Warp 0, lane l holding bins 255 - 8l .. 248 - 8l: a scan of the lanes' sums finds the lane
+// (a thread walking 256 bins in order took ~5 us a pass).
+__device__ __forceinline__ void crossing_bin(SampleSmem& s, u32 prefix, u32 want, int shift) {
+    int lane = threadIdx.x;
+    u32 h[8], own = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) own += h[j] = s.hist[255 - 8 * lane - j];
+    u32 upto = own;  // inclusive: this lane's bins and every higher one
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 v = __shfl_up_sync(0xffffffff, upto, o);
+        if (lane >= o) upto += v;
+    }
+    u32 acc = upto - own;
+    if (acc >= want || upto < want) return;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (acc + h[j] >= want) {
+            s.prefix = prefix | ((u32)(255 - 8 * lane - j) << shift);
+            s.want = want - acc;
+            return;
+        }
+        acc += h[j];
+    }
+}
+
 // The loops over the logits are unrolled so several loads per thread are in flight (a rolled
 // loop waits one L2 round trip per element).
 // Key of the k-th largest candidate (radix select, 8 bits a pass) and how many candidates equal
@@ -173,13 +207,7 @@ __device__ void select_kth(const Src& src, int k, SampleSmem& s, u32& thr, u32& 
             if (bin < 256 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u32)__popc(peers));
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            u32 acc = 0;
-            int b = 255;
-            while (b > 0 && acc + s.hist[b] < want) acc += s.hist[b--];
-            s.prefix = prefix | ((u32)b << shift);
-            s.want = want - acc;
-        }
+        if (threadIdx.x < 32) crossing_bin(s, prefix, want, shift);
         __syncthreads();
         prefix = s.prefix;
         want = s.want;
@@ -265,58 +293,6 @@ __device__ __forceinline__ float vocab_weight(const float* lg, int i, float t, f
     return w >= floor ? w : 0.f;
 }
 
-// No top-k or top-p cut: the host's sample_unsorted / walk_unsorted (q4moe_model::sampling). Thread
-// c sums chunk c of ceil(n / blockDim) ids in id order (WALK_CHUNKS = blockDim = 1024), thread 0
-// sums the chunk sums in order, draws, skips every chunk the remainder covers and walks the one
-// it falls in -- the same numbers added in the same order as the host.
-__device__ u32 walk_vocab(const float* lg, int n, const SampleConfig& c, SampleSmem& s, u64* rng) {
-    float t = c.temperature, floor = fmaxf(c.min_p, 0.f);
-    float m = -INFINITY;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float x = lg[i];
-        if (isfinite(x)) m = fmaxf(m, x / t);
-    }
-    s.pr[threadIdx.x] = m;
-    __syncthreads();
-    for (int o = blockDim.x >> 1; o > 0; o >>= 1) {  // a maximum: exact in any order
-        if ((int)threadIdx.x < o) s.pr[threadIdx.x] = fmaxf(s.pr[threadIdx.x], s.pr[threadIdx.x + o]);
-        __syncthreads();
-    }
-    float mx = s.pr[0];
-    __syncthreads();
-    int len = (n + blockDim.x - 1) / blockDim.x, lo = threadIdx.x * len, hi = min(n, lo + len);
-    float sum = 0.f;
-    u32 last = 0;
-#pragma unroll 8
-    for (int i = lo; i < hi; i++) {
-        float w = vocab_weight(lg, i, t, mx, floor);
-        if (w > 0.f) { sum += w; last = (u32)i; }
-    }
-    s.pr[threadIdx.x] = sum;
-    s.idx[threadIdx.x] = last;
-    __syncthreads();
-    if (threadIdx.x != 0) return 0;
-    float total = 0.f;
-    for (int k = 0; k < (int)blockDim.x; k++) total += s.pr[k];
-    float r = next_f32(rng) * total;
-    u32 tok = 0;
-    for (int k = 0; k < (int)blockDim.x; k++) {
-        float ck = s.pr[k];
-        if (ck == 0.f) continue;
-        if (r >= ck) { r -= ck; tok = s.idx[k]; continue; }
-        for (int i = k * len; i < min(n, (k + 1) * len); i++) {
-            float w = vocab_weight(lg, i, t, mx, floor);
-            if (w > 0.f) {
-                tok = (u32)i;
-                r -= w;
-                if (r < 0.f) return tok;
-            }
-        }
-    }
-    return tok;
-}
-
 // The block's sum of the threads' v, to every thread (barriers).
 __device__ u32 block_total(u32 v, SampleSmem& s) {
     if (threadIdx.x == 0) s.n_finite = 0;
@@ -326,11 +302,126 @@ __device__ u32 block_total(u32 v, SampleSmem& s) {
     return s.n_finite;
 }
 
+// What the partials say (every thread of the block gets it): the finite logits, and the
+// maximum of logit / temperature over them.
+struct Finite {
+    u32 n;
+    float max;
+};
+__device__ Finite read_finite(const SampleParams& p, SampleSmem& s) {
+    u32 fin = 0;
+    float m = -INFINITY;
+    const u32* f = (const u32*)p.finite;
+    for (int b = threadIdx.x; b < p.n_blocks; b += blockDim.x) {
+        fin += __ldcg(f + b);
+        m = fmaxf(m, __ldcg((const float*)f + p.n_blocks + b));
+    }
+    s.pr[threadIdx.x] = m;
+    u32 n = block_total(fin, s);  // its barriers publish pr
+    for (int o = blockDim.x >> 1; o > 0; o >>= 1) {  // a maximum: exact in any order
+        if ((int)threadIdx.x < o) s.pr[threadIdx.x] = fmaxf(s.pr[threadIdx.x], s.pr[threadIdx.x + o]);
+        __syncthreads();
+    }
+    Finite r{n, s.pr[0]};
+    __syncthreads();
+    return r;
+}
+
+// No top-k cut and no top-p: the host's vocabulary-order walk (sample_unsorted).
+__device__ __forceinline__ bool no_cut(const SampleConfig& c, u32 n_finite) {
+    return c.top_p >= 1.f && (c.top_k == 0 || c.top_k >= (int)n_finite);
+}
+
+// The no-cut walk's chunks (the host's walk_unsorted): WALK_CHUNKS of len = ceil(n /
+// WALK_CHUNKS) ids, each summed in id order. Block b of ceil(WALK_CHUNKS / cpb) (cpb chunks a
+// block, dynamic smem cpb * len floats) writes its ids' weights exp(v / t - max) (0: non-finite
+// or under the min-p floor) to the walk buffer and to shared memory, then thread j sums chunk
+// b * cpb + j and notes its last weighted id. Nothing to do with a cut.
+extern "C" __global__ void sample_walk(const SampleParams p) {
+    extern __shared__ float ws[];
+    __shared__ SampleSmem s;
+    pdl_start();
+    const SampleConfig c = *(const SampleConfig*)p.cfg;
+    Finite f = read_finite(p, s);
+    if (f.n == 0 || !no_cut(c, f.n)) return;
+    float t = c.temperature, floor = fmaxf(c.min_p, 0.f);
+    int len = (p.n + WALK_CHUNKS - 1) / WALK_CHUNKS, cpb = p.walk_cpb, c0 = blockIdx.x * cpb;
+    int i0 = c0 * len, i1 = min(p.n, i0 + cpb * len);
+    float* w = (float*)p.walk;
+    const float* lg = (const float*)p.logits;
+#pragma unroll 4
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+        float v = vocab_weight(lg, i, t, f.max, floor);
+        w[i] = v;
+        ws[i - i0] = v;
+    }
+    __syncthreads();
+    int j = threadIdx.x, ch = c0 + j;
+    if (j >= cpb || ch >= WALK_CHUNKS) return;
+    float sum = 0.f;
+    u32 last = 0;
+    for (int i = ch * len; i < min(p.n, (ch + 1) * len); i++) {
+        float v = ws[i - i0];
+        if (v > 0.f) { sum += v; last = (u32)i; }
+    }
+    w[p.n + ch] = sum;
+    ((u32*)w)[p.n + WALK_CHUNKS + ch] = last;
+}
+
+// The draw over sample_walk's chunks: thread 0 sums the chunk sums in order, draws, skips
+// every chunk the remainder covers; the block stages the chunk it falls in; thread 0 walks it.
+// The same numbers added in the same order as the host.
+__device__ u32 walk_chunks(const SampleParams& p, SampleSmem& s) {
+    const float* w = (const float*)p.walk;
+    int len = (p.n + WALK_CHUNKS - 1) / WALK_CHUNKS;
+    for (int ch = threadIdx.x; ch < WALK_CHUNKS; ch += blockDim.x) {
+        s.pr[ch] = __ldcg(w + p.n + ch);
+        s.idx[ch] = __ldcg((const u32*)w + p.n + WALK_CHUNKS + ch);
+    }
+    __syncthreads();
+    __shared__ float rest;
+    __shared__ int at;
+    if (threadIdx.x == 0) {
+        float total = 0.f;
+        for (int k = 0; k < WALK_CHUNKS; k++) total += s.pr[k];
+        float r = next_f32((u64*)p.rng) * total;
+        u32 tok = 0;
+        at = -1;
+        for (int k = 0; k < WALK_CHUNKS; k++) {
+            float ck = s.pr[k];
+            if (ck == 0.f) continue;
+            if (r >= ck) { r -= ck; tok = s.idx[k]; continue; }
+            at = k;
+            break;
+        }
+        rest = r;
+        s.want = tok;  // where rounding never reaches a chunk
+    }
+    __syncthreads();
+    if (at < 0) return s.want;
+    int i0 = at * len, n = min(p.n - i0, len), staged = min(n, SAMPLE_MAX_K);
+    for (int i = threadIdx.x; i < staged; i += blockDim.x) s.scan[i] = __float_as_uint(__ldcg(w + i0 + i));
+    __syncthreads();
+    if (threadIdx.x != 0) return 0;
+    float r = rest;
+    u32 tok = s.want;
+    for (int i = 0; i < n; i++) {  // past `staged` (vocabularies over a million): from L2
+        float v = i < staged ? __uint_as_float(s.scan[i]) : __ldcg(w + i0 + i);
+        if (v > 0.f) {
+            tok = (u32)(i0 + i);
+            r -= v;
+            if (r < 0.f) return tok;
+        }
+    }
+    return tok;
+}
+
 // Candidates a block keeps: the top-k of the cut (sample_topk), at most SAMPLE_MAX_K.
 __device__ __forceinline__ int cand_stride(const SampleConfig& c) { return min(c.top_k, SAMPLE_MAX_K); }
 
 // Block b (SAMPLE_MAX_K threads) of ceil(n / SAMPLE_CHUNK): its chunk's finite count, and its
-// min(kc, finite) best logits as candidates (SampleParams::cand), in id order. The global k
+// min(kc, finite) best logits as candidates (SampleParams::cand), in id order, and its maximum
+// of logit / temperature (the no-cut walk's). The global k
 // best are among them: a logit outside its chunk's kc best has kc better ones.
 extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_partial(const SampleParams p) {
     __shared__ SampleSmem s;
@@ -339,10 +430,23 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_partial(const 
     int b = blockIdx.x, i0 = b * SAMPLE_CHUNK, i1 = min(p.n, i0 + SAMPLE_CHUNK);
     const float* lg = (const float*)p.logits;
     u32 fin = 0;
+    float m = -INFINITY;
 #pragma unroll 4
-    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) fin += isfinite(lg[i]);
-    fin = block_total(fin, s);
-    if (threadIdx.x == 0) ((u32*)p.finite)[b] = fin;
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+        float x = lg[i];
+        if (isfinite(x)) {
+            fin++;
+            m = fmaxf(m, x / c.temperature);
+        }
+    }
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) s.pr[threadIdx.x >> 5] = m;
+    fin = block_total(fin, s);  // its barriers publish pr
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, s.pr[w]);
+        ((u32*)p.finite)[b] = fin;
+        ((float*)p.finite)[p.n_blocks + b] = m;
+    }
     if (c.top_k <= 0) return;  // no cut: sample_topk walks the vocabulary
     int kc = cand_stride(c), k = min(kc, (int)fin);
     u32* keys = (u32*)p.cand + b * kc;
@@ -361,9 +465,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
     pdl_start();
     const SampleConfig c = *(const SampleConfig*)p.cfg;
     const float* lg = (const float*)p.logits;
-    u32 fin = 0;
-    for (int b = threadIdx.x; b < p.n_blocks; b += blockDim.x) fin += __ldcg((const u32*)p.finite + b);
-    u32 n_finite = block_total(fin, s);
+    u32 n_finite = read_finite(p, s).n;
     StepState* st = (StepState*)p.state;
     if (n_finite == 0) {  // like the host: arg-max of the raw logits (+inf wins, NaN never)
         float bv = -INFINITY;
@@ -377,8 +479,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
         }
         return;
     }
-    if (c.top_p >= 1.f && (c.top_k == 0 || c.top_k >= (int)n_finite)) {
-        u32 tok = walk_vocab(lg, p.n, c, s, (u64*)p.rng);
+    if (no_cut(c, n_finite)) {
+        u32 tok = walk_chunks(p, s);
         if (threadIdx.x == 0) {
             st->token = tok;
             st->pos += 1;

@@ -39,6 +39,7 @@ pub enum Kernel {
     ArgmaxFinal,
     StepFused,
     SamplePartial,
+    SampleWalk,
     SampleTopk,
     /// An empty dependent launch (probe.cu; benches/launch_chain.rs).
     PdlProbe,
@@ -93,7 +94,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 17] = [
+const SINGLE: [Kernel; 18] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -109,6 +110,7 @@ const SINGLE: [Kernel; 17] = [
     Kernel::ArgmaxFinal,
     Kernel::StepFused,
     Kernel::SamplePartial,
+    Kernel::SampleWalk,
     Kernel::SampleTopk,
     Kernel::PdlProbe,
 ];
@@ -160,6 +162,7 @@ impl Kernel {
             Kernel::ArgmaxFinal => "argmax_final",
             Kernel::StepFused => "step_fused",
             Kernel::SamplePartial => "sample_partial",
+            Kernel::SampleWalk => "sample_walk",
             Kernel::SampleTopk => "sample_topk",
             Kernel::PdlProbe => "pdl_probe",
         }
@@ -268,9 +271,11 @@ impl Device {
                     | Kernel::AttnGqa
                     | Kernel::AttnGqa128x8
                     | Kernel::AttnGqa128x8Tc
+                    | Kernel::SampleWalk
             ) {
-                // Large activations (d_ff * n_used floats) and attention's reservation
-                // (att_solo_smem) need more than the default 48 KB; GPUs before Hopper allow
+                // Large activations (d_ff * n_used floats), attention's reservation
+                // (att_solo_smem) and the walk's chunks over vocabularies past 8M tokens
+                // (step::sample) need more than the default 48 KB; GPUs before Hopper allow
                 // less than 200 KB a block (A100 163 KB, Ada 99 KB).
                 let room = optin.saturating_sub(dev.static_smem(k)?) as u32;
                 dev.set_max_dynamic_smem(k, MAX_DYNAMIC_SMEM.min(room))?;

@@ -345,13 +345,18 @@ pub struct SampleParams {
     pub rng: u64,
     pub cand: u64,
     pub finite: u64,
+    pub walk: u64,
     pub n: i32,
     pub n_blocks: i32,
+    pub walk_cpb: i32,
 }
-const _: () = assert!(std::mem::size_of::<SampleParams>() == 56);
+const _: () = assert!(std::mem::size_of::<SampleParams>() == 72);
 
 /// `SAMPLE_MAX_K` in sample.cu: the largest top-k the device sampler takes (its block size).
 pub const SAMPLE_MAX_K: usize = 1024;
 
 /// `SAMPLE_CHUNK` in sample.cu: the logits a `sample_partial` block takes.
 pub const SAMPLE_CHUNK: usize = 4096;
+
+/// `WALK_CHUNKS` in sample.cu (q4moe_model::sampling::WALK_CHUNKS): the no-cut walk's chunks.
+pub const WALK_CHUNKS: usize = q4moe_model::sampling::WALK_CHUNKS;

@@ -59,9 +59,10 @@ pub struct Scratch {
     pub sample_cfg: DevBuf,
     /// u64 SplitMix64 state of that request
     pub rng: DevBuf,
-    /// The device sampler's candidates and per-chunk finite counts (SampleParams::cand, finite)
+    /// The device sampler's buffers (SampleParams::cand, finite, walk; step::sample_bytes)
     pub sample_cand: DevBuf,
     pub sample_finite: DevBuf,
+    pub sample_walk: DevBuf,
     pub n_split: usize,
     /// attn_gqa's blocks a KV head (CudaOptions::attn_max_blocks, at most n_split).
     pub att_blocks: usize,
@@ -120,8 +121,9 @@ impl Scratch {
             attn_done,
             sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
             rng: DevBuf::new(dev, 8)?,
-            sample_cand: DevBuf::new(dev, sample_cand_bytes(c.vocab_size))?,
-            sample_finite: DevBuf::new(dev, 4 * c.vocab_size.div_ceil(SAMPLE_CHUNK))?,
+            sample_cand: DevBuf::new(dev, sample_bytes(c.vocab_size).0)?,
+            sample_finite: DevBuf::new(dev, sample_bytes(c.vocab_size).1)?,
+            sample_walk: DevBuf::new(dev, sample_bytes(c.vocab_size).2)?,
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
@@ -141,8 +143,9 @@ impl Scratch {
 
     pub fn bytes(c: &Config, kv_capacity: usize) -> usize {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
-        sample_cand_bytes(c.vocab_size)
-            + 4 * c.vocab_size.div_ceil(SAMPLE_CHUNK)
+        let (cand, finite, walk) = sample_bytes(c.vocab_size);
+        cand + finite
+            + walk
             + 4
             + 4 * (4 * c.d_model
                 + 3 * c.q_dim()
@@ -478,17 +481,29 @@ pub(crate) fn looped(mut l: Launch, blocks: u32) -> Launch {
     l
 }
 
-/// Bytes of the device sampler's candidates over `n` logits (SampleParams::cand: a key and an id
-/// for up to SAMPLE_MAX_K a chunk).
-pub(crate) fn sample_cand_bytes(n: usize) -> usize {
-    n.div_ceil(SAMPLE_CHUNK) * SAMPLE_MAX_K * 8
+/// The device sampler's buffers over `n` logits, in bytes (SampleParams): the candidates (a key
+/// and an id for up to SAMPLE_MAX_K a chunk), the chunks' finite counts and maxima, the walk's
+/// weights and chunk sums and last ids.
+pub(crate) fn sample_bytes(n: usize) -> (usize, usize, usize) {
+    let chunks = n.div_ceil(SAMPLE_CHUNK);
+    (
+        chunks * SAMPLE_MAX_K * 8,
+        chunks * 8,
+        4 * (n + 2 * WALK_CHUNKS),
+    )
 }
 
-/// The device sampler over `n` logits (sample.cu): each chunk's candidates, then the draw.
-/// `p`'s buffers as Scratch's (cand: sample_cand_bytes(n)); n and n_blocks are set here.
-pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 2] {
+/// The device sampler over `n` logits (sample.cu): each chunk's candidates, the walk's chunk
+/// sums (no cut only), then the draw. `p`'s buffers as sample_bytes(n) sizes them; n, n_blocks
+/// and walk_cpb are set here.
+pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 3] {
     p.n = n as i32;
     p.n_blocks = n.div_ceil(SAMPLE_CHUNK) as i32;
+    // A walk block's chunks in at most 32 KB of shared memory where they fit.
+    let len = n.div_ceil(WALK_CHUNKS).max(1);
+    p.walk_cpb = (8192 / len).clamp(1, 32) as i32;
+    let walk_smem = (p.walk_cpb as usize * len * 4) as u32;
+    let walk_blocks = WALK_CHUNKS.div_ceil(p.walk_cpb as usize) as u32;
     let threads = SAMPLE_MAX_K as u32;
     [
         Launch::new(
@@ -497,6 +512,15 @@ pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 2] {
             (p.n_blocks as u32, 1, 1),
             threads,
             0,
+            &p,
+            0,
+        ),
+        Launch::new(
+            Kernel::SampleWalk,
+            "sample",
+            (walk_blocks, 1, 1),
+            256,
+            walk_smem,
             &p,
             0,
         ),
@@ -522,6 +546,7 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> 
             rng: s.rng.ptr,
             cand: s.sample_cand.ptr,
             finite: s.sample_finite.ptr,
+            walk: s.sample_walk.ptr,
             ..Default::default()
         };
         out.extend(sample(p, c.vocab_size));

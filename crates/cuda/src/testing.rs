@@ -442,8 +442,9 @@ impl TestDevice {
         let (cb, rng) = (self.upload(&[cfg])?, self.upload(&[params.seed])?);
         let st = self.upload(&[StepState { token: 0, pos: 0 }])?;
         let n = logits.len();
-        let cand = self.poisoned(crate::step::sample_cand_bytes(n) / 4)?;
-        let finite = self.poisoned(n.div_ceil(SAMPLE_CHUNK))?;
+        let (cand, finite, walk) = crate::step::sample_bytes(n);
+        let (cand, finite) = (self.poisoned(cand / 4)?, self.poisoned(finite / 4)?);
+        let walk = self.poisoned(walk / 4)?;
         let p = SampleParams {
             logits: lb.ptr,
             state: st.ptr,
@@ -451,6 +452,7 @@ impl TestDevice {
             rng: rng.ptr,
             cand: cand.ptr,
             finite: finite.ptr,
+            walk: walk.ptr,
             ..Default::default()
         };
         let mut out = Vec::with_capacity(draws);
