@@ -99,12 +99,13 @@ struct SampleParams {
     u64 state;   // StepState*: token written, pos advanced
     u64 cfg;     // const SampleConfig*
     u64 rng;     // u64* SplitMix64 state (advanced once per draw)
-    u64 cand;    // u32 [n_blocks * kc] keys, then u32 [n_blocks * kc] ids: block b's candidates
-                 // at b * kc (kc = min(top_k, SAMPLE_MAX_K)), in id order, key 0 past them
+    u64 work;    // with a cut, sample_partial's candidates: u32 [n_blocks * kc] keys, then u32
+                 // [n_blocks * kc] ids, block b's at b * kc (kc = min(top_k, SAMPLE_MAX_K)) in id
+                 // order, key 0 past them; without, sample_walk's (which runs after sample_partial
+                 // and takes the same memory): f32 [n] weights, f32 [WALK_CHUNKS] chunk sums, u32
+                 // [WALK_CHUNKS] each chunk's last weighted id
     u64 finite;  // u32 [n_blocks]: finite logits of each block's chunk, then f32 [n_blocks] their
                  // maxima of logit / temperature (-inf: none)
-    u64 walk;    // the no-cut walk (sample_walk): f32 [n] weights, f32 [WALK_CHUNKS] chunk sums,
-                 // u32 [WALK_CHUNKS] each chunk's last weighted id
     int n;
     int n_blocks;  // ceil(n / SAMPLE_CHUNK)
     int walk_cpb;  // chunks a sample_walk block sums
@@ -151,7 +152,7 @@ struct LogitSrc {
     }
     __device__ __forceinline__ u32 id(int i) const { return (u32)(base + i); }
 };
-// sample_partial's candidates (SampleParams::cand), read through L2 (another grid wrote them):
+// sample_partial's candidates (SampleParams::work), read through L2 (another grid wrote them):
 struct CandSrc {
     const u32* keys;
     const u32* ids;
@@ -335,7 +336,7 @@ __device__ __forceinline__ bool no_cut(const SampleConfig& c, u32 n_finite) {
 // The no-cut walk's chunks (the host's walk_unsorted): WALK_CHUNKS of len = ceil(n /
 // WALK_CHUNKS) ids, each summed in id order. Block b of ceil(WALK_CHUNKS / cpb) (cpb chunks a
 // block, dynamic smem cpb * len floats) writes its ids' weights exp(v / t - max) (0: non-finite
-// or under the min-p floor) to the walk buffer and to shared memory, then thread j sums chunk
+// or under the min-p floor) to SampleParams::work and to shared memory, then thread j sums chunk
 // b * cpb + j and notes its last weighted id. Nothing to do with a cut.
 extern "C" __global__ void sample_walk(const SampleParams p) {
     extern __shared__ float ws[];
@@ -347,7 +348,7 @@ extern "C" __global__ void sample_walk(const SampleParams p) {
     float t = c.temperature, floor = fmaxf(c.min_p, 0.f);
     int len = (p.n + WALK_CHUNKS - 1) / WALK_CHUNKS, cpb = p.walk_cpb, c0 = blockIdx.x * cpb;
     int i0 = c0 * len, i1 = min(p.n, i0 + cpb * len);
-    float* w = (float*)p.walk;
+    float* w = (float*)p.work;
     const float* lg = (const float*)p.logits;
 #pragma unroll 4
     for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
@@ -372,7 +373,7 @@ extern "C" __global__ void sample_walk(const SampleParams p) {
 // every chunk the remainder covers; the block stages the chunk it falls in; thread 0 walks it.
 // The same numbers added in the same order as the host.
 __device__ u32 walk_chunks(const SampleParams& p, SampleSmem& s) {
-    const float* w = (const float*)p.walk;
+    const float* w = (const float*)p.work;
     int len = (p.n + WALK_CHUNKS - 1) / WALK_CHUNKS;
     for (int ch = threadIdx.x; ch < WALK_CHUNKS; ch += blockDim.x) {
         s.pr[ch] = __ldcg(w + p.n + ch);
@@ -420,7 +421,7 @@ __device__ u32 walk_chunks(const SampleParams& p, SampleSmem& s) {
 __device__ __forceinline__ int cand_stride(const SampleConfig& c) { return min(c.top_k, SAMPLE_MAX_K); }
 
 // Block b (SAMPLE_MAX_K threads) of ceil(n / SAMPLE_CHUNK): its chunk's finite count, and its
-// min(kc, finite) best logits as candidates (SampleParams::cand), in id order, and its maximum
+// min(kc, finite) best logits as candidates (SampleParams::work), in id order, and its maximum
 // of logit / temperature (the no-cut walk's). The global k
 // best are among them: a logit outside its chunk's kc best has kc better ones.
 extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_partial(const SampleParams p) {
@@ -449,8 +450,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_partial(const 
     }
     if (c.top_k <= 0) return;  // no cut: sample_topk walks the vocabulary
     int kc = cand_stride(c), k = min(kc, (int)fin);
-    u32* keys = (u32*)p.cand + b * kc;
-    u32* ids = (u32*)p.cand + p.n_blocks * kc + b * kc;
+    u32* keys = (u32*)p.work + b * kc;
+    u32* ids = (u32*)p.work + p.n_blocks * kc + b * kc;
     for (int j = k + threadIdx.x; j < kc; j += blockDim.x) keys[j] = 0;  // no candidate
     if (k == 0) return;
     LogitSrc src{lg + i0, i1 - i0, i0, c.temperature};
@@ -488,7 +489,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
         return;
     }
     int kc = cand_stride(c), k = min(kc, (int)n_finite);
-    const u32* cand = (const u32*)p.cand;
+    const u32* cand = (const u32*)p.work;
     CandSrc src{cand, cand + p.n_blocks * kc, p.n_blocks * kc};
     u32 thr, take;
     select_kth(src, k, s, thr, take);

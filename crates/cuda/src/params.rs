@@ -343,14 +343,13 @@ pub struct SampleParams {
     pub state: u64,
     pub cfg: u64,
     pub rng: u64,
-    pub cand: u64,
+    pub work: u64,
     pub finite: u64,
-    pub walk: u64,
     pub n: i32,
     pub n_blocks: i32,
     pub walk_cpb: i32,
 }
-const _: () = assert!(std::mem::size_of::<SampleParams>() == 72);
+const _: () = assert!(std::mem::size_of::<SampleParams>() == 64);
 
 /// `SAMPLE_MAX_K` in sample.cu: the largest top-k the device sampler takes (its block size).
 pub const SAMPLE_MAX_K: usize = 1024;

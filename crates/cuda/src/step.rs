@@ -59,10 +59,9 @@ pub struct Scratch {
     pub sample_cfg: DevBuf,
     /// u64 SplitMix64 state of that request
     pub rng: DevBuf,
-    /// The device sampler's buffers (SampleParams::cand, finite, walk; step::sample_bytes)
-    pub sample_cand: DevBuf,
+    /// The device sampler's buffers (SampleParams::work, finite; step::sample_bytes)
+    pub sample_work: DevBuf,
     pub sample_finite: DevBuf,
-    pub sample_walk: DevBuf,
     pub n_split: usize,
     /// attn_gqa's blocks a KV head (CudaOptions::attn_max_blocks, at most n_split).
     pub att_blocks: usize,
@@ -121,9 +120,8 @@ impl Scratch {
             attn_done,
             sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
             rng: DevBuf::new(dev, 8)?,
-            sample_cand: DevBuf::new(dev, sample_bytes(c.vocab_size).0)?,
+            sample_work: DevBuf::new(dev, sample_bytes(c.vocab_size).0)?,
             sample_finite: DevBuf::new(dev, sample_bytes(c.vocab_size).1)?,
-            sample_walk: DevBuf::new(dev, sample_bytes(c.vocab_size).2)?,
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
@@ -143,9 +141,8 @@ impl Scratch {
 
     pub fn bytes(c: &Config, kv_capacity: usize) -> usize {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
-        let (cand, finite, walk) = sample_bytes(c.vocab_size);
-        cand + finite
-            + walk
+        let (work, finite) = sample_bytes(c.vocab_size);
+        work + finite
             + 4
             + 4 * (4 * c.d_model
                 + 3 * c.q_dim()
@@ -481,16 +478,13 @@ pub(crate) fn looped(mut l: Launch, blocks: u32) -> Launch {
     l
 }
 
-/// The device sampler's buffers over `n` logits, in bytes (SampleParams): the candidates (a key
-/// and an id for up to SAMPLE_MAX_K a chunk), the chunks' finite counts and maxima, the walk's
-/// weights and chunk sums and last ids.
-pub(crate) fn sample_bytes(n: usize) -> (usize, usize, usize) {
+/// The device sampler's buffers over `n` logits, in bytes (SampleParams): `work` (the candidates,
+/// a key and an id for up to SAMPLE_MAX_K a chunk, or the walk's weights, chunk sums and last
+/// ids), `finite` (the chunks' finite counts and maxima).
+pub(crate) fn sample_bytes(n: usize) -> (usize, usize) {
     let chunks = n.div_ceil(SAMPLE_CHUNK);
-    (
-        chunks * SAMPLE_MAX_K * 8,
-        chunks * 8,
-        4 * (n + 2 * WALK_CHUNKS),
-    )
+    let work = (chunks * SAMPLE_MAX_K * 8).max(4 * (n + 2 * WALK_CHUNKS));
+    (work, chunks * 8)
 }
 
 /// The device sampler over `n` logits (sample.cu): each chunk's candidates, the walk's chunk
@@ -544,9 +538,8 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> 
             state: s.state.ptr,
             cfg: s.sample_cfg.ptr,
             rng: s.rng.ptr,
-            cand: s.sample_cand.ptr,
+            work: s.sample_work.ptr,
             finite: s.sample_finite.ptr,
-            walk: s.sample_walk.ptr,
             ..Default::default()
         };
         out.extend(sample(p, c.vocab_size));

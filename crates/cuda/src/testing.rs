@@ -442,17 +442,15 @@ impl TestDevice {
         let (cb, rng) = (self.upload(&[cfg])?, self.upload(&[params.seed])?);
         let st = self.upload(&[StepState { token: 0, pos: 0 }])?;
         let n = logits.len();
-        let (cand, finite, walk) = crate::step::sample_bytes(n);
-        let (cand, finite) = (self.poisoned(cand / 4)?, self.poisoned(finite / 4)?);
-        let walk = self.poisoned(walk / 4)?;
+        let (work, finite) = crate::step::sample_bytes(n);
+        let (work, finite) = (self.poisoned(work / 4)?, self.poisoned(finite / 4)?);
         let p = SampleParams {
             logits: lb.ptr,
             state: st.ptr,
             cfg: cb.ptr,
             rng: rng.ptr,
-            cand: cand.ptr,
+            work: work.ptr,
             finite: finite.ptr,
-            walk: walk.ptr,
             ..Default::default()
         };
         let mut out = Vec::with_capacity(draws);
