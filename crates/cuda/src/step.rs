@@ -100,6 +100,7 @@ impl Scratch {
         let att_tc = opts.attn_tensor_cores && dev.kv_type == KvType::F16 && dev.sm_major >= 8;
         let stage_room = dev.dynamic_smem_room(Kernel::AttnGqa128x8Tc) / ATT_TC_STAGE_BYTES;
         let stage_fit = ATT_TC_STAGE_MAX.min(stage_room as usize);
+        let (sample_work, sample_finite) = sample_bytes(c.vocab_size);
         Ok(Scratch {
             state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
             x: f(c.d_model)?,
@@ -120,8 +121,8 @@ impl Scratch {
             attn_done,
             sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
             rng: DevBuf::new(dev, 8)?,
-            sample_work: DevBuf::new(dev, sample_bytes(c.vocab_size).0)?,
-            sample_finite: DevBuf::new(dev, sample_bytes(c.vocab_size).1)?,
+            sample_work: DevBuf::new(dev, sample_work)?,
+            sample_finite: DevBuf::new(dev, sample_finite)?,
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
