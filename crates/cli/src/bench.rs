@@ -198,7 +198,7 @@ fn variants(a: &BenchArgs, backend: &AnyBackend) -> Vec<Variant> {
             sampling: qwen3.clone(),
         });
         v.push(Variant {
-            name: "sampled k off (host)".into(),
+            name: "sampled k off p0.95".into(),
             setup_cache: true,
             in_flight,
             sampling: SamplingParams {

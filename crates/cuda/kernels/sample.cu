@@ -76,12 +76,13 @@ extern "C" __global__ void argmax_final(const ArgmaxParams p) {
     argmax_final_unit(p, sv, si);
 }
 
-// ---- Sampling on the device: temperature + top-k (1..=1024) + top-p + min-p, or no cut at all
-// (the vocabulary-order walk), SplitMix64 draw. Three launches: sample_partial's blocks each
-// take a SAMPLE_CHUNK of the logits, count its finite ones, note their maximum and keep its k
-// best; sample_walk's blocks (no cut only) weigh the vocabulary and sum the walk's chunks;
-// sample_topk's one block selects the k best of the candidates and draws, or walks the chunk
-// sums. Why: one block reading the 152k logits 7 times (radix passes, gather) took ~0.32 ms a
+// ---- Sampling on the device: temperature + top-k (1..=1024) + top-p + min-p, top-p without
+// top-k (the nucleus), or no cut at all (the vocabulary-order walk), SplitMix64 draw. Four
+// launches: sample_partial's blocks each take a SAMPLE_CHUNK of the logits, count its finite
+// ones, note their maximum and keep its k best; sample_walk's blocks (no cut, nucleus) weigh the
+// vocabulary and sum the walk's chunks, or the nucleus's buckets; sample_edge's blocks (nucleus)
+// gather the bucket the cut falls in; sample_topk's one block selects the k best of the
+// candidates and draws, or finds the nucleus's cut and walks it, or walks the chunk sums. Why: one block reading the 152k logits 7 times (radix passes, gather) took ~0.32 ms a
 // token, 19% of a sampled token, and its walk ~0.16 ms (NOTES.md session 19).
 // Mirrors q4moe_model::Sampler step for step: the k largest of logit / temperature (ties: lower
 // id first), sorted; probabilities exp(v - max) summed in sorted order and normalised; top-p and
@@ -89,7 +90,7 @@ extern "C" __global__ void argmax_final(const ArgmaxParams p) {
 // and rounded, so it agrees with the host's correctly rounded expf except in rare ties.
 struct SampleConfig {
     float temperature;  // > 0
-    int top_k;          // 1..=SAMPLE_MAX_K, or 0 (off) with top_p = 1
+    int top_k;          // 1..=SAMPLE_MAX_K, or 0 (off)
     float top_p;        // (0, 1]; 1 = off
     float min_p;        // [0, 1]; 0 = off
 };
@@ -106,6 +107,9 @@ struct SampleParams {
                  // [WALK_CHUNKS] each chunk's last weighted id
     u64 finite;  // u32 [n_blocks]: finite logits of each block's chunk, then f32 [n_blocks] their
                  // maxima of logit / temperature (-inf: none)
+    u64 nucleus; // top-p without top-k: u64 [256] fixed-point weights a bucket, then u32 the
+                 // edge's length (sample_partial zeroes them); the weights and the edge's weight
+                 // bits and ids are in `work`: f32 [n], u32 [n], u32 [n]
     int n;
     int n_blocks;  // ceil(n / SAMPLE_CHUNK)
     int walk_cpb;  // chunks a sample_walk block sums
@@ -131,12 +135,14 @@ __device__ __forceinline__ float next_f32(u64* state) {
 
 struct SampleSmem {
     u32 hist[256];
+    u64 whist[256];  // the nucleus: fixed-point weights a bin
     u32 key[SAMPLE_MAX_K];
     u32 idx[SAMPLE_MAX_K];
     float pr[SAMPLE_MAX_K];
     u32 scan[SAMPLE_MAX_K];
     u32 scan_in[SAMPLE_MAX_K];
-    u32 prefix, want, n_finite;
+    u32 bin, before, n_finite, tok;
+    u64 wbefore;
 };
 
 // Where select_kth and gather find candidates: n slots in id order, key(i) the order-preserving
@@ -161,28 +167,30 @@ struct CandSrc {
     __device__ __forceinline__ u32 id(int i) const { return __ldcg(ids + i); }
 };
 
-// The bin, from the top, where the histogram's running count reaches `want` (want >= 1, at most
-// the histogram's total): s.prefix gets it at `shift`, s.want what is still wanted inside it.
-// Warp 0, lane l holding bins 255 - 8l .. 248 - 8l: a scan of the lanes' sums finds the lane
-// (a thread walking 256 bins in order took ~5 us a pass).
-__device__ __forceinline__ void crossing_bin(SampleSmem& s, u32 prefix, u32 want, int shift) {
+// Where a 256-bin histogram's running sum, from the top bin down (`desc`) or from bin 0 up,
+// reaches `want` (>= 1, at most the total): that bin into *bin and the sum of the bins before it
+// into *before, by the one lane that finds it. Warp 0, lane l holding the bins 8l .. 8l + 7 of
+// that order: a scan of the lanes' sums finds the lane (a thread walking 256 bins in order took
+// ~5 us a pass). T: u32 counts or u64 fixed-point weights.
+template <class T>
+__device__ __forceinline__ void crossing(const T* hist, bool desc, T want, u32* bin, T* before) {
     int lane = threadIdx.x;
-    u32 h[8], own = 0;
+    T h[8], own = 0;
 #pragma unroll
-    for (int j = 0; j < 8; j++) own += h[j] = s.hist[255 - 8 * lane - j];
-    u32 upto = own;  // inclusive: this lane's bins and every higher one
+    for (int j = 0; j < 8; j++) own += h[j] = hist[desc ? 255 - 8 * lane - j : 8 * lane + j];
+    T upto = own;  // inclusive: this lane's bins and every earlier one
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
-        u32 v = __shfl_up_sync(0xffffffff, upto, o);
+        T v = __shfl_up_sync(0xffffffff, upto, o);
         if (lane >= o) upto += v;
     }
-    u32 acc = upto - own;
+    T acc = upto - own;
     if (acc >= want || upto < want) return;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         if (acc + h[j] >= want) {
-            s.prefix = prefix | ((u32)(255 - 8 * lane - j) << shift);
-            s.want = want - acc;
+            *bin = desc ? 255 - 8 * lane - j : 8 * lane + j;
+            *before = acc;
             return;
         }
         acc += h[j];
@@ -200,18 +208,19 @@ __device__ void select_kth(const Src& src, int k, SampleSmem& s, u32& thr, u32& 
         if (threadIdx.x < 256) s.hist[threadIdx.x] = 0;
         __syncthreads();
 #pragma unroll 4
-        for (int i = threadIdx.x; i < src.n; i += blockDim.x) {
-            u32 key = src.key(i);
+        for (int base = 0; base < src.n; base += blockDim.x) {  // whole warps: match_any
+            int i = base + threadIdx.x;
+            u32 key = i < src.n ? src.key(i) : 0u;
             // One atomic a warp and bin: the first passes' keys crowd into a few bins.
             u32 bin = key != 0 && (key & mask) == prefix ? (key >> shift) & 255 : 256;
-            unsigned peers = __match_any_sync(__activemask(), bin);
+            unsigned peers = __match_any_sync(0xffffffff, bin);
             if (bin < 256 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u32)__popc(peers));
         }
         __syncthreads();
-        if (threadIdx.x < 32) crossing_bin(s, prefix, want, shift);
+        if (threadIdx.x < 32) crossing(s.hist, true, want, &s.bin, &s.before);
         __syncthreads();
-        prefix = s.prefix;
-        want = s.want;
+        prefix |= s.bin << shift;
+        want -= s.before;
         mask |= 255u << shift;
         __syncthreads();
     }
@@ -328,26 +337,97 @@ __device__ Finite read_finite(const SampleParams& p, SampleSmem& s) {
     return r;
 }
 
-// No top-k cut and no top-p: the host's vocabulary-order walk (sample_unsorted).
-__device__ __forceinline__ bool no_cut(const SampleConfig& c, u32 n_finite) {
-    return c.top_p >= 1.f && (c.top_k == 0 || c.top_k >= (int)n_finite);
+// What the draw does, as the host's sample_stochastic picks: the vocabulary-order walk (no
+// top-k cut, no top-p), the nucleus (top-p without top-k), or the top-k candidates.
+enum SampleMode { MODE_TOPK, MODE_WALK, MODE_NUCLEUS };
+__device__ __forceinline__ SampleMode sample_mode(const SampleConfig& c, u32 n_finite) {
+    if (c.top_p >= 1.f && (c.top_k == 0 || c.top_k >= (int)n_finite)) return MODE_WALK;
+    return c.top_k == 0 ? MODE_NUCLEUS : MODE_TOPK;
+}
+
+// The nucleus as the host's sample_nucleus finds it: weights in [0, 1] in fixed point
+// (q4moe_model::sampling::nucleus_fixed: integers, so the sums agree in any order) over 256
+// quarter-octave buckets (bucket 0 holds the best), the target top_p of their total
+// (nucleus_target), the bucket where the running sum reaches it, then within that bucket (the
+// edge) the token, best first and ties by id, where it does.
+__device__ __forceinline__ u32 nuc_bucket(float w) { return min((0x3f800000u - __float_as_uint(w)) >> 21, 255u); }
+__device__ __forceinline__ u64 nuc_fixed(float w) { return __float2ull_rz(w * 1099511627776.f); }
+
+// Adds v to hist[bin] with one atomic a warp and bin (bin 256: nothing), the whole warp
+// calling: integers, so the order does not matter.
+__device__ __forceinline__ void warp_add(u64* hist, u32 bin, u64 v) {
+    unsigned peers = __match_any_sync(0xffffffff, bin);
+    u64 sum = 0;
+    for (int j = 0; j < 32; j++) {
+        u64 o = __shfl_sync(0xffffffff, v, j);
+        if (peers >> j & 1) sum += o;
+    }
+    if (bin < 256 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd((unsigned long long*)hist + bin, (unsigned long long)sum);
+}
+
+// The edge: the bucket the nucleus's cut falls in, and what its tokens must still add (>= 1).
+struct NucEdge {
+    u32 bucket;
+    u64 rest;
+};
+__device__ NucEdge nucleus_edge(const SampleParams& p, const SampleConfig& c, SampleSmem& s) {
+    const u64* h = (const u64*)p.nucleus;
+    if (threadIdx.x < 256) s.whist[threadIdx.x] = __ldcg((const unsigned long long*)h + threadIdx.x);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        u64 total = 0;
+        for (int j = 0; j < 8; j++) total += s.whist[8 * threadIdx.x + j];
+        for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffff, total, o);
+        u64 t = __double2ull_rz((double)c.top_p * __ull2double_rn(total));  // nucleus_target
+        t = min(max(t, 1ull), max(total, 1ull));
+        s.bin = 255;  // the host's last bucket when no running sum reaches the target
+        s.wbefore = t;
+        __syncwarp();
+        crossing(s.whist, false, t, &s.bin, &s.wbefore);
+        __syncwarp();
+        if (threadIdx.x == 0) s.wbefore = t - s.wbefore;
+    }
+    __syncthreads();
+    NucEdge e{s.bin, s.wbefore};
+    __syncthreads();
+    return e;
+}
+
+// The nucleus's weights (before the min-p floor, which applies after the cut) of ids [i0, i1)
+// into SampleParams::work, and their fixed-point sums a bucket into the global buckets.
+__device__ void nucleus_weights(const SampleParams& p, const SampleConfig& c, float max, int i0, int i1, SampleSmem& s) {
+    if (threadIdx.x < 256) s.whist[threadIdx.x] = 0;
+    __syncthreads();
+    const float* lg = (const float*)p.logits;
+    for (int base = i0; base < i1; base += blockDim.x) {  // whole warps: warp_add
+        int i = base + threadIdx.x;
+        float v = i < i1 ? vocab_weight(lg, i, c.temperature, max, 0.f) : 0.f;
+        if (i < i1) ((float*)p.work)[i] = v;
+        warp_add(s.whist, v > 0.f ? nuc_bucket(v) : 256u, nuc_fixed(v));
+    }
+    __syncthreads();
+    if (threadIdx.x < 256 && s.whist[threadIdx.x] != 0)
+        atomicAdd((unsigned long long*)p.nucleus + threadIdx.x, (unsigned long long)s.whist[threadIdx.x]);
 }
 
 // The no-cut walk's chunks (the host's walk_unsorted): WALK_CHUNKS of len = ceil(n /
 // WALK_CHUNKS) ids, each summed in id order. Block b of ceil(WALK_CHUNKS / cpb) (cpb chunks a
 // block, dynamic smem cpb * len floats) writes its ids' weights exp(v / t - max) (0: non-finite
 // or under the min-p floor) to SampleParams::work and to shared memory, then thread j sums chunk
-// b * cpb + j and notes its last weighted id. Nothing to do with a cut.
+// b * cpb + j and notes its last weighted id. The nucleus: the same ids' weights and bucket sums
+// (nucleus_weights). Nothing to do with a top-k cut.
 extern "C" __global__ void sample_walk(const SampleParams p) {
     extern __shared__ float ws[];
     __shared__ SampleSmem s;
     pdl_start();
     const SampleConfig c = *(const SampleConfig*)p.cfg;
     Finite f = read_finite(p, s);
-    if (f.n == 0 || !no_cut(c, f.n)) return;
-    float t = c.temperature, floor = fmaxf(c.min_p, 0.f);
+    SampleMode mode = f.n == 0 ? MODE_TOPK : sample_mode(c, f.n);  // none: arg-max
     int len = (p.n + WALK_CHUNKS - 1) / WALK_CHUNKS, cpb = p.walk_cpb, c0 = blockIdx.x * cpb;
     int i0 = c0 * len, i1 = min(p.n, i0 + cpb * len);
+    if (mode == MODE_NUCLEUS) return nucleus_weights(p, c, f.max, i0, i1, s);
+    if (mode != MODE_WALK) return;
+    float t = c.temperature, floor = fmaxf(c.min_p, 0.f);
     float* w = (float*)p.work;
     const float* lg = (const float*)p.logits;
 #pragma unroll 4
@@ -369,17 +449,14 @@ extern "C" __global__ void sample_walk(const SampleParams p) {
     ((u32*)w)[p.n + WALK_CHUNKS + ch] = last;
 }
 
-// The draw over sample_walk's chunks: thread 0 sums the chunk sums in order, draws, skips
-// every chunk the remainder covers; the block stages the chunk it falls in; thread 0 walks it.
-// The same numbers added in the same order as the host.
-__device__ u32 walk_chunks(const SampleParams& p, SampleSmem& s) {
-    const float* w = (const float*)p.work;
+// The walk's draw over chunk sums in s.pr and last weighted ids in s.idx (WALK_CHUNKS, staged
+// by the caller, who ends with a barrier): thread 0 sums the chunk sums in order, draws, skips
+// every chunk the remainder covers; the block stages the chunk it falls in (`weight(i)`: id i's
+// weight); thread 0 walks it. The same numbers added in the same order as the host's
+// walk_unsorted. Thread 0 returns the token.
+template <class W>
+__device__ u32 walk_draw(const SampleParams& p, SampleSmem& s, const W& weight) {
     int len = (p.n + WALK_CHUNKS - 1) / WALK_CHUNKS;
-    for (int ch = threadIdx.x; ch < WALK_CHUNKS; ch += blockDim.x) {
-        s.pr[ch] = __ldcg(w + p.n + ch);
-        s.idx[ch] = __ldcg((const u32*)w + p.n + WALK_CHUNKS + ch);
-    }
-    __syncthreads();
     __shared__ float rest;
     __shared__ int at;
     if (threadIdx.x == 0) {
@@ -396,18 +473,18 @@ __device__ u32 walk_chunks(const SampleParams& p, SampleSmem& s) {
             break;
         }
         rest = r;
-        s.want = tok;  // where rounding never reaches a chunk
+        s.tok = tok;  // where rounding never reaches a chunk
     }
     __syncthreads();
-    if (at < 0) return s.want;
+    if (at < 0) return s.tok;
     int i0 = at * len, n = min(p.n - i0, len), staged = min(n, SAMPLE_MAX_K);
-    for (int i = threadIdx.x; i < staged; i += blockDim.x) s.scan[i] = __float_as_uint(__ldcg(w + i0 + i));
+    for (int i = threadIdx.x; i < staged; i += blockDim.x) s.scan[i] = __float_as_uint(weight(i0 + i));
     __syncthreads();
     if (threadIdx.x != 0) return 0;
     float r = rest;
-    u32 tok = s.want;
-    for (int i = 0; i < n; i++) {  // past `staged` (vocabularies over a million): from L2
-        float v = i < staged ? __uint_as_float(s.scan[i]) : __ldcg(w + i0 + i);
+    u32 tok = s.tok;
+    for (int i = 0; i < n; i++) {  // past `staged` (vocabularies over a million): unstaged
+        float v = i < staged ? __uint_as_float(s.scan[i]) : weight(i0 + i);
         if (v > 0.f) {
             tok = (u32)(i0 + i);
             r -= v;
@@ -415,6 +492,118 @@ __device__ u32 walk_chunks(const SampleParams& p, SampleSmem& s) {
         }
     }
     return tok;
+}
+
+// The no-cut draw over sample_walk's chunk sums.
+__device__ u32 walk_chunks(const SampleParams& p, SampleSmem& s) {
+    const float* w = (const float*)p.work;
+    for (int ch = threadIdx.x; ch < WALK_CHUNKS; ch += blockDim.x) {
+        s.pr[ch] = __ldcg(w + p.n + ch);
+        s.idx[ch] = __ldcg((const u32*)w + p.n + WALK_CHUNKS + ch);
+    }
+    __syncthreads();
+    return walk_draw(p, s, [w](int i) { return __ldcg(w + i); });
+}
+
+// The nucleus's cut in its edge (sample_edge's list of weight bits and ids): a radix select over
+// the weight bits, best first, weighted by the fixed-point weights, finds the cut's weight and
+// what its ties must still add; the ties go by id, so a count select over their ids finds the
+// last one taken. Every thread gets (weight bits, id).
+__device__ uint2 nucleus_cut(const SampleParams& p, NucEdge e, SampleSmem& s) {
+    const u32* ek = (const u32*)p.work + p.n;
+    const u32* ei = ek + p.n;
+    u32 n = __ldcg((const u32*)((const u64*)p.nucleus + 256));
+    u32 prefix = 0, mask = 0;
+    u64 want = e.rest;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        if (threadIdx.x < 256) s.whist[threadIdx.x] = 0;
+        __syncthreads();
+        for (int base = 0; base < (int)n; base += blockDim.x) {  // whole warps: warp_add
+            int i = base + threadIdx.x;
+            u32 key = i < (int)n ? __ldcg(ek + i) : 0u;
+            bool in = i < (int)n && (key & mask) == prefix;
+            warp_add(s.whist, in ? (key >> shift) & 255 : 256u, nuc_fixed(__uint_as_float(key)));
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) crossing(s.whist, true, want, &s.bin, &s.wbefore);
+        __syncthreads();
+        prefix |= s.bin << shift;
+        want -= s.wbefore;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    u64 q = nuc_fixed(__uint_as_float(prefix));  // > 0: the cut adds to the running sum
+    u32 ties = (u32)((want + q - 1) / q), id = 0, imask = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        if (threadIdx.x < 256) s.hist[threadIdx.x] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < (int)n; i += blockDim.x) {
+            u32 d = __ldcg(ei + i);
+            if (__ldcg(ek + i) == prefix && (d & imask) == id) atomicAdd(&s.hist[(d >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) crossing(s.hist, false, ties, &s.bin, &s.before);
+        __syncthreads();
+        id |= s.bin << shift;
+        ties -= s.before;
+        imask |= 255u << shift;
+        __syncthreads();
+    }
+    return make_uint2(prefix, id);
+}
+
+// The nucleus's draw: the cut, then the walk over the kept weights (at least as good as the
+// cut, and at or above the min-p floor), each chunk's sum by a thread (blockDim = WALK_CHUNKS).
+__device__ u32 nucleus_draw(const SampleParams& p, const SampleConfig& c, SampleSmem& s) {
+    uint2 cut = nucleus_cut(p, nucleus_edge(p, c, s), s);
+    const float* w = (const float*)p.work;
+    float floor = fmaxf(c.min_p, 0.f);
+    auto kept = [=](int i) {
+        float v = __ldcg(w + i);
+        u32 b = __float_as_uint(v);
+        bool in = b > cut.x || (b == cut.x && (u32)i <= cut.y);
+        return in && v >= floor ? v : 0.f;
+    };
+    int len = (p.n + WALK_CHUNKS - 1) / WALK_CHUNKS, ch = threadIdx.x;
+    float sum = 0.f;
+    u32 last = 0;
+#pragma unroll 8
+    for (int i = ch * len; i < min(p.n, (ch + 1) * len); i++) {  // 8 of its L2 loads in flight
+        float v = kept(i);
+        if (v > 0.f) { sum += v; last = (u32)i; }
+    }
+    s.pr[ch] = sum;
+    s.idx[ch] = last;
+    __syncthreads();
+    return walk_draw(p, s, kept);
+}
+
+// The nucleus's edge (every token of the bucket its cut falls in: weight bits and id, in no
+// order) after sample_walk's bucket sums; block b takes ids [b * SAMPLE_CHUNK, ..) as
+// sample_partial's. Nothing to do otherwise.
+extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_edge(const SampleParams p) {
+    __shared__ SampleSmem s;
+    pdl_start();
+    const SampleConfig c = *(const SampleConfig*)p.cfg;
+    Finite f = read_finite(p, s);
+    if (f.n == 0 || sample_mode(c, f.n) != MODE_NUCLEUS) return;
+    u32 b = nucleus_edge(p, c, s).bucket;
+    int i0 = blockIdx.x * SAMPLE_CHUNK, i1 = min(p.n, i0 + SAMPLE_CHUNK);
+    const float* w = (const float*)p.work;
+    u32* ek = (u32*)p.work + p.n;
+    u32* count = (u32*)((u64*)p.nucleus + 256);
+    for (int base = i0; base < i1; base += blockDim.x) {  // whole warps: the ballot
+        int i = base + threadIdx.x, lane = threadIdx.x & 31;
+        float v = i < i1 ? __ldcg(w + i) : 0.f;
+        bool in = v > 0.f && nuc_bucket(v) == b;
+        unsigned ballot = __ballot_sync(0xffffffff, in);  // one atomic a warp
+        u32 at = 0;
+        if (lane == 0 && ballot) at = atomicAdd(count, (u32)__popc(ballot));
+        at = __shfl_sync(0xffffffff, at, 0) + __popc(ballot & ((1u << lane) - 1));
+        if (!in) continue;
+        ek[at] = __float_as_uint(v);
+        ek[p.n + at] = (u32)i;
+    }
 }
 
 // Candidates a block keeps: the top-k of the cut (sample_topk), at most SAMPLE_MAX_K.
@@ -443,12 +632,13 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_partial(const 
     m = warp_max(m);
     if ((threadIdx.x & 31) == 0) s.pr[threadIdx.x >> 5] = m;
     fin = block_total(fin, s);  // its barriers publish pr
+    if (b == 0 && threadIdx.x <= 256) ((u64*)p.nucleus)[threadIdx.x] = 0;  // buckets, edge length
     if (threadIdx.x == 0) {
         for (int w = 1; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, s.pr[w]);
         ((u32*)p.finite)[b] = fin;
         ((float*)p.finite)[p.n_blocks + b] = m;
     }
-    if (c.top_k <= 0) return;  // no cut: sample_topk walks the vocabulary
+    if (c.top_k <= 0) return;  // no top-k cut: the walk or the nucleus
     int kc = cand_stride(c), k = min(kc, (int)fin);
     u32* keys = (u32*)p.work + b * kc;
     u32* ids = (u32*)p.work + p.n_blocks * kc + b * kc;
@@ -480,8 +670,9 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
         }
         return;
     }
-    if (no_cut(c, n_finite)) {
-        u32 tok = walk_chunks(p, s);
+    SampleMode mode = sample_mode(c, n_finite);
+    if (mode != MODE_TOPK) {
+        u32 tok = mode == MODE_WALK ? walk_chunks(p, s) : nucleus_draw(p, c, s);
         if (threadIdx.x == 0) {
             st->token = tok;
             st->pos += 1;

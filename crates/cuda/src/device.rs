@@ -40,6 +40,7 @@ pub enum Kernel {
     StepFused,
     SamplePartial,
     SampleWalk,
+    SampleEdge,
     SampleTopk,
     /// An empty dependent launch (probe.cu; benches/launch_chain.rs).
     PdlProbe,
@@ -94,7 +95,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 18] = [
+const SINGLE: [Kernel; 19] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -111,6 +112,7 @@ const SINGLE: [Kernel; 18] = [
     Kernel::StepFused,
     Kernel::SamplePartial,
     Kernel::SampleWalk,
+    Kernel::SampleEdge,
     Kernel::SampleTopk,
     Kernel::PdlProbe,
 ];
@@ -163,6 +165,7 @@ impl Kernel {
             Kernel::StepFused => "step_fused",
             Kernel::SamplePartial => "sample_partial",
             Kernel::SampleWalk => "sample_walk",
+            Kernel::SampleEdge => "sample_edge",
             Kernel::SampleTopk => "sample_topk",
             Kernel::PdlProbe => "pdl_probe",
         }

@@ -345,11 +345,12 @@ pub struct SampleParams {
     pub rng: u64,
     pub work: u64,
     pub finite: u64,
+    pub nucleus: u64,
     pub n: i32,
     pub n_blocks: i32,
     pub walk_cpb: i32,
 }
-const _: () = assert!(std::mem::size_of::<SampleParams>() == 64);
+const _: () = assert!(std::mem::size_of::<SampleParams>() == 72);
 
 /// `SAMPLE_MAX_K` in sample.cu: the largest top-k the device sampler takes (its block size).
 pub const SAMPLE_MAX_K: usize = 1024;

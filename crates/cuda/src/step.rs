@@ -59,9 +59,10 @@ pub struct Scratch {
     pub sample_cfg: DevBuf,
     /// u64 SplitMix64 state of that request
     pub rng: DevBuf,
-    /// The device sampler's buffers (SampleParams::work, finite; step::sample_bytes)
+    /// The device sampler's buffers (SampleParams::work, finite, nucleus; step::sample_bytes)
     pub sample_work: DevBuf,
     pub sample_finite: DevBuf,
+    pub sample_nucleus: DevBuf,
     pub n_split: usize,
     /// attn_gqa's blocks a KV head (CudaOptions::attn_max_blocks, at most n_split).
     pub att_blocks: usize,
@@ -100,7 +101,7 @@ impl Scratch {
         let att_tc = opts.attn_tensor_cores && dev.kv_type == KvType::F16 && dev.sm_major >= 8;
         let stage_room = dev.dynamic_smem_room(Kernel::AttnGqa128x8Tc) / ATT_TC_STAGE_BYTES;
         let stage_fit = ATT_TC_STAGE_MAX.min(stage_room as usize);
-        let (sample_work, sample_finite) = sample_bytes(c.vocab_size);
+        let (sample_work, sample_finite, sample_nucleus) = sample_bytes(c.vocab_size);
         Ok(Scratch {
             state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
             x: f(c.d_model)?,
@@ -123,6 +124,7 @@ impl Scratch {
             rng: DevBuf::new(dev, 8)?,
             sample_work: DevBuf::new(dev, sample_work)?,
             sample_finite: DevBuf::new(dev, sample_finite)?,
+            sample_nucleus: DevBuf::new(dev, sample_nucleus)?,
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
@@ -142,8 +144,9 @@ impl Scratch {
 
     pub fn bytes(c: &Config, kv_capacity: usize) -> usize {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
-        let (work, finite) = sample_bytes(c.vocab_size);
+        let (work, finite, nucleus) = sample_bytes(c.vocab_size);
         work + finite
+            + nucleus
             + 4
             + 4 * (4 * c.d_model
                 + 3 * c.q_dim()
@@ -416,10 +419,10 @@ fn layer_o_proj_router(
 }
 
 /// The device sampler's settings for `p`, or None when it needs the host sampler (penalties,
-/// top-k above SAMPLE_MAX_K, or top-k off with a top-p cut). Top-k off without top-p is the
-/// device's vocabulary-order walk.
+/// top-k above SAMPLE_MAX_K). Top-k off is the device's nucleus (with a top-p cut) or its
+/// vocabulary-order walk (without).
 pub fn sample_config(p: &SamplingParams) -> Option<SampleConfig> {
-    let top_k_ok = (1..=SAMPLE_MAX_K).contains(&p.top_k) || (p.top_k == 0 && p.top_p >= 1.0);
+    let top_k_ok = p.top_k <= SAMPLE_MAX_K;
     (!p.has_penalties() && top_k_ok).then_some(SampleConfig {
         temperature: p.temperature,
         top_k: p.top_k as i32,
@@ -480,18 +483,21 @@ pub(crate) fn looped(mut l: Launch, blocks: u32) -> Launch {
 }
 
 /// The device sampler's buffers over `n` logits, in bytes (SampleParams): `work` (the candidates,
-/// a key and an id for up to SAMPLE_MAX_K a chunk, or the walk's weights, chunk sums and last
-/// ids), `finite` (the chunks' finite counts and maxima).
-pub(crate) fn sample_bytes(n: usize) -> (usize, usize) {
+/// a key and an id for up to SAMPLE_MAX_K a chunk; or the walk's weights, chunk sums and last
+/// ids; or the nucleus's weights and edge), `finite` (the chunks' finite counts and maxima),
+/// `nucleus` (its 256 bucket sums and the edge's length).
+pub(crate) fn sample_bytes(n: usize) -> (usize, usize, usize) {
     let chunks = n.div_ceil(SAMPLE_CHUNK);
-    let work = (chunks * SAMPLE_MAX_K * 8).max(4 * (n + 2 * WALK_CHUNKS));
-    (work, chunks * 8)
+    let work = (chunks * SAMPLE_MAX_K * 8)
+        .max(4 * (n + 2 * WALK_CHUNKS))
+        .max(12 * n);
+    (work, chunks * 8, 257 * 8)
 }
 
 /// The device sampler over `n` logits (sample.cu): each chunk's candidates, the walk's chunk
-/// sums (no cut only), then the draw. `p`'s buffers as sample_bytes(n) sizes them; n, n_blocks
-/// and walk_cpb are set here.
-pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 3] {
+/// sums or the nucleus's bucket sums, the nucleus's edge, then the draw. `p`'s buffers as
+/// sample_bytes(n) sizes them; n, n_blocks and walk_cpb are set here.
+pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 4] {
     p.n = n as i32;
     p.n_blocks = n.div_ceil(SAMPLE_CHUNK) as i32;
     // A walk block's chunks in at most 32 KB of shared memory where they fit.
@@ -519,6 +525,15 @@ pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 3] {
             &p,
             0,
         ),
+        Launch::new(
+            Kernel::SampleEdge,
+            "sample",
+            (p.n_blocks as u32, 1, 1),
+            threads,
+            0,
+            &p,
+            0,
+        ),
         Launch::new(Kernel::SampleTopk, "sample", (1, 1, 1), threads, 0, &p, 0),
     ]
 }
@@ -541,6 +556,7 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> 
             rng: s.rng.ptr,
             work: s.sample_work.ptr,
             finite: s.sample_finite.ptr,
+            nucleus: s.sample_nucleus.ptr,
             ..Default::default()
         };
         out.extend(sample(p, c.vocab_size));

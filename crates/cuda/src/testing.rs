@@ -442,8 +442,9 @@ impl TestDevice {
         let (cb, rng) = (self.upload(&[cfg])?, self.upload(&[params.seed])?);
         let st = self.upload(&[StepState { token: 0, pos: 0 }])?;
         let n = logits.len();
-        let (work, finite) = crate::step::sample_bytes(n);
+        let (work, finite, nucleus) = crate::step::sample_bytes(n);
         let (work, finite) = (self.poisoned(work / 4)?, self.poisoned(finite / 4)?);
+        let nucleus = self.poisoned(nucleus / 4)?;
         let p = SampleParams {
             logits: lb.ptr,
             state: st.ptr,
@@ -451,6 +452,7 @@ impl TestDevice {
             rng: rng.ptr,
             work: work.ptr,
             finite: finite.ptr,
+            nucleus: nucleus.ptr,
             ..Default::default()
         };
         let mut out = Vec::with_capacity(draws);

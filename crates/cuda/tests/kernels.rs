@@ -250,8 +250,9 @@ fn argmax_matches_host_with_ties_and_nan() {
 }
 
 /// The device sampler draws exactly the host sampler's tokens (same seed, same draw sequence):
-/// several settings (with and without a top-k/top-p cut), a small and the full Qwen3 vocabulary,
-/// exact ties and non-finite logits.
+/// several settings (a top-k cut with and without top-p, the nucleus, no cut), a small and the
+/// full Qwen3 vocabulary, exact ties and non-finite logits, and a flat vocabulary whose nucleus
+/// ends inside thousands of ties.
 #[test]
 fn sampler_matches_host_sampler() {
     let Some(dev) = device() else { return };
@@ -267,6 +268,10 @@ fn sampler_matches_host_sampler() {
         // top-k off, no top-p (the OpenAI defaults): the chunked vocabulary walk
         (1.0, 0, 1.0, 0.0),
         (0.8, 0, 1.0, 0.05),
+        // top-k off with top-p: the nucleus
+        (0.7, 0, 0.9, 0.0),
+        (1.0, 0, 0.5, 0.05),
+        (1.3, 0, 0.99, 0.0),
     ];
     for n in [700, 151936] {
         let mut lg = randn(&mut rng, n, 3.0);
@@ -297,15 +302,29 @@ fn sampler_matches_host_sampler() {
             assert!(k == 1 || distinct > 1, "settings {p:?} never varied");
         }
     }
-    let nucleus = SamplingParams {
+    // 3,000 equal logits: the nucleus is the lowest ids, its cut inside the ties.
+    let flat = vec![0.25f32; 3000];
+    for top_p in [0.5, 0.9] {
+        let p = SamplingParams {
+            temperature: 0.7,
+            top_p,
+            seed: 8,
+            ..Default::default()
+        };
+        let got = dev.sample(&flat, &p, 64).unwrap().expect("device nucleus");
+        let mut host = Sampler::new(p.clone(), &[]);
+        let want: Vec<u32> = (0..64).map(|_| host.sample(&mut flat.clone())).collect();
+        assert_eq!(got, want, "flat logits, top-p {top_p}");
+    }
+    let penalised = SamplingParams {
         temperature: 1.0,
-        top_p: 0.9,
+        repetition_penalty: 1.1,
         ..Default::default()
     };
     assert_eq!(
-        dev.sample(&[0.0; 8], &nucleus, 1).unwrap(),
+        dev.sample(&[0.0; 8], &penalised, 1).unwrap(),
         None,
-        "top-k off with top-p: host path"
+        "penalties: host path"
     );
 }
 

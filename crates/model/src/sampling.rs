@@ -226,10 +226,12 @@ impl Sampler {
     }
 
     /// Top-p without top-k: the nucleus is every token at least as good (best first, ties by
-    /// id) as the one where the running sum of weights reaches top_p of their total. The
-    /// weights are summed in quarter-octave buckets and only the bucket holding that boundary
-    /// is sorted, instead of the whole vocabulary (~7 ms a token at 151,936); the draw then
-    /// walks the nucleus in vocabulary order, as sample_unsorted walks everything.
+    /// id) as the one where the running sum of weights reaches top_p of their total. The sums
+    /// are of the weights in fixed point (nucleus_fixed): integers add up the same in any
+    /// order, so the cut is the full sort's and the device sampler's parallel sums find the
+    /// same one. The weights are summed in quarter-octave buckets and only the bucket holding
+    /// the boundary is sorted, instead of the whole vocabulary (~7 ms a token at 151,936); the
+    /// draw then walks the nucleus in vocabulary order, as sample_unsorted walks everything.
     fn sample_nucleus(&mut self, logits: &[f32]) -> u32 {
         const BUCKETS: usize = 256;
         let Some(mut w) = relative_weights(logits, self.params.temperature) else {
@@ -237,21 +239,22 @@ impl Sampler {
         };
         // Weights lie in [0, 1], and positive floats order as their bits: 4 buckets an octave.
         let bucket = |x: f32| (((1.0f32.to_bits() - x.to_bits()) >> 21) as usize).min(BUCKETS - 1);
-        // Each chunk's bucket sums apart (1 KB each), then added in chunk order.
-        let chunk_sums: Vec<[f32; BUCKETS]> = w
+        let sums = w
             .par_chunks(w.len().div_ceil(PAR_CHUNKS))
             .map(|c| {
-                let mut sums = [0f32; BUCKETS];
-                c.iter().for_each(|&x| sums[bucket(x)] += x);
+                let mut sums = [0u64; BUCKETS];
+                c.iter().for_each(|&x| sums[bucket(x)] += nucleus_fixed(x));
                 sums
             })
-            .collect();
-        let mut sums = [0f32; BUCKETS];
-        for c in &chunk_sums {
-            sums.iter_mut().zip(c).for_each(|(s, x)| *s += x);
-        }
-        let target = self.params.top_p * sums.iter().sum::<f32>();
-        let (mut acc, mut b) = (0f32, 0);
+            .reduce(
+                || [0u64; BUCKETS],
+                |mut a, b| {
+                    a.iter_mut().zip(b).for_each(|(s, x)| *s += x);
+                    a
+                },
+            );
+        let target = nucleus_target(self.params.top_p, sums.iter().sum());
+        let (mut acc, mut b) = (0u64, 0);
         while b + 1 < BUCKETS && acc + sums[b] < target {
             acc += sums[b];
             b += 1;
@@ -264,7 +267,7 @@ impl Sampler {
             .collect();
         edge.sort_unstable_by(best_first);
         let last = edge.iter().position(|e| {
-            acc += e.1;
+            acc += nucleus_fixed(e.1);
             acc >= target
         });
         // The worst token kept (rounding may leave the sum just short: then all of them).
@@ -365,6 +368,18 @@ fn top_candidates(logits: &[f32], t: f32, k: usize) -> Vec<(u32, f32)> {
         })
         .collect();
     keep_best(best)
+}
+
+/// A weight (in [0, 1]) in the nucleus's fixed point: 40 fractional bits, truncated, so a
+/// vocabulary's sum stays below 2^58. Weights under 2^-40 count as 0 toward the cut.
+pub fn nucleus_fixed(w: f32) -> u64 {
+    (w * (1u64 << 40) as f32) as u64
+}
+
+/// The running sum of fixed-point weights (best first) at which the nucleus ends: top_p of the
+/// total, computed in f64 (rounding as the device's), at least 1 and at most the total.
+pub fn nucleus_target(top_p: f32, total: u64) -> u64 {
+    ((top_p as f64 * total as f64) as u64).clamp(1, total.max(1))
 }
 
 /// exp(v / t - max / t) of every logit (0 where it is not finite): each token's probability
