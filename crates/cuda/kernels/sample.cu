@@ -252,7 +252,7 @@ __device__ void gather(const Src& src, u32 thr, u32 take, SampleSmem& s, u32* ou
 #pragma unroll 4
     for (int i = lo; i < hi; i++) {
         u32 key = src.key(i);
-        eq += key != 0 && key == thr;
+        eq += key == thr;  // thr is a candidate's key, never 0
         gt += key > thr;
     }
     s.scan[threadIdx.x] = eq;
@@ -312,6 +312,17 @@ __device__ u32 block_total(u32 v, SampleSmem& s) {
     return s.n_finite;
 }
 
+// The block's maximum of the threads' m, to every thread (barriers; exact in any order).
+// `part`: 32 floats of shared memory.
+__device__ float block_max(float m, float* part) {
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+    __syncthreads();
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, part[w]);
+    __syncthreads();
+    return m;
+}
+
 // What the partials say (every thread of the block gets it): the finite logits, and the
 // maximum of logit / temperature over them.
 struct Finite {
@@ -326,15 +337,7 @@ __device__ Finite read_finite(const SampleParams& p, SampleSmem& s) {
         fin += __ldcg(f + b);
         m = fmaxf(m, __ldcg((const float*)f + p.n_blocks + b));
     }
-    s.pr[threadIdx.x] = m;
-    u32 n = block_total(fin, s);  // its barriers publish pr
-    for (int o = blockDim.x >> 1; o > 0; o >>= 1) {  // a maximum: exact in any order
-        if ((int)threadIdx.x < o) s.pr[threadIdx.x] = fmaxf(s.pr[threadIdx.x], s.pr[threadIdx.x + o]);
-        __syncthreads();
-    }
-    Finite r{n, s.pr[0]};
-    __syncthreads();
-    return r;
+    return Finite{block_total(fin, s), block_max(m, s.pr)};
 }
 
 // What the draw does, as the host's sample_stochastic picks: the vocabulary-order walk (no
@@ -629,12 +632,10 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_partial(const 
             m = fmaxf(m, x / c.temperature);
         }
     }
-    m = warp_max(m);
-    if ((threadIdx.x & 31) == 0) s.pr[threadIdx.x >> 5] = m;
-    fin = block_total(fin, s);  // its barriers publish pr
+    m = block_max(m, s.pr);
+    fin = block_total(fin, s);
     if (b == 0 && threadIdx.x <= 256) ((u64*)p.nucleus)[threadIdx.x] = 0;  // buckets, edge length
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, s.pr[w]);
         ((u32*)p.finite)[b] = fin;
         ((float*)p.finite)[p.n_blocks + b] = m;
     }
