@@ -616,8 +616,7 @@ impl Backend for CudaBackend {
         let len0 = self.kv_len(req.session);
         self.session(req.session)?;
         // The device handles greedy and the samplers step::sample_config accepts; the rest
-        // (penalties, top-k above SAMPLE_MAX_K, top-k off with top-p, logits wanted) samples on
-        // the host.
+        // (penalties, top-k above SAMPLE_MAX_K, logits wanted) samples on the host.
         let device_ok = req.sampling.is_greedy() || step::sample_config(req.sampling).is_some();
         let host = req.want_logits || req.sampling.has_penalties() || !device_ok;
         let (stats, handed, full) = if host {
