@@ -10,6 +10,11 @@
 
 use q4moe_gguf::quant::{blocks, BlockQ4K, BlockQ6K};
 use q4moe_gguf::GgmlType;
+use rayon::prelude::*;
+
+/// ggml blocks a piece of `write_planes` repacks on one thread (a few MB of source): the
+/// repack ran at ~1-2 GB/s on one core, most of a full-size model's load (NOTES session 20).
+const PIECE_BLOCKS: usize = 1 << 14;
 
 /// Aux bytes a 32-weight block of a split type, or None for types kept in ggml's bytes.
 pub fn split_aux_bytes(ty: GgmlType) -> Option<usize> {
@@ -38,14 +43,32 @@ pub fn plane_bytes(ty: GgmlType, src_len: usize) -> Option<(usize, usize)> {
 }
 
 /// Writes a split-type matrix in ggml's bytes as its two planes (sized by `plane_bytes`), in
-/// place; false (nothing written) for other types.
+/// place, in parallel pieces; false (nothing written) for other types.
 pub fn write_planes(ty: GgmlType, src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) -> bool {
-    match ty {
-        GgmlType::Q4_0 => q4_0_planes(src, nibbles, aux),
-        GgmlType::Q4_K => q4_k_planes(src, nibbles, aux),
-        GgmlType::Q6_K => q6_k_planes(src, nibbles, aux),
-        _ => return false,
-    }
+    write_planes_in(ty, src, nibbles, aux, PIECE_BLOCKS)
+}
+
+/// `write_planes` in pieces of `piece` ggml blocks, each piece into its own slices of the planes.
+fn write_planes_in(
+    ty: GgmlType,
+    src: &[u8],
+    nibbles: &mut [u8],
+    aux: &mut [u8],
+    piece: usize,
+) -> bool {
+    let Some(aux_bytes) = split_aux_bytes(ty) else {
+        return false;
+    };
+    let subs = ty.block_size() / 32; // 32-weight blocks a ggml block
+    let pieces = src
+        .par_chunks(ty.type_size() * piece)
+        .zip(nibbles.par_chunks_mut(16 * subs * piece))
+        .zip(aux.par_chunks_mut(aux_bytes * subs * piece));
+    pieces.for_each(|((s, n), a)| match ty {
+        GgmlType::Q4_0 => q4_0_planes(s, n, a),
+        GgmlType::Q4_K => q4_k_planes(s, n, a),
+        _ => q6_k_planes(s, n, a),
+    });
     true
 }
 
@@ -190,6 +213,26 @@ mod tests {
             distinct.insert(got.to_bits());
         }
         assert!(distinct.len() > 200, "the test matrix uses few levels");
+    }
+
+    #[test]
+    fn pieces_write_the_planes_of_the_whole() {
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+            let src: Vec<u8> = (0..37 * ty.type_size())
+                .map(|i| (i * 7919 % 251) as u8)
+                .collect();
+            let (n, a) = plane_bytes(ty, src.len()).unwrap();
+            let planes = |piece: usize| {
+                let (mut nibbles, mut aux) = (vec![0u8; n], vec![0u8; a]);
+                assert!(write_planes_in(ty, &src, &mut nibbles, &mut aux, piece));
+                (nibbles, aux)
+            };
+            let whole = planes(37);
+            assert!(whole.0.iter().any(|&b| b != 0) && whole.1.iter().any(|&b| b != 0));
+            for piece in [1, 5, 36, 1000] {
+                assert!(planes(piece) == whole, "{ty:?} in pieces of {piece}");
+            }
+        }
     }
 
     #[test]

@@ -231,11 +231,23 @@ pub fn upload(
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    for p in &places {
-        let img = device_bytes(model, p);
-        buf.upload(dev, p.at.start, &img)?;
-        bar.inc(p.at.len() as u64);
-    }
+    // The next tensor repacks (in parallel pieces) while this one uploads.
+    std::thread::scope(|scope| -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let places = &places;
+        scope.spawn(move || {
+            for p in places {
+                if tx.send(device_bytes(model, p)).is_err() {
+                    return; // the upload stopped at an error
+                }
+            }
+        });
+        for (p, img) in places.iter().zip(rx) {
+            buf.upload(dev, p.at.start, &img)?;
+            bar.inc(p.at.len() as u64);
+        }
+        Ok(())
+    })?;
     bar.finish_and_clear();
     let find = |t: &QTensor| {
         places
