@@ -291,7 +291,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let (model, label) = load_model(&a)?;
     let ctx =
         (a.prompt_len.max(a.long_context) + a.decode_len + 8).min(model.config.context_length);
+    let opened = Instant::now();
     let mut backend = open(&model, &a, ctx)?;
+    let open_s = opened.elapsed().as_secs_f64();
+    eprintln!("backend ready in {open_s:.2} s");
     let info = backend.get().info();
     let prompt = random_prompt(a.prompt_len, model.config.vocab_size, a.seed);
     let mut results = Vec::new();
@@ -328,11 +331,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         None
     };
     let extras = match &backend {
-        AnyBackend::Cuda(b) => report::CudaExtras {
+        AnyBackend::Cuda(b) => report::Extras {
+            open_s,
             copy_gbs: Some(b.measure_copy_bandwidth()),
             kernels: b.kernel_profile(),
         },
-        AnyBackend::Cpu(_) => report::CudaExtras {
+        AnyBackend::Cpu(_) => report::Extras {
+            open_s,
             copy_gbs: None,
             kernels: Vec::new(),
         },

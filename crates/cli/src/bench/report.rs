@@ -8,7 +8,11 @@ use serde_json::{json, Value};
 
 use super::{BenchArgs, RunResult, Variant};
 
-pub struct CudaExtras {
+pub struct Extras {
+    /// Seconds from the loaded model to a backend ready to decode (device start-up, kernels,
+    /// the weights' repack and upload).
+    pub open_s: f64,
+    /// CUDA only: the copy bandwidth measured in the run, the per-kernel profile.
     pub copy_gbs: Option<f64>,
     pub kernels: Vec<q4moe_cuda::KernelTime>,
 }
@@ -87,7 +91,7 @@ pub fn build(
     info: &BackendInfo,
     results: &[(Variant, Vec<RunResult>)],
     long: Option<&Value>,
-    extras: &CudaExtras,
+    extras: &Extras,
 ) -> Value {
     let bpt = m.bytes_per_token();
     let reference = &results[0].1[0].tokens;
@@ -116,6 +120,7 @@ pub fn build(
         "quant_bytes_by_type": quant_summary(m),
         "backend": info.kind, "device": info.device,
         "resident_bytes": info.resident_bytes,
+        "backend_open_seconds": extras.open_s,
         "kv_type": info.kv_type.name(),
         "prompt_len": a.prompt_len, "decode_len": a.decode_len, "runs": a.runs, "batch": 1,
         "bytes_read_per_token": bpt,
