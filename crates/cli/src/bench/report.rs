@@ -178,9 +178,10 @@ pub fn print_table(r: &Value) {
     }
     if let Some(l) = r.get("long_context").filter(|l| !l.is_null()) {
         println!(
-            "decode at {} context: median {:.1} tok/s",
+            "decode at {} context: median {:.1} tok/s (its prefill: {:.2} s)",
             l["context"],
-            l["tok_s"]["median"].as_f64().unwrap_or(0.0)
+            l["tok_s"]["median"].as_f64().unwrap_or(0.0),
+            l["prefill_seconds"].as_f64().unwrap_or(0.0)
         );
     }
     println!(
