@@ -254,15 +254,10 @@ fn matvec_t(m: &Model, t: &QTensor, x: &[f32], xq: &mut Vec<u8>, p: Precision, o
     matvec(t.ty, m.data(t), t.row_bytes(), act, out);
 }
 
-/// Runs `token` at the next position of `kv` and returns the logits.
-pub fn token_logits<'s>(
-    m: &Model,
-    w: &HostWeights,
-    kv: &mut KvCache,
-    token: u32,
-    s: &'s mut Scratch,
-) -> &'s [f32] {
-    let c = &m.config;
+/// The embedding of `token` and every layer at the cache's next position (its keys and values
+/// appended), the residual left in `s.x`: all a prompt's tokens before its last need (the
+/// output head reads 151,936 rows for Qwen3, ~10% of a Qwen3-30B-A3B token's bytes).
+pub fn token_layers(m: &Model, w: &HostWeights, kv: &mut KvCache, token: u32, s: &mut Scratch) {
     let pos = kv.len();
     q4moe_gguf::quant::dequantize_row(
         m.token_embd.ty,
@@ -274,7 +269,11 @@ pub fn token_logits<'s>(
         attention_block(m, l, &w.layers[li], kv, li, pos, s);
         moe_block(m, l, &w.layers[li], s);
     }
-    rmsnorm(&s.x, &w.output_norm, c.rms_eps, &mut s.n);
+}
+
+/// The logits of the residual `token_layers` left in `s.x`.
+pub fn head<'s>(m: &Model, w: &HostWeights, s: &'s mut Scratch) -> &'s [f32] {
+    rmsnorm(&s.x, &w.output_norm, m.config.rms_eps, &mut s.n);
     matvec_t(m, &m.output, &s.n, &mut s.xq, s.precision, &mut s.logits);
     &s.logits
 }

@@ -67,6 +67,13 @@ impl CpuBackend {
 
     /// Runs one token and leaves the logits in the scratch.
     fn step(&mut self, session: SessionId, token: u32) -> &[f32] {
+        self.advance(session, token);
+        forward::head(&self.model, &self.weights, &mut self.scratch)
+    }
+
+    /// `token` through every layer of `session` (its keys and values cached), without the
+    /// output head.
+    fn advance(&mut self, session: SessionId, token: u32) {
         let c = &self.model.config;
         let kv_type = self.kv_type;
         let kv = self
@@ -74,8 +81,7 @@ impl CpuBackend {
             .entry(session)
             .or_insert_with(|| KvCache::new(c, kv_type));
         let (model, weights, scratch) = (&self.model, &self.weights, &mut self.scratch);
-        forward::token_logits(model, weights, kv, token, scratch);
-        &self.scratch.logits
+        forward::token_layers(model, weights, kv, token, scratch);
     }
 }
 
@@ -154,9 +160,11 @@ impl Backend for CpuBackend {
             vocab
         });
         for (i, &t) in tokens.iter().enumerate() {
-            let logits = self.step(session, t);
             if all_logits || i + 1 == tokens.len() {
+                let logits = self.step(session, t);
                 out.extend_from_slice(logits);
+            } else {
+                self.advance(session, t);
             }
         }
         Ok(out)
