@@ -255,8 +255,8 @@ fn matvec_t(m: &Model, t: &QTensor, x: &[f32], xq: &mut Vec<u8>, p: Precision, o
 }
 
 /// The embedding of `token` and every layer at the cache's next position (its keys and values
-/// appended), the residual left in `s.x`: all a prompt's tokens before its last need (the
-/// output head reads 151,936 rows for Qwen3, ~10% of a Qwen3-30B-A3B token's bytes).
+/// appended), the residual left in `s.x`. That is all the tokens before a prompt's last need:
+/// the output head reads 151,936 rows for Qwen3, ~10% of a Qwen3-30B-A3B token's bytes.
 pub fn token_layers(m: &Model, w: &HostWeights, kv: &mut KvCache, token: u32, s: &mut Scratch) {
     let pos = kv.len();
     q4moe_gguf::quant::dequantize_row(
