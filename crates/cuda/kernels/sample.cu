@@ -82,8 +82,9 @@ extern "C" __global__ void argmax_final(const ArgmaxParams p) {
 // ones, note their maximum and keep its k best; sample_walk's blocks (no cut, nucleus) weigh the
 // vocabulary and sum the walk's chunks, or the nucleus's buckets; sample_edge's blocks (nucleus)
 // gather the bucket the cut falls in; sample_topk's one block selects the k best of the
-// candidates and draws, or finds the nucleus's cut and walks it, or walks the chunk sums. Why: one block reading the 152k logits 7 times (radix passes, gather) took ~0.32 ms a
-// token, 19% of a sampled token, and its walk ~0.16 ms (NOTES.md session 19).
+// candidates and draws, or finds the nucleus's cut and walks it, or walks the chunk sums. Why:
+// one block reading the 152k logits 7 times (radix passes, gather) took ~0.32 ms a token, 19%
+// of a sampled token, and its walk ~0.16 ms (NOTES.md session 19).
 // Mirrors q4moe_model::Sampler step for step: the k largest of logit / temperature (ties: lower
 // id first), sorted; probabilities exp(v - max) summed in sorted order and normalised; top-p and
 // min-p cut in sorted order; r = u * kept mass walked in sorted order. exp is evaluated in double
