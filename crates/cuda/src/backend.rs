@@ -16,13 +16,16 @@ use crate::device::{DevBuf, Device, Launch};
 use crate::fused::FusedStep;
 use crate::graph::Graph;
 use crate::params::StepState;
-use crate::step::{self, Kv, Scratch};
+use crate::step::{self, Ending, Kv, Scratch};
 use crate::timeline::{self, Timeline};
 use crate::weights::{self, Weights};
 use crate::{CudaOptions, KernelTime, Result};
 
 /// Steps whose token can be in flight at once (pinned read-back slots, event pairs).
 const RING: usize = 8;
+/// A prompt's tokens queued on the device at once by `prefill` (pinned step states; the host
+/// waits for the queue once a round).
+const PREFILL_RING: usize = 64;
 
 /// What a cached setup is valid for (DESIGN.md section 4).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,8 +35,8 @@ struct SessionKey {
     batch: usize,
     kv_capacity: usize,
     fused: bool,
-    /// The step ends in the device sampler instead of the arg-max.
-    sampled: bool,
+    /// What the step runs after its layers.
+    ending: Ending,
 }
 
 /// The setup cache entry: resolved launches, their fused form (op table, barrier) and the
@@ -48,8 +51,8 @@ struct StepCache {
 struct Session {
     kv: Kv,
     len: usize,
-    /// At most one entry per step variant (greedy, sampled): prefill and a sampled decode
-    /// alternate without rebuilding.
+    /// At most one entry per step variant (Ending): prefill and a sampled decode alternate
+    /// without rebuilding.
     cache: Vec<StepCache>,
 }
 
@@ -101,6 +104,8 @@ pub struct CudaBackend {
     scratch: Scratch,
     w: Weights,
     pinned: Pinned<StepState>,
+    /// The step states of the prompt tokens `prefill` has queued (PREFILL_RING).
+    prompt_states: Pinned<StepState>,
     /// The logits of the host sampler's steps, copied in stream order after the step.
     host_logits: Pinned<f32>,
     /// Per-slot (start, end) events timing each step's GPU work.
@@ -143,6 +148,7 @@ impl CudaBackend {
         )?;
         let scratch = Scratch::new(&dev, &c, &opts)?;
         let pinned = Pinned::new(RING)?;
+        let prompt_states = Pinned::new(PREFILL_RING)?;
         let host_logits = Pinned::new(c.vocab_size)?;
         let events = (0..RING)
             .map(|_| Ok((ev()?, ev()?)))
@@ -158,6 +164,7 @@ impl CudaBackend {
             scratch,
             w,
             pinned,
+            prompt_states,
             host_logits,
             events,
             prof_events: Vec::new(),
@@ -252,14 +259,14 @@ impl CudaBackend {
         Ok(2.0 * bytes as f64 * reps as f64 / (ms as f64 * 1e-3) / 1e9)
     }
 
-    fn key(&self, session: SessionId, sampled: bool) -> SessionKey {
+    fn key(&self, session: SessionId, ending: Ending) -> SessionKey {
         SessionKey {
             session,
             geometry: format!("{:?}", self.model.config),
             batch: 1,
             kv_capacity: self.opts.kv_capacity,
             fused: self.opts.fused_step,
-            sampled,
+            ending,
         }
     }
 
@@ -280,23 +287,23 @@ impl CudaBackend {
 
     /// Host setup for one step: a cache hit costs a key comparison; a miss (or the cache off)
     /// resolves every launch again from the weights' tables.
-    fn setup(&mut self, id: SessionId, sampled: bool) -> Result<StepRef> {
-        let key = self.key(id, sampled);
+    fn setup(&mut self, id: SessionId, ending: Ending) -> Result<StepRef> {
+        let key = self.key(id, ending);
         let cfg = self.model.config.clone();
         self.session(id)?;
         let (dev, w, s) = (&self.dev, &self.w, &self.scratch);
         let sess = self.sessions.get_mut(&id).expect("created");
         if !self.opts.setup_cache {
-            return Ok(StepRef::Eager(step::build(&cfg, w, s, &sess.kv, sampled)));
+            return Ok(StepRef::Eager(step::build(&cfg, w, s, &sess.kv, ending)));
         }
         if let Some(i) = sess.cache.iter().position(|c| c.key == key) {
             return Ok(StepRef::Cached(i));
         }
         // A stale entry of the same variant (options changed) is replaced.
-        sess.cache.retain(|c| c.key.sampled != sampled);
+        sess.cache.retain(|c| c.key.ending != ending);
         {
             let mut launches = step::layers(&cfg, w, s, &sess.kv);
-            let tail = step::tail(&cfg, w, s, sampled);
+            let tail = step::tail(&cfg, w, s, ending);
             let fused = match key.fused {
                 true => {
                     let bytes = launches.iter().map(|l| l.bytes_read).sum();
@@ -324,6 +331,19 @@ impl CudaBackend {
     fn submit(&mut self, id: SessionId, step: StepRef, slot: usize) -> Result<()> {
         let (e0, e1) = self.events[slot % RING];
         unsafe { result::event::record(e0, self.dev.stream)? };
+        self.run_step(id, step)?;
+        let st = self.scratch.state.ptr;
+        // SAFETY: pinned slot of one StepState; copied in stream order after the step.
+        unsafe {
+            result::memcpy_dtoh_async(self.pinned.slot(slot), st, self.dev.stream)?;
+            result::event::record(e1, self.dev.stream)?;
+        }
+        Ok(())
+    }
+
+    /// The step's work in stream order: the graph replay (and the fused step's phase times),
+    /// or the eager launches.
+    fn run_step(&mut self, id: SessionId, step: StepRef) -> Result<()> {
         match step {
             StepRef::Cached(i) => {
                 let cache = &self.sessions[&id].cache[i];
@@ -339,13 +359,26 @@ impl CudaBackend {
             StepRef::Eager(ls) if self.opts.profile_kernels => self.launch_profiled(&ls)?,
             StepRef::Eager(ls) => ls.iter().try_for_each(|l| self.dev.launch(l))?,
         }
-        let st = self.scratch.state.ptr;
-        // SAFETY: pinned slot of one StepState; copied in stream order after the step.
-        unsafe {
-            result::memcpy_dtoh_async(self.pinned.slot(slot), st, self.dev.stream)?;
-            result::event::record(e1, self.dev.stream)?;
-        }
         Ok(())
+    }
+
+    /// Queues prompt token `i` (at `pos`) without the output head (Ending::LayersOnly): its
+    /// step state goes up from a pinned slot in stream order, so the host neither uploads
+    /// synchronously nor waits for the step; it waits for the queue once every PREFILL_RING
+    /// tokens, before it reuses the slots.
+    fn queue_prompt_step(&mut self, id: SessionId, token: u32, pos: usize, i: usize) -> Result<()> {
+        if i > 0 && i.is_multiple_of(PREFILL_RING) {
+            self.dev.sync()?;
+        }
+        let slot = self.prompt_states.slot(i);
+        slot[0] = StepState {
+            token,
+            pos: pos as u32,
+        };
+        // SAFETY: one pinned StepState, not rewritten until the queue has drained (above).
+        unsafe { result::memcpy_htod_async(self.scratch.state.ptr, slot, self.dev.stream)? };
+        let step = self.setup(id, Ending::LayersOnly)?;
+        self.run_step(id, step)
     }
 
     /// The timeline, where it records decode step `step` of a call.
@@ -355,13 +388,13 @@ impl CudaBackend {
 
     /// Adds what the timeline recorded in this decode's recorded steps, launches named after
     /// this session's step (no-op without Q4MOE_CUDA_TIMELINE=1).
-    fn read_timeline(&mut self, id: SessionId, sampled: bool) -> Result<()> {
+    fn read_timeline(&mut self, id: SessionId, ending: Ending) -> Result<()> {
         let Some(t) = &self.timeline else {
             return Ok(());
         };
         let steps = t.read(&self.dev)?;
         let kv = &self.sessions[&id].kv;
-        let launches = step::build(&self.model.config, &self.w, &self.scratch, kv, sampled);
+        let launches = step::build(&self.model.config, &self.w, &self.scratch, kv, ending);
         for stamps in &steps {
             for (name, (calls, secs, _)) in timeline::summarize(stamps, &launches) {
                 let e = self.timeline_profile.entry(name).or_default();
@@ -424,7 +457,7 @@ impl CudaBackend {
             token,
             pos: pos as u32,
         })?;
-        let step = self.setup(id, false)?;
+        let step = self.setup(id, Ending::Argmax)?;
         self.submit(id, step, 0)?;
         if logits_to_host {
             // SAFETY: vocab_size pinned floats; copied in stream order after the step.
@@ -471,6 +504,11 @@ impl CudaBackend {
             pos: len0 as u32,
         })?;
         let sampled = !req.sampling.is_greedy();
+        let ending = if sampled {
+            Ending::Sampled
+        } else {
+            Ending::Argmax
+        };
         if let Some(cfg) = step::sample_config(req.sampling).filter(|_| sampled) {
             // The draw sequence continues where the host sampler's would (DecodeRequest).
             let rng = Sampler::continuing(req.sampling.clone(), &[]).rng_state();
@@ -487,7 +525,7 @@ impl CudaBackend {
                     t.begin_step(&self.dev)?;
                 }
                 let t0 = Instant::now();
-                let step = self.setup(id, sampled)?;
+                let step = self.setup(id, ending)?;
                 let t1 = Instant::now();
                 self.submit(id, step, submitted)?;
                 if let Some(t) = self.recording(submitted) {
@@ -511,7 +549,7 @@ impl CudaBackend {
         // Steps computed ahead are discarded: the KV length below ignores what they wrote.
         self.dev.sync()?;
         if submitted > timeline::FROM_STEP {
-            self.read_timeline(id, sampled)?;
+            self.read_timeline(id, ending)?;
         }
         phases.truncate(handed);
         Ok((
@@ -591,7 +629,13 @@ impl Backend for CudaBackend {
             vocab
         });
         let len0 = self.kv_len(session);
-        for (i, &t) in tokens.iter().enumerate() {
+        // Without all_logits the tokens before the last need only their keys and values.
+        let queued = if all_logits { 0 } else { tokens.len() - 1 };
+        for (i, &t) in tokens[..queued].iter().enumerate() {
+            self.queue_prompt_step(session, t, len0 + i, i)?;
+        }
+        self.session(session)?.len = len0 + queued;
+        for (i, &t) in tokens.iter().enumerate().skip(queued) {
             self.step_sync(session, t, len0 + i, false)?;
             self.session(session)?.len = len0 + i + 1;
             if all_logits || i + 1 == tokens.len() {

@@ -433,10 +433,22 @@ pub fn sample_config(p: &SamplingParams) -> Option<SampleConfig> {
 
 /// The whole step for a session's KV: embedding, every layer, head, then arg-max or (`sampled`)
 /// the device sampler with the settings in `s.sample_cfg`.
-pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, sampled: bool) -> Vec<Launch> {
+pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, ending: Ending) -> Vec<Launch> {
     let mut out = layers(c, w, s, kv);
-    out.extend(tail(c, w, s, sampled));
+    out.extend(tail(c, w, s, ending));
     out
+}
+
+/// What a step runs after its layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The output head and the arg-max (greedy decode; a prompt's last token).
+    Argmax,
+    /// The output head and the device sampler.
+    Sampled,
+    /// Nothing: a prompt's tokens before its last leave only their keys and values (the head
+    /// read 175 MB a token, ~3% of a Qwen3-30B-A3B step).
+    LayersOnly,
 }
 
 /// The embedding and every layer (what the fused step replaces).
@@ -538,8 +550,11 @@ pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 4] {
     ]
 }
 
-/// The output head, then the token choice (arg-max, or the device sampler when `sampled`).
-pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> {
+/// The output head, then the token choice (arg-max, or the device sampler), as `ending` says.
+pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch> {
+    if ending == Ending::LayersOnly {
+        return Vec::new();
+    }
     let rows = [(w.output, s.logits.ptr, c.vocab_size)];
     let head = Mv {
         norm: w.output_norm,
@@ -548,7 +563,7 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, sampled: bool) -> Vec<Launch> 
     };
     let head = matvec("head", &head);
     let mut out = vec![looped(head, s.head_blocks)];
-    if sampled {
+    if ending == Ending::Sampled {
         let p = SampleParams {
             logits: s.logits.ptr,
             state: s.state.ptr,
