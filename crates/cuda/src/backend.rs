@@ -370,6 +370,8 @@ impl CudaBackend {
         if i > 0 && i.is_multiple_of(PREFILL_RING) {
             self.dev.sync()?;
         }
+        // Set up first: a first use captures the graph, which no copy may precede in its stream.
+        let step = self.setup(id, Ending::LayersOnly)?;
         let slot = self.prompt_states.slot(i);
         slot[0] = StepState {
             token,
@@ -377,7 +379,6 @@ impl CudaBackend {
         };
         // SAFETY: one pinned StepState, not rewritten until the queue has drained (above).
         unsafe { result::memcpy_htod_async(self.scratch.state.ptr, slot, self.dev.stream)? };
-        let step = self.setup(id, Ending::LayersOnly)?;
         self.run_step(id, step)
     }
 
