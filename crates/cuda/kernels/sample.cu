@@ -198,6 +198,26 @@ __device__ __forceinline__ void crossing(const T* hist, bool desc, T want, u32* 
     }
 }
 
+// One 8-bit pass of a radix select (every thread calls it): `fill` adds each candidate to the
+// zeroed 256-bin histogram `hist` (its digit at `shift`, when its higher digits match `prefix`
+// under `mask`), then the bin where the running sum from the top bin (`desc`) or from bin 0
+// reaches `want` joins `prefix`, and what the bins before it hold leaves `want`. T: u32 counts
+// (before: &s.before) or u64 fixed-point weights (&s.wbefore).
+template <class T, class Fill>
+__device__ __forceinline__ void radix_pass(T* hist, T* before, bool desc, int shift, u32& prefix, u32& mask, T& want,
+                                           SampleSmem& s, Fill fill) {
+    if (threadIdx.x < 256) hist[threadIdx.x] = 0;
+    __syncthreads();
+    fill();
+    __syncthreads();
+    if (threadIdx.x < 32) crossing(hist, desc, want, &s.bin, before);
+    __syncthreads();
+    prefix |= s.bin << shift;
+    want -= *before;
+    mask |= 255u << shift;
+    __syncthreads();
+}
+
 // The loops over the logits are unrolled so several loads per thread are in flight (a rolled
 // loop waits one L2 round trip per element).
 // Key of the k-th largest candidate (radix select, 8 bits a pass) and how many candidates equal
@@ -205,26 +225,18 @@ __device__ __forceinline__ void crossing(const T* hist, bool desc, T want, u32* 
 template <class Src>
 __device__ void select_kth(const Src& src, int k, SampleSmem& s, u32& thr, u32& take) {
     u32 prefix = 0, mask = 0, want = (u32)k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        if (threadIdx.x < 256) s.hist[threadIdx.x] = 0;
-        __syncthreads();
+    for (int shift = 24; shift >= 0; shift -= 8)
+        radix_pass(s.hist, &s.before, true, shift, prefix, mask, want, s, [&] {
 #pragma unroll 4
-        for (int base = 0; base < src.n; base += blockDim.x) {  // whole warps: match_any
-            int i = base + threadIdx.x;
-            u32 key = i < src.n ? src.key(i) : 0u;
-            // One atomic a warp and bin: the first passes' keys crowd into a few bins.
-            u32 bin = key != 0 && (key & mask) == prefix ? (key >> shift) & 255 : 256;
-            unsigned peers = __match_any_sync(0xffffffff, bin);
-            if (bin < 256 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u32)__popc(peers));
-        }
-        __syncthreads();
-        if (threadIdx.x < 32) crossing(s.hist, true, want, &s.bin, &s.before);
-        __syncthreads();
-        prefix |= s.bin << shift;
-        want -= s.before;
-        mask |= 255u << shift;
-        __syncthreads();
-    }
+            for (int base = 0; base < src.n; base += blockDim.x) {  // whole warps: match_any
+                int i = base + threadIdx.x;
+                u32 key = i < src.n ? src.key(i) : 0u;
+                // One atomic a warp and bin: the first passes' keys crowd into a few bins.
+                u32 bin = key != 0 && (key & mask) == prefix ? (key >> shift) & 255 : 256;
+                unsigned peers = __match_any_sync(0xffffffff, bin);
+                if (bin < 256 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&s.hist[bin], (u32)__popc(peers));
+            }
+        });
     thr = prefix;
     take = want;
 }
@@ -519,40 +531,24 @@ __device__ uint2 nucleus_cut(const SampleParams& p, NucEdge e, SampleSmem& s) {
     u32 n = __ldcg((const u32*)((const u64*)p.nucleus + 256));
     u32 prefix = 0, mask = 0;
     u64 want = e.rest;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        if (threadIdx.x < 256) s.whist[threadIdx.x] = 0;
-        __syncthreads();
-        for (int base = 0; base < (int)n; base += blockDim.x) {  // whole warps: warp_add
-            int i = base + threadIdx.x;
-            u32 key = i < (int)n ? __ldcg(ek + i) : 0u;
-            bool in = i < (int)n && (key & mask) == prefix;
-            warp_add(s.whist, in ? (key >> shift) & 255 : 256u, nuc_fixed(__uint_as_float(key)));
-        }
-        __syncthreads();
-        if (threadIdx.x < 32) crossing(s.whist, true, want, &s.bin, &s.wbefore);
-        __syncthreads();
-        prefix |= s.bin << shift;
-        want -= s.wbefore;
-        mask |= 255u << shift;
-        __syncthreads();
-    }
+    for (int shift = 24; shift >= 0; shift -= 8)
+        radix_pass(s.whist, &s.wbefore, true, shift, prefix, mask, want, s, [&] {
+            for (int base = 0; base < (int)n; base += blockDim.x) {  // whole warps: warp_add
+                int i = base + threadIdx.x;
+                u32 key = i < (int)n ? __ldcg(ek + i) : 0u;
+                bool in = i < (int)n && (key & mask) == prefix;
+                warp_add(s.whist, in ? (key >> shift) & 255 : 256u, nuc_fixed(__uint_as_float(key)));
+            }
+        });
     u64 q = nuc_fixed(__uint_as_float(prefix));  // > 0: the cut adds to the running sum
     u32 ties = (u32)((want + q - 1) / q), id = 0, imask = 0;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        if (threadIdx.x < 256) s.hist[threadIdx.x] = 0;
-        __syncthreads();
-        for (int i = threadIdx.x; i < (int)n; i += blockDim.x) {
-            u32 d = __ldcg(ei + i);
-            if (__ldcg(ek + i) == prefix && (d & imask) == id) atomicAdd(&s.hist[(d >> shift) & 255], 1u);
-        }
-        __syncthreads();
-        if (threadIdx.x < 32) crossing(s.hist, false, ties, &s.bin, &s.before);
-        __syncthreads();
-        id |= s.bin << shift;
-        ties -= s.before;
-        imask |= 255u << shift;
-        __syncthreads();
-    }
+    for (int shift = 24; shift >= 0; shift -= 8)
+        radix_pass(s.hist, &s.before, false, shift, id, imask, ties, s, [&] {
+            for (int i = threadIdx.x; i < (int)n; i += blockDim.x) {
+                u32 d = __ldcg(ei + i);
+                if (__ldcg(ek + i) == prefix && (d & imask) == id) atomicAdd(&s.hist[(d >> shift) & 255], 1u);
+            }
+        });
     return make_uint2(prefix, id);
 }
 
