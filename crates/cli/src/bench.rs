@@ -207,6 +207,15 @@ fn variants(a: &BenchArgs, backend: &AnyBackend) -> Vec<Variant> {
             },
         });
         v.push(Variant {
+            name: "sampled k20 rep1.1".into(),
+            setup_cache: true,
+            in_flight,
+            sampling: SamplingParams {
+                repetition_penalty: 1.1,
+                ..qwen3.clone()
+            },
+        });
+        v.push(Variant {
             name: "sampled T1 p1".into(),
             setup_cache: true,
             in_flight,

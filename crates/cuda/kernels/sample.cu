@@ -90,10 +90,14 @@ extern "C" __global__ void argmax_final(const ArgmaxParams p) {
 // min-p cut in sorted order; r = u * kept mass walked in sorted order. exp is evaluated in double
 // and rounded, so it agrees with the host's correctly rounded expf except in rare ties.
 struct SampleConfig {
-    float temperature;  // > 0
+    float temperature;  // > 0 (unread by the greedy path's penalties)
     int top_k;          // 1..=SAMPLE_MAX_K, or 0 (off)
     float top_p;        // (0, 1]; 1 = off
     float min_p;        // [0, 1]; 0 = off
+    float repetition;   // > 0; 1 = off
+    float presence;     // 0 = off
+    float frequency;    // 0 = off
+    int pad;
 };
 
 struct SampleParams {
@@ -111,6 +115,7 @@ struct SampleParams {
     u64 nucleus; // top-p without top-k: u64 [256] fixed-point weights a bucket, then u32 the
                  // edge's length (sample_partial zeroes them); the weights and the edge's weight
                  // bits and ids are in `work`: f32 [n], u32 [n], u32 [n]
+    u64 counts;  // u32 [n]: each id's count in the request's history and draws (penalties)
     int n;
     int n_blocks;  // ceil(n / SAMPLE_CHUNK)
     int walk_cpb;  // chunks a sample_walk block sums
@@ -717,4 +722,28 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
     }
     st->token = tok;
     st->pos += 1;
+}
+
+// The host sampler's penalties (q4moe_model::sampling::Sampler::apply_penalties) on the logits,
+// in place, before the step's choice: each id the history or an earlier draw holds (counts > 0)
+// has its logit divided (positive) or multiplied by the repetition penalty, then the presence
+// penalty plus the frequency penalty times its count subtracted. Each logit on its own, in the
+// host's order and rounding (no contraction into fma), so the choice sees the host's floats.
+extern "C" __global__ void sample_penalize(const SampleParams p) {
+    pdl_start();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= p.n) return;
+    u32 k = __ldcg((const u32*)p.counts + i);
+    if (k == 0) return;
+    const SampleConfig c = *(const SampleConfig*)p.cfg;
+    float* lg = (float*)p.logits;
+    float l = lg[i];
+    if (c.repetition != 1.f) l = l > 0.f ? __fdiv_rn(l, c.repetition) : __fmul_rn(l, c.repetition);
+    lg[i] = __fsub_rn(l, __fadd_rn(c.presence, __fmul_rn(c.frequency, (float)k)));
+}
+
+// The step's choice counted (after it), for the next step's penalties.
+extern "C" __global__ void sample_count(const SampleParams p) {
+    pdl_start();
+    if (threadIdx.x == 0) ((u32*)p.counts)[((const StepState*)p.state)->token] += 1;
 }

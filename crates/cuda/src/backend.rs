@@ -16,7 +16,7 @@ use crate::device::{DevBuf, Device, Launch};
 use crate::fused::FusedStep;
 use crate::graph::Graph;
 use crate::params::StepState;
-use crate::step::{self, Ending, Kv, Scratch};
+use crate::step::{self, Choice, Ending, Kv, Scratch};
 use crate::timeline::{self, Timeline};
 use crate::weights::{self, Weights};
 use crate::{CudaOptions, KernelTime, Result};
@@ -458,7 +458,7 @@ impl CudaBackend {
             token,
             pos: pos as u32,
         })?;
-        let step = self.setup(id, Ending::Argmax)?;
+        let step = self.setup(id, Ending::Head(Choice::default()))?;
         self.submit(id, step, 0)?;
         if logits_to_host {
             // SAFETY: vocab_size pinned floats; copied in stream order after the step.
@@ -504,19 +504,27 @@ impl CudaBackend {
             token: req.first_token,
             pos: len0 as u32,
         })?;
-        let sampled = !req.sampling.is_greedy();
-        let ending = if sampled {
-            Ending::Sampled
-        } else {
-            Ending::Argmax
-        };
-        if let Some(cfg) = step::sample_config(req.sampling).filter(|_| sampled) {
-            // The draw sequence continues where the host sampler's would (DecodeRequest).
-            let rng = Sampler::continuing(req.sampling.clone(), &[]).rng_state();
-            let s = &self.scratch;
+        let choice = Choice::of(req.sampling);
+        let ending = Ending::Head(choice);
+        let s = &self.scratch;
+        if let Some(cfg) = step::sample_config(req.sampling) {
             s.sample_cfg
                 .upload(&self.dev, 0, std::slice::from_ref(&cfg))?;
+        }
+        if choice.sampled {
+            // The draw sequence continues where the host sampler's would (DecodeRequest).
+            let rng = Sampler::continuing(req.sampling.clone(), &[]).rng_state();
             s.rng.upload(&self.dev, 0, &[rng])?;
+        }
+        if choice.penalized {
+            // The host sampler's counts (Sampler::continuing observes the history).
+            let mut counts = vec![0u32; self.model.config.vocab_size];
+            for &t in req.history {
+                if let Some(n) = counts.get_mut(t as usize) {
+                    *n += 1; // ids past the vocabulary count for nothing, as on the host
+                }
+            }
+            s.sample_counts.upload(&self.dev, 0, &counts)?;
         }
         let mut phases = vec![PhaseTimes::default(); steps];
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
@@ -660,10 +668,10 @@ impl Backend for CudaBackend {
         self.dev.bind()?;
         let len0 = self.kv_len(req.session);
         self.session(req.session)?;
-        // The device handles greedy and the samplers step::sample_config accepts; the rest
-        // (penalties, top-k above SAMPLE_MAX_K, logits wanted) samples on the host.
+        // The device handles greedy and the samplers step::sample_config accepts, penalties
+        // included; the rest (top-k above SAMPLE_MAX_K, logits wanted) samples on the host.
         let device_ok = req.sampling.is_greedy() || step::sample_config(req.sampling).is_some();
-        let host = req.want_logits || req.sampling.has_penalties() || !device_ok;
+        let host = req.want_logits || !device_ok;
         let (stats, handed, full) = if host {
             self.decode_host(req, on_token)?
         } else {

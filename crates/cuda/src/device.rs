@@ -42,6 +42,8 @@ pub enum Kernel {
     SampleWalk,
     SampleEdge,
     SampleTopk,
+    SamplePenalize,
+    SampleCount,
     /// An empty dependent launch (probe.cu; benches/launch_chain.rs).
     PdlProbe,
 }
@@ -95,7 +97,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 19] = [
+const SINGLE: [Kernel; 21] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -114,6 +116,8 @@ const SINGLE: [Kernel; 19] = [
     Kernel::SampleWalk,
     Kernel::SampleEdge,
     Kernel::SampleTopk,
+    Kernel::SamplePenalize,
+    Kernel::SampleCount,
     Kernel::PdlProbe,
 ];
 
@@ -167,6 +171,8 @@ impl Kernel {
             Kernel::SampleWalk => "sample_walk",
             Kernel::SampleEdge => "sample_edge",
             Kernel::SampleTopk => "sample_topk",
+            Kernel::SamplePenalize => "sample_penalize",
+            Kernel::SampleCount => "sample_count",
             Kernel::PdlProbe => "pdl_probe",
         }
     }

@@ -333,7 +333,12 @@ pub struct SampleConfig {
     pub top_k: i32,
     pub top_p: f32,
     pub min_p: f32,
+    pub repetition: f32,
+    pub presence: f32,
+    pub frequency: f32,
+    pub pad: i32,
 }
+const _: () = assert!(std::mem::size_of::<SampleConfig>() == 32);
 
 /// `SampleParams` in sample.cu.
 #[repr(C)]
@@ -346,11 +351,12 @@ pub struct SampleParams {
     pub work: u64,
     pub finite: u64,
     pub nucleus: u64,
+    pub counts: u64,
     pub n: i32,
     pub n_blocks: i32,
     pub walk_cpb: i32,
 }
-const _: () = assert!(std::mem::size_of::<SampleParams>() == 72);
+const _: () = assert!(std::mem::size_of::<SampleParams>() == 80);
 
 /// `SAMPLE_MAX_K` in sample.cu: the largest top-k the device sampler takes (its block size).
 pub const SAMPLE_MAX_K: usize = 1024;

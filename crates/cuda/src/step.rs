@@ -63,6 +63,8 @@ pub struct Scratch {
     pub sample_work: DevBuf,
     pub sample_finite: DevBuf,
     pub sample_nucleus: DevBuf,
+    /// u32 [vocab]: each id's count in the request's history and draws (the device penalties)
+    pub sample_counts: DevBuf,
     pub n_split: usize,
     /// attn_gqa's blocks a KV head (CudaOptions::attn_max_blocks, at most n_split).
     pub att_blocks: usize,
@@ -125,6 +127,7 @@ impl Scratch {
             sample_work: DevBuf::new(dev, sample_work)?,
             sample_finite: DevBuf::new(dev, sample_finite)?,
             sample_nucleus: DevBuf::new(dev, sample_nucleus)?,
+            sample_counts: f(c.vocab_size)?,
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
@@ -147,6 +150,7 @@ impl Scratch {
         let (work, finite, nucleus) = sample_bytes(c.vocab_size);
         work + finite
             + nucleus
+            + 4 * c.vocab_size
             + 4
             + 4 * (4 * c.d_model
                 + 3 * c.q_dim()
@@ -418,37 +422,55 @@ fn layer_o_proj_router(
     o_proj_router(lw.o, &lw.router, s.attn.ptr, x_out, r)
 }
 
-/// The device sampler's settings for `p`, or None when it needs the host sampler (penalties,
-/// top-k above SAMPLE_MAX_K). Top-k off is the device's nucleus (with a top-p cut) or its
+/// The device sampler's settings for `p`, or None when it needs the host sampler (top-k above
+/// SAMPLE_MAX_K). Top-k off is the device's nucleus (with a top-p cut) or its
 /// vocabulary-order walk (without).
 pub fn sample_config(p: &SamplingParams) -> Option<SampleConfig> {
-    let top_k_ok = p.top_k <= SAMPLE_MAX_K;
-    (!p.has_penalties() && top_k_ok).then_some(SampleConfig {
+    (p.top_k <= SAMPLE_MAX_K).then_some(SampleConfig {
         temperature: p.temperature,
         top_k: p.top_k as i32,
         top_p: p.top_p,
         min_p: p.min_p,
+        repetition: p.repetition_penalty,
+        presence: p.presence_penalty,
+        frequency: p.frequency_penalty,
+        pad: 0,
     })
 }
 
-/// The whole step for a session's KV: embedding, every layer, head, then arg-max or (`sampled`)
-/// the device sampler with the settings in `s.sample_cfg`.
-pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, ending: Ending) -> Vec<Launch> {
-    let mut out = layers(c, w, s, kv);
-    out.extend(tail(c, w, s, ending));
-    out
+/// How a step chooses its token after the head: the arg-max or the device sampler
+/// (`sampled`), after the penalties of the request's history and draws (`penalized`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Choice {
+    pub sampled: bool,
+    pub penalized: bool,
+}
+
+impl Choice {
+    pub fn of(p: &SamplingParams) -> Choice {
+        Choice {
+            sampled: !p.is_greedy(),
+            penalized: p.has_penalties(),
+        }
+    }
 }
 
 /// What a step runs after its layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ending {
-    /// The output head and the arg-max (greedy decode; a prompt's last token).
-    Argmax,
-    /// The output head and the device sampler.
-    Sampled,
+    /// The output head and the token's choice (decode; a prompt's last token).
+    Head(Choice),
     /// Nothing: a prompt's tokens before its last leave only their keys and values (the head
     /// read 175 MB a token, ~3% of a Qwen3-30B-A3B step).
     LayersOnly,
+}
+
+/// The whole step for a session's KV: embedding, every layer, then what `ending` says (the
+/// head and the token's choice, with the settings in `s.sample_cfg`, or nothing).
+pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, ending: Ending) -> Vec<Launch> {
+    let mut out = layers(c, w, s, kv);
+    out.extend(tail(c, w, s, ending));
+    out
 }
 
 /// The embedding and every layer (what the fused step replaces).
@@ -550,11 +572,12 @@ pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 4] {
     ]
 }
 
-/// The output head, then the token choice (arg-max, or the device sampler), as `ending` says.
+/// The output head, then the token choice as `ending` says: the penalties (rewriting the
+/// logits), the arg-max or the device sampler, the choice counted for the next penalties.
 pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch> {
-    if ending == Ending::LayersOnly {
+    let Ending::Head(choice) = ending else {
         return Vec::new();
-    }
+    };
     let rows = [(w.output, s.logits.ptr, c.vocab_size)];
     let head = Mv {
         norm: w.output_norm,
@@ -563,20 +586,38 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch>
     };
     let head = matvec("head", &head);
     let mut out = vec![looped(head, s.head_blocks)];
-    if ending == Ending::Sampled {
-        let p = SampleParams {
-            logits: s.logits.ptr,
-            state: s.state.ptr,
-            cfg: s.sample_cfg.ptr,
-            rng: s.rng.ptr,
-            work: s.sample_work.ptr,
-            finite: s.sample_finite.ptr,
-            nucleus: s.sample_nucleus.ptr,
-            ..Default::default()
-        };
-        out.extend(sample(p, c.vocab_size));
-        return out;
+    let p = SampleParams {
+        logits: s.logits.ptr,
+        state: s.state.ptr,
+        cfg: s.sample_cfg.ptr,
+        rng: s.rng.ptr,
+        work: s.sample_work.ptr,
+        finite: s.sample_finite.ptr,
+        nucleus: s.sample_nucleus.ptr,
+        counts: s.sample_counts.ptr,
+        n: c.vocab_size as i32,
+        ..Default::default()
+    };
+    let one = |k: Kernel, grid: u32| Launch::new(k, "sample", (grid, 1, 1), THREADS, 0, &p, 0);
+    if choice.penalized {
+        out.push(one(
+            Kernel::SamplePenalize,
+            (c.vocab_size as u32).div_ceil(THREADS),
+        ));
     }
+    if choice.sampled {
+        out.extend(sample(p, c.vocab_size));
+    } else {
+        out.extend(argmax(c, s));
+    }
+    if choice.penalized {
+        out.push(one(Kernel::SampleCount, 1));
+    }
+    out
+}
+
+/// The arg-max of the logits into the step state: partial maxima, then the final one.
+fn argmax(c: &Config, s: &Scratch) -> [Launch; 2] {
     let am = ArgmaxParams {
         logits: s.logits.ptr,
         part_v: s.am_v.ptr,
@@ -585,25 +626,18 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch>
         n: c.vocab_size as i32,
         n_blocks: ARGMAX_BLOCKS as i32,
     };
-    out.push(Launch::new(
-        Kernel::ArgmaxPartial,
-        "argmax",
-        (ARGMAX_BLOCKS as u32, 1, 1),
-        THREADS,
-        0,
-        &am,
-        0,
-    ));
-    out.push(Launch::new(
-        Kernel::ArgmaxFinal,
-        "argmax",
-        (1, 1, 1),
-        128,
-        0,
-        &am,
-        0,
-    ));
-    out
+    [
+        Launch::new(
+            Kernel::ArgmaxPartial,
+            "argmax",
+            (ARGMAX_BLOCKS as u32, 1, 1),
+            THREADS,
+            0,
+            &am,
+            0,
+        ),
+        Launch::new(Kernel::ArgmaxFinal, "argmax", (1, 1, 1), 128, 0, &am, 0),
+    ]
 }
 
 fn layer(

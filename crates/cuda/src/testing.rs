@@ -427,21 +427,26 @@ impl TestDevice {
     }
 
     /// `draws` device samples of one logits vector, the RNG state carried from draw to draw
-    /// (starting at `params.seed`), as a decode would; None when the device sampler does not
-    /// take these settings.
+    /// (starting at `params.seed`) and the penalties' counts from `history` and the draws, as
+    /// a decode would (the logits fresh each draw, as the host sampler is given them); None
+    /// when the device sampler does not take these settings.
     pub fn sample(
         &self,
         logits: &[f32],
         params: &q4moe_model::sampling::SamplingParams,
+        history: &[u32],
         draws: usize,
     ) -> Result<Option<Vec<u32>>> {
         let Some(cfg) = crate::step::sample_config(params) else {
             return Ok(None);
         };
+        let n = logits.len();
         let lb = self.upload(logits)?;
         let (cb, rng) = (self.upload(&[cfg])?, self.upload(&[params.seed])?);
         let st = self.upload(&[StepState { token: 0, pos: 0 }])?;
-        let n = logits.len();
+        let mut counts = vec![0u32; n];
+        history.iter().for_each(|&t| counts[t as usize] += 1);
+        let counts = self.upload(&counts)?;
         let (work, finite, nucleus) = crate::step::sample_bytes(n);
         let (work, finite) = (self.poisoned(work / 4)?, self.poisoned(finite / 4)?);
         let nucleus = self.poisoned(nucleus / 4)?;
@@ -453,12 +458,24 @@ impl TestDevice {
             work: work.ptr,
             finite: finite.ptr,
             nucleus: nucleus.ptr,
+            counts: counts.ptr,
+            n: n as i32,
             ..Default::default()
         };
+        let pen =
+            |k: Kernel, grid: usize| Launch::new(k, "sample", (grid as u32, 1, 1), 256, 0, &p, 0);
         let mut out = Vec::with_capacity(draws);
         for i in 0..draws {
+            lb.upload(&self.dev, 0, logits)?;
+            if params.has_penalties() {
+                self.dev
+                    .launch(&pen(Kernel::SamplePenalize, n.div_ceil(256)))?;
+            }
             for l in crate::step::sample(p, n) {
                 self.dev.launch(&l)?;
+            }
+            if params.has_penalties() {
+                self.dev.launch(&pen(Kernel::SampleCount, 1))?;
             }
             let mut s = [StepState::default()];
             st.download(&self.dev, 0, &mut s)?;

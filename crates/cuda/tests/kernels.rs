@@ -292,7 +292,7 @@ fn sampler_matches_host_sampler() {
                 ..Default::default()
             };
             let got = dev
-                .sample(&lg, &p, 64)
+                .sample(&lg, &p, &[], 64)
                 .unwrap()
                 .expect("device sampler takes it");
             let mut host = Sampler::new(p.clone(), &[]);
@@ -311,20 +311,64 @@ fn sampler_matches_host_sampler() {
             seed: 8,
             ..Default::default()
         };
-        let got = dev.sample(&flat, &p, 64).unwrap().expect("device nucleus");
+        let got = dev
+            .sample(&flat, &p, &[], 64)
+            .unwrap()
+            .expect("device nucleus");
         let mut host = Sampler::new(p.clone(), &[]);
         let want: Vec<u32> = (0..64).map(|_| host.sample(&mut flat.clone())).collect();
         assert_eq!(got, want, "flat logits, top-p {top_p}");
     }
-    let penalised = SamplingParams {
+    // Penalties over a history and the draws: the logits the host rewrites, the same draws.
+    let n = 151936;
+    let lg = randn(&mut rng, n, 3.0);
+    let history: Vec<u32> = (0..300).map(|i| ((i * 7919) % 5000) as u32).collect();
+    let best: Vec<u32> = (0..50u32).map(|i| i * 3001 % n as u32).collect();
+    let mut lg_hot = lg.clone();
+    best.iter()
+        .for_each(|&i| lg_hot[i as usize] = 9.0 + (i % 7) as f32 * 0.1); // drawn again and again
+    let history = [history, best.clone()].concat();
+    for (t, k, rep, presence, frequency) in [
+        (0.7, 20, 1.3, 0.0, 0.0),
+        (1.0, 0, 1.1, 0.5, 0.2),
+        (0.8, 40, 1.0, -0.4, 0.3),
+    ] {
+        let p = SamplingParams {
+            temperature: t,
+            top_k: k,
+            top_p: 0.95,
+            repetition_penalty: rep,
+            presence_penalty: presence,
+            frequency_penalty: frequency,
+            seed: 77,
+            ..Default::default()
+        };
+        let got = dev
+            .sample(&lg_hot, &p, &history, 64)
+            .unwrap()
+            .expect("device penalties");
+        let mut host = Sampler::new(p.clone(), &history);
+        let want: Vec<u32> = (0..64).map(|_| host.sample(&mut lg_hot.clone())).collect();
+        assert_eq!(got, want, "penalties {p:?}");
+        let plain = SamplingParams {
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            ..p.clone()
+        };
+        let mut host = Sampler::new(plain, &history);
+        let unpenalised: Vec<u32> = (0..64).map(|_| host.sample(&mut lg_hot.clone())).collect();
+        assert_ne!(want, unpenalised, "penalties {p:?} changed no draw");
+    }
+    let wide_k = SamplingParams {
         temperature: 1.0,
-        repetition_penalty: 1.1,
+        top_k: 2000,
         ..Default::default()
     };
     assert_eq!(
-        dev.sample(&[0.0; 8], &penalised, 1).unwrap(),
+        dev.sample(&[0.0; 8], &wide_k, &[], 1).unwrap(),
         None,
-        "penalties: host path"
+        "top-k above SAMPLE_MAX_K: host path"
     );
 }
 

@@ -26,37 +26,32 @@ fn greedy(
     n: usize,
     stop_after: Option<usize>,
 ) -> Vec<u32> {
-    decode(
-        b,
-        session,
-        first,
-        n,
-        stop_after,
-        &SamplingParams::greedy(),
-        false,
-    )
+    let greedy = SamplingParams::greedy();
+    decode(b, &request(session, first, n, &greedy, false), stop_after)
 }
 
-/// `want_logits`: the logits come back to the host, and so the CUDA backend samples there.
-fn decode(
-    b: &mut dyn Backend,
+/// A decode of `n` tokens after `first` without history. `want_logits`: the logits come back to
+/// the host, and so the CUDA backend samples there.
+fn request(
     session: u64,
     first: u32,
     n: usize,
-    stop_after: Option<usize>,
     params: &SamplingParams,
     want_logits: bool,
-) -> Vec<u32> {
-    let req = DecodeRequest {
+) -> DecodeRequest<'_> {
+    DecodeRequest {
         session,
         first_token: first,
         max_tokens: n,
         sampling: params,
         history: &[],
         want_logits,
-    };
+    }
+}
+
+fn decode(b: &mut dyn Backend, req: &DecodeRequest, stop_after: Option<usize>) -> Vec<u32> {
     let mut out = Vec::new();
-    b.decode(&req, &mut |e| {
+    b.decode(req, &mut |e| {
         out.push(e.token);
         if Some(out.len()) == stop_after {
             Flow::Stop
@@ -207,13 +202,13 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
     gpu.set_in_flight(2);
     gpu.set_setup_cache(true);
     gpu.truncate(1, prompt.len());
-    let want = decode(&mut gpu, 1, first, 48, None, &p, true);
+    let want = decode(&mut gpu, &request(1, first, 48, &p, true), None);
     let mut streams = Vec::new();
     for (cache, fl) in [(true, 2), (true, 1), (false, 1)] {
         gpu.set_setup_cache(cache);
         gpu.set_in_flight(fl);
         gpu.truncate(1, prompt.len());
-        streams.push(decode(&mut gpu, 1, first, 48, None, &p, false));
+        streams.push(decode(&mut gpu, &request(1, first, 48, &p, false), None));
     }
     assert!(want.iter().any(|&t| t != want[0]), "sampling never varied");
     assert_eq!(streams[0], want, "device sampler differs from the host's");
@@ -221,6 +216,52 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
         streams.iter().all(|s| *s == want),
         "sampled variants differ"
     );
+    // Penalties over the prompt as history, greedy and sampled: the device applies them as the
+    // host sampler does to the same (the GPU's) logits, so the tokens are the same.
+    let penalised = [
+        SamplingParams {
+            repetition_penalty: 1.3,
+            presence_penalty: 0.4,
+            ..SamplingParams::greedy()
+        },
+        SamplingParams {
+            repetition_penalty: 1.2,
+            frequency_penalty: 0.3,
+            ..p.clone()
+        },
+    ];
+    for (i, pp) in penalised.iter().enumerate() {
+        let on = |want_logits| DecodeRequest {
+            history: &prompt,
+            ..request(1, first, 32, pp, want_logits)
+        };
+        gpu.truncate(1, prompt.len());
+        let host = decode(&mut gpu, &on(true), None);
+        gpu.truncate(1, prompt.len());
+        let device = decode(&mut gpu, &on(false), None);
+        assert_eq!(
+            device, host,
+            "penalties {i}: device differs from the host sampler"
+        );
+        gpu.truncate(1, prompt.len());
+        let plain = decode(
+            &mut gpu,
+            &request(
+                1,
+                first,
+                32,
+                &SamplingParams {
+                    repetition_penalty: 1.0,
+                    presence_penalty: 0.0,
+                    frequency_penalty: 0.0,
+                    ..pp.clone()
+                },
+                false,
+            ),
+            None,
+        );
+        assert_ne!(device, plain, "penalties {i} changed no token");
+    }
     // Prefill logits of a second session match the first's.
     let l2 = gpu.prefill(2, &prompt, false).unwrap();
     assert_eq!(l2, lg[lg.len() - cfg.vocab_size..]);
