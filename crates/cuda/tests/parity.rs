@@ -216,12 +216,16 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
         streams.iter().all(|s| *s == want),
         "sampled variants differ"
     );
-    // Penalties over the prompt as history, greedy and sampled: the device applies them as the
-    // host sampler does to the same (the GPU's) logits, so the tokens are the same.
+    // Penalties, greedy and sampled: the device applies them as the host sampler does to the
+    // same (the GPU's) logits, so the tokens are the same. The history is the prompt and the
+    // unpenalised decode's tokens many times over: the frequency penalty then pushes those
+    // tokens down by tens of logits, so the penalties surely change the stream (a random model's
+    // greedy tokens rarely repeat, nor come from the prompt).
     let penalised = [
         SamplingParams {
             repetition_penalty: 1.3,
             presence_penalty: 0.4,
+            frequency_penalty: 1.0,
             ..SamplingParams::greedy()
         },
         SamplingParams {
@@ -231,8 +235,17 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
         },
     ];
     for (i, pp) in penalised.iter().enumerate() {
+        let unpenalised = SamplingParams {
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            ..pp.clone()
+        };
+        gpu.truncate(1, prompt.len());
+        let plain = decode(&mut gpu, &request(1, first, 32, &unpenalised, false), None);
+        let history: Vec<u32> = prompt.iter().chain(plain.repeat(64).iter()).copied().collect();
         let on = |want_logits| DecodeRequest {
-            history: &prompt,
+            history: &history,
             ..request(1, first, 32, pp, want_logits)
         };
         gpu.truncate(1, prompt.len());
@@ -242,23 +255,6 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
         assert_eq!(
             device, host,
             "penalties {i}: device differs from the host sampler"
-        );
-        gpu.truncate(1, prompt.len());
-        let plain = decode(
-            &mut gpu,
-            &request(
-                1,
-                first,
-                32,
-                &SamplingParams {
-                    repetition_penalty: 1.0,
-                    presence_penalty: 0.0,
-                    frequency_penalty: 0.0,
-                    ..pp.clone()
-                },
-                false,
-            ),
-            None,
         );
         assert_ne!(device, plain, "penalties {i} changed no token");
     }
