@@ -47,11 +47,10 @@ struct RopeParams {
     float theta;
 };
 
-// grid = n_head + n_kv_head blocks, head_dim threads.
-extern "C" __global__ void qk_norm_rope(const RopeParams p) {
+// Head blockIdx.x (queries first, then keys) of one token; head_dim threads.
+__device__ __forceinline__ void qk_norm_rope_head(const RopeParams& p) {
     __shared__ float red[33];
     __shared__ float v[512];
-    pdl_start();
     int h = blockIdx.x, t = threadIdx.x, hd = p.head_dim, half = hd / 2;
     bool is_q = h < p.n_head;
     int kvh = h - p.n_head;
@@ -78,6 +77,12 @@ extern "C" __global__ void qk_norm_rope(const RopeParams p) {
     }
 }
 
+// grid = n_head + n_kv_head blocks, head_dim threads.
+extern "C" __global__ void qk_norm_rope(const RopeParams p) {
+    pdl_start();
+    qk_norm_rope_head(p);
+}
+
 // Small chunks: each block's loop over positions is latency-bound, so many short blocks win.
 #define ATT_CHUNK 32
 struct AttnParams {
@@ -94,12 +99,12 @@ struct AttnParams {
     float scale;
 };
 
-// grid (n_head, n_split), 128 threads. Chunks past the sequence write an empty partial.
-extern "C" __global__ void attn_split(const AttnParams p) {
+// Chunk blockIdx.y of head blockIdx.x; 128 threads. Chunks past the sequence write an empty
+// partial.
+__device__ __forceinline__ void attn_split_chunk(const AttnParams& p) {
     __shared__ float qs[512];
     __shared__ float sc[ATT_CHUNK];
     __shared__ float red[33];
-    pdl_start();
     int h = blockIdx.x, s = blockIdx.y, hd = p.head_dim;
     int kvh = h / (p.n_head / p.n_kv_head), kv_dim = p.n_kv_head * hd;
     int len = (int)((const StepState*)p.state)->pos + 1;
@@ -143,6 +148,12 @@ extern "C" __global__ void attn_split(const AttnParams p) {
         part[2 + d] = acc;
     }
     if (threadIdx.x == 0) { part[0] = m; part[1] = l; }
+}
+
+// grid (n_head, n_split), 128 threads.
+extern "C" __global__ void attn_split(const AttnParams p) {
+    pdl_start();
+    attn_split_chunk(p);
 }
 
 // grid n_head, head_dim threads: merges the chunks that hold positions, in index order.

@@ -16,6 +16,7 @@ use crate::device::{DevBuf, Device, Launch};
 use crate::fused::FusedStep;
 use crate::graph::Graph;
 use crate::params::StepState;
+use crate::prefill::{self, Prefill};
 use crate::step::{self, Choice, Ending, Kv, Scratch};
 use crate::timeline::{self, Timeline};
 use crate::weights::{self, Weights};
@@ -118,6 +119,8 @@ pub struct CudaBackend {
     /// The launch timeline's table (Q4MOE_CUDA_TIMELINE=1) and what it recorded.
     timeline: Option<Timeline>,
     timeline_profile: HashMap<String, (u64, f64, u64)>,
+    /// The batched prefill's buffers (CudaOptions::prefill_chunk), where the geometry allows.
+    prefill: Option<Prefill>,
     dev: Device,
 }
 
@@ -140,13 +143,27 @@ impl CudaBackend {
         opts.in_flight = opts.in_flight.clamp(1, RING - 1);
         let dev = Device::new(opts.kv_type)?;
         let kv_bytes = Kv::bytes(&c, opts.kv_capacity, opts.kv_type);
+        let chunk = if prefill::supports(&c) {
+            opts.prefill_chunk
+        } else {
+            0
+        };
+        let prefill_bytes = if chunk > 0 {
+            Prefill::bytes(&c, chunk)
+        } else {
+            0
+        };
         let w = weights::upload(
             &dev,
             &model,
-            kv_bytes + Scratch::bytes(&c, opts.kv_capacity),
+            kv_bytes + Scratch::bytes(&c, opts.kv_capacity) + prefill_bytes,
             opts.router_fold,
         )?;
         let scratch = Scratch::new(&dev, &c, &opts)?;
+        let prefill = match chunk {
+            0 => None,
+            n => Some(Prefill::new(&dev, &c, n)?),
+        };
         let pinned = Pinned::new(RING)?;
         let prompt_states = Pinned::new(PREFILL_RING)?;
         let host_logits = Pinned::new(c.vocab_size)?;
@@ -162,6 +179,7 @@ impl CudaBackend {
             opts,
             sessions: HashMap::new(),
             scratch,
+            prefill,
             w,
             pinned,
             prompt_states,
@@ -380,6 +398,24 @@ impl CudaBackend {
         // SAFETY: one pinned StepState, not rewritten until the queue has drained (above).
         unsafe { result::memcpy_htod_async(self.scratch.state.ptr, slot, self.dev.stream)? };
         self.run_step(id, step)
+    }
+
+    /// The keys and values of `tokens` at positions pos0.. by the batched prefill, a chunk at a
+    /// time (the host waits for each chunk before it rewrites the chunk's tokens).
+    fn prefill_batched(&mut self, id: SessionId, tokens: &[u32], pos0: usize) -> Result<()> {
+        self.session(id)?;
+        let c = &self.model.config;
+        let p = self.prefill.as_mut().expect("batched prefill");
+        for (i, chunk) in tokens.chunks(p.chunk).enumerate() {
+            let pos = pos0 + i * p.chunk;
+            self.dev.sync()?;
+            p.load(&self.dev, c, chunk, pos)?;
+            let kv = &self.sessions[&id].kv;
+            for l in p.launches(c, &self.w, kv, pos, chunk.len()) {
+                self.dev.launch(&l)?;
+            }
+        }
+        self.dev.sync()
     }
 
     /// The timeline, where it records decode step `step` of a call.
@@ -640,8 +676,12 @@ impl Backend for CudaBackend {
         let len0 = self.kv_len(session);
         // Without all_logits the tokens before the last need only their keys and values.
         let queued = if all_logits { 0 } else { tokens.len() - 1 };
-        for (i, &t) in tokens[..queued].iter().enumerate() {
-            self.queue_prompt_step(session, t, len0 + i, i)?;
+        if self.prefill.is_some() {
+            self.prefill_batched(session, &tokens[..queued], len0)?;
+        } else {
+            for (i, &t) in tokens[..queued].iter().enumerate() {
+                self.queue_prompt_step(session, t, len0 + i, i)?;
+            }
         }
         self.session(session)?.len = len0 + queued;
         for (i, &t) in tokens.iter().enumerate().skip(queued) {

@@ -46,6 +46,16 @@ pub enum Kernel {
     SampleCount,
     /// An empty dependent launch (probe.cu; benches/launch_chain.rs).
     PdlProbe,
+    /// The batched prefill's kernels (prefill.cu).
+    PfEmbed,
+    PfQuant,
+    PfRows,
+    PfRoute,
+    PfLists,
+    PfCombine,
+    PfQkNormRope,
+    PfAttnSplit,
+    PfAttnCombine,
 }
 
 /// The symbols of the modes, by mode (matvec.cu, moe.cu).
@@ -97,7 +107,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 21] = [
+const SINGLE: [Kernel; 30] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -119,6 +129,15 @@ const SINGLE: [Kernel; 21] = [
     Kernel::SamplePenalize,
     Kernel::SampleCount,
     Kernel::PdlProbe,
+    Kernel::PfEmbed,
+    Kernel::PfQuant,
+    Kernel::PfRows,
+    Kernel::PfRoute,
+    Kernel::PfLists,
+    Kernel::PfCombine,
+    Kernel::PfQkNormRope,
+    Kernel::PfAttnSplit,
+    Kernel::PfAttnCombine,
 ];
 
 const N_KERNELS: usize =
@@ -174,12 +193,21 @@ impl Kernel {
             Kernel::SamplePenalize => "sample_penalize",
             Kernel::SampleCount => "sample_count",
             Kernel::PdlProbe => "pdl_probe",
+            Kernel::PfEmbed => "pf_embed",
+            Kernel::PfQuant => "pf_quant",
+            Kernel::PfRows => "pf_rows",
+            Kernel::PfRoute => "pf_route",
+            Kernel::PfLists => "pf_lists",
+            Kernel::PfCombine => "pf_combine",
+            Kernel::PfQkNormRope => "pf_qk_norm_rope",
+            Kernel::PfAttnSplit => "pf_attn_split",
+            Kernel::PfAttnCombine => "pf_attn_combine",
         }
     }
 }
 
 /// Kernel sources, one file per op family; compiled as one program behind `common.cuh`.
-const SOURCES: [(&str, &str); 7] = [
+const SOURCES: [(&str, &str); 8] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
@@ -187,6 +215,8 @@ const SOURCES: [(&str, &str); 7] = [
     ("sample.cu", include_str!("../kernels/sample.cu")),
     ("fused.cu", include_str!("../kernels/fused.cu")),
     ("probe.cu", include_str!("../kernels/probe.cu")),
+    // Last, so the decode kernels' code keeps its place in the module.
+    ("prefill.cu", include_str!("../kernels/prefill.cu")),
 ];
 
 /// Probes the libraries before any cudarc call (cudarc panics when libcuda is missing).

@@ -10,6 +10,7 @@ mod device;
 mod fused;
 mod graph;
 mod params;
+mod prefill;
 mod repack;
 mod step;
 #[doc(hidden)]
@@ -64,6 +65,9 @@ pub struct CudaOptions {
     /// (params::ATT_TC_MIN_SPAN_DEFAULT: 8 tiles, one a warp; session 16: 1 and 8 were both ~4%
     /// slower at the bench's context). Q4MOE_CUDA_ATT_MIN_SPAN=<n> sets it (A/B measurements).
     pub attn_min_span: Option<usize>,
+    /// Prompt tokens the batched prefill (prefill.rs) takes at once; 0 runs the decode step
+    /// once a prompt token. Q4MOE_CUDA_PREFILL_CHUNK=<n> sets it.
+    pub prefill_chunk: usize,
 }
 
 impl Default for CudaOptions {
@@ -87,6 +91,10 @@ impl Default for CudaOptions {
             attn_min_span: std::env::var("Q4MOE_CUDA_ATT_MIN_SPAN")
                 .ok()
                 .and_then(|v| v.parse().ok()),
+            prefill_chunk: std::env::var("Q4MOE_CUDA_PREFILL_CHUNK")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
         }
     }
 }

@@ -366,3 +366,63 @@ pub const SAMPLE_CHUNK: usize = 4096;
 
 /// `WALK_CHUNKS` in sample.cu (q4moe_model::sampling::WALK_CHUNKS): the no-cut walk's chunks.
 pub const WALK_CHUNKS: usize = q4moe_model::sampling::WALK_CHUNKS;
+
+/// `PfQuantParams` in prefill.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PfQuantParams {
+    pub src: u64,
+    pub norm: u64,
+    pub xq: u64,
+    pub xf: u64,
+    pub n: i32,
+    pub stride: i32,
+    pub swiglu: i32,
+    pub eps: f32,
+}
+const _: () = assert!(std::mem::size_of::<PfQuantParams>() == 48);
+
+/// `PfRowsParams` in prefill.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PfRowsParams {
+    pub w: Qw,
+    pub xq: u64,
+    pub xf: u64,
+    pub out: u64,
+    pub list: u64,
+    pub counts: u64,
+    pub rows: i32,
+    pub out_stride: i32,
+    pub list_cap: i32,
+    pub n_dense: i32,
+    pub accumulate: i32,
+    pub in_is_out: i32,
+}
+const _: () = assert!(std::mem::size_of::<PfRowsParams>() == 88);
+
+/// `PfListsParams` in prefill.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PfListsParams {
+    pub ids: u64,
+    pub list: u64,
+    pub counts: u64,
+    pub tokens: i32,
+    pub n_used: i32,
+    pub n_expert: i32,
+    pub list_cap: i32,
+}
+const _: () = assert!(std::mem::size_of::<PfListsParams>() == 40);
+
+/// `PfCombineParams` in prefill.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PfCombineParams {
+    pub x: u64,
+    pub y: u64,
+    pub weights: u64,
+    pub d: i32,
+    pub n_used: i32,
+}
+const _: () = assert!(std::mem::size_of::<PfCombineParams>() == 32);

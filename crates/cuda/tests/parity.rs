@@ -243,7 +243,11 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
         };
         gpu.truncate(1, prompt.len());
         let plain = decode(&mut gpu, &request(1, first, 32, &unpenalised, false), None);
-        let history: Vec<u32> = prompt.iter().chain(plain.repeat(64).iter()).copied().collect();
+        let history: Vec<u32> = prompt
+            .iter()
+            .chain(plain.repeat(64).iter())
+            .copied()
+            .collect();
         let on = |want_logits| DecodeRequest {
             history: &history,
             ..request(1, first, 32, pp, want_logits)
@@ -463,4 +467,59 @@ fn mid_qwen3_attention_long_context() {
         let what = format!("Qwen3 attention, 300-token prompt, tensor cores {tc}, {max_blocks} blocks a KV head, stage {stage:?}");
         check_long_prompt(&mut cuda(&m, opts), &prompt, &lc, first, &want, &what);
     }
+}
+
+/// The batched prefill (CudaOptions::prefill_chunk, prefill.rs) against the CPU: a prompt over
+/// several chunks (the last one short), then a second prompt in the same session, whose chunks
+/// sit past the first's positions and cross an attention chunk; each's last logits within 2e-3
+/// of the CPU's, then the CPU's greedy stream.
+fn run_batched_prefill(cfg: Config, q: SynthQuant, chunk: usize) {
+    if no_gpu() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(&cfg, q, &dir);
+    let opts = CudaOptions {
+        prefill_chunk: chunk,
+        ..Default::default()
+    };
+    let (mut cpu, mut gpu) = backends_with(&m, opts);
+    let prompt = test_prompt(23, &cfg);
+    let more: Vec<u32> = test_prompt(41, &cfg)[17..].to_vec();
+    let mut last = Vec::new();
+    for (i, part) in [&prompt[..], &more[..]].into_iter().enumerate() {
+        let lc = cpu.prefill(1, part, false).unwrap();
+        let lg = gpu.prefill(1, part, false).unwrap();
+        let e = rel_err(&lg, &lc);
+        eprintln!(
+            "batched prefill, chunk {chunk}, {q:?} d_model {} prompt {i}: relative logit error {e:.2e}",
+            cfg.d_model
+        );
+        assert!(
+            lg.iter().all(|v| v.is_finite()),
+            "prompt {i}: non-finite logits"
+        );
+        assert!(e <= 2e-3, "prompt {i}: relative logit error {e}");
+        last = lc;
+    }
+    let first = q4moe_model::sampling::argmax(&last);
+    let want = greedy(&mut cpu, 1, first, 32, None);
+    assert_eq!(greedy(&mut gpu, 1, first, 32, None), want);
+}
+
+#[test]
+fn batched_prefill_tiny() {
+    run_batched_prefill(Config::tiny(), SynthQuant::Q4_0, 5);
+    run_batched_prefill(Config::tiny(), SynthQuant::Q4_K_M, 8);
+}
+
+#[test]
+fn batched_prefill_qwen3_attention() {
+    let cfg = Config {
+        n_head: 32,
+        n_kv_head: 4,
+        ..Config::mid()
+    };
+    run_batched_prefill(cfg, SynthQuant::Q4_K_M, 16);
+    run_batched_prefill(wide(), SynthQuant::Q4_0, 64);
 }

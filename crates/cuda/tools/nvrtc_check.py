@@ -5,7 +5,7 @@ usage: python3 crates/cuda/tools/nvrtc_check.py [sm_90] [out.cubin] [extra NVRTC
 import ctypes, glob, os, sys
 here = os.path.dirname(os.path.abspath(__file__))
 kdir = os.path.join(here, "..", "kernels")
-order = ["common.cuh", "matvec.cu", "attention.cu", "moe.cu", "sample.cu", "fused.cu", "probe.cu"]
+order = ["common.cuh", "matvec.cu", "attention.cu", "moe.cu", "sample.cu", "fused.cu", "probe.cu", "prefill.cu"]
 src = "".join(f"// ---- {n}\n{open(os.path.join(kdir, n)).read()}\n" for n in order)
 lib = None
 for p in glob.glob("/work/pyenv/lib/python3.11/site-packages/nvidia/cu13/lib/libnvrtc.so*") + ["libnvrtc.so"]:

@@ -1,0 +1,388 @@
+//! Batched prefill (kernels/prefill.cu): a chunk of prompt tokens goes through each layer at
+//! once, so each weight row is read once a chunk, not once a token as in the decode step (which
+//! prefill ran once a prompt token: ~670 tok/s on an H200). Only the keys and values matter
+//! here: the prompt's last token runs the decode step, which gives its logits; so the last
+//! layer's experts are skipped.
+
+use q4moe_model::Config;
+
+use crate::device::{DevBuf, Device, Kernel, Launch};
+use crate::params::*;
+use crate::step::Kv;
+use crate::weights::{LayerW, Weights};
+use crate::Result;
+
+/// Words of one quantised group of 32 activations (common.cuh QXW) and floats of a padded one
+/// (XS).
+const QXW: usize = 20;
+const XS: usize = 36;
+/// Rows of a pf_rows block (PF_ROWS) and the largest row length it and pf_quant take.
+const PF_ROWS: usize = 32;
+const PF_MAX_K: usize = 4096;
+const THREADS: u32 = 256;
+
+fn padded_len(n: usize) -> usize {
+    n / 32 * XS + XS
+}
+
+fn quant_words(n: usize) -> usize {
+    n / 32 * QXW
+}
+
+/// Whether the batched kernels take this geometry: every activation row a multiple of 32 and
+/// at most PF_MAX_K (load_x_fast), a row's pieces in PF_NBL registers.
+pub fn supports(c: &Config) -> bool {
+    let rows = [c.d_model, c.q_dim(), c.d_ff_expert];
+    rows.iter().all(|&n| n % 32 == 0 && n <= PF_MAX_K) && c.head_dim <= 512
+}
+
+/// The chunk's activations on the device, sized for `chunk` tokens.
+pub struct Prefill {
+    pub chunk: usize,
+    states: DevBuf,
+    x: DevBuf,
+    xq: DevBuf,
+    xf: DevBuf,
+    qkv: DevBuf,
+    q: DevBuf,
+    att: DevBuf,
+    /// Attention partials, grown to the context a chunk reaches.
+    part: DevBuf,
+    logits: DevBuf,
+    ids: DevBuf,
+    weights: DevBuf,
+    list: DevBuf,
+    counts: DevBuf,
+    gu: DevBuf,
+    hq: DevBuf,
+    hf: DevBuf,
+    y: DevBuf,
+}
+
+impl Prefill {
+    pub fn new(dev: &Device, c: &Config, chunk: usize) -> Result<Prefill> {
+        let f = |n: usize| DevBuf::new(dev, n.max(1) * 4);
+        let (t, slots) = (chunk, chunk * c.n_expert_used);
+        let k_max = c.d_model.max(c.q_dim());
+        Ok(Prefill {
+            chunk,
+            states: DevBuf::new(dev, t * std::mem::size_of::<StepState>())?,
+            x: f(t * c.d_model)?,
+            xq: f(t * quant_words(k_max))?,
+            xf: f(t * padded_len(k_max))?,
+            qkv: f(t * (c.q_dim() + 2 * c.kv_dim()))?,
+            q: f(t * c.q_dim())?,
+            att: f(t * c.q_dim())?,
+            part: f(0)?,
+            logits: f(t * c.n_expert)?,
+            ids: f(slots)?,
+            weights: f(slots)?,
+            list: f(2 * c.n_expert * t)?,
+            counts: f(c.n_expert)?,
+            gu: f(slots * 2 * c.d_ff_expert)?,
+            hq: f(slots * quant_words(c.d_ff_expert))?,
+            hf: f(slots * padded_len(c.d_ff_expert))?,
+            y: f(slots * c.d_model)?,
+        })
+    }
+
+    /// Device bytes of `new` (the partials grow later, with the context).
+    pub fn bytes(c: &Config, chunk: usize) -> usize {
+        let (t, slots) = (chunk, chunk * c.n_expert_used);
+        let k_max = c.d_model.max(c.q_dim());
+        let floats = t * (c.d_model + quant_words(k_max) + padded_len(k_max))
+            + t * (3 * c.q_dim() + 2 * c.kv_dim() + c.n_expert)
+            + slots * (2 + 2 * c.d_ff_expert + quant_words(c.d_ff_expert))
+            + slots * (padded_len(c.d_ff_expert) + c.d_model)
+            + c.n_expert * (2 * t + 1);
+        floats * 4 + t * std::mem::size_of::<StepState>()
+    }
+
+    /// Uploads the chunk's tokens and positions and makes room for its attention partials.
+    pub fn load(&mut self, dev: &Device, c: &Config, tokens: &[u32], pos0: usize) -> Result<()> {
+        let states: Vec<StepState> = (0..tokens.len())
+            .map(|i| StepState {
+                token: tokens[i],
+                pos: (pos0 + i) as u32,
+            })
+            .collect();
+        self.states.upload(dev, 0, &states)?;
+        let part = tokens.len() * c.n_head * n_split(pos0 + tokens.len()) * (c.head_dim + 2) * 4;
+        if part > self.part.bytes {
+            self.part = DevBuf::new(dev, part)?;
+        }
+        Ok(())
+    }
+
+    /// Every layer for the `n` tokens `load` put up, which sit at positions pos0.. of `kv`.
+    pub fn launches(&self, c: &Config, w: &Weights, kv: &Kv, pos0: usize, n: usize) -> Vec<Launch> {
+        let e = EmbedParams {
+            w: w.embd,
+            state: self.states.ptr,
+            x: self.x.ptr,
+        };
+        let mut out = vec![Launch::new(
+            Kernel::PfEmbed,
+            "pf_embed",
+            ((c.d_model as u32).div_ceil(THREADS), n as u32, 1),
+            THREADS,
+            0,
+            &e,
+            0,
+        )];
+        for (l, lw) in w.layers.iter().enumerate() {
+            self.attention(c, lw, kv.layer(c, l), pos0, n, &mut out);
+            if l + 1 < w.layers.len() {
+                self.experts(c, lw, n, &mut out);
+            }
+        }
+        out
+    }
+
+    /// Quantises `rows` activation rows of `k` values (RMSNorm'd with `norm` unless 0).
+    fn quant(&self, c: &Config, src: u64, norm: u64, k: usize, rows: usize) -> Launch {
+        let p = PfQuantParams {
+            src,
+            norm,
+            xq: self.xq.ptr,
+            xf: self.xf.ptr,
+            n: k as i32,
+            stride: k as i32,
+            swiglu: 0,
+            eps: c.rms_eps,
+        };
+        Launch::new(
+            Kernel::PfQuant,
+            "pf_quant",
+            (rows as u32, 1, 1),
+            THREADS,
+            0,
+            &p,
+            0,
+        )
+    }
+
+    /// Dense rows of `w` against the n quantised activation rows: out[t * stride + r].
+    fn dense(&self, w: Qw, rows: usize, out: u64, stride: usize, n: usize, add: bool) -> Launch {
+        rows_launch(
+            PfRowsParams {
+                w,
+                xq: self.xq.ptr,
+                xf: self.xf.ptr,
+                out,
+                rows: rows as i32,
+                out_stride: stride as i32,
+                n_dense: n as i32,
+                accumulate: add as i32,
+                ..Default::default()
+            },
+            1,
+        )
+    }
+
+    fn attention(
+        &self,
+        c: &Config,
+        lw: &LayerW,
+        (kc, vc): (u64, u64),
+        pos0: usize,
+        n: usize,
+        out: &mut Vec<Launch>,
+    ) {
+        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+        let stride = q_dim + 2 * kv_dim;
+        out.push(self.quant(c, self.x.ptr, lw.attn_norm, c.d_model, n));
+        let cols = [
+            (lw.q, 0, q_dim),
+            (lw.k, q_dim, kv_dim),
+            (lw.v, q_dim + kv_dim, kv_dim),
+        ];
+        for (m, col, rows) in cols {
+            out.push(self.dense(m, rows, self.qkv.ptr + 4 * col as u64, stride, n, false));
+        }
+        let r = RopeParams {
+            qkv: self.qkv.ptr,
+            q_out: self.q.ptr,
+            q_norm: lw.q_norm,
+            k_norm: lw.k_norm,
+            k_cache: kc,
+            v_cache: vc,
+            state: self.states.ptr,
+            n_head: c.n_head as i32,
+            n_kv_head: c.n_kv_head as i32,
+            head_dim: c.head_dim as i32,
+            eps: c.rms_eps,
+            theta: c.rope_theta,
+        };
+        let heads = (c.n_head + c.n_kv_head) as u32;
+        let hd = c.head_dim as u32;
+        out.push(Launch::new(
+            Kernel::PfQkNormRope,
+            "pf_qk_norm_rope",
+            (heads, 1, n as u32),
+            hd,
+            0,
+            &r,
+            0,
+        ));
+        let a = AttnParams {
+            q: self.q.ptr,
+            k_cache: kc,
+            v_cache: vc,
+            part: self.part.ptr,
+            out: self.att.ptr,
+            state: self.states.ptr,
+            n_head: c.n_head as i32,
+            n_kv_head: c.n_kv_head as i32,
+            head_dim: c.head_dim as i32,
+            n_split: n_split(pos0 + n) as i32,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+        };
+        let (h, splits) = (c.n_head as u32, a.n_split as u32);
+        out.push(Launch::new(
+            Kernel::PfAttnSplit,
+            "pf_attn_split",
+            (h, splits, n as u32),
+            128,
+            0,
+            &a,
+            0,
+        ));
+        out.push(Launch::new(
+            Kernel::PfAttnCombine,
+            "pf_attn_combine",
+            (h, 1, n as u32),
+            hd,
+            0,
+            &a,
+            0,
+        ));
+        out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
+        out.push(self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true));
+    }
+
+    fn experts(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
+        let (nu, ne, dff) = (c.n_expert_used, c.n_expert, c.d_ff_expert);
+        out.push(self.quant(c, self.x.ptr, lw.ffn_norm, c.d_model, n));
+        out.push(self.dense(lw.router, ne, self.logits.ptr, ne, n, false));
+        let t = TopkParams {
+            logits: self.logits.ptr,
+            ids: self.ids.ptr,
+            weights: self.weights.ptr,
+            n_expert: ne as i32,
+            n_used: nu as i32,
+            norm_topk: c.norm_topk_prob as i32,
+        };
+        out.push(Launch::new(
+            Kernel::PfRoute,
+            "pf_route",
+            (n as u32, 1, 1),
+            32,
+            0,
+            &t,
+            0,
+        ));
+        let lists = PfListsParams {
+            ids: self.ids.ptr,
+            list: self.list.ptr,
+            counts: self.counts.ptr,
+            tokens: n as i32,
+            n_used: nu as i32,
+            n_expert: ne as i32,
+            list_cap: self.chunk as i32,
+        };
+        out.push(Launch::new(
+            Kernel::PfLists,
+            "pf_lists",
+            (1, 1, 1),
+            128,
+            0,
+            &lists,
+            0,
+        ));
+        let grouped =
+            |w: Qw, rows: usize, (xq, xf): (u64, u64), o: u64, stride: usize, in_is_out: bool| {
+                let p = PfRowsParams {
+                    w,
+                    xq,
+                    xf,
+                    out: o,
+                    list: self.list.ptr,
+                    counts: self.counts.ptr,
+                    rows: rows as i32,
+                    out_stride: stride as i32,
+                    list_cap: self.chunk as i32,
+                    in_is_out: in_is_out as i32,
+                    ..Default::default()
+                };
+                rows_launch(p, ne as u32)
+            };
+        let x = (self.xq.ptr, self.xf.ptr);
+        out.push(grouped(lw.gate, dff, x, self.gu.ptr, 2 * dff, false));
+        out.push(grouped(
+            lw.up,
+            dff,
+            x,
+            self.gu.ptr + 4 * dff as u64,
+            2 * dff,
+            false,
+        ));
+        let h = PfQuantParams {
+            src: self.gu.ptr,
+            norm: 0,
+            xq: self.hq.ptr,
+            xf: self.hf.ptr,
+            n: dff as i32,
+            stride: 2 * dff as i32,
+            swiglu: 1,
+            eps: c.rms_eps,
+        };
+        let smem = 4 * dff as u32;
+        out.push(Launch::new(
+            Kernel::PfQuant,
+            "pf_quant",
+            ((n * nu) as u32, 1, 1),
+            THREADS,
+            smem,
+            &h,
+            0,
+        ));
+        let hs = (self.hq.ptr, self.hf.ptr);
+        out.push(grouped(lw.down, c.d_model, hs, self.y.ptr, c.d_model, true));
+        let comb = PfCombineParams {
+            x: self.x.ptr,
+            y: self.y.ptr,
+            weights: self.weights.ptr,
+            d: c.d_model as i32,
+            n_used: nu as i32,
+        };
+        let grid = ((c.d_model as u32).div_ceil(THREADS), n as u32, 1);
+        out.push(Launch::new(
+            Kernel::PfCombine,
+            "pf_combine",
+            grid,
+            THREADS,
+            0,
+            &comb,
+            0,
+        ));
+    }
+}
+
+/// Attention chunks of a context of `len` positions.
+fn n_split(len: usize) -> usize {
+    len.div_ceil(ATT_CHUNK)
+}
+
+fn rows_launch(p: PfRowsParams, groups: u32) -> Launch {
+    let blocks = (p.rows as u32).div_ceil(PF_ROWS as u32);
+    Launch::new(
+        Kernel::PfRows,
+        "pf_rows",
+        (blocks, groups, 1),
+        THREADS,
+        0,
+        &p,
+        0,
+    )
+}
