@@ -100,6 +100,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) pf_rows(const PfRowsParams 
     pdl_start();
     int g = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int n = p.counts ? ((const int*)p.counts)[g] : p.n_dense;
+    if (n == 0) return;  // an expert no token chose: its rows are not read
     const int2* list = p.list ? (const int2*)p.list + (u64)g * p.list_cap : nullptr;
     int end = min(p.rows, (int)(blockIdx.x + 1) * PF_ROWS);
     for (int r = blockIdx.x * PF_ROWS + warp; r < end; r += 8) {

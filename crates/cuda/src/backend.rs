@@ -404,15 +404,29 @@ impl CudaBackend {
     /// time (the host waits for each chunk before it rewrites the chunk's tokens).
     fn prefill_batched(&mut self, id: SessionId, tokens: &[u32], pos0: usize) -> Result<()> {
         self.session(id)?;
-        let c = &self.model.config;
-        let p = self.prefill.as_mut().expect("batched prefill");
+        // Out of self while its launches run, which the kernel profile needs self for.
+        let mut p = self.prefill.take().expect("batched prefill");
+        let done = self.prefill_chunks(&mut p, id, tokens, pos0);
+        self.prefill = Some(p);
+        done
+    }
+
+    fn prefill_chunks(
+        &mut self,
+        p: &mut Prefill,
+        id: SessionId,
+        tokens: &[u32],
+        pos0: usize,
+    ) -> Result<()> {
+        let c = self.model.config.clone();
         for (i, chunk) in tokens.chunks(p.chunk).enumerate() {
             let pos = pos0 + i * p.chunk;
             self.dev.sync()?;
-            p.load(&self.dev, c, chunk, pos)?;
-            let kv = &self.sessions[&id].kv;
-            for l in p.launches(c, &self.w, kv, pos, chunk.len()) {
-                self.dev.launch(&l)?;
+            p.load(&self.dev, &c, chunk, pos)?;
+            let ls = p.launches(&c, &self.w, &self.sessions[&id].kv, pos, chunk.len());
+            match self.opts.profile_kernels {
+                true => self.launch_profiled(&ls)?,
+                false => ls.iter().try_for_each(|l| self.dev.launch(l))?,
             }
         }
         self.dev.sync()
