@@ -494,11 +494,12 @@ __device__ float dot_blocks(const QW& w, u64 row, const float* xs, int lane) {
     return acc;
 }
 
-__device__ float dot_q8_0(const QW& w, u64 row, const float* xs, int lane) {
+// The unsplit types' dots: this lane's part, blocks or values lane, lane + step, ..
+__device__ float dot_q8_0(const QW& w, u64 row, const float* xs, int lane, int step = 32) {
     int nb = w.k >> 5;
     const u8* base = (const u8*)w.data + row * (u64)nb * 34;
     float acc = 0.f;
-    for (int b = lane; b < nb; b += 32) {
+    for (int b = lane; b < nb; b += step) {
         const u16* p = (const u16*)(base + (u64)b * 34);
         float d = h2f(p[0]);
         const float* x = xs + b * XS;
@@ -513,18 +514,18 @@ __device__ float dot_q8_0(const QW& w, u64 row, const float* xs, int lane) {
     return acc;
 }
 
-__device__ float dot_f32(const QW& w, u64 row, const float* xs, int lane) {
+__device__ float dot_f32(const QW& w, u64 row, const float* xs, int lane, int step = 32) {
     const float* p = (const float*)w.data + row * (u64)w.k;
     float acc = 0.f;
 #pragma unroll 8
-    for (int i = lane; i < w.k; i += 32) acc += p[i] * xs[pad_idx(i)];
+    for (int i = lane; i < w.k; i += step) acc += p[i] * xs[pad_idx(i)];
     return acc;
 }
 
-__device__ float dot_f16(const QW& w, u64 row, const float* xs, int lane) {
+__device__ float dot_f16(const QW& w, u64 row, const float* xs, int lane, int step = 32) {
     const u16* p = (const u16*)w.data + row * (u64)w.k;
     float acc = 0.f;
-    for (int i = lane; i < w.k; i += 32) acc += h2f(p[i]) * xs[pad_idx(i)];
+    for (int i = lane; i < w.k; i += step) acc += h2f(p[i]) * xs[pad_idx(i)];
     return acc;
 }
 

@@ -59,10 +59,8 @@ struct PfRowsParams {
     int in_is_out;   // an entry's activation row is its output row (the down projection's slots)
 };
 
-// Rows a block of pf_rows (8 warps, a warp a row at a time).
-#define PF_ROWS 32
-// Pieces a lane holds of a split-type row: k <= 4096.
-#define PF_NBL 4
+// Rows a block of pf_rows: a warp a row.
+#define PF_ROWS 8
 
 __device__ __forceinline__ int2 pf_entry(const PfRowsParams& p, const int2* list, int e) {
     int2 io = list ? list[e] : make_int2(e, e);
@@ -70,53 +68,66 @@ __device__ __forceinline__ int2 pf_entry(const PfRowsParams& p, const int2* list
     return io;
 }
 
-__device__ __forceinline__ void pf_store(const PfRowsParams& p, int o, int r, float v) {
-    float* dst = (float*)p.out + (u64)o * p.out_stride + r;
-    *dst = p.accumulate ? *dst + v : v;
+// This lane's part of a split-type row against its entry's quantised activations: blocks
+// sub, sub + L, ..; the row's blocks come from L1 for every entry after the first.
+template <class P, int L>
+__device__ __forceinline__ float pf_part(const QW& w, u64 row, const u32* x, int sub) {
+    int nb = w.k >> 5;
+    float acc = 0.f;
+#pragma unroll 4
+    for (int b = sub; b < nb; b += L) {
+        P piece;
+        piece.load(w, row * nb + b);
+        acc += piece.dot(x + b * QXW);
+    }
+    return acc;
 }
 
-// Split types: the row's pieces stay in registers while every entry's activations stream past.
-template <class P>
-__device__ void pf_rows_split(const PfRowsParams& p, u64 row, int r, const int2* list, int n) {
-    int lane = threadIdx.x & 31, nb = p.w.k >> 5;
-    P piece[PF_NBL];
-#pragma unroll
-    for (int j = 0; j < PF_NBL; j++)
-        if (lane + 32 * j < nb) piece[j].load(p.w, row * nb + lane + 32 * j);
-    for (int e = 0; e < n; e++) {
-        int2 io = pf_entry(p, list, e);
-        const u32* x = (const u32*)p.xq + (u64)io.x * nb * QXW;
-        float acc = 0.f;
-#pragma unroll
-        for (int j = 0; j < PF_NBL; j++)
-            if (lane + 32 * j < nb) acc += piece[j].dot(x + (lane + 32 * j) * QXW);
-        acc = warp_sum(acc);
-        if (lane == 0) pf_store(p, io.y, r, acc);
+template <int L>
+__device__ __forceinline__ float pf_dot(const PfRowsParams& p, u64 row, int2 io, int sub) {
+    const QW& w = p.w;
+    const u32* xq = (const u32*)p.xq + (u64)io.x * (w.k >> 5) * QXW;
+    const float* xf = (const float*)p.xf + (u64)io.x * padded_len(w.k);
+    switch (w.type) {
+        case T_Q4_0: return pf_part<Q4_0Piece, L>(w, row, xq, sub);
+        case T_Q4_K: return pf_part<Q4_KPiece, L>(w, row, xq, sub);
+        case T_Q6_K: return pf_part<Q6_KPiece, L>(w, row, xq, sub);
+        case T_Q8_0: return dot_q8_0(w, row, xf, sub, L);
+        case T_F16: return dot_f16(w, row, xf, sub, L);
+        default: return dot_f32(w, row, xf, sub, L);
     }
 }
 
-// grid (ceil(rows / PF_ROWS), groups), 256 threads.
-extern "C" __global__ void __launch_bounds__(256, 2) pf_rows(const PfRowsParams p) {
-    pdl_start();
-    int g = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int n = p.counts ? ((const int*)p.counts)[g] : p.n_dense;
-    if (n == 0) return;  // an expert no token chose: its rows are not read
-    const int2* list = p.list ? (const int2*)p.list + (u64)g * p.list_cap : nullptr;
-    int end = min(p.rows, (int)(blockIdx.x + 1) * PF_ROWS);
-    for (int r = blockIdx.x * PF_ROWS + warp; r < end; r += 8) {
-        u64 row = (u64)g * p.rows + r;
-        switch (p.w.type) {
-            case T_Q4_0: pf_rows_split<Q4_0Piece>(p, row, r, list, n); break;
-            case T_Q4_K: pf_rows_split<Q4_KPiece>(p, row, r, list, n); break;
-            case T_Q6_K: pf_rows_split<Q6_KPiece>(p, row, r, list, n); break;
-            default:
-                for (int e = 0; e < n; e++) {
-                    int2 io = pf_entry(p, list, e);
-                    float v = row_dot(p.w, row, (const float*)p.xf + (u64)io.x * padded_len(p.w.k), lane);
-                    if (lane == 0) pf_store(p, io.y, r, v);
-                }
+// Row `row` (output column r) against the n entries, 32 / L entries at a time, L lanes an
+// entry: no warp-wide reduction a dot (it was the chain each row and token waited on), and a
+// lane's blocks are a sequence of independent loads.
+template <int L>
+__device__ void pf_row(const PfRowsParams& p, u64 row, int r, const int2* list, int n) {
+    int lane = threadIdx.x & 31, sub = lane % L;
+    for (int e = lane / L; e - lane / L < n; e += 32 / L) {
+        bool live = e < n;
+        int2 io = live ? pf_entry(p, list, e) : make_int2(0, 0);
+        float acc = live ? pf_dot<L>(p, row, io, sub) : 0.f;
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, o);
+        if (live && sub == 0) {
+            float* dst = (float*)p.out + (u64)io.y * p.out_stride + r;
+            *dst = p.accumulate ? *dst + acc : acc;
         }
     }
+}
+
+// grid (ceil(rows / PF_ROWS), groups), 256 threads. A group with at most 8 entries (an expert
+// in a chunk of few tokens) gives each 4 lanes, a larger one each entry a lane.
+extern "C" __global__ void __launch_bounds__(256, 3) pf_rows(const PfRowsParams p) {
+    pdl_start();
+    int g = blockIdx.y, r = blockIdx.x * PF_ROWS + (threadIdx.x >> 5);
+    int n = p.counts ? ((const int*)p.counts)[g] : p.n_dense;
+    if (n == 0 || r >= p.rows) return;  // an expert no token chose: its rows are not read
+    const int2* list = p.list ? (const int2*)p.list + (u64)g * p.list_cap : nullptr;
+    u64 row = (u64)g * p.rows + r;
+    if (n <= 8) pf_row<4>(p, row, r, list, n);
+    else pf_row<1>(p, row, r, list, n);
 }
 
 // Each token's experts and weights from its router logits (topk_block, as moe_topk): grid

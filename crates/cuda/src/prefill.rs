@@ -17,7 +17,7 @@ use crate::Result;
 const QXW: usize = 20;
 const XS: usize = 36;
 /// Rows of a pf_rows block (PF_ROWS) and the largest row length it and pf_quant take.
-const PF_ROWS: usize = 32;
+const PF_ROWS: usize = 8;
 const PF_MAX_K: usize = 4096;
 const THREADS: u32 = 256;
 
@@ -30,7 +30,7 @@ fn quant_words(n: usize) -> usize {
 }
 
 /// Whether the batched kernels take this geometry: every activation row a multiple of 32 and
-/// at most PF_MAX_K (load_x_fast), a row's pieces in PF_NBL registers.
+/// at most PF_MAX_K (load_x_fast).
 pub fn supports(c: &Config) -> bool {
     let rows = [c.d_model, c.q_dim(), c.d_ff_expert];
     rows.iter().all(|&n| n % 32 == 0 && n <= PF_MAX_K) && c.head_dim <= 512
