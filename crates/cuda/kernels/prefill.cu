@@ -57,10 +57,13 @@ struct PfRowsParams {
     int n_dense;
     int accumulate;  // out += the dot
     int in_is_out;   // an entry's activation row is its output row (the down projection's slots)
+    int z_entries;   // entries a blockIdx.z tile (dense launches), 0: all in one
+    int pad;
 };
 
-// Rows a block of pf_rows: a warp a row.
-#define PF_ROWS 8
+// Rows a warp of pf_rows, and a block's (8 warps).
+#define PF_R 4
+#define PF_ROWS (8 * PF_R)
 
 __device__ __forceinline__ int2 pf_entry(const PfRowsParams& p, const int2* list, int e) {
     int2 io = list ? list[e] : make_int2(e, e);
@@ -68,66 +71,85 @@ __device__ __forceinline__ int2 pf_entry(const PfRowsParams& p, const int2* list
     return io;
 }
 
-// This lane's part of a split-type row against its entry's quantised activations: blocks
-// sub, sub + L, ..; the row's blocks come from L1 for every entry after the first.
-template <class P, int L>
-__device__ __forceinline__ float pf_part(const QW& w, u64 row, const u32* x, int sub) {
+// This lane's parts of nr split-type rows from row0 against one entry's quantised activations:
+// blocks sub, sub + 4, ..; each activation group is loaded once into registers for the nr
+// rows, and the 8 entries' lanes of the same sub load the same weight blocks (one broadcast).
+template <class P>
+__device__ __forceinline__ void pf_tile(const QW& w, u64 row0, int nr, const u32* x, int sub, float (&acc)[PF_R]) {
     int nb = w.k >> 5;
-    float acc = 0.f;
-#pragma unroll 4
-    for (int b = sub; b < nb; b += L) {
-        P piece;
-        piece.load(w, row * nb + b);
-        acc += piece.dot(x + b * QXW);
-    }
-    return acc;
-}
-
-template <int L>
-__device__ __forceinline__ float pf_dot(const PfRowsParams& p, u64 row, int2 io, int sub) {
-    const QW& w = p.w;
-    const u32* xq = (const u32*)p.xq + (u64)io.x * (w.k >> 5) * QXW;
-    const float* xf = (const float*)p.xf + (u64)io.x * padded_len(w.k);
-    switch (w.type) {
-        case T_Q4_0: return pf_part<Q4_0Piece, L>(w, row, xq, sub);
-        case T_Q4_K: return pf_part<Q4_KPiece, L>(w, row, xq, sub);
-        case T_Q6_K: return pf_part<Q6_KPiece, L>(w, row, xq, sub);
-        case T_Q8_0: return dot_q8_0(w, row, xf, sub, L);
-        case T_F16: return dot_f16(w, row, xf, sub, L);
-        default: return dot_f32(w, row, xf, sub, L);
-    }
-}
-
-// Row `row` (output column r) against the n entries, 32 / L entries at a time, L lanes an
-// entry: no warp-wide reduction a dot (it was the chain each row and token waited on), and a
-// lane's blocks are a sequence of independent loads.
-template <int L>
-__device__ void pf_row(const PfRowsParams& p, u64 row, int r, const int2* list, int n) {
-    int lane = threadIdx.x & 31, sub = lane % L;
-    for (int e = lane / L; e - lane / L < n; e += 32 / L) {
-        bool live = e < n;
-        int2 io = live ? pf_entry(p, list, e) : make_int2(0, 0);
-        float acc = live ? pf_dot<L>(p, row, io, sub) : 0.f;
+    for (int b = sub; b < nb; b += 4) {
+        uint4 gv[QXW / 4];
 #pragma unroll
-        for (int o = L / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, o);
-        if (live && sub == 0) {
-            float* dst = (float*)p.out + (u64)io.y * p.out_stride + r;
-            *dst = p.accumulate ? *dst + acc : acc;
+        for (int k = 0; k < QXW / 4; k++) gv[k] = ((const uint4*)(x + b * QXW))[k];
+#pragma unroll
+        for (int i = 0; i < PF_R; i++)
+            if (i < nr) {
+                P piece;
+                piece.load(w, (row0 + i) * nb + b);
+                acc[i] += piece.dot((const u32*)gv);
+            }
+    }
+}
+
+// The unsplit types: this lane's part of each row (values or blocks sub, sub + 4, ..).
+__device__ __forceinline__ void pf_tile_plain(const QW& w, u64 row0, int nr, const float* xs, int sub, float (&acc)[PF_R]) {
+#pragma unroll
+    for (int i = 0; i < PF_R; i++) {
+        if (i >= nr) break;
+        switch (w.type) {
+            case T_Q8_0: acc[i] = dot_q8_0(w, row0 + i, xs, sub, 4); break;
+            case T_F16: acc[i] = dot_f16(w, row0 + i, xs, sub, 4); break;
+            default: acc[i] = dot_f32(w, row0 + i, xs, sub, 4);
         }
     }
 }
 
-// grid (ceil(rows / PF_ROWS), groups), 256 threads. A group with at most 8 entries (an expert
-// in a chunk of few tokens) gives each 4 lanes, a larger one each entry a lane.
+// A warp's PF_R rows from r0 against entries [e_lo, e_hi), 8 at a time, 4 lanes an entry:
+// each loaded activation group serves PF_R rows and each weight block 8 entries (the warp per
+// row and entry read every entry's whole activation row once a row: ~180 MB a token a layer).
+__device__ void pf_rows_warp(const PfRowsParams& p, int g, int r0, const int2* list, int e_lo, int e_hi) {
+    int lane = threadIdx.x & 31, sub = lane & 3;
+    int nr = min(PF_R, p.rows - r0), nb = p.w.k >> 5;
+    u64 row0 = (u64)g * p.rows + r0;
+    for (int e = e_lo + (lane >> 2); e - (lane >> 2) < e_hi; e += 8) {
+        bool live = e < e_hi;
+        int2 io = live ? pf_entry(p, list, e) : make_int2(0, 0);
+        float acc[PF_R] = {};
+        if (live) {
+            const u32* xq = (const u32*)p.xq + (u64)io.x * nb * QXW;
+            const float* xf = (const float*)p.xf + (u64)io.x * padded_len(p.w.k);
+            switch (p.w.type) {
+                case T_Q4_0: pf_tile<Q4_0Piece>(p.w, row0, nr, xq, sub, acc); break;
+                case T_Q4_K: pf_tile<Q4_KPiece>(p.w, row0, nr, xq, sub, acc); break;
+                case T_Q6_K: pf_tile<Q6_KPiece>(p.w, row0, nr, xq, sub, acc); break;
+                default: pf_tile_plain(p.w, row0, nr, xf, sub, acc);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < PF_R; i++) {
+            acc[i] += __shfl_xor_sync(0xffffffff, acc[i], 1);
+            acc[i] += __shfl_xor_sync(0xffffffff, acc[i], 2);
+        }
+        if (live && sub == 0)
+            for (int i = 0; i < nr; i++) {
+                float* dst = (float*)p.out + (u64)io.y * p.out_stride + r0 + i;
+                *dst = p.accumulate ? *dst + acc[i] : acc[i];
+            }
+    }
+}
+
+// grid (ceil(rows / PF_ROWS), groups, entry tiles), 256 threads. Dense launches split their
+// entries in tiles of z_entries over blockIdx.z (more blocks); grouped ones take all of a
+// group's entries in one.
 extern "C" __global__ void __launch_bounds__(256, 3) pf_rows(const PfRowsParams p) {
     pdl_start();
-    int g = blockIdx.y, r = blockIdx.x * PF_ROWS + (threadIdx.x >> 5);
+    int g = blockIdx.y, r0 = blockIdx.x * PF_ROWS + (threadIdx.x >> 5) * PF_R;
     int n = p.counts ? ((const int*)p.counts)[g] : p.n_dense;
-    if (n == 0 || r >= p.rows) return;  // an expert no token chose: its rows are not read
+    int e_lo = p.z_entries ? blockIdx.z * p.z_entries : 0;
+    int e_hi = p.z_entries ? min(n, e_lo + p.z_entries) : n;
+    if (e_lo >= e_hi || r0 >= p.rows) return;  // an expert no token chose: its rows are not read
     const int2* list = p.list ? (const int2*)p.list + (u64)g * p.list_cap : nullptr;
-    u64 row = (u64)g * p.rows + r;
-    if (n <= 8) pf_row<4>(p, row, r, list, n);
-    else pf_row<1>(p, row, r, list, n);
+    pf_rows_warp(p, g, r0, list, e_lo, e_hi);
 }
 
 // Each token's experts and weights from its router logits (topk_block, as moe_topk): grid

@@ -398,8 +398,10 @@ pub struct PfRowsParams {
     pub n_dense: i32,
     pub accumulate: i32,
     pub in_is_out: i32,
+    pub z_entries: i32,
+    pub pad: i32,
 }
-const _: () = assert!(std::mem::size_of::<PfRowsParams>() == 88);
+const _: () = assert!(std::mem::size_of::<PfRowsParams>() == 96);
 
 /// `PfListsParams` in prefill.cu.
 #[repr(C)]

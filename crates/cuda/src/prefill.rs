@@ -17,7 +17,9 @@ use crate::Result;
 const QXW: usize = 20;
 const XS: usize = 36;
 /// Rows of a pf_rows block (PF_ROWS) and the largest row length it and pf_quant take.
-const PF_ROWS: usize = 8;
+const PF_ROWS: usize = 32;
+/// Entries a dense pf_rows block takes (PfRowsParams::z_entries).
+const PF_Z_ENTRIES: usize = 32;
 const PF_MAX_K: usize = 4096;
 const THREADS: u32 = 256;
 
