@@ -8,7 +8,7 @@ use q4moe_model::Config;
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
-use crate::step::Kv;
+use crate::step::{attn_params, rope_params, split_attention, topk, Kv};
 use crate::weights::{LayerW, Weights};
 use crate::Result;
 
@@ -176,6 +176,7 @@ impl Prefill {
                 out_stride: stride as i32,
                 n_dense: n as i32,
                 accumulate: add as i32,
+                z_entries: PF_Z_ENTRIES as i32,
                 ..Default::default()
             },
             1,
@@ -202,63 +203,15 @@ impl Prefill {
         for (m, col, rows) in cols {
             out.push(self.dense(m, rows, self.qkv.ptr + 4 * col as u64, stride, n, false));
         }
-        let r = RopeParams {
-            qkv: self.qkv.ptr,
-            q_out: self.q.ptr,
-            q_norm: lw.q_norm,
-            k_norm: lw.k_norm,
-            k_cache: kc,
-            v_cache: vc,
-            state: self.states.ptr,
-            n_head: c.n_head as i32,
-            n_kv_head: c.n_kv_head as i32,
-            head_dim: c.head_dim as i32,
-            eps: c.rms_eps,
-            theta: c.rope_theta,
-        };
-        let heads = (c.n_head + c.n_kv_head) as u32;
-        let hd = c.head_dim as u32;
-        out.push(Launch::new(
+        let r = rope_params(c, lw, (kc, vc), (self.qkv.ptr, self.q.ptr), self.states.ptr);
+        let bufs = (self.q.ptr, self.part.ptr, self.att.ptr, self.states.ptr);
+        let a = attn_params(c, (kc, vc), bufs, n_split(pos0 + n));
+        let kernels = [
             Kernel::PfQkNormRope,
-            "pf_qk_norm_rope",
-            (heads, 1, n as u32),
-            hd,
-            0,
-            &r,
-            0,
-        ));
-        let a = AttnParams {
-            q: self.q.ptr,
-            k_cache: kc,
-            v_cache: vc,
-            part: self.part.ptr,
-            out: self.att.ptr,
-            state: self.states.ptr,
-            n_head: c.n_head as i32,
-            n_kv_head: c.n_kv_head as i32,
-            head_dim: c.head_dim as i32,
-            n_split: n_split(pos0 + n) as i32,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-        };
-        let (h, splits) = (c.n_head as u32, a.n_split as u32);
-        out.push(Launch::new(
             Kernel::PfAttnSplit,
-            "pf_attn_split",
-            (h, splits, n as u32),
-            128,
-            0,
-            &a,
-            0,
-        ));
-        out.push(Launch::new(
             Kernel::PfAttnCombine,
-            "pf_attn_combine",
-            (h, 1, n as u32),
-            hd,
-            0,
-            &a,
-            0,
-        ));
+        ];
+        out.extend(split_attention(c, &r, &a, n as u32, kernels));
         out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
         out.push(self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true));
     }
@@ -267,23 +220,8 @@ impl Prefill {
         let (nu, ne, dff) = (c.n_expert_used, c.n_expert, c.d_ff_expert);
         out.push(self.quant(c, self.x.ptr, lw.ffn_norm, c.d_model, n));
         out.push(self.dense(lw.router, ne, self.logits.ptr, ne, n, false));
-        let t = TopkParams {
-            logits: self.logits.ptr,
-            ids: self.ids.ptr,
-            weights: self.weights.ptr,
-            n_expert: ne as i32,
-            n_used: nu as i32,
-            norm_topk: c.norm_topk_prob as i32,
-        };
-        out.push(Launch::new(
-            Kernel::PfRoute,
-            "pf_route",
-            (n as u32, 1, 1),
-            32,
-            0,
-            &t,
-            0,
-        ));
+        let bufs = (self.logits.ptr, self.ids.ptr, self.weights.ptr);
+        out.push(topk(c, Kernel::PfRoute, bufs, n as u32));
         let lists = PfListsParams {
             ids: self.ids.ptr,
             list: self.list.ptr,

@@ -671,19 +671,8 @@ fn layer(
         && group <= 8
         && c.head_dim.is_multiple_of(64)
         && c.head_dim <= 128;
-    let a = AttnParams {
-        q: s.q.ptr,
-        k_cache: kc,
-        v_cache: vc,
-        part: s.part.ptr,
-        out: s.attn.ptr,
-        state: s.state.ptr,
-        n_head: c.n_head as i32,
-        n_kv_head: c.n_kv_head as i32,
-        head_dim: c.head_dim as i32,
-        n_split: s.n_split as i32,
-        scale: 1.0 / (c.head_dim as f32).sqrt(),
-    };
+    let bufs = (s.q.ptr, s.part.ptr, s.attn.ptr, s.state.ptr);
+    let a = attn_params(c, (kc, vc), bufs, s.n_split);
     if gqa {
         // Qwen3-MoE's shape has a kernel with it as constants (attention.cu), also on tensor
         // cores; the span and staging knobs are that kernel's.
@@ -735,47 +724,9 @@ fn layer(
             0,
         ));
     } else {
-        let r = RopeParams {
-            qkv: s.qkv.ptr,
-            q_out: s.q.ptr,
-            q_norm: lw.q_norm,
-            k_norm: lw.k_norm,
-            k_cache: kc,
-            v_cache: vc,
-            state: s.state.ptr,
-            n_head: c.n_head as i32,
-            n_kv_head: c.n_kv_head as i32,
-            head_dim: c.head_dim as i32,
-            eps: c.rms_eps,
-            theta: c.rope_theta,
-        };
-        out.push(Launch::new(
-            Kernel::QkNormRope,
-            "qk_norm_rope",
-            ((c.n_head + c.n_kv_head) as u32, 1, 1),
-            c.head_dim as u32,
-            0,
-            &r,
-            0,
-        ));
-        out.push(Launch::new(
-            Kernel::AttnSplit,
-            "attn_split",
-            (c.n_head as u32, s.n_split as u32, 1),
-            128,
-            0,
-            &a,
-            0,
-        ));
-        out.push(Launch::new(
-            Kernel::AttnCombine,
-            "attn_combine",
-            (c.n_head as u32, 1, 1),
-            c.head_dim as u32,
-            0,
-            &a,
-            0,
-        ));
+        let r = rope_params(c, lw, (kc, vc), (s.qkv.ptr, s.q.ptr), s.state.ptr);
+        let kernels = [Kernel::QkNormRope, Kernel::AttnSplit, Kernel::AttnCombine];
+        out.extend(split_attention(c, &r, &a, 1, kernels));
     }
     if fold {
         out.push(layer_o_proj_router(c, lw, s, x_in, x_out));
@@ -783,6 +734,80 @@ fn layer(
         o_proj_then_router(c, lw, s, x_out, out);
     }
     experts(c, lw, s, fold, x_out, out);
+}
+
+/// attention.cu's per-head norm and RoPE of layer `lw`: projections at `qkv`, the roped
+/// queries to `q_out`, keys and values appended to the layer's cache at the position in `state`.
+pub(crate) fn rope_params(
+    c: &Config,
+    lw: &crate::weights::LayerW,
+    (k_cache, v_cache): (u64, u64),
+    (qkv, q_out): (u64, u64),
+    state: u64,
+) -> RopeParams {
+    RopeParams {
+        qkv,
+        q_out,
+        q_norm: lw.q_norm,
+        k_norm: lw.k_norm,
+        k_cache,
+        v_cache,
+        state,
+        n_head: c.n_head as i32,
+        n_kv_head: c.n_kv_head as i32,
+        head_dim: c.head_dim as i32,
+        eps: c.rms_eps,
+        theta: c.rope_theta,
+    }
+}
+
+/// attention.cu's attention over a layer's cache for the queries at `q`: partials of n_split
+/// chunks at `part`, outputs at `out`, the position in `state`.
+pub(crate) fn attn_params(
+    c: &Config,
+    (k_cache, v_cache): (u64, u64),
+    (q, part, out, state): (u64, u64, u64, u64),
+    n_split: usize,
+) -> AttnParams {
+    AttnParams {
+        q,
+        k_cache,
+        v_cache,
+        part,
+        out,
+        state,
+        n_head: c.n_head as i32,
+        n_kv_head: c.n_kv_head as i32,
+        head_dim: c.head_dim as i32,
+        n_split: n_split as i32,
+        scale: 1.0 / (c.head_dim as f32).sqrt(),
+    }
+}
+
+/// The generic attention path's three launches over `tokens` tokens (blockIdx.z): norm and RoPE,
+/// the chunks' partials, their merge; `kernels` the decode's or the batched prefill's forms.
+pub(crate) fn split_attention(
+    c: &Config,
+    r: &RopeParams,
+    a: &AttnParams,
+    tokens: u32,
+    [rope, split, combine]: [Kernel; 3],
+) -> [Launch; 3] {
+    let (heads, hd) = (c.n_head as u32, c.head_dim as u32);
+    let all = heads + c.n_kv_head as u32;
+    [
+        Launch::new(rope, rope.symbol(), (all, 1, tokens), hd, 0, r, 0),
+        Launch::new(
+            split,
+            split.symbol(),
+            (heads, a.n_split as u32, tokens),
+            128,
+            0,
+            a,
+            0,
+        ),
+        Launch::new(combine, combine.symbol(), (heads, 1, tokens), hd, 0, a, 0),
+    ]
 }
 
 /// The chosen experts' FFN over residual `x_out` (+=): moe_gate_up then moe_down.
@@ -945,24 +970,28 @@ fn o_proj_then_router(
             ..Mv::new(&rows, x, c.d_model)
         };
         out.push(matvec("router", &router));
-        let t = TopkParams {
-            logits: s.router.ptr,
-            ids: s.ids.ptr,
-            weights: s.topw.ptr,
-            n_expert: c.n_expert as i32,
-            n_used: c.n_expert_used as i32,
-            norm_topk: c.norm_topk_prob as i32,
-        };
-        out.push(Launch::new(
-            Kernel::MoeTopk,
-            "moe_topk",
-            (1, 1, 1),
-            32,
-            0,
-            &t,
-            0,
-        ));
+        let bufs = (s.router.ptr, s.ids.ptr, s.topw.ptr);
+        out.push(topk(c, Kernel::MoeTopk, bufs, 1));
     }
+}
+
+/// Softmax, top-k and renormalisation of the router logits (moe.cu topk_block), a block for
+/// each of `tokens` tokens: the decode's moe_topk or the batched prefill's pf_route.
+pub(crate) fn topk(
+    c: &Config,
+    kernel: Kernel,
+    (logits, ids, weights): (u64, u64, u64),
+    tokens: u32,
+) -> Launch {
+    let t = TopkParams {
+        logits,
+        ids,
+        weights,
+        n_expert: c.n_expert as i32,
+        n_used: c.n_expert_used as i32,
+        norm_topk: c.norm_topk_prob as i32,
+    };
+    Launch::new(kernel, kernel.symbol(), (tokens, 1, 1), 32, 0, &t, 0)
 }
 
 /// (mode, rows per warp) of `moe_gate_up`, a kernel each: gate and up of one type, staged
