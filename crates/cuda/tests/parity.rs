@@ -243,7 +243,11 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
         };
         gpu.truncate(1, prompt.len());
         let plain = decode(&mut gpu, &request(1, first, 32, &unpenalised, false), None);
-        let history: Vec<u32> = prompt.iter().chain(plain.repeat(64).iter()).copied().collect();
+        let history: Vec<u32> = prompt
+            .iter()
+            .chain(plain.repeat(64).iter())
+            .copied()
+            .collect();
         let on = |want_logits| DecodeRequest {
             history: &history,
             ..request(1, first, 32, pp, want_logits)
