@@ -561,19 +561,14 @@ impl CudaBackend {
             s.sample_cfg
                 .upload(&self.dev, 0, std::slice::from_ref(&cfg))?;
         }
+        // The draw sequence and the penalties' counts continue where the host sampler's would
+        // (DecodeRequest).
+        let host = Sampler::continuing(req.sampling.clone(), req.history);
         if choice.sampled {
-            // The draw sequence continues where the host sampler's would (DecodeRequest).
-            let rng = Sampler::continuing(req.sampling.clone(), &[]).rng_state();
-            s.rng.upload(&self.dev, 0, &[rng])?;
+            s.rng.upload(&self.dev, 0, &[host.rng_state()])?;
         }
         if choice.penalized {
-            // The host sampler's counts (Sampler::continuing observes the history).
-            let mut counts = vec![0u32; self.model.config.vocab_size];
-            for &t in req.history {
-                if let Some(n) = counts.get_mut(t as usize) {
-                    *n += 1; // ids past the vocabulary count for nothing, as on the host
-                }
-            }
+            let counts = host.counts(self.model.config.vocab_size);
             s.sample_counts.upload(&self.dev, 0, &counts)?;
         }
         let mut phases = vec![PhaseTimes::default(); steps];

@@ -444,9 +444,8 @@ impl TestDevice {
         let lb = self.upload(logits)?;
         let (cb, rng) = (self.upload(&[cfg])?, self.upload(&[params.seed])?);
         let st = self.upload(&[StepState { token: 0, pos: 0 }])?;
-        let mut counts = vec![0u32; n];
-        history.iter().for_each(|&t| counts[t as usize] += 1);
-        let counts = self.upload(&counts)?;
+        let host = q4moe_model::sampling::Sampler::new(params.clone(), history);
+        let counts = self.upload(&host.counts(n))?;
         let (work, finite, nucleus) = crate::step::sample_bytes(n);
         let (work, finite) = (self.poisoned(work / 4)?, self.poisoned(finite / 4)?);
         let nucleus = self.poisoned(nucleus / 4)?;

@@ -145,6 +145,18 @@ impl Sampler {
         self.rng.0
     }
 
+    /// Each id's count in the history and draws so far, for ids below `vocab` (the ones
+    /// `apply_penalties` can reach): what a device sampler applies the penalties from.
+    pub fn counts(&self, vocab: usize) -> Vec<u32> {
+        let mut dense = vec![0u32; vocab];
+        for (&t, &n) in &self.counts {
+            if let Some(d) = dense.get_mut(t as usize) {
+                *d = n;
+            }
+        }
+        dense
+    }
+
     pub fn observe(&mut self, token: u32) {
         *self.counts.entry(token).or_insert(0) += 1;
     }
@@ -446,6 +458,13 @@ mod tests {
             a.iter().any(|&t| t != a[0]),
             "sampling at temperature 1 should vary: {a:?}"
         );
+    }
+
+    #[test]
+    fn counts_are_the_history_below_the_vocabulary() {
+        let mut s = Sampler::new(SamplingParams::greedy(), &[3, 1, 3, 9, 3]);
+        s.observe(1);
+        assert_eq!(s.counts(5), [0, 2, 0, 3, 0]); // id 9 is past the vocabulary
     }
 
     #[test]
