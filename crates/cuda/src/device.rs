@@ -50,6 +50,7 @@ pub enum Kernel {
     PfEmbed,
     PfQuant,
     PfRows,
+    PfMma,
     PfRoute,
     PfLists,
     PfCombine,
@@ -107,7 +108,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 30] = [
+const SINGLE: [Kernel; 31] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -132,6 +133,7 @@ const SINGLE: [Kernel; 30] = [
     Kernel::PfEmbed,
     Kernel::PfQuant,
     Kernel::PfRows,
+    Kernel::PfMma,
     Kernel::PfRoute,
     Kernel::PfLists,
     Kernel::PfCombine,
@@ -196,6 +198,7 @@ impl Kernel {
             Kernel::PfEmbed => "pf_embed",
             Kernel::PfQuant => "pf_quant",
             Kernel::PfRows => "pf_rows",
+            Kernel::PfMma => "pf_mma",
             Kernel::PfRoute => "pf_route",
             Kernel::PfLists => "pf_lists",
             Kernel::PfCombine => "pf_combine",

@@ -8,7 +8,7 @@ use q4moe_model::Config;
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
-use crate::step::{attn_params, rope_params, split_attention, topk, Kv};
+use crate::step::{attn_params, rope_params, split_attention, topk, Kv, T_Q4_0, T_Q4_K, T_Q6_K};
 use crate::weights::{LayerW, Weights};
 use crate::Result;
 
@@ -16,9 +16,11 @@ use crate::Result;
 /// (XS).
 const QXW: usize = 20;
 const XS: usize = 36;
-/// Rows of a pf_rows block (PF_ROWS) and the largest row length it and pf_quant take.
+/// Rows of a pf_rows block (PF_ROWS) and of a pf_mma one (PFM_ROWS), and the largest row
+/// length they and pf_quant take.
 const PF_ROWS: usize = 32;
-/// Entries a dense pf_rows block takes (PfRowsParams::z_entries).
+const PFM_ROWS: usize = 128;
+/// Entries a dense launch's block takes (PfRowsParams::z_entries).
 const PF_Z_ENTRIES: usize = 32;
 const PF_MAX_K: usize = 4096;
 const THREADS: u32 = 256;
@@ -314,15 +316,18 @@ fn n_split(len: usize) -> usize {
     len.div_ceil(ATT_CHUNK)
 }
 
+/// The split types' rows on tensor cores (pf_mma), the others' on pf_rows; dense launches
+/// tile their entries over blockIdx.z.
 fn rows_launch(p: PfRowsParams, groups: u32) -> Launch {
-    let blocks = (p.rows as u32).div_ceil(PF_ROWS as u32);
-    Launch::new(
-        Kernel::PfRows,
-        "pf_rows",
-        (blocks, groups, 1),
-        THREADS,
-        0,
-        &p,
-        0,
-    )
+    let split = matches!(p.w.ty, T_Q4_0 | T_Q4_K | T_Q6_K);
+    let (kernel, name, rows) = match split {
+        true => (Kernel::PfMma, "pf_mma", PFM_ROWS),
+        false => (Kernel::PfRows, "pf_rows", PF_ROWS),
+    };
+    let tiles = match p.z_entries {
+        0 => 1,
+        z => (p.n_dense as u32).div_ceil(z as u32),
+    };
+    let blocks = (p.rows as u32).div_ceil(rows as u32);
+    Launch::new(kernel, name, (blocks, groups, tiles), THREADS, 0, &p, 0)
 }

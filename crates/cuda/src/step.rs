@@ -220,9 +220,9 @@ fn legacy() -> bool {
 }
 
 const T_F32: i32 = 0;
-const T_Q4_0: i32 = 2;
-const T_Q4_K: i32 = 12;
-const T_Q6_K: i32 = 14;
+pub(crate) const T_Q4_0: i32 = 2;
+pub(crate) const T_Q4_K: i32 = 12;
+pub(crate) const T_Q6_K: i32 = 14;
 
 /// (mode, rows per warp) of `matvec` (matvec.cu, a kernel each): a staged mode when
 /// every matrix has the same type (or Q4_K and Q6_K, mode 9) and a group of rows never

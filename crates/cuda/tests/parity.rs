@@ -469,11 +469,11 @@ fn mid_qwen3_attention_long_context() {
     }
 }
 
-/// The batched prefill (CudaOptions::prefill_chunk, prefill.rs) against the CPU: a prompt over
-/// several chunks (the last one short), then a second prompt in the same session, whose chunks
-/// sit past the first's positions and cross an attention chunk; each's last logits within 2e-3
-/// of the CPU's, then the CPU's greedy stream.
-fn run_batched_prefill(cfg: Config, q: SynthQuant, chunk: usize) {
+/// The batched prefill (CudaOptions::prefill_chunk, prefill.rs) against the CPU: a prompt of
+/// `len` tokens over several chunks (the last one short), then a second prompt in the same
+/// session, whose chunks sit past the first's positions and cross an attention chunk; each's
+/// last logits within 2e-3 of the CPU's, then the CPU's greedy stream.
+fn run_batched_prefill(cfg: Config, q: SynthQuant, chunk: usize, len: u32) {
     if no_gpu() {
         return;
     }
@@ -484,7 +484,7 @@ fn run_batched_prefill(cfg: Config, q: SynthQuant, chunk: usize) {
         ..Default::default()
     };
     let (mut cpu, mut gpu) = backends_with(&m, opts);
-    let prompt = test_prompt(23, &cfg);
+    let prompt = test_prompt(len, &cfg);
     let more: Vec<u32> = test_prompt(41, &cfg)[17..].to_vec();
     let mut last = Vec::new();
     for (i, part) in [&prompt[..], &more[..]].into_iter().enumerate() {
@@ -509,8 +509,8 @@ fn run_batched_prefill(cfg: Config, q: SynthQuant, chunk: usize) {
 
 #[test]
 fn batched_prefill_tiny() {
-    run_batched_prefill(Config::tiny(), SynthQuant::Q4_0, 5);
-    run_batched_prefill(Config::tiny(), SynthQuant::Q4_K_M, 8);
+    run_batched_prefill(Config::tiny(), SynthQuant::Q4_0, 5, 23);
+    run_batched_prefill(Config::tiny(), SynthQuant::Q4_K_M, 8, 23);
 }
 
 #[test]
@@ -520,6 +520,14 @@ fn batched_prefill_qwen3_attention() {
         n_kv_head: 4,
         ..Config::mid()
     };
-    run_batched_prefill(cfg, SynthQuant::Q4_K_M, 16);
-    run_batched_prefill(wide(), SynthQuant::Q4_0, 64);
+    run_batched_prefill(cfg, SynthQuant::Q4_K_M, 16, 23);
+    run_batched_prefill(wide(), SynthQuant::Q4_0, 64, 23);
+}
+
+/// Chunks of many tokens: dense launches over several entry tiles, and experts chosen by more
+/// tokens than a tile of pf_mma takes (32).
+#[test]
+fn batched_prefill_long() {
+    run_batched_prefill(wide(), SynthQuant::Q4_K_M, 128, 300);
+    run_batched_prefill(wide(), SynthQuant::Q4_0, 256, 400);
 }
