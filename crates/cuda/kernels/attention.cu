@@ -650,10 +650,6 @@ __device__ __forceinline__ void tc_load(const kv_t* kc, const kv_t* vc, int kv_d
 // Staged tiles (dynamic shared memory): tc_load's registers of one warp's tile, uint4 i of lane l
 // at [i][l], so each thread reads back what it copied (no barrier but the copies' own wait) and
 // no two lanes share a bank group. 8 KB a warp and tile.
-__device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool in) {  // !in: zeros
-    u32 d = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0));
-}
 __device__ __forceinline__ void tc_stage(const kv_t* kc, const kv_t* vc, int kv_dim, int t0, int last, uint4* st) {
     int lane = threadIdx.x & 31;
 #pragma unroll

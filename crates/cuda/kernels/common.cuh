@@ -209,6 +209,16 @@ __device__ __forceinline__ void quant_store(u32* qx, int i4, float4 v, bool vali
     if ((k & 3) == 0) g[17 + (k >> 2)] = (u32)sq;
 }
 
+// Asynchronous copies to shared memory (sm_80+): 16 bytes (zeros where !in), or 8.
+__device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool in) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
+}
+
 // Where load_x_fast / stage_slots put the values: plain floats, padded floats (pad_idx), or
 // quantised groups (quant_store).
 #define X_PLAIN 0

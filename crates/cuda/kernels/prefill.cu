@@ -204,19 +204,45 @@ __device__ __forceinline__ void idot_k16(int (&c)[4], u32 a0, u32 a1, u32 hi, u3
     mma_k16<false>(c, a0, a1, lo);
 }
 
-// One lane's part of a block of rows g and g + 8: the nibble word t (weights 4t..4t+3 in its
-// low nibbles, 16+4t.. in its high ones) and the rows' scales. `add` adds the block's part of
-// each output this lane holds (c[i]: row g (i < 2) or g + 8, entry 2t + (i & 1)) given the
-// 8 entries' activation words x (entry g's words 4t..4t+3) and the lane's two entries' group
-// tails s0, s1 (scale, half sums).
+// A stage of pf_mma: PFM_STAGE blocks (one K super-block) of the block's rows and entries in
+// shared memory, copied by cp.async while the previous stage's mma run. Strides are padded so
+// a warp's reads of 8 rows' (or entries') words hit distinct banks.
+#define PFM_STAGE 8
+#define PFM_WROW 144                        // a row's nibbles: 8 blocks x 16 bytes + 16
+#define PFM_AROW 104                        // a row's aux, at most (Q6_K: 96 + 8)
+#define PFM_XENT 576                        // an entry's words 0..15 of 8 groups (64 bytes) + 64
+#define PFM_STAGE_BYTES (PFM_ROWS * (PFM_WROW + PFM_AROW) + PFM_ENTRIES * (PFM_XENT + 16 * PFM_STAGE))
+
+// Aux bytes of a super-block (8 blocks) of a row, and their staged stride (an odd number of
+// 8-byte words: distinct banks for 8 rows).
+__device__ __forceinline__ int pfm_aux(int type) { return type == T_Q4_0 ? 16 : type == T_Q4_K ? 24 : 96; }
+__device__ __forceinline__ int pfm_aux_stride(int type) { return type == T_Q4_0 ? 24 : type == T_Q4_K ? 24 : 104; }
+
+struct PfmStage {
+    u8* w;       // [PFM_ROWS][PFM_WROW] nibbles
+    u8* aux;     // [PFM_ROWS][aux stride]
+    u8* x;       // [PFM_ENTRIES][PFM_XENT] words 0..15 of each group
+    uint4* tail; // [PFM_STAGE][PFM_ENTRIES] words 16..19 (scale, half sums)
+};
+__device__ __forceinline__ PfmStage pfm_stage(u8* smem, int s) {
+    u8* b = smem + s * PFM_STAGE_BYTES;
+    return PfmStage{b, b + PFM_ROWS * PFM_WROW, b + PFM_ROWS * (PFM_WROW + PFM_AROW),
+                    (uint4*)(b + PFM_ROWS * (PFM_WROW + PFM_AROW) + PFM_ENTRIES * PFM_XENT)};
+}
+
+// One lane's part of block j of rows g and g + 8 (`w` at the rows' nibbles, `aux` at their
+// super-block's aux): the nibble word t (weights 4t..4t+3 in its low nibbles, 16+4t.. in its
+// high ones) and the rows' scales. `add` adds the block's part of each output this lane holds
+// (c[i]: row g (i < 2) or g + 8, entry 2t + (i & 1)) given entry g's activation words x (4t..
+// 4t+3) and the lane's two entries' group tails s0, s1 (scale, half sums).
 struct PfmQ4_0 {
     u32 q[2];
     float d[2];
-    __device__ __forceinline__ void load(const QW& w, const u64 (&bi)[2], int t) {
+    __device__ __forceinline__ void load(const u8* const (&w)[2], const u8* const (&aux)[2], int j, int t) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            q[r] = ((const u32*)w.data)[bi[r] * 4 + t];
-            d[r] = h2f(((const u16*)w.scales)[bi[r]]);
+            q[r] = *(const u32*)(w[r] + 16 * j + 4 * t);
+            d[r] = h2f(*(const u16*)(aux[r] + 2 * j));
         }
     }
     __device__ __forceinline__ void add(uint4 x, uint4 s0, uint4 s1, float (&acc)[4]) const {
@@ -233,14 +259,13 @@ struct PfmQ4_0 {
 struct PfmQ4_K {
     u32 q[2];
     float ds[2], dm[2];
-    __device__ __forceinline__ void load(const QW& w, const u64 (&bi)[2], int t) {
+    __device__ __forceinline__ void load(const u8* const (&w)[2], const u8* const (&aux)[2], int j, int t) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             Q4_KPiece piece;
-            const u8* a = (const u8*)w.scales + (bi[r] >> 3) * 24;
-            piece.dm = *(const u32*)a;
-            piece.sm = *(const u16*)(a + 4 + (bi[r] & 7) * 2);
-            q[r] = ((const u32*)w.data)[bi[r] * 4 + t];
+            piece.dm = *(const u32*)aux[r];
+            piece.sm = *(const u16*)(aux[r] + 4 + 2 * j);
+            q[r] = *(const u32*)(w[r] + 16 * j + 4 * t);
             ds[r] = piece.scale();
             dm[r] = piece.offset();
         }
@@ -260,13 +285,12 @@ struct PfmQ4_K {
 struct PfmQ6_K {
     u32 lo[2], hi[2];  // 6-bit values of weights 4t.. and 16+4t.. (q6_k_bytes' word t)
     float d[2], sc0[2], sc1[2];
-    __device__ __forceinline__ void load(const QW& w, const u64 (&bi)[2], int t) {
+    __device__ __forceinline__ void load(const u8* const (&w)[2], const u8* const (&aux)[2], int j, int t) {
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const u8* a = (const u8*)w.scales + (bi[r] >> 3) * 96;
-            uint2 g = *(const uint2*)(a + (bi[r] & 7) * 8);
-            u32 sw = *(const u32*)(a + 64 + (bi[r] & 7) * 4);
-            u32 q = ((const u32*)w.data)[bi[r] * 4 + t];
+            uint2 g = *(const uint2*)(aux[r] + 8 * j);
+            u32 sw = *(const u32*)(aux[r] + 64 + 4 * j);
+            u32 q = *(const u32*)(w[r] + 16 * j + 4 * t);
             lo[r] = (q & 0x0F0F0F0Fu) | (((g.x >> (2 * t)) & 0x03030303u) << 4);
             hi[r] = ((q >> 4) & 0x0F0F0F0Fu) | (((g.y >> (2 * t)) & 0x03030303u) << 4);
             d[r] = h2f((u16)(sw & 0xffff));
@@ -288,62 +312,103 @@ struct PfmQ6_K {
     }
 };
 
-// A warp's 16 rows from r0 (group g's) against entries [e_lo, e_hi), PFM_ENTRIES at a time.
-// Rows and entries past the ends are read as the last ones and not stored.
-template <class F>
-__device__ void pfm_warp(const PfRowsParams& p, int grp, int r0, const int2* list, int e_lo, int e_hi) {
-    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, nb = p.w.k >> 5;
+// The whole block's copies of super-block kb into st: its PFM_ROWS rows from r0 (rows past the
+// end read as the last) and the tile's entries' groups (activation rows `in`).
+__device__ void pfm_load(const PfRowsParams& p, int grp, int r0, const int* in, int kb, const PfmStage& st) {
+    int nb = p.w.k >> 5, aux = pfm_aux(p.w.type), as = pfm_aux_stride(p.w.type), a8 = aux >> 3;
     u64 base = (u64)grp * p.rows;
-    u64 bi[2] = {(base + min(r0 + g, p.rows - 1)) * nb, (base + min(r0 + g + 8, p.rows - 1)) * nb};
-    const u32* xq = (const u32*)p.xq;
-    for (int e0 = e_lo; e0 < e_hi; e0 += PFM_ENTRIES) {
-        u32 xb[PFM_NT], xs[PFM_NT][2];  // word offsets: entry g's activations, entries 2t, 2t+1's
-#pragma unroll
-        for (int n = 0; n < PFM_NT; n++) {
-            xb[n] = (u32)pf_entry(p, list, min(e0 + n * 8 + g, e_hi - 1)).x * nb * QXW + 4 * t;
-#pragma unroll
-            for (int j = 0; j < 2; j++) xs[n][j] = (u32)pf_entry(p, list, min(e0 + n * 8 + 2 * t + j, e_hi - 1)).x * nb * QXW + 16;
+    for (int i = threadIdx.x; i < PFM_ROWS * PFM_STAGE; i += blockDim.x) {
+        int r = i >> 3, j = i & 7;
+        u64 row = base + min(r0 + r, p.rows - 1);
+        cp_async16((uint4*)(st.w + r * PFM_WROW + 16 * j), (const uint4*)p.w.data + row * nb + kb * PFM_STAGE + j, true);
+    }
+    for (int i = threadIdx.x; i < PFM_ROWS * a8; i += blockDim.x) {
+        int r = i / a8, c = i - r * a8;
+        u64 row = base + min(r0 + r, p.rows - 1);
+        cp_async8(st.aux + r * as + 8 * c, (const u8*)p.w.scales + (row * (nb >> 3) + kb) * aux + 8 * c);
+    }
+    for (int i = threadIdx.x; i < PFM_ENTRIES * PFM_STAGE * 5; i += blockDim.x) {
+        int e = i / (PFM_STAGE * 5), r = i - e * (PFM_STAGE * 5), j = r / 5, c = r - j * 5;
+        const u32* src = (const u32*)p.xq + ((u64)in[e] * nb + kb * PFM_STAGE + j) * QXW + 4 * c;
+        uint4* dst = c < 4 ? (uint4*)(st.x + e * PFM_XENT + 64 * j + 16 * c) : st.tail + j * PFM_ENTRIES + e;
+        cp_async16(dst, src, true);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// A warp's 16 rows (from r0 within the block's rows) against one tile of entries, over every
+// super-block in two staged buffers; the outputs this lane holds in acc.
+template <class F>
+__device__ void pfm_tile(const PfRowsParams& p, int grp, int rb, const int* in, u8* smem, float (&acc)[PFM_NT][4]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wr = (threadIdx.x >> 5) * 16 + g;
+    int nk = p.w.k >> 8, as = pfm_aux_stride(p.w.type);
+    pfm_load(p, grp, rb, in, 0, pfm_stage(smem, 0));
+    for (int kb = 0; kb < nk; kb++) {
+        if (kb + 1 < nk) {
+            pfm_load(p, grp, rb, in, kb + 1, pfm_stage(smem, (kb + 1) & 1));
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         }
-        float acc[PFM_NT][4] = {};
-#pragma unroll 1
-        for (int b = 0; b < nb; b++) {
+        __syncthreads();
+        PfmStage st = pfm_stage(smem, kb & 1);
+        const u8* const w[2] = {st.w + wr * PFM_WROW, st.w + (wr + 8) * PFM_WROW};
+        const u8* const aux[2] = {st.aux + wr * as, st.aux + (wr + 8) * as};
+#pragma unroll 2
+        for (int j = 0; j < PFM_STAGE; j++) {
             F f;
-            u64 bb[2] = {bi[0] + b, bi[1] + b};
-            f.load(p.w, bb, t);
+            f.load(w, aux, j, t);
 #pragma unroll
             for (int n = 0; n < PFM_NT; n++) {
-                uint4 x = *(const uint4*)(xq + xb[n] + b * QXW);
-                uint4 s0 = *(const uint4*)(xq + xs[n][0] + b * QXW);
-                uint4 s1 = *(const uint4*)(xq + xs[n][1] + b * QXW);
-                f.add(x, s0, s1, acc[n]);
+                uint4 x = *(const uint4*)(st.x + (n * 8 + g) * PFM_XENT + 64 * j + 16 * t);
+                const uint4* tl = st.tail + j * PFM_ENTRIES + n * 8 + 2 * t;
+                f.add(x, tl[0], tl[1], acc[n]);
             }
+        }
+        __syncthreads();  // the buffer is refilled two stages on
+    }
+}
+
+// grid (ceil(rows / PFM_ROWS), groups, entry tiles), 256 threads, 2 * PFM_STAGE_BYTES of
+// dynamic shared memory: pf_rows for the split types (k % 256 == 0; sm_80+). Rows and entries past the
+// ends are read as the last ones and not stored.
+extern "C" __global__ void __launch_bounds__(256, 2) pf_mma(const PfRowsParams p) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) u8 pfm_smem[];
+    __shared__ int in[PFM_ENTRIES], out[PFM_ENTRIES];
+    pdl_start();
+    int grp = blockIdx.y, rb = blockIdx.x * PFM_ROWS;
+    int n = p.counts ? ((const int*)p.counts)[grp] : p.n_dense;
+    int e_lo = p.z_entries ? blockIdx.z * p.z_entries : 0;
+    int e_hi = p.z_entries ? min(n, e_lo + p.z_entries) : n;
+    if (e_lo >= e_hi) return;  // an expert no token chose: its rows are not read
+    const int2* list = p.list ? (const int2*)p.list + (u64)grp * p.list_cap : nullptr;
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, r0 = rb + (threadIdx.x >> 5) * 16 + g;
+    for (int e0 = e_lo; e0 < e_hi; e0 += PFM_ENTRIES) {
+        __syncthreads();  // the last tile's stores have read `out`
+        if (threadIdx.x < PFM_ENTRIES) {
+            int2 io = pf_entry(p, list, min(e0 + (int)threadIdx.x, e_hi - 1));
+            in[threadIdx.x] = io.x;
+            out[threadIdx.x] = io.y;
+        }
+        __syncthreads();
+        float acc[PFM_NT][4] = {};
+        switch (p.w.type) {
+            case T_Q4_0: pfm_tile<PfmQ4_0>(p, grp, rb, in, pfm_smem, acc); break;
+            case T_Q4_K: pfm_tile<PfmQ4_K>(p, grp, rb, in, pfm_smem, acc); break;
+            default: pfm_tile<PfmQ6_K>(p, grp, rb, in, pfm_smem, acc);
         }
 #pragma unroll
         for (int n = 0; n < PFM_NT; n++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                int e = e0 + n * 8 + 2 * t + (i & 1), r = r0 + g + 8 * (i >> 1);
+                int e = e0 + n * 8 + 2 * t + (i & 1), r = r0 + 8 * (i >> 1);
                 if (e >= e_hi || r >= p.rows) continue;
-                float* dst = (float*)p.out + (u64)pf_entry(p, list, e).y * p.out_stride + r;
+                float* dst = (float*)p.out + (u64)out[e - e0] * p.out_stride + r;
                 *dst = p.accumulate ? *dst + acc[n][i] : acc[n][i];
             }
     }
-}
-
-// grid (ceil(rows / PFM_ROWS), groups, entry tiles), 256 threads: pf_rows for the split types.
-extern "C" __global__ void __launch_bounds__(256, 2) pf_mma(const PfRowsParams p) {
-    pdl_start();
-    int g = blockIdx.y, r0 = blockIdx.x * PFM_ROWS + (threadIdx.x >> 5) * 16;
-    int n = p.counts ? ((const int*)p.counts)[g] : p.n_dense;
-    int e_lo = p.z_entries ? blockIdx.z * p.z_entries : 0;
-    int e_hi = p.z_entries ? min(n, e_lo + p.z_entries) : n;
-    if (e_lo >= e_hi || r0 >= p.rows) return;  // an expert no token chose: its rows are not read
-    const int2* list = p.list ? (const int2*)p.list + (u64)g * p.list_cap : nullptr;
-    switch (p.w.type) {
-        case T_Q4_0: pfm_warp<PfmQ4_0>(p, g, r0, list, e_lo, e_hi); break;
-        case T_Q4_K: pfm_warp<PfmQ4_K>(p, g, r0, list, e_lo, e_hi); break;
-        default: pfm_warp<PfmQ6_K>(p, g, r0, list, e_lo, e_hi);
-    }
+#endif
 }
 
 // Each token's experts and weights from its router logits (topk_block, as moe_topk): grid
@@ -367,17 +432,32 @@ struct PfListsParams {
     int list_cap;
 };
 
-// One block: thread e lists expert e's slots in token order (a token picks an expert once).
+// grid n_expert, 256 threads: block e lists expert e's slots in token order (a token picks an
+// expert once), 256 ids a pass, each hit's place from the warps' ballots.
 extern "C" __global__ void pf_lists(const PfListsParams p) {
+    __shared__ int warp_hits[8];
     pdl_start();
     const int* ids = (const int*)p.ids;
-    for (int e = threadIdx.x; e < p.n_expert; e += blockDim.x) {
-        int2* list = (int2*)p.list + (u64)e * p.list_cap;
-        int n = 0;
-        for (int i = 0; i < p.tokens * p.n_used; i++)
-            if (ids[i] == e && n < p.list_cap) list[n++] = make_int2(i / p.n_used, i);
-        ((int*)p.counts)[e] = n;
+    int e = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, total = p.tokens * p.n_used, n = 0;
+    int2* list = (int2*)p.list + (u64)e * p.list_cap;
+    for (int i0 = 0; i0 < total; i0 += 256) {
+        int i = i0 + threadIdx.x;
+        bool hit = i < total && ids[i] == e;
+        u32 m = __ballot_sync(0xffffffff, hit);
+        if (lane == 0) warp_hits[w] = __popc(m);
+        __syncthreads();
+        int before = n, all = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            before += k < w ? warp_hits[k] : 0;
+            all += warp_hits[k];
+        }
+        int at = before + __popc(m & ((1u << lane) - 1));
+        if (hit && at < p.list_cap) list[at] = make_int2(i / p.n_used, i);
+        n += all;
+        __syncthreads();
     }
+    if (threadIdx.x == 0) ((int*)p.counts)[e] = min(n, p.list_cap);
 }
 
 struct PfCombineParams {
@@ -429,4 +509,164 @@ extern "C" __global__ void pf_attn_split(const AttnParams p) {
 extern "C" __global__ void pf_attn_combine(const AttnParams p) {
     pdl_start();
     attn_combine_unit(pf_token(p), this_unit());
+}
+
+// Attention of a chunk's tokens on tensor cores (Qwen3-MoE's shape: head_dim 128, 8 query heads
+// a KV head, f16 cache; the host picks it where these hold). A block takes a KV head and 16 of
+// the chunk's tokens, consecutive positions; warp w's 16 mma rows are token 2w's 8 heads, then
+// token 2w + 1's. The block walks the keys up to its last token's position in 64-key tiles that
+// cp.async stages in shared memory, one tile ahead, so each tile's K and V are read once for
+// 128 query rows (attn_split_chunk read them once a token and head: at a 4,096-token prompt it
+// was half the prefill). A warp runs FlashAttention-2's loop over 16-key steps: S = Q K^T (Q in
+// f16, pre-scaled, in registers; K by ldmatrix), a running maximum and l per row, the f16
+// weights as the A operand of P V (V by ldmatrix.trans), each token masked at its own position.
+#define PFA_TOKENS 16
+#define PFA_KEYS 64
+#define PFA_ROW 136  // halves a staged K or V row: 128 + 8, so ldmatrix's 8 rows hit distinct banks
+
+#if defined(KV_F16) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void mma_h16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const u16* ptr) {
+    u32 a = (u32)__cvta_generic_to_shared(ptr);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// The block's copies of keys k0.. (zeros past `last`) of KV head kvh into ks / vs.
+__device__ __forceinline__ void pfa_load(const AttnParams& p, int kvh, int k0, int last, u16* ks, u16* vs) {
+    int kv_dim = p.n_kv_head * 128;
+    for (int i = threadIdx.x; i < PFA_KEYS * 16; i += blockDim.x) {
+        int r = i >> 4, c = i & 15, t = k0 + r;
+        u64 at = (u64)min(t, last - 1) * kv_dim + kvh * 128 + 8 * c;
+        cp_async16((uint4*)(ks + r * PFA_ROW + 8 * c), (const u16*)p.k_cache + at, t < last);
+        cp_async16((uint4*)(vs + r * PFA_ROW + 8 * c), (const u16*)p.v_cache + at, t < last);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// One warp's 16-key step at key t0: rows g (token a) and g + 8 (token b) masked past their
+// positions pa, pb; m, l and o as tc_tile's, for both rows.
+__device__ __forceinline__ void pfa_step(const u16* ks, const u16* vs, const u32 (&qa)[8][4], int t0, int pa, int pb,
+                                         float (&m)[2], float (&l)[2], float (&o)[16][4]) {
+    int lane = threadIdx.x & 31, c = lane & 3;
+    float sc[2][4] = {};
+    int kr = (lane & 7) + ((lane >> 4) << 3), kd = ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 b[4];  // keys 0..7: dims 16k.., 16k+8..; keys 8..15: the same
+        ldsm_x4(b, ks + kr * PFA_ROW + 16 * k + kd);
+        mma_h16(sc[0], qa[k], b[0], b[1]);
+        mma_h16(sc[1], qa[k], b[2], b[3]);
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = t0 + 8 * j + 2 * c + (e & 1);
+            if (key > (e < 2 ? pa : pb)) sc[j][e] = -INFINITY;
+            mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+        }
+    float f[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffff, mx[r], 2));
+        float mn = fmaxf(m[r], mx[r]);
+        f[r] = expf(m[r] - mn);  // the first step: 0 (key 0 is every token's)
+        m[r] = mn;
+    }
+    u32 pa4[4];
+    float ls[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            u16 h0 = f2h(expf(sc[j][2 * r] - m[r])), h1 = f2h(expf(sc[j][2 * r + 1] - m[r]));
+            ls[r] += h2f(h0) + h2f(h1);
+            pa4[2 * j + r] = (u32)h0 | (u32)h1 << 16;  // A: row g keys 2c.. (j 0), row g + 8, then keys 8 + 2c..
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = l[r] * f[r] + ls[r];
+#pragma unroll
+    for (int n = 0; n < 16; n++) {
+        o[n][0] *= f[0];
+        o[n][1] *= f[0];
+        o[n][2] *= f[1];
+        o[n][3] *= f[1];
+    }
+    int mi = lane >> 3, row = (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int n = 0; n < 16; n += 2) {
+        u32 b[4];
+        ldsm_x4_t(b, vs + row * PFA_ROW + 8 * (n + (mi >> 1)));
+        mma_h16(o[n], pa4, b[0], b[1]);
+        mma_h16(o[n + 1], pa4, b[2], b[3]);
+    }
+}
+#endif
+
+// grid (n_kv_head, ceil(tokens / PFA_TOKENS)), 256 threads, dynamic shared memory for two
+// staged tiles (4 * PFA_KEYS * PFA_ROW halves). p.q / p.out: the chunk's tokens' rows; p.state:
+// theirs. `tokens` in p.n_split.
+extern "C" __global__ void __launch_bounds__(256, 1) pf_attn_tc(const AttnParams p) {
+#if defined(KV_F16) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) u16 pfa_smem[];
+    pdl_start();
+    int kvh = blockIdx.x, z0 = blockIdx.y * PFA_TOKENS, n = p.n_split;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const StepState* st = (const StepState*)p.state;
+    int za = min(z0 + 2 * w, n - 1), zb = min(z0 + 2 * w + 1, n - 1);
+    int pa = (int)st[za].pos, pb = (int)st[zb].pos, last = (int)st[min(z0 + PFA_TOKENS, n) - 1].pos + 1;
+    int q_dim = p.n_head * 128, h = kvh * 8 + g;
+    u32 qa[8][4];  // A: rows g / g + 8 (head g of token a / b), dims 16k + 2c.., 16k + 8 + 2c..
+    const float* qr[2] = {(const float*)p.q + (u64)za * q_dim + h * 128, (const float*)p.q + (u64)zb * q_dim + h * 128};
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 v = *(const float2*)(qr[i & 1] + 16 * k + 8 * (i >> 1) + 2 * c);
+            qa[k][i] = pack_h2(v.x * p.scale, v.y * p.scale);
+        }
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[16][4] = {};
+    const int tile = 2 * PFA_KEYS * PFA_ROW;  // a staged tile's K, then its V
+    int tiles = (last + PFA_KEYS - 1) / PFA_KEYS, mine = max(pa, pb);
+    pfa_load(p, kvh, 0, last, pfa_smem, pfa_smem + PFA_KEYS * PFA_ROW);
+    for (int i = 0; i < tiles; i++) {
+        if (i + 1 < tiles) {
+            u16* next = pfa_smem + ((i + 1) & 1) * tile;
+            pfa_load(p, kvh, (i + 1) * PFA_KEYS, last, next, next + PFA_KEYS * PFA_ROW);
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        }
+        __syncthreads();
+        const u16 *ks = pfa_smem + (i & 1) * tile, *vs = ks + PFA_KEYS * PFA_ROW;
+        for (int s = 0; s < PFA_KEYS / 16; s++) {
+            int t0 = i * PFA_KEYS + 16 * s;
+            if (t0 > mine) break;  // past both tokens' positions
+            pfa_step(ks + 16 * s * PFA_ROW, vs + 16 * s * PFA_ROW, qa, t0, pa, pb, m, l, o);
+        }
+        __syncthreads();  // the buffer is refilled two tiles on
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    }
+    bool live[2] = {z0 + 2 * w < n, z0 + 2 * w + 1 < n};
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (!live[r]) continue;
+        float* out = (float*)p.out + (u64)(r ? zb : za) * q_dim + h * 128;
+#pragma unroll
+        for (int nt = 0; nt < 16; nt++)
+            *(float2*)(out + 8 * nt + 2 * c) = make_float2(o[nt][2 * r] / l[r], o[nt][2 * r + 1] / l[r]);
+    }
+#endif
 }

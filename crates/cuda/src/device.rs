@@ -57,6 +57,7 @@ pub enum Kernel {
     PfQkNormRope,
     PfAttnSplit,
     PfAttnCombine,
+    PfAttnTc,
 }
 
 /// The symbols of the modes, by mode (matvec.cu, moe.cu).
@@ -108,7 +109,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 31] = [
+const SINGLE: [Kernel; 32] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -140,6 +141,7 @@ const SINGLE: [Kernel; 31] = [
     Kernel::PfQkNormRope,
     Kernel::PfAttnSplit,
     Kernel::PfAttnCombine,
+    Kernel::PfAttnTc,
 ];
 
 const N_KERNELS: usize =
@@ -205,6 +207,7 @@ impl Kernel {
             Kernel::PfQkNormRope => "pf_qk_norm_rope",
             Kernel::PfAttnSplit => "pf_attn_split",
             Kernel::PfAttnCombine => "pf_attn_combine",
+            Kernel::PfAttnTc => "pf_attn_tc",
         }
     }
 }
@@ -314,6 +317,8 @@ impl Device {
                     | Kernel::AttnGqa128x8
                     | Kernel::AttnGqa128x8Tc
                     | Kernel::SampleWalk
+                    | Kernel::PfMma
+                    | Kernel::PfAttnTc
             ) {
                 // Large activations (d_ff * n_used floats), attention's reservation
                 // (att_solo_smem) and the walk's chunks over vocabularies past 8M tokens

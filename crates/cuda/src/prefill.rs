@@ -10,7 +10,7 @@ use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
 use crate::step::{attn_params, rope_params, split_attention, topk, Kv, T_Q4_0, T_Q4_K, T_Q6_K};
 use crate::weights::{LayerW, Weights};
-use crate::Result;
+use crate::{KvType, Result};
 
 /// Words of one quantised group of 32 activations (common.cuh QXW) and floats of a padded one
 /// (XS).
@@ -20,8 +20,16 @@ const XS: usize = 36;
 /// length they and pf_quant take.
 const PF_ROWS: usize = 32;
 const PFM_ROWS: usize = 128;
-/// Entries a dense launch's block takes (PfRowsParams::z_entries).
-const PF_Z_ENTRIES: usize = 32;
+/// Entries a dense launch's block takes (PfRowsParams::z_entries): pf_mma's tile, and fewer for
+/// pf_rows (the router's 128 rows are 4 of its blocks an entry tile).
+const PFM_Z_ENTRIES: usize = 32;
+const PF_Z_ENTRIES: usize = 8;
+/// pf_mma's dynamic shared memory: two stages (prefill.cu PFM_STAGE_BYTES).
+const PFM_SMEM: u32 = 2 * (128 * (144 + 104) + 32 * (576 + 16 * 8));
+/// Tokens a pf_attn_tc block (PFA_TOKENS) and its dynamic shared memory: two staged tiles of
+/// 64 keys' K and V rows (136 halves each).
+const PFA_TOKENS: usize = 16;
+const PFA_SMEM: u32 = 4 * 64 * 136 * 2;
 const PF_MAX_K: usize = 4096;
 const THREADS: u32 = 256;
 
@@ -43,6 +51,10 @@ pub fn supports(c: &Config) -> bool {
 /// The chunk's activations on the device, sized for `chunk` tokens.
 pub struct Prefill {
     pub chunk: usize,
+    /// Tensor cores (sm_80+): the split types' rows on pf_mma.
+    mma: bool,
+    /// Attention on tensor cores (pf_attn_tc): Qwen3-MoE's shape over an f16 cache.
+    attn_tc: bool,
     states: DevBuf,
     x: DevBuf,
     xq: DevBuf,
@@ -68,8 +80,13 @@ impl Prefill {
         let f = |n: usize| DevBuf::new(dev, n.max(1) * 4);
         let (t, slots) = (chunk, chunk * c.n_expert_used);
         let k_max = c.d_model.max(c.q_dim());
+        let mma = dev.sm_major >= 8;
+        let attn_tc =
+            mma && dev.kv_type == KvType::F16 && c.head_dim == 128 && c.n_head == 8 * c.n_kv_head;
         Ok(Prefill {
             chunk,
+            mma,
+            attn_tc,
             states: DevBuf::new(dev, t * std::mem::size_of::<StepState>())?,
             x: f(t * c.d_model)?,
             xq: f(t * quant_words(k_max))?,
@@ -168,7 +185,7 @@ impl Prefill {
 
     /// Dense rows of `w` against the n quantised activation rows: out[t * stride + r].
     fn dense(&self, w: Qw, rows: usize, out: u64, stride: usize, n: usize, add: bool) -> Launch {
-        rows_launch(
+        self.rows_launch(
             PfRowsParams {
                 w,
                 xq: self.xq.ptr,
@@ -178,7 +195,7 @@ impl Prefill {
                 out_stride: stride as i32,
                 n_dense: n as i32,
                 accumulate: add as i32,
-                z_entries: PF_Z_ENTRIES as i32,
+                z_entries: 1,
                 ..Default::default()
             },
             1,
@@ -213,7 +230,26 @@ impl Prefill {
             Kernel::PfAttnSplit,
             Kernel::PfAttnCombine,
         ];
-        out.extend(split_attention(c, &r, &a, n as u32, kernels));
+        let [rope, split, combine] = split_attention(c, &r, &a, n as u32, kernels);
+        out.push(rope);
+        if self.attn_tc {
+            let tc = AttnParams {
+                n_split: n as i32,
+                ..a
+            };
+            let grid = (c.n_kv_head as u32, n.div_ceil(PFA_TOKENS) as u32, 1);
+            out.push(Launch::new(
+                Kernel::PfAttnTc,
+                "pf_attn_tc",
+                grid,
+                THREADS,
+                PFA_SMEM,
+                &tc,
+                0,
+            ));
+        } else {
+            out.extend([split, combine]);
+        }
         out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
         out.push(self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true));
     }
@@ -236,8 +272,8 @@ impl Prefill {
         out.push(Launch::new(
             Kernel::PfLists,
             "pf_lists",
-            (1, 1, 1),
-            128,
+            (ne as u32, 1, 1),
+            THREADS,
             0,
             &lists,
             0,
@@ -257,7 +293,7 @@ impl Prefill {
                     in_is_out: in_is_out as i32,
                     ..Default::default()
                 };
-                rows_launch(p, ne as u32)
+                self.rows_launch(p, ne as u32)
             };
         let x = (self.xq.ptr, self.xf.ptr);
         out.push(grouped(lw.gate, dff, x, self.gu.ptr, 2 * dff, false));
@@ -309,25 +345,29 @@ impl Prefill {
             0,
         ));
     }
+
+    /// The split types' rows on tensor cores (pf_mma), the others' on pf_rows; dense launches
+    /// tile their entries over blockIdx.z.
+    /// `z_entries` set (any value) tiles the entries of a dense launch over blockIdx.z.
+    fn rows_launch(&self, mut p: PfRowsParams, groups: u32) -> Launch {
+        let mma = self.mma && matches!(p.w.ty, T_Q4_0 | T_Q4_K | T_Q6_K) && p.w.k % 256 == 0;
+        let (kernel, name, rows, z, smem) = match mma {
+            true => (Kernel::PfMma, "pf_mma", PFM_ROWS, PFM_Z_ENTRIES, PFM_SMEM),
+            false => (Kernel::PfRows, "pf_rows", PF_ROWS, PF_Z_ENTRIES, 0),
+        };
+        let tiles = match p.z_entries {
+            0 => 1,
+            _ => {
+                p.z_entries = z as i32;
+                (p.n_dense as u32).div_ceil(z as u32)
+            }
+        };
+        let blocks = (p.rows as u32).div_ceil(rows as u32);
+        Launch::new(kernel, name, (blocks, groups, tiles), THREADS, smem, &p, 0)
+    }
 }
 
 /// Attention chunks of a context of `len` positions.
 fn n_split(len: usize) -> usize {
     len.div_ceil(ATT_CHUNK)
-}
-
-/// The split types' rows on tensor cores (pf_mma), the others' on pf_rows; dense launches
-/// tile their entries over blockIdx.z.
-fn rows_launch(p: PfRowsParams, groups: u32) -> Launch {
-    let split = matches!(p.w.ty, T_Q4_0 | T_Q4_K | T_Q6_K);
-    let (kernel, name, rows) = match split {
-        true => (Kernel::PfMma, "pf_mma", PFM_ROWS),
-        false => (Kernel::PfRows, "pf_rows", PF_ROWS),
-    };
-    let tiles = match p.z_entries {
-        0 => 1,
-        z => (p.n_dense as u32).div_ceil(z as u32),
-    };
-    let blocks = (p.rows as u32).div_ceil(rows as u32);
-    Launch::new(kernel, name, (blocks, groups, tiles), THREADS, 0, &p, 0)
 }
