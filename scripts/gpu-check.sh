@@ -116,8 +116,8 @@ tiny_sanitize() {
   }
   for q in q4_0 q4_k_m; do
     timeout 60 $Q synth --geometry tiny --quant $q --seed 1 --out /tmp/tiny-$q.gguf > /dev/null 2>&1
-    kinds="attn_gqa moe_ router matvec argmax sample"
-    [ $q = q4_k_m ] && kinds="moe_ matvec"  # its Q4_K / Q6_K paths
+    kinds="attn_gqa moe_ router matvec argmax sample pf_"
+    [ $q = q4_k_m ] && kinds="moe_ matvec pf_"  # its Q4_K / Q6_K paths
     for k in $kinds; do
       say "racecheck $q $k: $(racy $q --tool racecheck --kernel-name kns=$k) (at ${SECONDS} s)"
     done

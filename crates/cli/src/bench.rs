@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// GPU: in-flight depths to measure with the cache on.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     in_flight: Vec<usize>,
+    /// GPU: prompt tokens prefilled at once (0: a decode step a token). Default 1,024, or
+    /// Q4MOE_CUDA_PREFILL_CHUNK.
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
     /// Also decode after this many positions of context (0 = skip).
     #[arg(long, default_value_t = 0)]
     long_context: usize,
@@ -146,12 +150,19 @@ fn open(model: &Arc<Model>, a: &BenchArgs, ctx: usize) -> anyhow::Result<AnyBack
         kv_capacity: ctx,
         kv_type,
         profile_kernels: a.profile.as_deref() == Some("kernels"),
+        prefill_chunk: prefill_chunk(a),
         ..Default::default()
     };
     Ok(AnyBackend::Cuda(Box::new(q4moe_cuda::CudaBackend::new(
         model.clone(),
         opts,
     )?)))
+}
+
+/// The GPU's batched prefill chunk: `--prefill-chunk`, else CudaOptions' default.
+fn prefill_chunk(a: &BenchArgs) -> usize {
+    a.prefill_chunk
+        .unwrap_or_else(|| q4moe_cuda::CudaOptions::default().prefill_chunk)
 }
 
 fn variants(a: &BenchArgs, backend: &AnyBackend) -> Vec<Variant> {

@@ -61,17 +61,23 @@ pub struct DeviceArgs {
     /// contexts are bound by them) at a rounding of at most 2^-11 a value; f32 keeps them exact.
     #[arg(long, default_value = "f16", value_parser = KvType::parse)]
     pub kv_type: KvType,
+    /// Prompt tokens the GPU prefills at once (each weight row read once a chunk); 0 runs the
+    /// decode step once a prompt token. Default 1,024, or Q4MOE_CUDA_PREFILL_CHUNK.
+    #[arg(long)]
+    pub prefill_chunk: Option<usize>,
 }
 
 impl DeviceArgs {
     pub fn engine_options(&self) -> anyhow::Result<EngineOptions> {
+        let defaults = EngineOptions::default();
         Ok(EngineOptions {
             device: Device::parse(&self.device)?,
             kv_capacity: self.ctx,
             kv_type: self.kv_type,
             setup_cache: self.setup_cache == "on",
             in_flight: self.in_flight.max(1),
-            ..EngineOptions::default()
+            prefill_chunk: self.prefill_chunk.unwrap_or(defaults.prefill_chunk),
+            ..defaults
         })
     }
 }

@@ -162,7 +162,7 @@ impl CudaBackend {
         let scratch = Scratch::new(&dev, &c, &opts)?;
         let prefill = match chunk {
             0 => None,
-            n => Some(Prefill::new(&dev, &c, n)?),
+            n => Some(Prefill::new(&dev, &c, n, opts.prefill_part_budget)?),
         };
         let pinned = Pinned::new(RING)?;
         let prompt_states = Pinned::new(PREFILL_RING)?;

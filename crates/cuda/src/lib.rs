@@ -66,8 +66,13 @@ pub struct CudaOptions {
     /// slower at the bench's context). Q4MOE_CUDA_ATT_MIN_SPAN=<n> sets it (A/B measurements).
     pub attn_min_span: Option<usize>,
     /// Prompt tokens the batched prefill (prefill.rs) takes at once; 0 runs the decode step
-    /// once a prompt token. Q4MOE_CUDA_PREFILL_CHUNK=<n> sets it.
+    /// once a prompt token. Default params::PREFILL_CHUNK_DEFAULT; Q4MOE_CUDA_PREFILL_CHUNK=<n>
+    /// sets it (`--prefill-chunk` on the command line).
     pub prefill_chunk: usize,
+    /// Bytes of attention partials the batched prefill's generic attention (shapes and caches
+    /// pf_attn_tc does not take) holds at once; it runs a chunk's tokens in sub-batches that fit.
+    /// Default 64 MiB.
+    pub prefill_part_budget: usize,
 }
 
 impl Default for CudaOptions {
@@ -94,7 +99,8 @@ impl Default for CudaOptions {
             prefill_chunk: std::env::var("Q4MOE_CUDA_PREFILL_CHUNK")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
+                .unwrap_or(params::PREFILL_CHUNK_DEFAULT),
+            prefill_part_budget: 64 << 20,
         }
     }
 }

@@ -51,6 +51,10 @@ pub fn supports(c: &Config) -> bool {
 /// The chunk's activations on the device, sized for `chunk` tokens.
 pub struct Prefill {
     pub chunk: usize,
+    /// Bytes of attention partials the generic attention holds at once
+    /// (CudaOptions::prefill_part_budget: a chunk of 1,024 tokens at 16,384 positions would
+    /// need 8.7 GB at once).
+    part_budget: usize,
     /// Tensor cores (sm_80+): the split types' rows on pf_mma.
     mma: bool,
     /// Attention on tensor cores (pf_attn_tc): Qwen3-MoE's shape over an f16 cache.
@@ -76,7 +80,7 @@ pub struct Prefill {
 }
 
 impl Prefill {
-    pub fn new(dev: &Device, c: &Config, chunk: usize) -> Result<Prefill> {
+    pub fn new(dev: &Device, c: &Config, chunk: usize, part_budget: usize) -> Result<Prefill> {
         let f = |n: usize| DevBuf::new(dev, n.max(1) * 4);
         let (t, slots) = (chunk, chunk * c.n_expert_used);
         let k_max = c.d_model.max(c.q_dim());
@@ -85,6 +89,7 @@ impl Prefill {
             mma && dev.kv_type == KvType::F16 && c.head_dim == 128 && c.n_head == 8 * c.n_kv_head;
         Ok(Prefill {
             chunk,
+            part_budget,
             mma,
             attn_tc,
             states: DevBuf::new(dev, t * std::mem::size_of::<StepState>())?,
@@ -128,11 +133,17 @@ impl Prefill {
             })
             .collect();
         self.states.upload(dev, 0, &states)?;
-        let part = tokens.len() * c.n_head * n_split(pos0 + tokens.len()) * (c.head_dim + 2) * 4;
-        if part > self.part.bytes {
+        let len = pos0 + tokens.len();
+        let part = tokens.len().min(self.part_tokens(c, len)) * part_bytes(c, len);
+        if !self.attn_tc && part > self.part.bytes {
             self.part = DevBuf::new(dev, part)?;
         }
         Ok(())
+    }
+
+    /// Tokens whose attention partials at `len` positions fit the budget.
+    fn part_tokens(&self, c: &Config, len: usize) -> usize {
+        (self.part_budget / part_bytes(c, len).max(1)).max(1)
     }
 
     /// Every layer for the `n` tokens `load` put up, which sit at positions pos0.. of `kv`.
@@ -230,7 +241,7 @@ impl Prefill {
             Kernel::PfAttnSplit,
             Kernel::PfAttnCombine,
         ];
-        let [rope, split, combine] = split_attention(c, &r, &a, n as u32, kernels);
+        let [rope, ..] = split_attention(c, &r, &a, n as u32, kernels);
         out.push(rope);
         if self.attn_tc {
             let tc = AttnParams {
@@ -248,7 +259,23 @@ impl Prefill {
                 0,
             ));
         } else {
-            out.extend([split, combine]);
+            // The chunk's tokens in sub-batches whose partials fit the budget.
+            let sub = self.part_tokens(c, pos0 + n);
+            for z0 in (0..n).step_by(sub) {
+                let (qz, sz) = (
+                    (z0 * q_dim * 4) as u64,
+                    (z0 * size_of::<StepState>()) as u64,
+                );
+                let az = AttnParams {
+                    q: a.q + qz,
+                    out: a.out + qz,
+                    state: a.state + sz,
+                    ..a
+                };
+                let [_, split, combine] =
+                    split_attention(c, &r, &az, sub.min(n - z0) as u32, kernels);
+                out.extend([split, combine]);
+            }
         }
         out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
         out.push(self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true));
@@ -370,4 +397,9 @@ impl Prefill {
 /// Attention chunks of a context of `len` positions.
 fn n_split(len: usize) -> usize {
     len.div_ceil(ATT_CHUNK)
+}
+
+/// A token's attention partials at a context of `len` positions.
+fn part_bytes(c: &Config, len: usize) -> usize {
+    c.n_head * n_split(len) * (c.head_dim + 2) * 4
 }

@@ -474,15 +474,20 @@ fn mid_qwen3_attention_long_context() {
 /// session, whose chunks sit past the first's positions and cross an attention chunk; each's
 /// last logits within 2e-3 of the CPU's, then the CPU's greedy stream.
 fn run_batched_prefill(cfg: Config, q: SynthQuant, chunk: usize, len: u32) {
+    let opts = CudaOptions {
+        prefill_chunk: chunk,
+        ..Default::default()
+    };
+    run_prefill(cfg, q, opts, len);
+}
+
+fn run_prefill(cfg: Config, q: SynthQuant, opts: CudaOptions, len: u32) {
+    let chunk = opts.prefill_chunk;
     if no_gpu() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let m = model(&cfg, q, &dir);
-    let opts = CudaOptions {
-        prefill_chunk: chunk,
-        ..Default::default()
-    };
     let (mut cpu, mut gpu) = backends_with(&m, opts);
     let prompt = test_prompt(len, &cfg);
     let more: Vec<u32> = test_prompt(41, &cfg)[17..].to_vec();
@@ -530,4 +535,22 @@ fn batched_prefill_qwen3_attention() {
 fn batched_prefill_long() {
     run_batched_prefill(wide(), SynthQuant::Q4_K_M, 128, 300);
     run_batched_prefill(wide(), SynthQuant::Q4_0, 256, 400);
+}
+
+/// The prefill a decode step a token (chunk 0), which the batched prefill replaced by default.
+#[test]
+fn per_token_prefill() {
+    run_batched_prefill(wide(), SynthQuant::Q4_K_M, 0, 23);
+}
+
+/// The generic attention (tiny: not Qwen3's head shape) in sub-batches of 2 tokens, as a long
+/// context's partials would split it (CudaOptions::prefill_part_budget).
+#[test]
+fn batched_prefill_attention_sub_batches() {
+    let opts = CudaOptions {
+        prefill_chunk: 16,
+        prefill_part_budget: 5000,
+        ..Default::default()
+    };
+    run_prefill(Config::tiny(), SynthQuant::Q4_0, opts, 23);
 }

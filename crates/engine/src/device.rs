@@ -38,6 +38,8 @@ pub struct EngineOptions {
     pub setup_cache: bool,
     pub in_flight: usize,
     pub profile_kernels: bool,
+    /// Prompt tokens the GPU's batched prefill takes at once (0: a decode step a token).
+    pub prefill_chunk: usize,
     /// Bound on positions kept across all cached sessions (LRU beyond it).
     pub max_cached_positions: usize,
 }
@@ -52,6 +54,7 @@ impl Default for EngineOptions {
             setup_cache: cuda.setup_cache,
             in_flight: cuda.in_flight,
             profile_kernels: false,
+            prefill_chunk: cuda.prefill_chunk,
             max_cached_positions: 64 * 1024,
         }
     }
@@ -65,6 +68,7 @@ pub fn open_backend(model: Arc<Model>, opts: &EngineOptions) -> Result<Box<dyn B
         kv_capacity,
         kv_type: opts.kv_type,
         profile_kernels: opts.profile_kernels,
+        prefill_chunk: opts.prefill_chunk,
         ..Default::default()
     };
     let cpu = || CpuBackend::new(model.clone(), kv_capacity).with_kv_type(opts.kv_type);

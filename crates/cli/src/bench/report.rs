@@ -122,6 +122,7 @@ pub fn build(
         "resident_bytes": info.resident_bytes,
         "backend_open_seconds": extras.open_s,
         "kv_type": info.kv_type.name(),
+        "gpu_prefill_chunk": super::prefill_chunk(a),
         "prompt_len": a.prompt_len, "decode_len": a.decode_len, "runs": a.runs, "batch": 1,
         "bytes_read_per_token": bpt,
         "copy_bandwidth_gb_s": extras.copy_gbs,
