@@ -31,6 +31,8 @@
 #   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
 #   ncu           Nsight Compute (--clock-control none) on one layer's eager launches and the output
 #                 head (cache off): $OUT/ncu-{layer,head}.txt; NCU_FUSED=1 adds the fused step.
+#   ncu-prefill:<N> Nsight Compute on the batched prefill's pf_mma launches of layer 0 after an
+#                 N-token prompt: $OUT/ncu-prefill.txt.
 #   ncu-att:<N>   Nsight Compute on two attn_gqa launches after an N-token prompt: $OUT/ncu-att.txt.
 #   chain         what one dependent launch costs in a graph without work (benches/launch_chain.rs),
 #                 PDL on and off.
@@ -250,6 +252,14 @@ for s in $steps; do
       b=${CHAIN_BIN:-$(bin launch_chain)}
       say "$(timeout 120 "$b" 2>&1 | tail -8)"
       say "$(Q4MOE_CUDA_PDL=0 timeout 120 "$b" 2>&1 | tail -8)" ;;
+    ncu-prefill:*)
+      # Nsight Compute on the batched prefill's first seven pf_mma launches (layer 0's q, k, v,
+      # o, gate, up, down) of an N-token prompt: $OUT/ncu-prefill.txt.
+      model q4_0
+      sec="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
+      timeout 300 ncu --clock-control none $sec --kernel-name pf_mma --launch-count 7 $Q bench --model /tmp/q4_0.gguf \
+        --device cuda --prompt-len ${s#ncu-prefill:} --decode-len 4 --runs 1 --in-flight 1 --setup-cache on > "$OUT/ncu-prefill.txt" 2>&1
+      grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc|L1/TEX Hit|L2 Hit|Bank" "$OUT/ncu-prefill.txt" | head -160 ;;
     ncu-att:*)
       # Nsight Compute on attention alone after a long prompt (ncu-att:<N>, eager, cache off):
       # the attn_gqa launches of the last prefill tokens and the decode, two profiled.

@@ -230,8 +230,9 @@ impl Prefill {
             (lw.k, q_dim, kv_dim),
             (lw.v, q_dim + kv_dim, kv_dim),
         ];
-        for (m, col, rows) in cols {
-            out.push(self.dense(m, rows, self.qkv.ptr + 4 * col as u64, stride, n, false));
+        for ((m, col, rows), name) in cols.into_iter().zip(["pf q", "pf k", "pf v"]) {
+            let l = self.dense(m, rows, self.qkv.ptr + 4 * col as u64, stride, n, false);
+            out.push(named(l, name));
         }
         let r = rope_params(c, lw, (kc, vc), (self.qkv.ptr, self.q.ptr), self.states.ptr);
         let bufs = (self.q.ptr, self.part.ptr, self.att.ptr, self.states.ptr);
@@ -278,13 +279,15 @@ impl Prefill {
             }
         }
         out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
-        out.push(self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true));
+        let o = self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true);
+        out.push(named(o, "pf o"));
     }
 
     fn experts(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
         let (nu, ne, dff) = (c.n_expert_used, c.n_expert, c.d_ff_expert);
         out.push(self.quant(c, self.x.ptr, lw.ffn_norm, c.d_model, n));
-        out.push(self.dense(lw.router, ne, self.logits.ptr, ne, n, false));
+        let router = self.dense(lw.router, ne, self.logits.ptr, ne, n, false);
+        out.push(named(router, "pf router"));
         let bufs = (self.logits.ptr, self.ids.ptr, self.weights.ptr);
         out.push(topk(c, Kernel::PfRoute, bufs, n as u32));
         let lists = PfListsParams {
@@ -323,15 +326,12 @@ impl Prefill {
                 self.rows_launch(p, ne as u32)
             };
         let x = (self.xq.ptr, self.xf.ptr);
-        out.push(grouped(lw.gate, dff, x, self.gu.ptr, 2 * dff, false));
-        out.push(grouped(
-            lw.up,
-            dff,
-            x,
-            self.gu.ptr + 4 * dff as u64,
-            2 * dff,
-            false,
+        out.push(named(
+            grouped(lw.gate, dff, x, self.gu.ptr, 2 * dff, false),
+            "pf gate",
         ));
+        let up = self.gu.ptr + 4 * dff as u64;
+        out.push(named(grouped(lw.up, dff, x, up, 2 * dff, false), "pf up"));
         let h = PfQuantParams {
             src: self.gu.ptr,
             norm: 0,
@@ -353,7 +353,8 @@ impl Prefill {
             0,
         ));
         let hs = (self.hq.ptr, self.hf.ptr);
-        out.push(grouped(lw.down, c.d_model, hs, self.y.ptr, c.d_model, true));
+        let down = grouped(lw.down, c.d_model, hs, self.y.ptr, c.d_model, true);
+        out.push(named(down, "pf down"));
         let comb = PfCombineParams {
             x: self.x.ptr,
             y: self.y.ptr,
@@ -392,6 +393,12 @@ impl Prefill {
         let blocks = (p.rows as u32).div_ceil(rows as u32);
         Launch::new(kernel, name, (blocks, groups, tiles), THREADS, smem, &p, 0)
     }
+}
+
+/// A weight launch under its matrix's name in the kernel profile (pf_mma or pf_rows runs it).
+fn named(mut l: Launch, name: &'static str) -> Launch {
+    l.name = name;
+    l
 }
 
 /// Attention chunks of a context of `len` positions.
