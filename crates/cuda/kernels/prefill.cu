@@ -51,6 +51,8 @@ struct PfRowsParams {
     u64 out;      // float*: entry (in, o) and row r write out[o * out_stride + r]
     u64 list;     // const int2* [groups, list_cap] entries (activation row, output row); 0: dense
     u64 counts;   // const int* [groups] entries a group; 0: dense (n_dense entries (i, i))
+    u64 tiles;    // const int2*: [0].x tiles, then (group, first entry) of each (pf_tiles); pf_mma's
+                  // grouped launches take one a blockIdx.y
     int rows;     // rows a group
     int out_stride;
     int list_cap;
@@ -369,45 +371,50 @@ __device__ void pfm_tile(const PfRowsParams& p, int grp, int rb, const int* in, 
     }
 }
 
-// grid (ceil(rows / PFM_ROWS), groups, entry tiles), 256 threads, 2 * PFM_STAGE_BYTES of
-// dynamic shared memory: pf_rows for the split types (k % 256 == 0; sm_80+). Rows and entries past the
+// grid (ceil(rows / PFM_ROWS), 1, entry tiles) dense (z_entries = PFM_ENTRIES), or
+// (ceil(rows / PFM_ROWS), tiles at most, 1) grouped (p.tiles), 256 threads, 2 * PFM_STAGE_BYTES
+// of dynamic shared memory: pf_rows for the split types (k % 256 == 0; sm_80+), a tile of
+// PFM_ENTRIES entries a block. Rows and entries past the
 // ends are read as the last ones and not stored.
 extern "C" __global__ void __launch_bounds__(256, 2) pf_mma(const PfRowsParams p) {
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) u8 pfm_smem[];
     __shared__ int in[PFM_ENTRIES], out[PFM_ENTRIES];
     pdl_start();
-    int grp = blockIdx.y, rb = blockIdx.x * PFM_ROWS;
-    int n = p.counts ? ((const int*)p.counts)[grp] : p.n_dense;
-    int e_lo = p.z_entries ? blockIdx.z * p.z_entries : 0;
-    int e_hi = p.z_entries ? min(n, e_lo + p.z_entries) : n;
-    if (e_lo >= e_hi) return;  // an expert no token chose: its rows are not read
-    const int2* list = p.list ? (const int2*)p.list + (u64)grp * p.list_cap : nullptr;
-    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, r0 = rb + (threadIdx.x >> 5) * 16 + g;
-    for (int e0 = e_lo; e0 < e_hi; e0 += PFM_ENTRIES) {
-        __syncthreads();  // the last tile's stores have read `out`
-        if (threadIdx.x < PFM_ENTRIES) {
-            int2 io = pf_entry(p, list, min(e0 + (int)threadIdx.x, e_hi - 1));
-            in[threadIdx.x] = io.x;
-            out[threadIdx.x] = io.y;
-        }
-        __syncthreads();
-        float acc[PFM_NT][4] = {};
-        switch (p.w.type) {
-            case T_Q4_0: pfm_tile<PfmQ4_0>(p, grp, rb, in, pfm_smem, acc); break;
-            case T_Q4_K: pfm_tile<PfmQ4_K>(p, grp, rb, in, pfm_smem, acc); break;
-            default: pfm_tile<PfmQ6_K>(p, grp, rb, in, pfm_smem, acc);
-        }
-#pragma unroll
-        for (int n = 0; n < PFM_NT; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int e = e0 + n * 8 + 2 * t + (i & 1), r = r0 + 8 * (i >> 1);
-                if (e >= e_hi || r >= p.rows) continue;
-                float* dst = (float*)p.out + (u64)out[e - e0] * p.out_stride + r;
-                *dst = p.accumulate ? *dst + acc[n][i] : acc[n][i];
-            }
+    int grp = 0, rb = blockIdx.x * PFM_ROWS, e_lo = blockIdx.z * p.z_entries, e_hi = p.n_dense;
+    if (p.tiles) {  // grouped: tile blockIdx.y of the work list
+        const int2* tiles = (const int2*)p.tiles;
+        if ((int)blockIdx.y >= tiles[0].x) return;
+        int2 tile = tiles[1 + blockIdx.y];
+        grp = tile.x;
+        e_lo = tile.y;
+        e_hi = ((const int*)p.counts)[grp];
     }
+    e_hi = min(e_hi, e_lo + PFM_ENTRIES);
+    if (e_lo >= e_hi) return;
+    const int2* list = p.list ? (const int2*)p.list + (u64)grp * p.list_cap : nullptr;
+    if (threadIdx.x < PFM_ENTRIES) {
+        int2 io = pf_entry(p, list, min(e_lo + (int)threadIdx.x, e_hi - 1));
+        in[threadIdx.x] = io.x;
+        out[threadIdx.x] = io.y;
+    }
+    __syncthreads();
+    float acc[PFM_NT][4] = {};
+    switch (p.w.type) {
+        case T_Q4_0: pfm_tile<PfmQ4_0>(p, grp, rb, in, pfm_smem, acc); break;
+        case T_Q4_K: pfm_tile<PfmQ4_K>(p, grp, rb, in, pfm_smem, acc); break;
+        default: pfm_tile<PfmQ6_K>(p, grp, rb, in, pfm_smem, acc);
+    }
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, r0 = rb + (threadIdx.x >> 5) * 16 + g;
+#pragma unroll
+    for (int n = 0; n < PFM_NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int e = e_lo + n * 8 + 2 * t + (i & 1), r = r0 + 8 * (i >> 1);
+            if (e >= e_hi || r >= p.rows) continue;
+            float* dst = (float*)p.out + (u64)out[e - e_lo] * p.out_stride + r;
+            *dst = p.accumulate ? *dst + acc[n][i] : acc[n][i];
+        }
 #endif
 }
 
@@ -426,6 +433,7 @@ struct PfListsParams {
     u64 ids;     // const int* [tokens, n_used]
     u64 list;    // int2* [n_expert, list_cap]: (token, slot t * n_used + k) of each choice
     u64 counts;  // int* [n_expert]
+    u64 tiles;   // int2* (pf_tiles): [0].x tiles, then each expert's tiles of PFM_ENTRIES slots
     int tokens;
     int n_used;
     int n_expert;
@@ -458,6 +466,38 @@ extern "C" __global__ void pf_lists(const PfListsParams p) {
         __syncthreads();
     }
     if (threadIdx.x == 0) ((int*)p.counts)[e] = min(n, p.list_cap);
+}
+
+// One block: the grouped pf_mma launches' work list, each expert's slots in tiles of
+// PFM_ENTRIES (expert by expert, tile by tile), so an expert most tokens chose spreads over
+// many blocks (one block an expert took 1.4 ms for a 1,024-token chunk's gate rows, on a
+// synthetic router that sends most tokens to a few experts).
+extern "C" __global__ void pf_tiles(const PfListsParams p) {
+    __shared__ int warp_tiles[32], total;
+    pdl_start();
+    int2* tiles = (int2*)p.tiles;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (threadIdx.x == 0) total = 0;
+    for (int e0 = 0; e0 < p.n_expert; e0 += blockDim.x) {
+        int e = e0 + threadIdx.x;
+        int n = e < p.n_expert ? (((const int*)p.counts)[e] + PFM_ENTRIES - 1) / PFM_ENTRIES : 0;
+        int incl = n;  // inclusive scan over the warp, then over the warps
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int v = __shfl_up_sync(0xffffffff, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (lane == 31) warp_tiles[w] = incl;
+        __syncthreads();
+        int base = total;
+        for (int k = 0; k < w; k++) base += warp_tiles[k];
+        base += incl - n;
+        for (int t = 0; t < n; t++) tiles[1 + base + t] = make_int2(e, t * PFM_ENTRIES);
+        __syncthreads();
+        if (threadIdx.x == blockDim.x - 1) total = base + n;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) tiles[0] = make_int2(total, 0);
 }
 
 struct PfCombineParams {

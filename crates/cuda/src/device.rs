@@ -53,6 +53,7 @@ pub enum Kernel {
     PfMma,
     PfRoute,
     PfLists,
+    PfTiles,
     PfCombine,
     PfQkNormRope,
     PfAttnSplit,
@@ -109,7 +110,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 32] = [
+const SINGLE: [Kernel; 33] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -137,6 +138,7 @@ const SINGLE: [Kernel; 32] = [
     Kernel::PfMma,
     Kernel::PfRoute,
     Kernel::PfLists,
+    Kernel::PfTiles,
     Kernel::PfCombine,
     Kernel::PfQkNormRope,
     Kernel::PfAttnSplit,
@@ -203,6 +205,7 @@ impl Kernel {
             Kernel::PfMma => "pf_mma",
             Kernel::PfRoute => "pf_route",
             Kernel::PfLists => "pf_lists",
+            Kernel::PfTiles => "pf_tiles",
             Kernel::PfCombine => "pf_combine",
             Kernel::PfQkNormRope => "pf_qk_norm_rope",
             Kernel::PfAttnSplit => "pf_attn_split",

@@ -396,6 +396,7 @@ pub struct PfRowsParams {
     pub out: u64,
     pub list: u64,
     pub counts: u64,
+    pub tiles: u64,
     pub rows: i32,
     pub out_stride: i32,
     pub list_cap: i32,
@@ -405,7 +406,7 @@ pub struct PfRowsParams {
     pub z_entries: i32,
     pub pad: i32,
 }
-const _: () = assert!(std::mem::size_of::<PfRowsParams>() == 96);
+const _: () = assert!(std::mem::size_of::<PfRowsParams>() == 104);
 
 /// `PfListsParams` in prefill.cu.
 #[repr(C)]
@@ -414,12 +415,13 @@ pub struct PfListsParams {
     pub ids: u64,
     pub list: u64,
     pub counts: u64,
+    pub tiles: u64,
     pub tokens: i32,
     pub n_used: i32,
     pub n_expert: i32,
     pub list_cap: i32,
 }
-const _: () = assert!(std::mem::size_of::<PfListsParams>() == 40);
+const _: () = assert!(std::mem::size_of::<PfListsParams>() == 48);
 
 /// `PfCombineParams` in prefill.cu.
 #[repr(C)]

@@ -20,9 +20,9 @@ const XS: usize = 36;
 /// length they and pf_quant take.
 const PF_ROWS: usize = 32;
 const PFM_ROWS: usize = 128;
-/// Entries a dense launch's block takes (PfRowsParams::z_entries): pf_mma's tile, and fewer for
-/// pf_rows (the router's 128 rows are 4 of its blocks an entry tile).
-const PFM_Z_ENTRIES: usize = 32;
+/// Entries a pf_mma block takes (PFM_ENTRIES), and a dense pf_rows one (fewer: the router's
+/// 128 rows are 4 of its blocks an entry tile).
+const PFM_ENTRIES: usize = 32;
 const PF_Z_ENTRIES: usize = 8;
 /// pf_mma's dynamic shared memory: two stages (prefill.cu PFM_STAGE_BYTES).
 const PFM_SMEM: u32 = 2 * (128 * (144 + 104) + 32 * (576 + 16 * 8));
@@ -73,6 +73,8 @@ pub struct Prefill {
     weights: DevBuf,
     list: DevBuf,
     counts: DevBuf,
+    /// The grouped pf_mma launches' work list (pf_tiles): a count, then (expert, first slot).
+    tiles: DevBuf,
     gu: DevBuf,
     hq: DevBuf,
     hf: DevBuf,
@@ -105,6 +107,7 @@ impl Prefill {
             weights: f(slots)?,
             list: f(2 * c.n_expert * t)?,
             counts: f(c.n_expert)?,
+            tiles: f(2 * (1 + max_tiles(c, t)))?,
             gu: f(slots * 2 * c.d_ff_expert)?,
             hq: f(slots * quant_words(c.d_ff_expert))?,
             hf: f(slots * padded_len(c.d_ff_expert))?,
@@ -120,7 +123,8 @@ impl Prefill {
             + t * (3 * c.q_dim() + 2 * c.kv_dim() + c.n_expert)
             + slots * (2 + 2 * c.d_ff_expert + quant_words(c.d_ff_expert))
             + slots * (padded_len(c.d_ff_expert) + c.d_model)
-            + c.n_expert * (2 * t + 1);
+            + c.n_expert * (2 * t + 1)
+            + 2 * (1 + max_tiles(c, t));
         floats * 4 + t * std::mem::size_of::<StepState>()
     }
 
@@ -209,6 +213,7 @@ impl Prefill {
                 z_entries: 1,
                 ..Default::default()
             },
+            n,
             1,
         )
     }
@@ -294,6 +299,7 @@ impl Prefill {
             ids: self.ids.ptr,
             list: self.list.ptr,
             counts: self.counts.ptr,
+            tiles: self.tiles.ptr,
             tokens: n as i32,
             n_used: nu as i32,
             n_expert: ne as i32,
@@ -308,6 +314,16 @@ impl Prefill {
             &lists,
             0,
         ));
+        let tiles = Kernel::PfTiles;
+        out.push(Launch::new(
+            tiles,
+            "pf_tiles",
+            (1, 1, 1),
+            THREADS,
+            0,
+            &lists,
+            0,
+        ));
         let grouped =
             |w: Qw, rows: usize, (xq, xf): (u64, u64), o: u64, stride: usize, in_is_out: bool| {
                 let p = PfRowsParams {
@@ -317,13 +333,14 @@ impl Prefill {
                     out: o,
                     list: self.list.ptr,
                     counts: self.counts.ptr,
+                    tiles: self.tiles.ptr,
                     rows: rows as i32,
                     out_stride: stride as i32,
                     list_cap: self.chunk as i32,
                     in_is_out: in_is_out as i32,
                     ..Default::default()
                 };
-                self.rows_launch(p, ne as u32)
+                self.rows_launch(p, n * nu, ne)
             };
         let x = (self.xq.ptr, self.xf.ptr);
         out.push(named(
@@ -374,24 +391,29 @@ impl Prefill {
         ));
     }
 
-    /// The split types' rows on tensor cores (pf_mma), the others' on pf_rows; dense launches
-    /// tile their entries over blockIdx.z.
-    /// `z_entries` set (any value) tiles the entries of a dense launch over blockIdx.z.
-    fn rows_launch(&self, mut p: PfRowsParams, groups: u32) -> Launch {
+    /// The split types' rows on tensor cores (pf_mma), the others' on pf_rows, over `entries`
+    /// (activation rows, or the experts' slots): dense launches (z_entries set, any value) tile
+    /// them over blockIdx.z, grouped pf_mma launches over the work list (blockIdx.y), grouped
+    /// pf_rows launches take an expert a blockIdx.y.
+    fn rows_launch(&self, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
         let mma = self.mma && matches!(p.w.ty, T_Q4_0 | T_Q4_K | T_Q6_K) && p.w.k % 256 == 0;
         let (kernel, name, rows, z, smem) = match mma {
-            true => (Kernel::PfMma, "pf_mma", PFM_ROWS, PFM_Z_ENTRIES, PFM_SMEM),
+            true => (Kernel::PfMma, "pf_mma", PFM_ROWS, PFM_ENTRIES, PFM_SMEM),
             false => (Kernel::PfRows, "pf_rows", PF_ROWS, PF_Z_ENTRIES, 0),
         };
-        let tiles = match p.z_entries {
-            0 => 1,
-            _ => {
+        let blocks = (p.rows as u32).div_ceil(rows as u32);
+        let grid = match (p.list, mma) {
+            (0, _) => {
                 p.z_entries = z as i32;
-                (p.n_dense as u32).div_ceil(z as u32)
+                (blocks, 1, entries.div_ceil(z) as u32)
+            }
+            (_, true) => (blocks, (entries.div_ceil(PFM_ENTRIES) + groups) as u32, 1),
+            (_, false) => {
+                p.tiles = 0;
+                (blocks, groups as u32, 1)
             }
         };
-        let blocks = (p.rows as u32).div_ceil(rows as u32);
-        Launch::new(kernel, name, (blocks, groups, tiles), THREADS, smem, &p, 0)
+        Launch::new(kernel, name, grid, THREADS, smem, &p, 0)
     }
 }
 
@@ -399,6 +421,12 @@ impl Prefill {
 fn named(mut l: Launch, name: &'static str) -> Launch {
     l.name = name;
     l
+}
+
+/// Tiles of PFM_ENTRIES slots the experts of `tokens` tokens take at most (pf_tiles): each
+/// expert's last tile may be partial.
+fn max_tiles(c: &Config, tokens: usize) -> usize {
+    (tokens * c.n_expert_used).div_ceil(PFM_ENTRIES) + c.n_expert
 }
 
 /// Attention chunks of a context of `len` positions.
