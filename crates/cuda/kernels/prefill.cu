@@ -418,6 +418,52 @@ extern "C" __global__ void __launch_bounds__(256, 2) pf_mma(const PfRowsParams p
 #endif
 }
 
+// F32 rows (the router) against the padded float activations: a block's 32 rows x 32 entries,
+// 32-value steps of both staged in shared memory (transposed: a thread reads its 2 rows' and
+// 2 entries' values as float2), 2 x 2 outputs a thread. Why: pf_rows' dots, a warp a row
+// and 8 entries a block, took 263 us a 1,024-token chunk (the router's 128 rows x 2,048),
+// more than any pf_mma launch. grid (ceil(rows / 32), 1, ceil(n / 32)), 256 threads;
+// PfRowsParams as a dense pf_rows launch's.
+#define PFF_TILE 32
+extern "C" __global__ void __launch_bounds__(256) pf_f32rows(const PfRowsParams p) {
+    __shared__ __align__(16) float ws[PFF_TILE][PFF_TILE + 2], xs[PFF_TILE][PFF_TILE + 2];
+    pdl_start();
+    int r0 = blockIdx.x * PFF_TILE, e0 = blockIdx.z * PFF_TILE, k = p.w.k, plen = padded_len(k);
+    int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;  // rows 2ty.., entries 2tx..
+    int lr = threadIdx.x >> 3, lc = (threadIdx.x & 7) * 4;  // loader: row / entry lr, values lc..
+    const float* wrow = (const float*)p.w.data + (u64)min(r0 + lr, p.rows - 1) * k;
+    const float* xrow = (const float*)p.xf + (u64)min(e0 + lr, p.n_dense - 1) * plen;
+    float acc[2][2] = {};
+    for (int k0 = 0; k0 < k; k0 += PFF_TILE) {
+        float4 wv = *(const float4*)(wrow + k0 + lc);
+        float4 xv = *(const float4*)(xrow + pad_idx(k0 + lc));
+        __syncthreads();  // the last step's reads are done
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            ws[lc + j][lr] = (&wv.x)[j];
+            xs[lc + j][lr] = (&xv.x)[j];
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < PFF_TILE; kk++) {
+            float2 a = *(const float2*)&ws[kk][2 * ty], b = *(const float2*)&xs[kk][2 * tx];
+            acc[0][0] = fmaf(a.x, b.x, acc[0][0]);
+            acc[0][1] = fmaf(a.x, b.y, acc[0][1]);
+            acc[1][0] = fmaf(a.y, b.x, acc[1][0]);
+            acc[1][1] = fmaf(a.y, b.y, acc[1][1]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int r = r0 + 2 * ty + i, e = e0 + 2 * tx + j;
+            if (r >= p.rows || e >= p.n_dense) continue;
+            float* dst = (float*)p.out + (u64)e * p.out_stride + r;
+            *dst = p.accumulate ? *dst + acc[i][j] : acc[i][j];
+        }
+}
+
 // Each token's experts and weights from its router logits (topk_block, as moe_topk): grid
 // tokens, 32 threads.
 extern "C" __global__ void pf_route(const TopkParams p) {

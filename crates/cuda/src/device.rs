@@ -51,6 +51,7 @@ pub enum Kernel {
     PfQuant,
     PfRows,
     PfMma,
+    PfF32Rows,
     PfRoute,
     PfLists,
     PfTiles,
@@ -110,7 +111,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 33] = [
+const SINGLE: [Kernel; 34] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -136,6 +137,7 @@ const SINGLE: [Kernel; 33] = [
     Kernel::PfQuant,
     Kernel::PfRows,
     Kernel::PfMma,
+    Kernel::PfF32Rows,
     Kernel::PfRoute,
     Kernel::PfLists,
     Kernel::PfTiles,
@@ -203,6 +205,7 @@ impl Kernel {
             Kernel::PfQuant => "pf_quant",
             Kernel::PfRows => "pf_rows",
             Kernel::PfMma => "pf_mma",
+            Kernel::PfF32Rows => "pf_f32rows",
             Kernel::PfRoute => "pf_route",
             Kernel::PfLists => "pf_lists",
             Kernel::PfTiles => "pf_tiles",

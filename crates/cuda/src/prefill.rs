@@ -8,7 +8,9 @@ use q4moe_model::Config;
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
-use crate::step::{attn_params, rope_params, split_attention, topk, Kv, T_Q4_0, T_Q4_K, T_Q6_K};
+use crate::step::{
+    attn_params, rope_params, split_attention, topk, Kv, T_F32, T_Q4_0, T_Q4_K, T_Q6_K,
+};
 use crate::weights::{LayerW, Weights};
 use crate::{KvType, Result};
 
@@ -24,6 +26,8 @@ const PFM_ROWS: usize = 128;
 /// 128 rows are 4 of its blocks an entry tile).
 const PFM_ENTRIES: usize = 32;
 const PF_Z_ENTRIES: usize = 8;
+/// Rows and entries a pf_f32rows block takes (PFF_TILE).
+const PFF_TILE: usize = 32;
 /// pf_mma's dynamic shared memory: two stages (prefill.cu PFM_STAGE_BYTES).
 const PFM_SMEM: u32 = 2 * (128 * (144 + 104) + 32 * (576 + 16 * 8));
 /// Tokens a pf_attn_tc block (PFA_TOKENS) and its dynamic shared memory: two staged tiles of
@@ -396,6 +400,11 @@ impl Prefill {
     /// them over blockIdx.z, grouped pf_mma launches over the work list (blockIdx.y), grouped
     /// pf_rows launches take an expert a blockIdx.y.
     fn rows_launch(&self, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
+        if p.list == 0 && p.w.ty == T_F32 {
+            let tiles = |n: usize| n.div_ceil(PFF_TILE) as u32;
+            let grid = (tiles(p.rows as usize), 1, tiles(entries));
+            return Launch::new(Kernel::PfF32Rows, "pf_f32rows", grid, THREADS, 0, &p, 0);
+        }
         let mma = self.mma && matches!(p.w.ty, T_Q4_0 | T_Q4_K | T_Q6_K) && p.w.k % 256 == 0;
         let (kernel, name, rows, z, smem) = match mma {
             true => (Kernel::PfMma, "pf_mma", PFM_ROWS, PFM_ENTRIES, PFM_SMEM),

@@ -219,7 +219,7 @@ fn legacy() -> bool {
     std::env::var_os("Q4MOE_CUDA_LEGACY").is_some()
 }
 
-const T_F32: i32 = 0;
+pub(crate) const T_F32: i32 = 0;
 pub(crate) const T_Q4_0: i32 = 2;
 pub(crate) const T_Q4_K: i32 = 12;
 pub(crate) const T_Q6_K: i32 = 14;

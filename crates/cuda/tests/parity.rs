@@ -267,7 +267,10 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
     // bit: sessions share nothing.
     let l2 = gpu.prefill(2, &prompt, false).unwrap();
     let e = rel_err(&l2, &lg[lg.len() - cfg.vocab_size..]);
-    assert!(e <= 2e-3, "second session's prefill: relative logit error {e}");
+    assert!(
+        e <= 2e-3,
+        "second session's prefill: relative logit error {e}"
+    );
     assert_eq!(gpu.prefill(3, &prompt, false).unwrap(), l2);
 }
 
