@@ -198,6 +198,12 @@ __device__ __forceinline__ void idot_k32(int (&c)[4], const u32 (&a)[4], u32 hi0
     for (int i = 0; i < 4; i++) c[i] <<= 8;
     mma_k32<false>(c, a, lo0, lo1);
 }
+// idot_k32 of rows g and g + 8's nibble words q (A: their low nibbles are weights 4t..4t+3,
+// the high ones 16+4t..) against an entry's activation words x (high, low, high, low bytes).
+__device__ __forceinline__ void nibble_idot_k32(int (&c)[4], const u32 (&q)[2], uint4 x) {
+    u32 a[4] = {q[0] & 0x0F0F0F0Fu, q[1] & 0x0F0F0F0Fu, (q[0] >> 4) & 0x0F0F0F0Fu, (q[1] >> 4) & 0x0F0F0F0Fu};
+    idot_k32(c, a, x.x, x.y, x.z, x.w);
+}
 __device__ __forceinline__ void idot_k16(int (&c)[4], u32 a0, u32 a1, u32 hi, u32 lo) {
     c[0] = c[1] = c[2] = c[3] = 0;
     mma_k16<true>(c, a0, a1, hi);
@@ -232,6 +238,16 @@ __device__ __forceinline__ PfmStage pfm_stage(u8* smem, int s) {
                     (uint4*)(b + PFM_ROWS * (PFM_WROW + PFM_AROW) + PFM_ENTRIES * PFM_XENT)};
 }
 
+// The 4-bit types' add: the integer sums of the rows' nibbles, then each output's term (the
+// type's scales) for its row and its entry's group tail.
+template <class F>
+__device__ __forceinline__ void nibble_add(const F& f, uint4 x, uint4 s0, uint4 s1, float (&acc)[4]) {
+    int c[4];
+    nibble_idot_k32(c, f.q, x);
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[i] += f.term(i >> 1, c[i], (i & 1) ? s1 : s0);
+}
+
 // One lane's part of block j of rows g and g + 8 (`w` at the rows' nibbles, `aux` at their
 // super-block's aux): the nibble word t (weights 4t..4t+3 in its low nibbles, 16+4t.. in its
 // high ones) and the rows' scales. `add` adds the block's part of each output this lane holds
@@ -247,16 +263,11 @@ struct PfmQ4_0 {
             d[r] = h2f(*(const u16*)(aux[r] + 2 * j));
         }
     }
-    __device__ __forceinline__ void add(uint4 x, uint4 s0, uint4 s1, float (&acc)[4]) const {
-        u32 a[4] = {q[0] & 0x0F0F0F0Fu, q[1] & 0x0F0F0F0Fu, (q[0] >> 4) & 0x0F0F0F0Fu, (q[1] >> 4) & 0x0F0F0F0Fu};
-        int c[4];
-        idot_k32(c, a, x.x, x.y, x.z, x.w);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint4 s = (i & 1) ? s1 : s0;
-            acc[i] += d[i >> 1] * (__uint_as_float(s.x) * (float)(c[i] - 8 * (int)(s.y + s.z)));
-        }
+    // Row r's block against a group (tail s) with integer sum c: d * s * (c - 8 sum(q)).
+    __device__ __forceinline__ float term(int r, int c, uint4 s) const {
+        return d[r] * (__uint_as_float(s.x) * (float)(c - 8 * (int)(s.y + s.z)));
     }
+    __device__ __forceinline__ void add(uint4 x, uint4 s0, uint4 s1, float (&acc)[4]) const { nibble_add(*this, x, s0, s1, acc); }
 };
 struct PfmQ4_K {
     u32 q[2];
@@ -272,17 +283,11 @@ struct PfmQ4_K {
             dm[r] = piece.offset();
         }
     }
-    __device__ __forceinline__ void add(uint4 x, uint4 s0, uint4 s1, float (&acc)[4]) const {
-        u32 a[4] = {q[0] & 0x0F0F0F0Fu, q[1] & 0x0F0F0F0Fu, (q[0] >> 4) & 0x0F0F0F0Fu, (q[1] >> 4) & 0x0F0F0F0Fu};
-        int c[4];
-        idot_k32(c, a, x.x, x.y, x.z, x.w);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint4 s = (i & 1) ? s1 : s0;
-            int r = i >> 1;
-            acc[i] += __uint_as_float(s.x) * (ds[r] * (float)c[i] - dm[r] * (float)(int)(s.y + s.z));
-        }
+    // s * (ds c - dm sum(q)): ggml's (d * sc) * q - dmin * m.
+    __device__ __forceinline__ float term(int r, int c, uint4 s) const {
+        return __uint_as_float(s.x) * (ds[r] * (float)c - dm[r] * (float)(int)(s.y + s.z));
     }
+    __device__ __forceinline__ void add(uint4 x, uint4 s0, uint4 s1, float (&acc)[4]) const { nibble_add(*this, x, s0, s1, acc); }
 };
 struct PfmQ6_K {
     u32 lo[2], hi[2];  // 6-bit values of weights 4t.. and 16+4t.. (q6_k_bytes' word t)
