@@ -398,7 +398,7 @@ __device__ NucEdge nucleus_edge(const SampleParams& p, const SampleConfig& c, Sa
     if (threadIdx.x < 32) {
         u64 total = 0;
         for (int j = 0; j < 8; j++) total += s.whist[8 * threadIdx.x + j];
-        for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffff, total, o);
+        total = warp_sum(total);
         u64 t = __double2ull_rz((double)c.top_p * __ull2double_rn(total));  // nucleus_target
         t = min(max(t, 1ull), max(total, 1ull));
         s.bin = 255;  // the host's last bucket when no running sum reaches the target

@@ -143,8 +143,9 @@ impl CudaBackend {
         opts.in_flight = opts.in_flight.clamp(1, RING - 1);
         let dev = Device::new(opts.kv_type)?;
         let kv_bytes = Kv::bytes(&c, opts.kv_capacity, opts.kv_type);
+        // A chunk never holds more tokens than a session's positions.
         let chunk = if prefill::supports(&c) {
-            opts.prefill_chunk
+            opts.prefill_chunk.min(opts.kv_capacity)
         } else {
             0
         };
