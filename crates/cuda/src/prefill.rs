@@ -37,11 +37,11 @@ const PFA_SMEM: u32 = 4 * 64 * 136 * 2;
 const PF_MAX_K: usize = 4096;
 const THREADS: u32 = 256;
 
-fn padded_len(n: usize) -> usize {
+pub(crate) fn padded_len(n: usize) -> usize {
     n / 32 * XS + XS
 }
 
-fn quant_words(n: usize) -> usize {
+pub(crate) fn quant_words(n: usize) -> usize {
     n / 32 * QXW
 }
 
@@ -181,45 +181,13 @@ impl Prefill {
 
     /// Quantises `rows` activation rows of `k` values (RMSNorm'd with `norm` unless 0).
     fn quant(&self, c: &Config, src: u64, norm: u64, k: usize, rows: usize) -> Launch {
-        let p = PfQuantParams {
-            src,
-            norm,
-            xq: self.xq.ptr,
-            xf: self.xf.ptr,
-            n: k as i32,
-            stride: k as i32,
-            swiglu: 0,
-            eps: c.rms_eps,
-        };
-        Launch::new(
-            Kernel::PfQuant,
-            "pf_quant",
-            (rows as u32, 1, 1),
-            THREADS,
-            0,
-            &p,
-            0,
-        )
+        quant_launch(src, norm, (self.xq.ptr, self.xf.ptr), k, rows, c.rms_eps)
     }
 
     /// Dense rows of `w` against the n quantised activation rows: out[t * stride + r].
     fn dense(&self, w: Qw, rows: usize, out: u64, stride: usize, n: usize, add: bool) -> Launch {
-        self.rows_launch(
-            PfRowsParams {
-                w,
-                xq: self.xq.ptr,
-                xf: self.xf.ptr,
-                out,
-                rows: rows as i32,
-                out_stride: stride as i32,
-                n_dense: n as i32,
-                accumulate: add as i32,
-                z_entries: 1,
-                ..Default::default()
-            },
-            n,
-            1,
-        )
+        let x = (self.xq.ptr, self.xf.ptr);
+        dense_launch(self.mma, w, rows, x, (out, stride), n, add)
     }
 
     fn attention(
@@ -344,7 +312,7 @@ impl Prefill {
                     in_is_out: in_is_out as i32,
                     ..Default::default()
                 };
-                self.rows_launch(p, n * nu, ne)
+                rows_launch(self.mma, p, n * nu, ne)
             };
         let x = (self.xq.ptr, self.xf.ptr);
         out.push(named(
@@ -394,36 +362,93 @@ impl Prefill {
             0,
         ));
     }
+}
 
-    /// The split types' rows on tensor cores (pf_mma), the others' on pf_rows, over `entries`
-    /// (activation rows, or the experts' slots): dense launches (z_entries set, any value) tile
-    /// them over blockIdx.z, grouped pf_mma launches over the work list (blockIdx.y), grouped
-    /// pf_rows launches take an expert a blockIdx.y.
-    fn rows_launch(&self, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
-        if p.list == 0 && p.w.ty == T_F32 {
-            let tiles = |n: usize| n.div_ceil(PFF_TILE) as u32;
-            let grid = (tiles(p.rows as usize), 1, tiles(entries));
-            return Launch::new(Kernel::PfF32Rows, "pf_f32rows", grid, THREADS, 0, &p, 0);
-        }
-        let mma = self.mma && matches!(p.w.ty, T_Q4_0 | T_Q4_K | T_Q6_K) && p.w.k % 256 == 0;
-        let (kernel, name, rows, z, smem) = match mma {
-            true => (Kernel::PfMma, "pf_mma", PFM_ROWS, PFM_ENTRIES, PFM_SMEM),
-            false => (Kernel::PfRows, "pf_rows", PF_ROWS, PF_Z_ENTRIES, 0),
-        };
-        let blocks = (p.rows as u32).div_ceil(rows as u32);
-        let grid = match (p.list, mma) {
-            (0, _) => {
-                p.z_entries = z as i32;
-                (blocks, 1, entries.div_ceil(z) as u32)
-            }
-            (_, true) => (blocks, (entries.div_ceil(PFM_ENTRIES) + groups) as u32, 1),
-            (_, false) => {
-                p.tiles = 0;
-                (blocks, groups as u32, 1)
-            }
-        };
-        Launch::new(kernel, name, grid, THREADS, smem, &p, 0)
+/// The split types' rows on tensor cores (pf_mma), the others' on pf_rows, over `entries`
+/// (activation rows, or the experts' slots): dense launches (z_entries set, any value) tile
+/// them over blockIdx.z, grouped pf_mma launches over the work list (blockIdx.y), grouped
+/// pf_rows launches take an expert a blockIdx.y. `mma`: the device has tensor cores (sm_80+).
+fn rows_launch(mma: bool, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
+    if p.list == 0 && p.w.ty == T_F32 {
+        let tiles = |n: usize| n.div_ceil(PFF_TILE) as u32;
+        let grid = (tiles(p.rows as usize), 1, tiles(entries));
+        return Launch::new(Kernel::PfF32Rows, "pf_f32rows", grid, THREADS, 0, &p, 0);
     }
+    let mma = mma && matches!(p.w.ty, T_Q4_0 | T_Q4_K | T_Q6_K) && p.w.k % 256 == 0;
+    let (kernel, name, rows, z, smem) = match mma {
+        true => (Kernel::PfMma, "pf_mma", PFM_ROWS, PFM_ENTRIES, PFM_SMEM),
+        false => (Kernel::PfRows, "pf_rows", PF_ROWS, PF_Z_ENTRIES, 0),
+    };
+    let blocks = (p.rows as u32).div_ceil(rows as u32);
+    let grid = match (p.list, mma) {
+        (0, _) => {
+            p.z_entries = z as i32;
+            (blocks, 1, entries.div_ceil(z) as u32)
+        }
+        (_, true) => (blocks, (entries.div_ceil(PFM_ENTRIES) + groups) as u32, 1),
+        (_, false) => {
+            p.tiles = 0;
+            (blocks, groups as u32, 1)
+        }
+    };
+    Launch::new(kernel, name, grid, THREADS, smem, &p, 0)
+}
+
+/// pf_quant over `rows` activation rows of `k` values at `src` (RMSNorm'd with `norm` unless 0)
+/// into the quantised groups and padded floats at `(xq, xf)`.
+pub(crate) fn quant_launch(
+    src: u64,
+    norm: u64,
+    (xq, xf): (u64, u64),
+    k: usize,
+    rows: usize,
+    eps: f32,
+) -> Launch {
+    let p = PfQuantParams {
+        src,
+        norm,
+        xq,
+        xf,
+        n: k as i32,
+        stride: k as i32,
+        swiglu: 0,
+        eps,
+    };
+    Launch::new(
+        Kernel::PfQuant,
+        "pf_quant",
+        (rows as u32, 1, 1),
+        THREADS,
+        0,
+        &p,
+        0,
+    )
+}
+
+/// Dense rows of `w` against the n activation rows pf_quant put at `x`: out[t * stride + r]
+/// (+= with `add`).
+pub(crate) fn dense_launch(
+    mma: bool,
+    w: Qw,
+    rows: usize,
+    (xq, xf): (u64, u64),
+    (out, stride): (u64, usize),
+    n: usize,
+    add: bool,
+) -> Launch {
+    let p = PfRowsParams {
+        w,
+        xq,
+        xf,
+        out,
+        rows: rows as i32,
+        out_stride: stride as i32,
+        n_dense: n as i32,
+        accumulate: add as i32,
+        z_entries: 1,
+        ..Default::default()
+    };
+    rows_launch(mma, p, n, 1)
 }
 
 /// A weight launch under its matrix's name in the kernel profile (pf_mma or pf_rows runs it).

@@ -6,6 +6,7 @@ use q4moe_model::backend::KvType;
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
+use crate::prefill;
 use crate::repack::{split_aux_bytes, split_planes};
 use crate::step::Mv;
 use crate::Result;
@@ -156,6 +157,33 @@ impl TestDevice {
         self.dev.launch(&l)?;
         self.dev.sync()?;
         self.read(&out, rows)
+    }
+
+    /// `n` activation rows `x` ([n, k]) through pf_quant and the batched prefill's weight rows
+    /// (pf_mma, pf_f32rows or pf_rows: the kernel prefill.rs picks for the type and device):
+    /// out[t * rows + r].
+    pub fn prefill_rows(
+        &self,
+        ty: GgmlType,
+        bytes: &[u8],
+        rows: usize,
+        k: usize,
+        x: &[f32],
+    ) -> Result<Vec<f32>> {
+        let n = x.len() / k;
+        let (w, _keep) = self.weight(ty, bytes, k)?;
+        let xb = self.upload(x)?;
+        let xq = DevBuf::new(&self.dev, n * prefill::quant_words(k) * 4)?;
+        let xf = DevBuf::new(&self.dev, n * prefill::padded_len(k) * 4)?;
+        let out = self.poisoned(n * rows)?;
+        let acts = (xq.ptr, xf.ptr);
+        self.dev
+            .launch(&prefill::quant_launch(xb.ptr, 0, acts, k, n, 1e-6))?;
+        let mma = self.dev.sm_major >= 8;
+        let l = prefill::dense_launch(mma, w, rows, acts, (out.ptr, rows), n, false);
+        self.dev.launch(&l)?;
+        self.dev.sync()?;
+        self.read(&out, n * rows)
     }
 
     /// Row `token` of a matrix in ggml's bytes, through the `embed` kernel (weight_at).

@@ -99,6 +99,45 @@ fn matvec_every_type_matches_host() {
     }
 }
 
+/// The batched prefill's weight rows (prefill.rs dense_launch: pf_mma for the split types,
+/// pf_f32rows for F32, pf_rows for the others) against the host in f64, over activation-row
+/// counts that fill no, one and several 32-entry tiles, and row counts past a block's rows.
+#[test]
+fn prefill_rows_match_host() {
+    let Some(dev) = device() else { return };
+    for ty in EVERY_TYPE {
+        for (rows, k, n) in [(37, 256, 1), (130, 768, 33), (200, 2048, 70), (9, 4096, 5)] {
+            let mut rng = Rng::new(ty.id() as u64 * 7919 + (rows * k + n) as u64);
+            let wf = randn(&mut rng, rows * k, 1.0);
+            let mut bytes = Vec::new();
+            quantize_row(ty, &wf, &mut bytes).unwrap();
+            let x = randn(&mut rng, n * k, 1.0);
+            let got = dev.prefill_rows(ty, &bytes, rows, k, &x).unwrap();
+            let rb = bytes.len() / rows;
+            let mut w = vec![0f32; k];
+            let mut scale = 1f32;
+            let mut want = vec![0f32; n * rows];
+            for r in 0..rows {
+                dequantize_row(ty, &bytes[r * rb..(r + 1) * rb], &mut w).unwrap();
+                for t in 0..n {
+                    let xs = &x[t * k..(t + 1) * k];
+                    let d: f64 = w.iter().zip(xs).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    want[t * rows + r] = d as f32;
+                    scale = scale.max(d.abs() as f32);
+                }
+            }
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-4 * scale,
+                    "{ty:?} {rows}x{k}, {n} rows of activations: token {} row {}: got {g}, want {w}",
+                    i / rows,
+                    i % rows
+                );
+            }
+        }
+    }
+}
+
 /// The output head's launch: a few blocks walk every row (several units a warp, the last one
 /// partly past the end), with the head's RMSNorm, for each staged type and k up to 4096.
 #[test]
