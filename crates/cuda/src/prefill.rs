@@ -261,7 +261,14 @@ impl Prefill {
     }
 
     fn experts(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
-        let (nu, ne, dff) = (c.n_expert_used, c.n_expert, c.d_ff_expert);
+        self.route(c, lw, n, out);
+        self.ffn(c, lw, n, out);
+    }
+
+    /// The router's logits, each token's experts and weights, each expert's slots and the
+    /// work list of their tiles.
+    fn route(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
+        let (nu, ne) = (c.n_expert_used, c.n_expert);
         out.push(self.quant(c, self.x.ptr, lw.ffn_norm, c.d_model, n));
         let router = self.dense(lw.router, ne, self.logits.ptr, ne, n, false);
         out.push(named(router, "pf router"));
@@ -296,6 +303,12 @@ impl Prefill {
             &lists,
             0,
         ));
+    }
+
+    /// The chosen experts' FFN over their slots (gate, up, silu(gate) * up, down), then each
+    /// token's weighted sum into the residual.
+    fn ffn(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
+        let (nu, ne, dff) = (c.n_expert_used, c.n_expert, c.d_ff_expert);
         let grouped =
             |w: Qw, rows: usize, (xq, xf): (u64, u64), o: u64, stride: usize, in_is_out: bool| {
                 let p = PfRowsParams {
@@ -364,10 +377,10 @@ impl Prefill {
     }
 }
 
-/// The split types' rows on tensor cores (pf_mma), the others' on pf_rows, over `entries`
-/// (activation rows, or the experts' slots): dense launches (z_entries set, any value) tile
-/// them over blockIdx.z, grouped pf_mma launches over the work list (blockIdx.y), grouped
-/// pf_rows launches take an expert a blockIdx.y. `mma`: the device has tensor cores (sm_80+).
+/// Weight rows against `entries` activation rows (dense: `p.list` 0) or expert slots: F32 on
+/// pf_f32rows (dense), the split types on tensor cores (pf_mma, `mma`: sm_80+), the others on
+/// pf_rows. Dense launches tile the entries over blockIdx.z, grouped pf_mma launches take the
+/// work list's tiles (blockIdx.y), grouped pf_rows launches an expert a blockIdx.y.
 fn rows_launch(mma: bool, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
     if p.list == 0 && p.w.ty == T_F32 {
         let tiles = |n: usize| n.div_ceil(PFF_TILE) as u32;
@@ -445,7 +458,6 @@ pub(crate) fn dense_launch(
         out_stride: stride as i32,
         n_dense: n as i32,
         accumulate: add as i32,
-        z_entries: 1,
         ..Default::default()
     };
     rows_launch(mma, p, n, 1)
