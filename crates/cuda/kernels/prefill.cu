@@ -1,9 +1,12 @@
 // Batched prefill: a chunk of prompt tokens through a layer at once, so each weight row is read
 // once a chunk instead of once a token (the decode step reads all active weights per token).
 // Rows of activations (tokens, or token-expert slots) are quantised once (pf_quant) and every
-// weight row then dots them all in registers (pf_rows). Experts run over the slots that chose
-// them (pf_route, pf_lists): the lists are built in token order by one block, so a layer's
-// arithmetic is the same whatever the scheduling.
+// weight row then dots them all: on tensor cores for the split types (pf_mma), in shared-memory
+// tiles for F32 (pf_f32rows, the router), in registers for the rest (pf_rows). Experts run over
+// the slots that chose them (pf_route, pf_lists, pf_tiles): each expert's list is in token
+// order and every output is written by one thread, so a layer's arithmetic is the same
+// whatever the scheduling. Attention: pf_attn_tc (Qwen3-MoE's shape), else attention.cu's
+// per-token kernels over the chunk.
 
 // Embedding rows of the chunk's tokens: grid (ceil(k / 256), tokens), 256 threads.
 extern "C" __global__ void pf_embed(const EmbedParams p) {
