@@ -605,16 +605,15 @@ extern "C" __global__ void pf_attn_combine(const AttnParams p) {
     attn_combine_unit(pf_token(p), this_unit());
 }
 
-// Attention of a chunk's tokens on tensor cores (Qwen3-MoE's shape: head_dim 128, 8 query heads
-// a KV head, f16 cache; the host picks it where these hold). A block takes a KV head and 16 of
-// the chunk's tokens, consecutive positions; warp w's 16 mma rows are token 2w's 8 heads, then
-// token 2w + 1's. The block walks the keys up to its last token's position in 64-key tiles that
+// Attention of a chunk's tokens on tensor cores (Qwen3-MoE's shapes: head_dim 128, 8 or 16
+// query heads a KV head, f16 cache; the host picks it where these hold). A block takes a KV
+// head and 16 (8) of the chunk's tokens, consecutive positions; warp w's 16 mma rows are token
+// 2w's 8 heads, then token 2w + 1's (token w's 16 heads). The block walks the keys up to its last token's position in 64-key tiles that
 // cp.async stages in shared memory, one tile ahead, so each tile's K and V are read once for
 // 128 query rows (attn_split_chunk read them once a token and head: at a 4,096-token prompt it
 // was half the prefill). A warp runs FlashAttention-2's loop over 16-key steps: S = Q K^T (Q in
 // f16, pre-scaled, in registers; K by ldmatrix), a running maximum and l per row, the f16
 // weights as the A operand of P V (V by ldmatrix.trans), each token masked at its own position.
-#define PFA_TOKENS 16
 #define PFA_KEYS 64
 #define PFA_ROW 136  // halves a staged K or V row: 128 + 8, so ldmatrix's 8 rows hit distinct banks
 
@@ -705,46 +704,52 @@ __device__ __forceinline__ void pfa_step(const u16* ks, const u16* vs, const u32
 }
 #endif
 
-// grid (n_kv_head, ceil(tokens / PFA_TOKENS)), 256 threads, dynamic shared memory for two
-// staged tiles (4 * PFA_KEYS * PFA_ROW halves). p.q / p.out: the chunk's tokens' rows; p.state:
-// theirs. `tokens` in p.n_split.
-extern "C" __global__ void __launch_bounds__(256, 1) pf_attn_tc(const AttnParams p) {
 #if defined(KV_F16) && __CUDA_ARCH__ >= 800
-    extern __shared__ __align__(16) u16 pfa_smem[];
-    pdl_start();
-    int kvh = blockIdx.x, z0 = blockIdx.y * PFA_TOKENS, n = p.n_split;
+// A block of pf_attn_tc for G query heads a KV head (a divisor of 16): warp w's mma row R
+// (0..15) is head R % G of token w * 16 / G + R / G of the block's 8 * 16 / G.
+template <int G>
+__device__ void pfa_block(const AttnParams& p, u16* smem) {
+    constexpr int TW = 16 / G, TOKENS = 8 * TW;
+    int kvh = blockIdx.x, z0 = blockIdx.y * TOKENS, n = p.n_split;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const StepState* st = (const StepState*)p.state;
-    int za = min(z0 + 2 * w, n - 1), zb = min(z0 + 2 * w + 1, n - 1);
-    int pa = (int)st[za].pos, pb = (int)st[zb].pos, last = (int)st[min(z0 + PFA_TOKENS, n) - 1].pos + 1;
-    int q_dim = p.n_head * 128, h = kvh * 8 + g;
-    u32 qa[8][4];  // A: rows g / g + 8 (head g of token a / b), dims 16k + 2c.., 16k + 8 + 2c..
-    const float* qr[2] = {(const float*)p.q + (u64)za * q_dim + h * 128, (const float*)p.q + (u64)zb * q_dim + h * 128};
+    int q_dim = p.n_head * 128, z[2], zc[2], h[2], pos[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {  // this lane's rows g and g + 8
+        int row = g + 8 * r;
+        z[r] = z0 + w * TW + row / G;
+        zc[r] = min(z[r], n - 1);
+        h[r] = kvh * G + row % G;
+        pos[r] = (int)st[zc[r]].pos;
+    }
+    int last = (int)st[min(z0 + TOKENS, n) - 1].pos + 1;
+    u32 qa[8][4];  // A: rows g / g + 8, dims 16k + 2c.., 16k + 8 + 2c..
 #pragma unroll
     for (int k = 0; k < 8; k++)
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            float2 v = *(const float2*)(qr[i & 1] + 16 * k + 8 * (i >> 1) + 2 * c);
+            const float* q = (const float*)p.q + (u64)zc[i & 1] * q_dim + h[i & 1] * 128;
+            float2 v = *(const float2*)(q + 16 * k + 8 * (i >> 1) + 2 * c);
             qa[k][i] = pack_h2(v.x * p.scale, v.y * p.scale);
         }
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[16][4] = {};
     const int tile = 2 * PFA_KEYS * PFA_ROW;  // a staged tile's K, then its V
-    int tiles = (last + PFA_KEYS - 1) / PFA_KEYS, mine = max(pa, pb);
-    pfa_load(p, kvh, 0, last, pfa_smem, pfa_smem + PFA_KEYS * PFA_ROW);
+    int tiles = (last + PFA_KEYS - 1) / PFA_KEYS, mine = max(pos[0], pos[1]);
+    pfa_load(p, kvh, 0, last, smem, smem + PFA_KEYS * PFA_ROW);
     for (int i = 0; i < tiles; i++) {
         if (i + 1 < tiles) {
-            u16* next = pfa_smem + ((i + 1) & 1) * tile;
+            u16* next = smem + ((i + 1) & 1) * tile;
             pfa_load(p, kvh, (i + 1) * PFA_KEYS, last, next, next + PFA_KEYS * PFA_ROW);
             asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         }
         __syncthreads();
-        const u16 *ks = pfa_smem + (i & 1) * tile, *vs = ks + PFA_KEYS * PFA_ROW;
+        const u16 *ks = smem + (i & 1) * tile, *vs = ks + PFA_KEYS * PFA_ROW;
         for (int s = 0; s < PFA_KEYS / 16; s++) {
             int t0 = i * PFA_KEYS + 16 * s;
-            if (t0 > mine) break;  // past both tokens' positions
-            pfa_step(ks + 16 * s * PFA_ROW, vs + 16 * s * PFA_ROW, qa, t0, pa, pb, m, l, o);
+            if (t0 > mine) break;  // past both rows' positions
+            pfa_step(ks + 16 * s * PFA_ROW, vs + 16 * s * PFA_ROW, qa, t0, pos[0], pos[1], m, l, o);
         }
         __syncthreads();  // the buffer is refilled two tiles on
     }
@@ -752,15 +757,30 @@ extern "C" __global__ void __launch_bounds__(256, 1) pf_attn_tc(const AttnParams
     for (int r = 0; r < 2; r++) {
         l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-    }
-    bool live[2] = {z0 + 2 * w < n, z0 + 2 * w + 1 < n};
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (!live[r]) continue;
-        float* out = (float*)p.out + (u64)(r ? zb : za) * q_dim + h * 128;
+        if (z[r] >= n) continue;
+        float* out = (float*)p.out + (u64)z[r] * q_dim + h[r] * 128;
 #pragma unroll
         for (int nt = 0; nt < 16; nt++)
             *(float2*)(out + 8 * nt + 2 * c) = make_float2(o[nt][2 * r] / l[r], o[nt][2 * r + 1] / l[r]);
     }
+}
+#endif
+
+// grid (n_kv_head, ceil(tokens / (128 / G))), 256 threads, dynamic shared memory for two
+// staged tiles (4 * PFA_KEYS * PFA_ROW halves). p.q / p.out: the chunk's tokens' rows; p.state:
+// theirs. `tokens` in p.n_split. pf_attn_tc: G = 8 (Qwen3-30B-A3B); pf_attn_tc_g16: 16
+// (Qwen3-235B-A22B).
+extern "C" __global__ void __launch_bounds__(256, 1) pf_attn_tc(const AttnParams p) {
+#if defined(KV_F16) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) u16 pfa_smem[];
+    pdl_start();
+    pfa_block<8>(p, pfa_smem);
+#endif
+}
+extern "C" __global__ void __launch_bounds__(256, 1) pf_attn_tc_g16(const AttnParams p) {
+#if defined(KV_F16) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) u16 pfa_smem[];
+    pdl_start();
+    pfa_block<16>(p, pfa_smem);
 #endif
 }

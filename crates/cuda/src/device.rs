@@ -60,6 +60,7 @@ pub enum Kernel {
     PfAttnSplit,
     PfAttnCombine,
     PfAttnTc,
+    PfAttnTcG16,
 }
 
 /// The symbols of the modes, by mode (matvec.cu, moe.cu).
@@ -111,7 +112,7 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
-const SINGLE: [Kernel; 34] = [
+const SINGLE: [Kernel; 35] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -146,6 +147,7 @@ const SINGLE: [Kernel; 34] = [
     Kernel::PfAttnSplit,
     Kernel::PfAttnCombine,
     Kernel::PfAttnTc,
+    Kernel::PfAttnTcG16,
 ];
 
 const N_KERNELS: usize =
@@ -214,6 +216,7 @@ impl Kernel {
             Kernel::PfAttnSplit => "pf_attn_split",
             Kernel::PfAttnCombine => "pf_attn_combine",
             Kernel::PfAttnTc => "pf_attn_tc",
+            Kernel::PfAttnTcG16 => "pf_attn_tc_g16",
         }
     }
 }
@@ -325,6 +328,7 @@ impl Device {
                     | Kernel::SampleWalk
                     | Kernel::PfMma
                     | Kernel::PfAttnTc
+                    | Kernel::PfAttnTcG16
             ) {
                 // Large activations (d_ff * n_used floats), attention's reservation
                 // (att_solo_smem) and the walk's chunks over vocabularies past 8M tokens

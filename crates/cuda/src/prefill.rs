@@ -30,9 +30,8 @@ const PF_Z_ENTRIES: usize = 8;
 const PFF_TILE: usize = 32;
 /// pf_mma's dynamic shared memory: two stages (prefill.cu PFM_STAGE_BYTES).
 const PFM_SMEM: u32 = 2 * (128 * (144 + 104) + 32 * (576 + 16 * 8));
-/// Tokens a pf_attn_tc block (PFA_TOKENS) and its dynamic shared memory: two staged tiles of
-/// 64 keys' K and V rows (136 halves each).
-const PFA_TOKENS: usize = 16;
+/// pf_attn_tc's dynamic shared memory: two staged tiles of 64 keys' K and V rows (136 halves
+/// each).
 const PFA_SMEM: u32 = 4 * 64 * 136 * 2;
 const PF_MAX_K: usize = 4096;
 const THREADS: u32 = 256;
@@ -61,8 +60,9 @@ pub struct Prefill {
     part_budget: usize,
     /// Tensor cores (sm_80+): the split types' rows on pf_mma.
     mma: bool,
-    /// Attention on tensor cores (pf_attn_tc): Qwen3-MoE's shape over an f16 cache.
-    attn_tc: bool,
+    /// Attention on tensor cores (pf_attn_tc, Qwen3-MoE's shapes over an f16 cache): the
+    /// kernel and the tokens a block takes.
+    attn_tc: Option<(Kernel, usize)>,
     states: DevBuf,
     x: DevBuf,
     xq: DevBuf,
@@ -91,8 +91,16 @@ impl Prefill {
         let (t, slots) = (chunk, chunk * c.n_expert_used);
         let k_max = c.d_model.max(c.q_dim());
         let mma = dev.sm_major >= 8;
-        let attn_tc =
-            mma && dev.kv_type == KvType::F16 && c.head_dim == 128 && c.n_head == 8 * c.n_kv_head;
+        let group = c.n_head / c.n_kv_head.max(1);
+        let tc = mma
+            && dev.kv_type == KvType::F16
+            && c.head_dim == 128
+            && c.n_head % c.n_kv_head.max(1) == 0;
+        let attn_tc = match group {
+            8 if tc => Some((Kernel::PfAttnTc, 16)),
+            16 if tc => Some((Kernel::PfAttnTcG16, 8)),
+            _ => None,
+        };
         Ok(Prefill {
             chunk,
             part_budget,
@@ -143,7 +151,7 @@ impl Prefill {
         self.states.upload(dev, 0, &states)?;
         let len = pos0 + tokens.len();
         let part = tokens.len().min(self.part_tokens(c, len)) * part_bytes(c, len);
-        if !self.attn_tc && part > self.part.bytes {
+        if self.attn_tc.is_none() && part > self.part.bytes {
             self.part = DevBuf::new(dev, part)?;
         }
         Ok(())
@@ -221,21 +229,14 @@ impl Prefill {
         ];
         let [rope, ..] = split_attention(c, &r, &a, n as u32, kernels);
         out.push(rope);
-        if self.attn_tc {
+        if let Some((kernel, tokens)) = self.attn_tc {
             let tc = AttnParams {
                 n_split: n as i32,
                 ..a
             };
-            let grid = (c.n_kv_head as u32, n.div_ceil(PFA_TOKENS) as u32, 1);
-            out.push(Launch::new(
-                Kernel::PfAttnTc,
-                "pf_attn_tc",
-                grid,
-                THREADS,
-                PFA_SMEM,
-                &tc,
-                0,
-            ));
+            let grid = (c.n_kv_head as u32, n.div_ceil(tokens) as u32, 1);
+            let name = kernel.symbol();
+            out.push(Launch::new(kernel, name, grid, THREADS, PFA_SMEM, &tc, 0));
         } else {
             // The chunk's tokens in sub-batches whose partials fit the budget.
             let sub = self.part_tokens(c, pos0 + n);

@@ -544,6 +544,18 @@ fn batched_prefill_long() {
     run_batched_prefill(wide(), SynthQuant::Q4_0, 256, 400);
 }
 
+/// 16 query heads a KV head (Qwen3-235B-A22B's ratio: pf_attn_tc_g16; the decode's attention
+/// takes the generic kernels), over several 64-key tiles.
+#[test]
+fn batched_prefill_sixteen_heads_a_kv_head() {
+    let cfg = Config {
+        n_head: 32,
+        n_kv_head: 2,
+        ..Config::mid()
+    };
+    run_batched_prefill(cfg, SynthQuant::Q4_0, 64, 150);
+}
+
 /// The prefill a decode step a token (chunk 0), which the batched prefill replaced by default.
 #[test]
 fn per_token_prefill() {
