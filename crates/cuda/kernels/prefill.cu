@@ -770,17 +770,13 @@ __device__ void pfa_block(const AttnParams& p, u16* smem) {
 // staged tiles (4 * PFA_KEYS * PFA_ROW halves). p.q / p.out: the chunk's tokens' rows; p.state:
 // theirs. `tokens` in p.n_split. pf_attn_tc: G = 8 (Qwen3-30B-A3B); pf_attn_tc_g16: 16
 // (Qwen3-235B-A22B).
-extern "C" __global__ void __launch_bounds__(256, 1) pf_attn_tc(const AttnParams p) {
 #if defined(KV_F16) && __CUDA_ARCH__ >= 800
-    extern __shared__ __align__(16) u16 pfa_smem[];
-    pdl_start();
-    pfa_block<8>(p, pfa_smem);
+#define PFA_BODY(G)                                       \
+    extern __shared__ __align__(16) u16 pfa_smem[];       \
+    pdl_start();                                          \
+    pfa_block<G>(p, pfa_smem);
+#else
+#define PFA_BODY(G)
 #endif
-}
-extern "C" __global__ void __launch_bounds__(256, 1) pf_attn_tc_g16(const AttnParams p) {
-#if defined(KV_F16) && __CUDA_ARCH__ >= 800
-    extern __shared__ __align__(16) u16 pfa_smem[];
-    pdl_start();
-    pfa_block<16>(p, pfa_smem);
-#endif
-}
+extern "C" __global__ void __launch_bounds__(256, 1) pf_attn_tc(const AttnParams p) { PFA_BODY(8) }
+extern "C" __global__ void __launch_bounds__(256, 1) pf_attn_tc_g16(const AttnParams p) { PFA_BODY(16) }

@@ -95,7 +95,7 @@ impl Prefill {
         let tc = mma
             && dev.kv_type == KvType::F16
             && c.head_dim == 128
-            && c.n_head % c.n_kv_head.max(1) == 0;
+            && c.n_head.is_multiple_of(c.n_kv_head.max(1));
         let attn_tc = match group {
             8 if tc => Some((Kernel::PfAttnTc, 16)),
             16 if tc => Some((Kernel::PfAttnTcG16, 8)),
