@@ -188,3 +188,49 @@ fn kv_type_flag_picks_the_cache_and_rejects_others() {
         "{stderr}"
     );
 }
+
+/// `bench` with a long context: each run prefills the context again, so the record holds the
+/// prefill's spread (seconds and tok/s a run) beside the decode's, and the table prints both.
+#[test]
+fn bench_times_the_long_context_prefill_every_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth_tiny(dir.path());
+    let json = dir.path().join("bench.json").display().to_string();
+    let out = q4moe(&[
+        "bench",
+        "--model",
+        &model,
+        "--device",
+        "cpu",
+        "--prompt-len",
+        "8",
+        "--decode-len",
+        "4",
+        "--runs",
+        "2",
+        "--long-context",
+        "40",
+        "--json-out",
+        &json,
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("decode at 40 context"), "{stdout}");
+    assert!(stdout.contains("prefill of the 8-token prompt"), "{stdout}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let long = &r["long_context"];
+    for key in ["prefill_seconds", "prefill_tok_s", "tok_s"] {
+        let runs = long[key]["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 2, "{key}: {runs:?}");
+        assert!(
+            runs.iter()
+                .all(|v| v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)),
+            "{key}: {runs:?}"
+        );
+    }
+}

@@ -177,12 +177,28 @@ pub fn print_table(r: &Value) {
             f(&v["achieved_gb_s"]), f(&v["pct_of_copy_bandwidth"]),
         );
     }
-    if let Some(l) = r.get("long_context").filter(|l| !l.is_null()) {
+    let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
+    if let Some(v) = r["variants"].as_array().and_then(|v| v.first()) {
+        let p = &v["prefill_tok_s"];
         println!(
-            "decode at {} context: median {:.1} tok/s (its prefill: {:.2} s)",
+            "prefill of the {}-token prompt ({}): median {:.0} tok/s ({:.0}-{:.0})",
+            r["prompt_len"],
+            v["name"].as_str().unwrap_or(""),
+            f(&p["median"]),
+            f(&p["min"]),
+            f(&p["max"])
+        );
+    }
+    if let Some(l) = r.get("long_context").filter(|l| !l.is_null()) {
+        let (p, t) = (&l["prefill_seconds"], &l["prefill_tok_s"]);
+        println!(
+            "decode at {} context: median {:.1} tok/s (its prefill: {:.3} s, {:.3}-{:.3}; {:.0} tok/s)",
             l["context"],
-            l["tok_s"]["median"].as_f64().unwrap_or(0.0),
-            l["prefill_seconds"].as_f64().unwrap_or(0.0)
+            f(&l["tok_s"]["median"]),
+            f(&p["median"]),
+            f(&p["min"]),
+            f(&p["max"]),
+            f(&t["median"])
         );
     }
     println!(
