@@ -25,7 +25,7 @@ pub enum Precision {
 
 /// An activation vector ready for dot products with rows of one weight type.
 #[derive(Clone, Copy)]
-enum Act<'a> {
+pub(crate) enum Act<'a> {
     F32(&'a [f32]),
     /// Quantised blocks; `stride` bytes per vector when several are packed (experts' hidden).
     Q8(&'a [u8], usize),
@@ -33,10 +33,10 @@ enum Act<'a> {
     Q4x(&'a [u8], usize),
 }
 
-impl Act<'_> {
+impl<'a> Act<'a> {
     /// The `i`-th of several packed vectors of `n` elements each.
-    fn part(&self, i: usize, n: usize) -> Act<'_> {
-        match *self {
+    pub(crate) fn part(self, i: usize, n: usize) -> Act<'a> {
+        match self {
             Act::F32(x) => Act::F32(&x[i * n..(i + 1) * n]),
             Act::Q8(q, stride) => Act::Q8(&q[i * stride..(i + 1) * stride], stride),
             Act::Q4x(q, stride) => Act::Q4x(&q[i * stride..(i + 1) * stride], stride),
@@ -56,7 +56,7 @@ impl Act<'_> {
 }
 
 /// Types with an integer dot product against Q8 activations.
-fn is_quantised(ty: GgmlType) -> bool {
+pub(crate) fn is_quantised(ty: GgmlType) -> bool {
     matches!(
         ty,
         GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K
@@ -65,7 +65,7 @@ fn is_quantised(ty: GgmlType) -> bool {
 
 /// Prepares `x` (one or more packed vectors of `n` elements) for weights of type `ty`,
 /// quantising into `buf` when the precision asks for it and the weights are quantised.
-fn prepare<'a>(
+pub(crate) fn prepare<'a>(
     p: Precision,
     ty: GgmlType,
     x: &'a [f32],
@@ -93,22 +93,22 @@ fn prepare<'a>(
 
 /// The smallest piece of a matrix a thread claims (`par::guided_mut`): the last claims of a
 /// region are this small, so the threads finish within a few microseconds of each other.
-const MIN_ROWS: usize = 16;
+pub(crate) const MIN_ROWS: usize = 16;
 
 /// Rows per step of the experts' loops (their stack buffers' length).
-const RUN_ROWS: usize = 64;
+pub(crate) const RUN_ROWS: usize = 64;
 
 /// Norm vectors, dequantised once at load (a few KB per layer).
 pub struct HostWeights {
-    layers: Vec<LayerNorms>,
+    pub(crate) layers: Vec<LayerNorms>,
     output_norm: Vec<f32>,
 }
 
-struct LayerNorms {
-    attn_norm: Vec<f32>,
+pub(crate) struct LayerNorms {
+    pub(crate) attn_norm: Vec<f32>,
     q_norm: Vec<f32>,
     k_norm: Vec<f32>,
-    ffn_norm: Vec<f32>,
+    pub(crate) ffn_norm: Vec<f32>,
 }
 
 impl HostWeights {
@@ -133,30 +133,30 @@ impl HostWeights {
 /// Activations of one token, allocated once per backend.
 pub struct Scratch {
     /// [d_model] residual stream
-    x: Vec<f32>,
+    pub(crate) x: Vec<f32>,
     /// [d_model] normed input of the current sub-block
     n: Vec<f32>,
     /// [q_dim], [kv_dim], [kv_dim]
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    pub(crate) q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
     /// [q_dim + 2 kv_dim] fused Q/K/V output
     qkv: Vec<f32>,
     /// [n_head x positions] attention scores
     scores: Vec<f32>,
     /// [q_dim] attention output
-    attn: Vec<f32>,
+    pub(crate) attn: Vec<f32>,
     /// [d_model]
     proj: Vec<f32>,
     /// [n_expert] router probabilities
-    router: Vec<f32>,
+    pub(crate) router: Vec<f32>,
     /// [n_expert_used, d_ff_expert] silu(gate) * up
     hidden: Vec<f32>,
     /// [vocab]
     pub(crate) logits: Vec<f32>,
     /// Quantised activations (Q8 precision), reused across products.
-    xq: Vec<u8>,
-    precision: Precision,
+    pub(crate) xq: Vec<u8>,
+    pub(crate) precision: Precision,
 }
 
 impl Scratch {
@@ -181,7 +181,14 @@ impl Scratch {
 }
 
 /// `out[i] = row_{r0+i}(w) . x` for consecutive rows of a matrix given as raw bytes.
-fn rows_dot(ty: GgmlType, data: &[u8], row_bytes: usize, r0: usize, x: Act<'_>, out: &mut [f32]) {
+pub(crate) fn rows_dot(
+    ty: GgmlType,
+    data: &[u8],
+    row_bytes: usize,
+    r0: usize,
+    x: Act<'_>,
+    out: &mut [f32],
+) {
     match x {
         Act::Q4x(q, _) => vec_dot_q4_0x_rows(
             &data[r0 * row_bytes..(r0 + out.len()) * row_bytes],
@@ -309,14 +316,27 @@ fn attention_block(
         matvec_t(m, tk, &s.n, &mut s.xq, p, &mut s.k);
         matvec_t(m, tv, &s.n, &mut s.xq, p, &mut s.v);
     }
+    attend_token(c, w, kv, li, pos, s);
+    matvec_t(m, &l.attn_output, &s.attn, &mut s.xq, p, &mut s.proj);
+    s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
+}
+
+/// The token at `pos` whose projections are in `s.q`, `s.k`, `s.v`: their per-head norms and
+/// RoPE, its keys and values appended to the cache, its attention output in `s.attn`.
+pub(crate) fn attend_token(
+    c: &Config,
+    w: &LayerNorms,
+    kv: &mut KvCache,
+    li: usize,
+    pos: usize,
+    s: &mut Scratch,
+) {
     rmsnorm_heads(&mut s.q, &w.q_norm, c.rms_eps);
     rmsnorm_heads(&mut s.k, &w.k_norm, c.rms_eps);
     rope_neox(&mut s.q, c.head_dim, pos, c.rope_theta);
     rope_neox(&mut s.k, c.head_dim, pos, c.rope_theta);
     kv.push(li, &s.k, &s.v);
     attend(c, &s.q, &kv.k[li], &kv.v[li], &mut s.scores, &mut s.attn);
-    matvec_t(m, &l.attn_output, &s.attn, &mut s.xq, p, &mut s.proj);
-    s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
 }
 
 /// Grouped-query attention of one query position over every cached position, head-parallel.
@@ -349,28 +369,41 @@ fn attend(
     });
 }
 
+/// The router's logits as probabilities (in place), the chosen experts and their weights
+/// (renormalised where the model asks).
+pub(crate) fn choose(c: &Config, router: &mut [f32]) -> (Vec<usize>, Vec<f32>) {
+    softmax(router);
+    let chosen = top_k(router, c.n_expert_used);
+    let mut weights: Vec<f32> = chosen.iter().map(|&e| router[e]).collect();
+    if c.norm_topk_prob {
+        let sum: f32 = weights.iter().sum();
+        weights.iter_mut().for_each(|p| *p /= sum);
+    }
+    (chosen, weights)
+}
+
+/// Whether the up rows take the gate rows' prepared activations `act`; otherwise (a file whose
+/// gate and up differ in activation type) up takes the exact f32 path.
+pub(crate) fn up_shares_act(gate: GgmlType, up: GgmlType, act: Act<'_>) -> bool {
+    gate == up
+        || (!matches!(act, Act::Q4x(..))
+            && is_quantised(gate)
+            && is_quantised(up)
+            && activation_type(gate) == activation_type(up))
+}
+
 /// Router, top-k with renormalisation, then the selected experts' SwiGLU FFNs, weighted.
 fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
     let c = &m.config;
     rmsnorm(&s.x, &w.ffn_norm, c.rms_eps, &mut s.n);
     let p = s.precision;
     matvec_t(m, &l.ffn_gate_inp, &s.n, &mut s.xq, p, &mut s.router);
-    softmax(&mut s.router);
-    let chosen = top_k(&s.router, c.n_expert_used);
-    let mut weights: Vec<f32> = chosen.iter().map(|&e| s.router[e]).collect();
-    if c.norm_topk_prob {
-        let sum: f32 = weights.iter().sum();
-        weights.iter_mut().for_each(|p| *p /= sum);
-    }
+    let (chosen, weights) = choose(c, &mut s.router);
     let (gate, up, down) = (&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps);
     let ff = c.d_ff_expert;
     let x_f32 = &s.n;
     let n = prepare(p, gate.ty, &s.n, c.d_model, &mut s.xq);
-    let same_act = gate.ty == up.ty
-        || (!matches!(n, Act::Q4x(..))
-            && is_quantised(gate.ty)
-            && is_quantised(up.ty)
-            && activation_type(gate.ty) == activation_type(up.ty));
+    let same_act = up_shares_act(gate.ty, up.ty, n);
     let (grb, urb) = (gate.row_bytes(), up.row_bytes());
     par::guided_mut(&mut s.hidden, MIN_ROWS, |r0, chunk| {
         let mut u = [0f32; RUN_ROWS];
@@ -386,12 +419,8 @@ fn moe_block(m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
             prefetch_head(&m.expert(up, e)[r * urb..]);
             rows_dot(gate.ty, m.expert(gate, e), grb, r, n, hs);
             let us = &mut u[..len];
-            if same_act {
-                rows_dot(up.ty, m.expert(up, e), urb, r, n, us);
-            } else {
-                // A file whose gate and up differ in activation type gets the exact path for up.
-                rows_dot(up.ty, m.expert(up, e), urb, r, Act::F32(x_f32), us);
-            }
+            let up_act = if same_act { n } else { Act::F32(x_f32) };
+            rows_dot(up.ty, m.expert(up, e), urb, r, up_act, us);
             hs.iter_mut()
                 .zip(us.iter())
                 .for_each(|(h, &u)| *h = silu(*h) * u);

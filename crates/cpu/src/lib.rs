@@ -1,6 +1,7 @@
 //! CPU backend: the reference Qwen3-MoE forward pass, computing directly on the quantised
 //! weights (each row is dequantised block by block inside the dot product), threaded by a small spinning fork-join pool (`par`).
 
+mod batch;
 mod forward;
 mod kv;
 mod ops;
@@ -27,6 +28,8 @@ pub struct CpuBackend {
     kv_type: KvType,
     sessions: HashMap<SessionId, KvCache>,
     scratch: Scratch,
+    /// The prompt's chunks' activations (batch::Batch).
+    batch: batch::Batch,
 }
 
 impl CpuBackend {
@@ -48,6 +51,7 @@ impl CpuBackend {
             kv_type: KvType::default(),
             sessions: HashMap::new(),
             scratch,
+            batch: batch::Batch::default(),
         }
     }
 
@@ -82,6 +86,23 @@ impl CpuBackend {
             .or_insert_with(|| KvCache::new(c, kv_type));
         let (model, weights, scratch) = (&self.model, &self.weights, &mut self.scratch);
         forward::token_layers(model, weights, kv, token, scratch);
+    }
+
+    /// `tokens` through every layer of `session` a chunk at a time (batch.rs): the same keys,
+    /// values and residual as `advance` a token at a time, with each run of weight rows read
+    /// once a chunk.
+    fn advance_batched(&mut self, session: SessionId, tokens: &[u32]) {
+        let c = &self.model.config;
+        let kv_type = self.kv_type;
+        let kv = self
+            .sessions
+            .entry(session)
+            .or_insert_with(|| KvCache::new(c, kv_type));
+        for chunk in tokens.chunks(batch::CHUNK) {
+            let (model, weights) = (&self.model, &self.weights);
+            self.batch
+                .layers(model, weights, kv, chunk, &mut self.scratch);
+        }
     }
 }
 
@@ -159,14 +180,17 @@ impl Backend for CpuBackend {
         } else {
             vocab
         });
-        for (i, &t) in tokens.iter().enumerate() {
-            if all_logits || i + 1 == tokens.len() {
-                let logits = self.step(session, t);
-                out.extend_from_slice(logits);
-            } else {
-                self.advance(session, t);
+        if all_logits {
+            for &t in tokens {
+                out.extend_from_slice(self.step(session, t));
             }
+            return Ok(out);
         }
+        let (last, before) = tokens.split_last().expect("not empty");
+        if !before.is_empty() {
+            self.advance_batched(session, before);
+        }
+        out.extend_from_slice(self.step(session, *last));
         Ok(out)
     }
 

@@ -1,0 +1,290 @@
+//! A prompt's tokens through every layer a chunk at a time (the tokens before its last: they
+//! need only their keys and values). A run of a matrix's rows is read from memory once for the
+//! chunk and dotted with every token's activations while it sits in cache; a token at a time,
+//! each token read every active row again (the prefill was bound by those reads). Every output
+//! is the same `rows_dot` of the same rows and activations as `forward::token_layers` computes,
+//! and sums run in the same order, so the cache and residuals are bit-identical to running the
+//! tokens one at a time.
+
+use q4moe_gguf::GgmlType;
+use q4moe_model::{Config, LayerTensors, Model, QTensor};
+
+use crate::forward::{
+    attend_token, choose, prepare, rows_dot, up_shares_act, Act, HostWeights, LayerNorms, Scratch,
+    MIN_ROWS, RUN_ROWS,
+};
+use crate::kv::KvCache;
+use crate::ops::{rmsnorm, silu};
+use crate::par;
+
+/// Tokens a chunk: their activations stay in cache beside a run of rows (64 tokens of
+/// Qwen3-30B-A3B: ~10 MB of buffers, ~150 KB of quantised activations a matrix).
+pub const CHUNK: usize = 64;
+
+/// A chunk's activations, grown to the largest chunk seen.
+#[derive(Default)]
+pub struct Batch {
+    /// [t, d_model] residuals, and their norms
+    x: Vec<f32>,
+    n: Vec<f32>,
+    /// [rows, t] a matrix's outputs, row-major over the tokens (`matmul`)
+    out: Vec<f32>,
+    /// [t, q_dim] attention outputs
+    attn: Vec<f32>,
+    /// [rows, slots] the experts' silu(gate) * up, then [slots, d_ff] for the down rows
+    hidden: Vec<f32>,
+    hidden_t: Vec<f32>,
+    /// Quantised activations of the chunk's vectors.
+    xq: Vec<u8>,
+}
+
+/// `out[r * acts.len() + t]` = row r . acts[t] for every row of a matrix (raw bytes): the rows
+/// split across the threads, each run of RUN_ROWS rows dotted with every activation vector.
+fn matmul(ty: GgmlType, data: &[u8], row_bytes: usize, acts: &[Act<'_>], out: &mut [f32]) {
+    let mut rows: Vec<&mut [f32]> = out.chunks_mut(acts.len()).collect();
+    par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
+        let mut buf = [0f32; RUN_ROWS];
+        for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
+            let b = &mut buf[..run.len()];
+            for (t, act) in acts.iter().enumerate() {
+                rows_dot(ty, data, row_bytes, r0 + j * RUN_ROWS, *act, b);
+                run.iter_mut()
+                    .zip(b.iter())
+                    .for_each(|(row, v)| row[t] = *v);
+            }
+        }
+    });
+}
+
+/// `t`'s column of `out` ([rows, n] from `matmul`) into `dst`.
+fn column(out: &[f32], n: usize, t: usize, dst: &mut [f32]) {
+    dst.iter_mut()
+        .enumerate()
+        .for_each(|(r, d)| *d = out[r * n + t]);
+}
+
+/// The `n` vectors of `k` values at `x` prepared for `ty`'s rows, one Act a vector.
+fn acts<'a>(
+    s: &Scratch,
+    ty: GgmlType,
+    x: &'a [f32],
+    k: usize,
+    buf: &'a mut Vec<u8>,
+) -> Vec<Act<'a>> {
+    let all = prepare(s.precision, ty, x, k, buf);
+    (0..x.len() / k).map(|t| all.part(t, k)).collect()
+}
+
+impl Batch {
+    /// `tokens` through every layer of `kv` (at its next positions), the last token's residual
+    /// left in `s.x` as `forward::token_layers` leaves it.
+    pub fn layers(
+        &mut self,
+        m: &Model,
+        w: &HostWeights,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        s: &mut Scratch,
+    ) {
+        let (c, t) = (&m.config, tokens.len());
+        self.x.resize(t * c.d_model, 0.0);
+        self.n.resize(t * c.d_model, 0.0);
+        for (x, &tok) in self.x.chunks_mut(c.d_model).zip(tokens) {
+            let row = m.row(&m.token_embd, tok as usize);
+            q4moe_gguf::quant::dequantize_row(m.token_embd.ty, row, x)
+                .expect("embedding type validated at load");
+        }
+        let pos0 = kv.len();
+        for (li, l) in m.layers.iter().enumerate() {
+            self.attention(m, l, &w.layers[li], kv, li, pos0, s);
+            self.experts(m, l, &w.layers[li], s);
+        }
+        s.x.copy_from_slice(&self.x[(t - 1) * c.d_model..]);
+    }
+
+    /// RMSNorm of every residual into `n`.
+    fn norm(&mut self, c: &Config, weight: &[f32]) {
+        for (x, n) in self.x.chunks(c.d_model).zip(self.n.chunks_mut(c.d_model)) {
+            rmsnorm(x, weight, c.rms_eps, n);
+        }
+    }
+
+    /// `tensor` against the `k`-value vectors at `x` ([t, k]) into `self.out` ([rows, t]).
+    fn project(&mut self, m: &Model, s: &Scratch, tensor: &QTensor, x: &[f32], k: usize) {
+        let n = x.len() / k;
+        self.out.resize(tensor.rows() * n, 0.0);
+        let a = acts(s, tensor.ty, x, k, &mut self.xq);
+        matmul(
+            tensor.ty,
+            m.data(tensor),
+            tensor.row_bytes(),
+            &a,
+            &mut self.out,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &mut self,
+        m: &Model,
+        l: &LayerTensors,
+        w: &LayerNorms,
+        kv: &mut KvCache,
+        li: usize,
+        pos0: usize,
+        s: &mut Scratch,
+    ) {
+        let c = &m.config;
+        let t = self.x.len() / c.d_model;
+        self.norm(c, &w.attn_norm);
+        let n = std::mem::take(&mut self.n);
+        let mut qkv = [Vec::new(), Vec::new(), Vec::new()];
+        for (tensor, dst) in [&l.attn_q, &l.attn_k, &l.attn_v].into_iter().zip(&mut qkv) {
+            self.project(m, s, tensor, &n, c.d_model);
+            std::mem::swap(dst, &mut self.out);
+        }
+        self.n = n;
+        self.attn.resize(t * c.q_dim(), 0.0);
+        for i in 0..t {
+            column(&qkv[0], t, i, &mut s.q);
+            column(&qkv[1], t, i, &mut s.k);
+            column(&qkv[2], t, i, &mut s.v);
+            attend_token(c, w, kv, li, pos0 + i, s);
+            self.attn[i * c.q_dim()..(i + 1) * c.q_dim()].copy_from_slice(&s.attn);
+        }
+        let attn = std::mem::take(&mut self.attn);
+        self.project(m, s, &l.attn_output, &attn, c.q_dim());
+        self.attn = attn;
+        self.add_out(c.d_model, t);
+    }
+
+    /// Each residual += its column of `self.out` ([d_model, t]).
+    fn add_out(&mut self, d: usize, t: usize) {
+        for (i, x) in self.x.chunks_mut(d).enumerate() {
+            x.iter_mut()
+                .enumerate()
+                .for_each(|(r, x)| *x += self.out[r * t + i]);
+        }
+    }
+
+    /// Router, top-k, then each chosen expert's SwiGLU FFN over the slots that chose it,
+    /// weighted into the residuals in each token's order of its experts.
+    fn experts(&mut self, m: &Model, l: &LayerTensors, w: &LayerNorms, s: &mut Scratch) {
+        let c = &m.config;
+        let (t, nu) = (self.x.len() / c.d_model, c.n_expert_used);
+        self.norm(c, &w.ffn_norm);
+        let n = std::mem::take(&mut self.n);
+        self.project(m, s, &l.ffn_gate_inp, &n, c.d_model);
+        let mut picks = Vec::with_capacity(t);
+        for i in 0..t {
+            column(&self.out, t, i, &mut s.router);
+            picks.push(choose(c, &mut s.router));
+        }
+        // Each expert's slots (token i's k-th choice is slot i * nu + k), in slot order.
+        let mut slots: Vec<Vec<usize>> = vec![Vec::new(); c.n_expert];
+        for (i, (chosen, _)) in picks.iter().enumerate() {
+            chosen
+                .iter()
+                .enumerate()
+                .for_each(|(k, &e)| slots[e].push(i * nu + k));
+        }
+        self.gate_up(m, l, s, &n, &slots, t * nu);
+        self.n = n;
+        self.down(m, l, s, &slots, t * nu);
+        // out: [d_model, slots]; each token's experts summed in its order, as moe_block does.
+        let mut proj = vec![0f32; c.d_model];
+        for (i, (_, weights)) in picks.iter().enumerate() {
+            proj.fill(0.0);
+            for (k, &p) in weights.iter().enumerate() {
+                let slot = i * nu + k;
+                proj.iter_mut()
+                    .enumerate()
+                    .for_each(|(r, o)| *o += p * self.out[r * t * nu + slot]);
+            }
+            let x = &mut self.x[i * c.d_model..(i + 1) * c.d_model];
+            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
+        }
+    }
+
+    /// silu(gate) * up of every slot into `self.hidden_t` ([slots, d_ff]).
+    fn gate_up(
+        &mut self,
+        m: &Model,
+        l: &LayerTensors,
+        s: &Scratch,
+        n: &[f32],
+        slots: &[Vec<usize>],
+        total: usize,
+    ) {
+        let c = &m.config;
+        let (gate, up, ff, nu) = (
+            &l.ffn_gate_exps,
+            &l.ffn_up_exps,
+            c.d_ff_expert,
+            c.n_expert_used,
+        );
+        let a = acts(s, gate.ty, n, c.d_model, &mut self.xq);
+        let shared = up_shares_act(gate.ty, up.ty, a[0]);
+        let exact: Vec<Act<'_>> = n.chunks(c.d_model).map(Act::F32).collect();
+        let up_acts = if shared { &a } else { &exact };
+        self.hidden.resize(ff * total, 0.0);
+        let mut rows: Vec<&mut [f32]> = self.hidden.chunks_mut(total).collect();
+        let (grb, urb) = (gate.row_bytes(), up.row_bytes());
+        par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
+            let (mut g, mut u) = ([0f32; RUN_ROWS], [0f32; RUN_ROWS]);
+            for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
+                let (r, len) = (r0 + j * RUN_ROWS, run.len());
+                for (e, list) in slots.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+                    for &slot in list {
+                        let tok = slot / nu;
+                        rows_dot(gate.ty, m.expert(gate, e), grb, r, a[tok], &mut g[..len]);
+                        rows_dot(up.ty, m.expert(up, e), urb, r, up_acts[tok], &mut u[..len]);
+                        for (i, row) in run.iter_mut().enumerate() {
+                            row[slot] = silu(g[i]) * u[i];
+                        }
+                    }
+                }
+            }
+        });
+        self.hidden_t.resize(total * ff, 0.0);
+        for slot in 0..total {
+            column(
+                &self.hidden,
+                total,
+                slot,
+                &mut self.hidden_t[slot * ff..(slot + 1) * ff],
+            );
+        }
+    }
+
+    /// Every slot's down rows of its expert into `self.out` ([d_model, slots]).
+    fn down(
+        &mut self,
+        m: &Model,
+        l: &LayerTensors,
+        s: &Scratch,
+        slots: &[Vec<usize>],
+        total: usize,
+    ) {
+        let c = &m.config;
+        let (down, ff) = (&l.ffn_down_exps, c.d_ff_expert);
+        let h = acts(s, down.ty, &self.hidden_t, ff, &mut self.xq);
+        self.out.resize(c.d_model * total, 0.0);
+        let mut rows: Vec<&mut [f32]> = self.out.chunks_mut(total).collect();
+        let drb = down.row_bytes();
+        par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
+            let mut d = [0f32; RUN_ROWS];
+            for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
+                let (r, len) = (r0 + j * RUN_ROWS, run.len());
+                for (e, list) in slots.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+                    for &slot in list {
+                        rows_dot(down.ty, m.expert(down, e), drb, r, h[slot], &mut d[..len]);
+                        run.iter_mut()
+                            .zip(&d[..len])
+                            .for_each(|(row, v)| row[slot] = *v);
+                    }
+                }
+            }
+        });
+    }
+}
