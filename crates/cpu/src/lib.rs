@@ -78,32 +78,43 @@ impl CpuBackend {
     /// `token` through every layer of `session` (its keys and values cached), without the
     /// output head.
     fn advance(&mut self, session: SessionId, token: u32) {
-        let c = &self.model.config;
-        let kv_type = self.kv_type;
-        let kv = self
-            .sessions
-            .entry(session)
-            .or_insert_with(|| KvCache::new(c, kv_type));
-        let (model, weights, scratch) = (&self.model, &self.weights, &mut self.scratch);
-        forward::token_layers(model, weights, kv, token, scratch);
+        let kv = session_kv(
+            &mut self.sessions,
+            &self.model.config,
+            self.kv_type,
+            session,
+        );
+        forward::token_layers(&self.model, &self.weights, kv, token, &mut self.scratch);
     }
 
     /// `tokens` through every layer of `session` a chunk at a time (batch.rs): the same keys,
     /// values and residual as `advance` a token at a time, with each run of weight rows read
     /// once a chunk.
     fn advance_batched(&mut self, session: SessionId, tokens: &[u32]) {
-        let c = &self.model.config;
-        let kv_type = self.kv_type;
-        let kv = self
-            .sessions
-            .entry(session)
-            .or_insert_with(|| KvCache::new(c, kv_type));
+        let kv = session_kv(
+            &mut self.sessions,
+            &self.model.config,
+            self.kv_type,
+            session,
+        );
         for chunk in tokens.chunks(batch::CHUNK) {
             let (model, weights) = (&self.model, &self.weights);
             self.batch
                 .layers(model, weights, kv, chunk, &mut self.scratch);
         }
     }
+}
+
+/// `session`'s KV cache, a new one on its first token.
+fn session_kv<'a>(
+    sessions: &'a mut HashMap<SessionId, KvCache>,
+    c: &Config,
+    kv_type: KvType,
+    session: SessionId,
+) -> &'a mut KvCache {
+    sessions
+        .entry(session)
+        .or_insert_with(|| KvCache::new(c, kv_type))
 }
 
 /// Maps every page of the (page-cached) model into this process's page tables up front, as
