@@ -44,6 +44,37 @@ pub(crate) fn quant_words(n: usize) -> usize {
     n / 32 * QXW
 }
 
+/// Floats of each of Prefill's buffers for `chunk` tokens, in `new`'s order (x, xq, xf, qkv, q,
+/// att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y): `new` allocates them and
+/// `bytes` sums them, so the memory check counts what is allocated.
+fn buffer_floats(c: &Config, chunk: usize) -> [usize; 16] {
+    let (t, slots) = (chunk, chunk * c.n_expert_used);
+    let (k_max, dff) = (c.d_model.max(c.q_dim()), c.d_ff_expert);
+    [
+        t * c.d_model,
+        t * quant_words(k_max),
+        t * padded_len(k_max),
+        t * (c.q_dim() + 2 * c.kv_dim()),
+        t * c.q_dim(),
+        t * c.q_dim(),
+        t * c.n_expert,
+        slots,
+        slots,
+        2 * c.n_expert * t,
+        c.n_expert,
+        2 * (1 + max_tiles(c, t)),
+        slots * 2 * dff,
+        slots * quant_words(dff),
+        slots * padded_len(dff),
+        slots * c.d_model,
+    ]
+}
+
+/// Whether the device has the tensor cores pf_mma and pf_attn_tc use (sm_80+).
+pub(crate) fn tensor_cores(dev: &Device) -> bool {
+    dev.sm_major >= 8
+}
+
 /// Whether the batched kernels take this geometry: every activation row a multiple of 32 and
 /// at most PF_MAX_K (load_x_fast).
 pub fn supports(c: &Config) -> bool {
@@ -88,9 +119,7 @@ pub struct Prefill {
 impl Prefill {
     pub fn new(dev: &Device, c: &Config, chunk: usize, part_budget: usize) -> Result<Prefill> {
         let f = |n: usize| DevBuf::new(dev, n.max(1) * 4);
-        let (t, slots) = (chunk, chunk * c.n_expert_used);
-        let k_max = c.d_model.max(c.q_dim());
-        let mma = dev.sm_major >= 8;
+        let mma = tensor_cores(dev);
         let group = c.n_head / c.n_kv_head.max(1);
         let tc = mma
             && dev.kv_type == KvType::F16
@@ -101,43 +130,38 @@ impl Prefill {
             16 if tc => Some((Kernel::PfAttnTcG16, 8)),
             _ => None,
         };
+        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y] =
+            buffer_floats(c, chunk);
         Ok(Prefill {
             chunk,
             part_budget,
             mma,
             attn_tc,
-            states: DevBuf::new(dev, t * std::mem::size_of::<StepState>())?,
-            x: f(t * c.d_model)?,
-            xq: f(t * quant_words(k_max))?,
-            xf: f(t * padded_len(k_max))?,
-            qkv: f(t * (c.q_dim() + 2 * c.kv_dim()))?,
-            q: f(t * c.q_dim())?,
-            att: f(t * c.q_dim())?,
+            states: DevBuf::new(dev, chunk * std::mem::size_of::<StepState>())?,
+            x: f(x)?,
+            xq: f(xq)?,
+            xf: f(xf)?,
+            qkv: f(qkv)?,
+            q: f(q)?,
+            att: f(att)?,
             part: f(0)?,
-            logits: f(t * c.n_expert)?,
-            ids: f(slots)?,
-            weights: f(slots)?,
-            list: f(2 * c.n_expert * t)?,
-            counts: f(c.n_expert)?,
-            tiles: f(2 * (1 + max_tiles(c, t)))?,
-            gu: f(slots * 2 * c.d_ff_expert)?,
-            hq: f(slots * quant_words(c.d_ff_expert))?,
-            hf: f(slots * padded_len(c.d_ff_expert))?,
-            y: f(slots * c.d_model)?,
+            logits: f(logits)?,
+            ids: f(ids)?,
+            weights: f(weights)?,
+            list: f(list)?,
+            counts: f(counts)?,
+            tiles: f(tiles)?,
+            gu: f(gu)?,
+            hq: f(hq)?,
+            hf: f(hf)?,
+            y: f(y)?,
         })
     }
 
     /// Device bytes of `new` (the partials grow later, with the context).
     pub fn bytes(c: &Config, chunk: usize) -> usize {
-        let (t, slots) = (chunk, chunk * c.n_expert_used);
-        let k_max = c.d_model.max(c.q_dim());
-        let floats = t * (c.d_model + quant_words(k_max) + padded_len(k_max))
-            + t * (3 * c.q_dim() + 2 * c.kv_dim() + c.n_expert)
-            + slots * (2 + 2 * c.d_ff_expert + quant_words(c.d_ff_expert))
-            + slots * (padded_len(c.d_ff_expert) + c.d_model)
-            + c.n_expert * (2 * t + 1)
-            + 2 * (1 + max_tiles(c, t));
-        floats * 4 + t * std::mem::size_of::<StepState>()
+        let floats: usize = buffer_floats(c, chunk).iter().sum();
+        floats * 4 + chunk * std::mem::size_of::<StepState>()
     }
 
     /// Uploads the chunk's tokens and positions and makes room for its attention partials.

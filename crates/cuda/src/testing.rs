@@ -179,7 +179,7 @@ impl TestDevice {
         let acts = (xq.ptr, xf.ptr);
         self.dev
             .launch(&prefill::quant_launch(xb.ptr, 0, acts, k, n, 1e-6))?;
-        let mma = self.dev.sm_major >= 8;
+        let mma = prefill::tensor_cores(&self.dev);
         let l = prefill::dense_launch(mma, w, rows, acts, (out.ptr, rows), n, false);
         self.dev.launch(&l)?;
         self.dev.sync()?;
