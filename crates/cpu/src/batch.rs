@@ -45,15 +45,39 @@ fn matmul(ty: GgmlType, data: &[u8], row_bytes: usize, acts: &[Act<'_>], out: &m
     par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
         let mut buf = [0f32; RUN_ROWS];
         for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
-            let b = &mut buf[..run.len()];
             for (t, act) in acts.iter().enumerate() {
-                rows_dot(ty, data, row_bytes, r0 + j * RUN_ROWS, *act, b);
-                run.iter_mut()
-                    .zip(b.iter())
-                    .for_each(|(row, v)| row[t] = *v);
+                dot_column(
+                    ty,
+                    data,
+                    row_bytes,
+                    r0 + j * RUN_ROWS,
+                    *act,
+                    t,
+                    run,
+                    &mut buf,
+                );
             }
         }
     });
+}
+
+/// Rows [r, r + run.len()) of a matrix against `act` into column `col` of the run's output rows.
+#[allow(clippy::too_many_arguments)]
+fn dot_column(
+    ty: GgmlType,
+    data: &[u8],
+    row_bytes: usize,
+    r: usize,
+    act: Act<'_>,
+    col: usize,
+    run: &mut [&mut [f32]],
+    buf: &mut [f32; RUN_ROWS],
+) {
+    let b = &mut buf[..run.len()];
+    rows_dot(ty, data, row_bytes, r, act, b);
+    run.iter_mut()
+        .zip(b.iter())
+        .for_each(|(row, v)| row[col] = *v);
 }
 
 /// `t`'s column of `out` ([rows, n] from `matmul`) into `dst`.
@@ -273,15 +297,13 @@ impl Batch {
         let mut rows: Vec<&mut [f32]> = self.out.chunks_mut(total).collect();
         let drb = down.row_bytes();
         par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
-            let mut d = [0f32; RUN_ROWS];
+            let mut buf = [0f32; RUN_ROWS];
             for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
-                let (r, len) = (r0 + j * RUN_ROWS, run.len());
+                let r = r0 + j * RUN_ROWS;
                 for (e, list) in slots.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+                    let data = m.expert(down, e);
                     for &slot in list {
-                        rows_dot(down.ty, m.expert(down, e), drb, r, h[slot], &mut d[..len]);
-                        run.iter_mut()
-                            .zip(&d[..len])
-                            .for_each(|(row, v)| row[slot] = *v);
+                        dot_column(down.ty, data, drb, r, h[slot], slot, run, &mut buf);
                     }
                 }
             }
