@@ -166,8 +166,8 @@ pub fn print_table(r: &Value) {
         "GB/s",
         "%copy"
     );
+    let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
     for v in r["variants"].as_array().into_iter().flatten() {
-        let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
         let p = &v["phases_ms"];
         println!(
             "{:<24} {:>10.1} {:>10.1} {:>10.1} {:>9.3} {:>8.2} {:>8.3} {:>8.3} {:>8.3} {:>8.0} {:>7.1}",
@@ -177,7 +177,6 @@ pub fn print_table(r: &Value) {
             f(&v["achieved_gb_s"]), f(&v["pct_of_copy_bandwidth"]),
         );
     }
-    let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
     if let Some(v) = r["variants"].as_array().and_then(|v| v.first()) {
         let p = &v["prefill_tok_s"];
         println!(
