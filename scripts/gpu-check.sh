@@ -71,7 +71,7 @@ for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
 # but no output when a pipe held it.
 say() { echo -e "$1" | tee -a "$OUT/summary.txt"; summary+="$1\n"; }
 # The quick bench (cache on, in-flight 2, 3 runs of 256 tokens after a 128-token prompt):
-# quick <binary> <quant> [more bench args]; prints its median line (QUICK_LINE: another line;
+# quick <binary> <quant> [more bench args]; prints its decode median line (QUICK_LINE: another line;
 # QUICK_ALL=1: the last 9 lines that match), the last one followed by the backend's start-up
 # time where the binary prints it ("backend ready in X s", from bfb7f13).
 quick() {
@@ -81,7 +81,7 @@ quick() {
   out=$(timeout 150 "$b" bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
     --setup-cache on --in-flight 2 "$@" 2>&1)
   ready=$(grep -o "backend ready in [0-9.]* s" <<< "$out")
-  grep -E "${QUICK_LINE:-median}" <<< "$out" | tail -$n | sed "\$s/\$/${ready:+ ($ready)}/"
+  grep -E "${QUICK_LINE:-median [0-9.]+ tok/s\$}" <<< "$out" | tail -$n | sed "\$s/\$/${ready:+ ($ready)}/"
 }
 # vtest <variant> <parity|kernels>: a variant's test binary; its whole output goes to
 # $OUT/<test>-<variant>.txt, and a failure names the failing tests and their panics in the
