@@ -139,8 +139,9 @@ pub struct GateUpParams {
     pub d_ff: i32,
     pub rows_per_warp: i32,
     pub eps: f32,
+    pub rms: u64,
 }
-const _: () = assert!(std::mem::size_of::<GateUpParams>() == 112);
+const _: () = assert!(std::mem::size_of::<GateUpParams>() == 120);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -149,15 +150,15 @@ pub struct DownParams {
     pub h: u64,
     pub x: u64,
     pub logits: u64,
+    pub rms: u64,
     pub experts: Experts,
     pub d_model: i32,
     pub n_used: i32,
     pub rows_per_warp: i32,
     pub n_expert: i32,
     pub norm_topk: i32,
-    pub eps: f32,
 }
-const _: () = assert!(std::mem::size_of::<DownParams>() == 96);
+const _: () = assert!(std::mem::size_of::<DownParams>() == 104);
 
 /// `RouterFold` in moe.cu: the router's rows of o_proj's launch (step.rs `router_fold`).
 #[repr(C)]

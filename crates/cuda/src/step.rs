@@ -52,6 +52,8 @@ pub struct Scratch {
     pub am_i: DevBuf,
     /// i32 completion counter of router_topk's last-block pattern (0 between launches)
     pub counter: DevBuf,
+    /// f32: the folded router's RMS factor s, moe_gate_up's to moe_down (moe.cu stage_h)
+    pub rms: DevBuf,
     /// [n_kv_head + n_head] u32: attn_gqa's chunk completion counts, then its heads' maximum
     /// score keys (0 between launches)
     pub attn_done: DevBuf,
@@ -121,6 +123,7 @@ impl Scratch {
             am_v: f(ARGMAX_BLOCKS)?,
             am_i: f(ARGMAX_BLOCKS)?,
             counter,
+            rms: f(1)?,
             attn_done,
             sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
             rng: DevBuf::new(dev, 8)?,
@@ -151,7 +154,7 @@ impl Scratch {
         work + finite
             + nucleus
             + 4 * c.vocab_size
-            + 4
+            + 8
             + 4 * (4 * c.d_model
                 + 3 * c.q_dim()
                 + 2 * c.kv_dim()
@@ -841,6 +844,8 @@ fn experts(
         },
         d_ff: c.d_ff_expert as i32,
         rows_per_warp: grpw as i32,
+        // the folded router's s, for moe_down (moe.cu stage_h)
+        rms: if fold { s.rms.ptr } else { 0 },
     };
     let (dmode, drpw) = down_mode(lw, c);
     // room for h staged per slot as padded floats (the staged modes keep quantised groups, which
@@ -851,9 +856,9 @@ fn experts(
         h: s.h.ptr,
         x: x_out,
         logits: if fold { s.router.ptr } else { 0 },
+        rms: s.rms.ptr,
         n_expert: c.n_expert as i32,
         norm_topk: c.norm_topk_prob as i32,
-        eps: c.rms_eps,
         experts: Experts {
             scratch: h_floats as i32,
             ..experts
