@@ -222,9 +222,8 @@ extern "C" __global__ void router_cluster(const RouterParams p) {}  // clusters 
 //     R (s x' * g) = s ((R * g) x + ((R * g) W_o) a),
 // so the unscaled logits need only x (final before o_proj starts) and a (o_proj's own input):
 // they are computed by extra blocks of o_proj's launch, with F = (R * g) W_o built at load
-// (router_fold_build). s changes no ranking, so the top-k runs at once; moe_gate_up, which
-// normalises x' anyway, stores s, and moe_down applies it when it turns the chosen logits into
-// weights (stage_h). Why: the
+// (router_fold_build). s changes no ranking, so the top-k runs at once; moe_down, which reads
+// x' anyway, applies s when it turns the chosen logits into weights (fold_weights). Why: the
 // router was a launch of its own, 5.9 us of the ~35 a layer (NOTES.md session 13) -- a launch
 // boundary and a chain of L2 round trips between o_proj and the experts.
 struct RouterFold {
@@ -380,8 +379,6 @@ struct GateUpParams {
     int d_ff;
     int rows_per_warp;
     float eps;
-    u64 rms;     // float*: block (0, 0) of the staged modes stores the input's RMS factor here
-                 // (the folded router's s, for moe_down's stage_h), or 0
 };
 
 // The block-wide RMS factor in two halves around a barrier the caller has anyway: each warp's
@@ -469,9 +466,7 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* sme
     GateUpUnit<NR, Rows> unit;
     unit.load(p, e, u, lane);
     u32* qx = (u32*)(smem + 36);
-    float s = load_xg_quant(qx, (const float*)p.xn, gs, p.gate.k, p.eps, smem);
-    if (p.rms && u.x == 0 && u.y == 0 && threadIdx.x == 0) *(float*)p.rms = s;
-    unit.finish(p, qx, s, lane);
+    unit.finish(p, qx, load_xg_quant(qx, (const float*)p.xn, gs, p.gate.k, p.eps, smem), lane);
 }
 
 // The expert of the block's slot (grid (ceil(d_ff / rows per block), n_used)).
@@ -522,16 +517,19 @@ extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up(const GateUpPar
 struct DownParams {
     QW down;     // expert e's row r is row e*d_model + r; k = d_ff
     u64 h;       // const float* [n_used, d_ff]
-    u64 x;       // float* [d_model], residual stream (+=; the staged modes read it before pdl_wait)
+    u64 x;       // const float* [d_model], the residual after attention (the staged modes read
+                 // it before pdl_wait)
+    u64 out;     // float* [d_model]: x + the experts' sums; x itself without the fold (step.rs
+                 // residual: fold_weights reads all of x before the wait)
     u64 logits;  // the folded router's unscaled logits [n_expert] (experts.weights then holds
-                 // the chosen ones', stage_h), or 0: experts.weights are the weights
-    u64 rms;     // const float*: the folded router's s, which moe_gate_up stored
+                 // the chosen ones', fold_weights), or 0: experts.weights are the weights
     Experts experts;
     int d_model;
     int n_used;
     int rows_per_warp;
     int n_expert;
     int norm_topk;
+    float eps;
 };
 
 // softmax(s * logits) at the chosen experts, whose unscaled logits `ws` holds in rank order,
@@ -549,6 +547,21 @@ __device__ __forceinline__ void chosen_weights(float* ws, float s, const float* 
         if (lane < n_used) ws[lane] = e / den;
     }
     __syncthreads();
+}
+
+// The folded router's weights of the chosen experts from their unscaled logits (already in
+// `ws`, rank order) and s = rsqrt(mean(x'^2) + eps) of the residual o_proj wrote two launches
+// back (chosen_weights), which no moe_down block writes (DownParams::out). Before pdl_wait, so
+// off the step's critical path. `red`: 32 floats of shared memory.
+__device__ __forceinline__ void fold_weights(const DownParams& p, float* ws, float* red) {
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < p.d_model >> 2; i += blockDim.x) {
+        float4 v = __ldcg((const float4*)p.x + i);
+        ss += dot4(v, v);
+    }
+    warp_partial(ss, red);
+    __syncthreads();
+    chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const float*)p.logits, p.n_used, p.n_expert, p.norm_topk);
 }
 
 // Stages h [n_used, dff] in shared memory at `dst`, float4 loads issued LOAD_V * 2 at a time per
@@ -585,16 +598,10 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
 
 // h in shared memory as quantised groups, once the predecessor (moe_gate_up, which writes h)
 // has finished. Its own predecessor wrote the router's results, so the DOWN_KERNELs take the
-// experts and the staged paths issue their weight loads before this. With the fold, the
-// chosen experts' weights from their unscaled logits in `sw` (rank order) and the s moe_gate_up
-// stored (chosen_weights), after the wait. Why not before it, from the residual x' as until
-// session 23: moe_down adds into x', so a block that started late could read rows another
-// block had already updated.
-__device__ __forceinline__ void stage_h(const DownParams& p, u32* hq, float* sw) {
+// experts and the staged paths issue their weight loads before this.
+__device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
     pdl_start();
-    float s = p.logits ? __ldcg((const float*)p.rms) : 0.f;  // in flight beside h's loads
     stage_slots<X_QUANT>((const float*)p.h, p.n_used, p.down.k, hq, 0);
-    if (p.logits) chosen_weights(sw, s, (const float*)p.logits, p.n_used, p.n_expert, p.norm_topk);
 }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
@@ -642,7 +649,7 @@ struct DownRows {
 #pragma unroll
         for (int i = 0; i < NR; i++) {
             float v = warp_sum(acc[i]);
-            if (lane == 0 && first + i < p.d_model) ((float*)p.x)[first + i] = prev[i] + v;
+            if (lane == 0 && first + i < p.d_model) ((float*)p.out)[first + i] = prev[i] + v;
         }
     }
 };
@@ -652,12 +659,13 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const 
     int lane = threadIdx.x & 31;
     DownRows<NR, CH, P> rows;
     rows.load(p, ids, u, lane);
-    stage_h(p, hq, sw);
+    if (p.logits) fold_weights(p, sw, sw + 64);  // the loads above in flight meanwhile
+    stage_h(p, hq);
     rows.finish(p, hq, sw, lane);
 }
 
 // grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the
-// experts (Experts::scratch: 64 floats). The staged modes (CH
+// experts (Experts::scratch: 64 floats, and 32 more for fold_weights). The staged modes (CH
 // pieces of type P a lane: 2, 6 or 8 for items <= 64 / 192 / 256) issue their weight loads
 // first, then stage h (stage_h). One kernel per staged mode, as matvec's.
 #define DOWN_KERNEL(name, CH, P)                                                          \
@@ -695,6 +703,6 @@ extern "C" __global__ void moe_down(const DownParams p) {
     for (int r = first; r < first + p.rows_per_warp && r < p.d_model; r++) {
         float acc = 0.f;
         for (int s = 0; s < p.n_used; s++) acc += ws[s] * row_dot(p.down, (u64)ids[s] * p.d_model + r, smem + s * plen, lane);
-        if (lane == 0) ((float*)p.x)[r] += acc;
+        if (lane == 0) ((float*)p.out)[r] = ((const float*)p.x)[r] + acc;
     }
 }

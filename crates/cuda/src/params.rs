@@ -139,9 +139,8 @@ pub struct GateUpParams {
     pub d_ff: i32,
     pub rows_per_warp: i32,
     pub eps: f32,
-    pub rms: u64,
 }
-const _: () = assert!(std::mem::size_of::<GateUpParams>() == 120);
+const _: () = assert!(std::mem::size_of::<GateUpParams>() == 112);
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -149,14 +148,15 @@ pub struct DownParams {
     pub down: Qw,
     pub h: u64,
     pub x: u64,
+    pub out: u64,
     pub logits: u64,
-    pub rms: u64,
     pub experts: Experts,
     pub d_model: i32,
     pub n_used: i32,
     pub rows_per_warp: i32,
     pub n_expert: i32,
     pub norm_topk: i32,
+    pub eps: f32,
 }
 const _: () = assert!(std::mem::size_of::<DownParams>() == 104);
 

@@ -52,8 +52,6 @@ pub struct Scratch {
     pub am_i: DevBuf,
     /// i32 completion counter of router_topk's last-block pattern (0 between launches)
     pub counter: DevBuf,
-    /// f32: the folded router's RMS factor s, moe_gate_up's to moe_down (moe.cu stage_h)
-    pub rms: DevBuf,
     /// [n_kv_head + n_head] u32: attn_gqa's chunk completion counts, then its heads' maximum
     /// score keys (0 between launches)
     pub attn_done: DevBuf,
@@ -123,7 +121,6 @@ impl Scratch {
             am_v: f(ARGMAX_BLOCKS)?,
             am_i: f(ARGMAX_BLOCKS)?,
             counter,
-            rms: f(1)?,
             attn_done,
             sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
             rng: DevBuf::new(dev, 8)?,
@@ -154,7 +151,7 @@ impl Scratch {
         work + finite
             + nucleus
             + 4 * c.vocab_size
-            + 8
+            + 4
             + 4 * (4 * c.d_model
                 + 3 * c.q_dim()
                 + 2 * c.kv_dim()
@@ -366,15 +363,13 @@ fn router_fold(c: &Config, w: &Weights) -> bool {
     })
 }
 
-/// Layer l's residual buffers (input, output): one, updated in place, without the fold. With
-/// it o_proj writes the other buffer while its router rows still read the old residual, the
-/// two alternating so the last layer's output is `x`, which the head reads.
-fn residual(c: &Config, s: &Scratch, l: usize, fold: bool) -> (u64, u64) {
-    let at = |j: usize| match fold && j % 2 == 1 {
-        true => s.x2.ptr,
-        false => s.x.ptr,
-    };
-    (at(c.n_layer - l), at(c.n_layer - 1 - l))
+/// A layer's residual buffers: `x` in and out, and the residual after attention (o_proj's
+/// output, the experts' input): `x` itself, updated in place, without the fold. With it o_proj
+/// writes `x2` while its router rows still read `x`, and moe_down writes the layer's output
+/// back to `x` while its blocks read `x2` (moe.cu fold_weights: every block reads all of it
+/// before its wait, so in place a block that started late could read rows another had updated).
+fn residual(s: &Scratch, fold: bool) -> (u64, u64) {
+    (s.x.ptr, if fold { s.x2.ptr } else { s.x.ptr })
 }
 
 /// o_proj (`x_out = r.x + o attn`) with the router's rows as the launch's first n_expert
@@ -483,7 +478,7 @@ pub fn layers(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
     let e = EmbedParams {
         w: w.embd,
         state: s.state.ptr,
-        x: residual(c, s, 0, fold).0,
+        x: residual(s, fold).0,
     };
     out.push(Launch::new(
         Kernel::Embed,
@@ -653,7 +648,7 @@ fn layer(
     out: &mut Vec<Launch>,
 ) {
     let lw = &w.layers[l];
-    let (x_in, x_out) = residual(c, s, l, fold);
+    let (x, x_mid) = residual(s, fold);
     let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
     let qkv = [
         (lw.q, s.qkv.ptr, q_dim),
@@ -663,7 +658,7 @@ fn layer(
     let qkv = Mv {
         norm: lw.attn_norm,
         eps: c.rms_eps,
-        ..Mv::new(&qkv, x_in, c.d_model)
+        ..Mv::new(&qkv, x, c.d_model)
     };
     out.push(matvec("qkv", &qkv));
     let (kc, vc) = kv.layer(c, l);
@@ -732,11 +727,11 @@ fn layer(
         out.extend(split_attention(c, &r, &a, 1, kernels));
     }
     if fold {
-        out.push(layer_o_proj_router(c, lw, s, x_in, x_out));
+        out.push(layer_o_proj_router(c, lw, s, x, x_mid));
     } else {
-        o_proj_then_router(c, lw, s, x_out, out);
+        o_proj_then_router(c, lw, s, x_mid, out);
     }
-    experts(c, lw, s, fold, x_out, out);
+    experts(c, lw, s, (x_mid, x), out);
 }
 
 /// attention.cu's per-head norm and RoPE of layer `lw`: projections at `qkv`, the roped
@@ -813,15 +808,16 @@ pub(crate) fn split_attention(
     ]
 }
 
-/// The chosen experts' FFN over residual `x_out` (+=): moe_gate_up then moe_down.
+/// The chosen experts' FFN over the residual at `x_mid`, added into `x_next` (residual):
+/// moe_gate_up then moe_down.
 fn experts(
     c: &Config,
     lw: &crate::weights::LayerW,
     s: &Scratch,
-    fold: bool,
-    x_out: u64,
+    (x_mid, x_next): (u64, u64),
     out: &mut Vec<Launch>,
 ) {
+    let fold = x_mid != x_next;
     let experts = Experts {
         ids: s.ids.ptr,
         weights: s.topw.ptr,
@@ -834,7 +830,7 @@ fn experts(
     let g = GateUpParams {
         gate: lw.gate,
         up: lw.up,
-        xn: if gmode == 0 { s.xn.ptr } else { x_out },
+        xn: if gmode == 0 { s.xn.ptr } else { x_mid },
         h: s.h.ptr,
         norm: lw.ffn_norm,
         eps: c.rms_eps,
@@ -844,8 +840,6 @@ fn experts(
         },
         d_ff: c.d_ff_expert as i32,
         rows_per_warp: grpw as i32,
-        // the folded router's s, for moe_down (moe.cu stage_h)
-        rms: if fold { s.rms.ptr } else { 0 },
     };
     let (dmode, drpw) = down_mode(lw, c);
     // room for h staged per slot as padded floats (the staged modes keep quantised groups, which
@@ -854,11 +848,12 @@ fn experts(
     let d = DownParams {
         down: lw.down,
         h: s.h.ptr,
-        x: x_out,
+        x: x_mid,
+        out: x_next,
         logits: if fold { s.router.ptr } else { 0 },
-        rms: s.rms.ptr,
         n_expert: c.n_expert as i32,
         norm_topk: c.norm_topk_prob as i32,
+        eps: c.rms_eps,
         experts: Experts {
             scratch: h_floats as i32,
             ..experts
