@@ -170,19 +170,20 @@ extern "C" __global__ void __launch_bounds__(256, 3) pf_rows(const PfRowsParams 
 #define PFM_NT 4
 #define PFM_ENTRIES (8 * PFM_NT)
 
-// c += a (16 x 32 unsigned bytes) times b (32 x 8 bytes, signed: SB) in s32. Not volatile: the
-// mma have no side effects, so the compiler may schedule them among the epilogue's arithmetic.
-template <bool SB>
+// c += a (16 x 32 bytes, signed: SA) times b (32 x 8 bytes, signed: SB) in s32. Not volatile:
+// the mma have no side effects, so the compiler may schedule them among the epilogue's arithmetic.
+#define PFM_MMA_K32(ta, tb)                                                                                            \
+    asm("mma.sync.aligned.m16n8k32.row.col.s32." ta "." tb ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])                                                            \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <bool SA, bool SB>
 __device__ __forceinline__ void mma_k32(int (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    if (SB)
-        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    if (SA && SB) PFM_MMA_K32("s8", "s8");
+    else if (SA) PFM_MMA_K32("s8", "u8");
+    else if (SB) PFM_MMA_K32("u8", "s8");
+    else PFM_MMA_K32("u8", "u8");
 }
+// mma_k32's m16n8k16 (unsigned a).
 template <bool SB>
 __device__ __forceinline__ void mma_k16(int (&c)[4], u32 a0, u32 a1, u32 b) {
     if (SB)
@@ -194,19 +195,27 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], u32 a0, u32 a1, u32 b) {
                      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                      : "r"(a0), "r"(a1), "r"(b));
 }
-// Exact integer sums of the weights against q = 256 hi + lo: hi's sums, scaled, start lo's.
+// Exact integer sums of the weights (signed: SA) against q = 256 hi + lo: hi's sums, scaled,
+// start lo's.
+template <bool SA>
 __device__ __forceinline__ void idot_k32(int (&c)[4], const u32 (&a)[4], u32 hi0, u32 lo0, u32 hi1, u32 lo1) {
     c[0] = c[1] = c[2] = c[3] = 0;
-    mma_k32<true>(c, a, hi0, hi1);
+    mma_k32<SA, true>(c, a, hi0, hi1);
 #pragma unroll
     for (int i = 0; i < 4; i++) c[i] <<= 8;
-    mma_k32<false>(c, a, lo0, lo1);
+    mma_k32<SA, false>(c, a, lo0, lo1);
 }
 // idot_k32 of rows g and g + 8's nibble words q (A: their low nibbles are weights 4t..4t+3,
-// the high ones 16+4t..) against an entry's activation words x (high, low, high, low bytes).
+// the high ones 16+4t..) against an entry's activation words x (high, low, high, low bytes);
+// CENTRED: the nibbles less 8 as signed bytes ((n + 0x78) ^ 0x80 a byte: no carries), so Q4_0's
+// sums need no correction by the group's sum after.
+template <bool CENTRED>
 __device__ __forceinline__ void nibble_idot_k32(int (&c)[4], const u32 (&q)[2], uint4 x) {
     u32 a[4] = {q[0] & 0x0F0F0F0Fu, q[1] & 0x0F0F0F0Fu, (q[0] >> 4) & 0x0F0F0F0Fu, (q[1] >> 4) & 0x0F0F0F0Fu};
-    idot_k32(c, a, x.x, x.y, x.z, x.w);
+    if (CENTRED)
+#pragma unroll
+        for (int i = 0; i < 4; i++) a[i] = (a[i] + 0x78787878u) ^ 0x80808080u;
+    idot_k32<CENTRED>(c, a, x.x, x.y, x.z, x.w);
 }
 __device__ __forceinline__ void idot_k16(int (&c)[4], u32 a0, u32 a1, u32 hi, u32 lo) {
     c[0] = c[1] = c[2] = c[3] = 0;
@@ -247,7 +256,7 @@ __device__ __forceinline__ PfmStage pfm_stage(u8* smem, int s) {
 template <class F>
 __device__ __forceinline__ void nibble_add(const F& f, uint4 x, uint4 s0, uint4 s1, float (&acc)[4]) {
     int c[4];
-    nibble_idot_k32(c, f.q, x);
+    nibble_idot_k32<F::CENTRED>(c, f.q, x);
 #pragma unroll
     for (int i = 0; i < 4; i++) acc[i] += f.term(i >> 1, c[i], (i & 1) ? s1 : s0);
 }
@@ -258,6 +267,7 @@ __device__ __forceinline__ void nibble_add(const F& f, uint4 x, uint4 s0, uint4 
 // (c[i]: row g (i < 2) or g + 8, entry 2t + (i & 1)) given entry g's activation words x (4t..
 // 4t+3) and the lane's two entries' group tails s0, s1 (scale, half sums).
 struct PfmQ4_0 {
+    static constexpr bool CENTRED = true;
     u32 q[2];
     float d[2];
     __device__ __forceinline__ void load(const u8* const (&w)[2], const u8* const (&aux)[2], int j, int t) {
@@ -267,13 +277,14 @@ struct PfmQ4_0 {
             d[r] = h2f(*(const u16*)(aux[r] + 2 * j));
         }
     }
-    // Row r's block against a group (tail s) with integer sum c: d * s * (c - 8 sum(q)).
+    // Row r's block against a group (tail s) with integer sum c of the centred nibbles: d * s * c.
     __device__ __forceinline__ float term(int r, int c, uint4 s) const {
-        return d[r] * (__uint_as_float(s.x) * (float)(c - 8 * (int)(s.y + s.z)));
+        return d[r] * (__uint_as_float(s.x) * (float)c);
     }
     __device__ __forceinline__ void add(uint4 x, uint4 s0, uint4 s1, float (&acc)[4]) const { nibble_add(*this, x, s0, s1, acc); }
 };
 struct PfmQ4_K {
+    static constexpr bool CENTRED = false;
     u32 q[2];
     float ds[2], dm[2];
     __device__ __forceinline__ void load(const u8* const (&w)[2], const u8* const (&aux)[2], int j, int t) {
