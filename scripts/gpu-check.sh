@@ -19,7 +19,7 @@
 #                 parity test and kernel unit tests (when its build has them; whole output in
 #                 $OUT/{parity,kernels}-<name>.txt, failures named in the summary), then the
 #                 quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M, and on Q4_0
-#                 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused);
+#                 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused; none: no quick benches);
 #                 VARIANT_LONG=4096 adds Q4_0 decode at that context (VARIANT_LONG_FOR="<names>":
 #                 those variants only); VARIANT_SAMPLED="<names>|all" adds their --sampled rows;
 #                 VARIANTS="<names>" picks and orders them; VARIANT_TESTS=0 skips their tests;
@@ -195,8 +195,9 @@ for s in $steps; do
         if [ "${VARIANT_TESTS:-1}" != 0 ] && [ "$round" = 1 ] && [ -x "$d/kernels" ]; then
           vtest "$n" kernels || continue
         fi
-        IFS=, read -ra runs <<< "${VARIANT_RUNS:-q4_0 0,q4_k_m 0,q4_0 1}"
-        for run in "${runs[@]}"; do
+        runs=()  # VARIANT_RUNS=none: no quick benches (the long-context or sampled rows only)
+        [ "${VARIANT_RUNS:-}" = none ] || IFS=, read -ra runs <<< "${VARIANT_RUNS:-q4_0 0,q4_k_m 0,q4_0 1}"
+        for run in ${runs[@]+"${runs[@]}"}; do
           set -- $run
           b=$(Q4MOE_CUDA_FUSED=$2 quick "$d/q4moe" $1)
           say "variant $n$tag $1 fused=$2: $b (at ${SECONDS} s)"

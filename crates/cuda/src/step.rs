@@ -731,7 +731,7 @@ fn layer(
     } else {
         o_proj_then_router(c, lw, s, x_mid, out);
     }
-    experts(c, lw, s, (x_mid, x), out);
+    experts(c, lw, s, fold, (x_mid, x), out);
 }
 
 /// attention.cu's per-head norm and RoPE of layer `lw`: projections at `qkv`, the roped
@@ -808,16 +808,16 @@ pub(crate) fn split_attention(
     ]
 }
 
-/// The chosen experts' FFN over the residual at `x_mid`, added into `x_next` (residual):
+/// The chosen experts' FFN over the residual at `x_mid`, added into `x_next` (`residual`):
 /// moe_gate_up then moe_down.
 fn experts(
     c: &Config,
     lw: &crate::weights::LayerW,
     s: &Scratch,
+    fold: bool,
     (x_mid, x_next): (u64, u64),
     out: &mut Vec<Launch>,
 ) {
-    let fold = x_mid != x_next;
     let experts = Experts {
         ids: s.ids.ptr,
         weights: s.topw.ptr,
