@@ -20,7 +20,8 @@
 #                 $OUT/{parity,kernels}-<name>.txt, failures named in the summary), then the
 #                 quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M, and on Q4_0
 #                 with the fused step (VARIANT_RUNS="q4_0 0,q4_k_m 0": quant and fused; none: no quick benches);
-#                 VARIANT_LONG=4096 adds Q4_0 decode at that context (VARIANT_LONG_FOR="<names>":
+#                 VARIANT_LONG=4096 adds Q4_0 decode at that context, after its prefill
+#                 (VARIANT_LONG_QUANTS="q4_0 q4_k_m": those quants; VARIANT_LONG_FOR="<names>":
 #                 those variants only); VARIANT_SAMPLED="<names>|all" adds their --sampled rows;
 #                 VARIANTS="<names>" picks and orders them; VARIANT_TESTS=0 skips their tests;
 #                 VARIANT_ROUNDS=N times them N times in alternating order (tests once): one
@@ -203,9 +204,11 @@ for s in $steps; do
           say "variant $n$tag $1 fused=$2: $b (at ${SECONDS} s)"
         done
         [ "$round" = 1 ] || continue  # long-context and sampled rows once
-        if [ -n "${VARIANT_LONG:-}" ] && named "${VARIANT_LONG_FOR:-}" "$n"; then  # Q4_0 decode at that context
-          b=$(QUICK_LINE="decode at" quick "$d/q4moe" q4_0 --long-context "$VARIANT_LONG")
-          say "variant $n q4_0 long: $b (at ${SECONDS} s)"
+        if [ -n "${VARIANT_LONG:-}" ] && named "${VARIANT_LONG_FOR:-}" "$n"; then  # decode at that context
+          for lq in ${VARIANT_LONG_QUANTS:-q4_0}; do
+          b=$(QUICK_LINE="decode at" quick "$d/q4moe" "$lq" --long-context "$VARIANT_LONG")
+          say "variant $n $lq long: $b (at ${SECONDS} s)"
+          done
         fi
         if [ -n "${VARIANT_SAMPLED:-}" ] && named "$VARIANT_SAMPLED" "$n"; then  # the --sampled rows
           b=$(QUICK_ALL=1 quick "$d/q4moe" q4_0 --sampled)
