@@ -107,8 +107,10 @@ pub fn build(
         .iter()
         .map(|k| {
             let s = k.total.as_secs_f64();
+            let gbs = if s > 0.0 { k.bytes_read as f64 / s / 1e9 } else { 0.0 };
             json!({ "name": k.name, "calls": k.calls, "total_ms": s * 1e3, "bytes_read": k.bytes_read,
-                    "gb_s": if s > 0.0 { k.bytes_read as f64 / s / 1e9 } else { 0.0 } })
+                    "us_per_call": s * 1e6 / k.calls.max(1) as f64, "gb_s": gbs,
+                    "pct_of_copy_bandwidth": extras.copy_gbs.map(|c| 100.0 * gbs / c) })
         })
         .collect();
     json!({
@@ -204,6 +206,42 @@ pub fn print_table(r: &Value) {
         "parity (greedy tokens identical across variants): {}",
         r["parity_all_variants_identical"]
     );
+    let kernels = kernel_lines(r);
+    if !kernels.is_empty() {
+        println!("kernel profile (--profile kernels: the eager launches of the setup-cache-off runs, each timed with events):");
+        println!(
+            "{:<24} {:>10} {:>10} {:>10} {:>8} {:>7}",
+            "kernel", "calls", "ms", "us/call", "GB/s", "%copy"
+        );
+        kernels.iter().for_each(|l| println!("{l}"));
+    }
+}
+
+/// The kernel profile's rows, largest total time first: each kernel's time set against the
+/// weight bytes it reads.
+fn kernel_lines(r: &Value) -> Vec<String> {
+    let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
+    let mut ks: Vec<&Value> = r["kernel_profile"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    ks.sort_by(|a, b| f(&b["total_ms"]).total_cmp(&f(&a["total_ms"])));
+    ks.iter()
+        .map(|k| {
+            format!(
+                "{:<24} {:>10} {:>10.3} {:>10.2} {:>8.0} {:>7}",
+                k["name"].as_str().unwrap_or(""),
+                k["calls"],
+                f(&k["total_ms"]),
+                f(&k["us_per_call"]),
+                f(&k["gb_s"]),
+                k["pct_of_copy_bandwidth"]
+                    .as_f64()
+                    .map_or("-".into(), |p| format!("{p:.1}"))
+            )
+        })
+        .collect()
 }
 
 pub fn write_json(out: &Path, record: &Value) -> anyhow::Result<PathBuf> {
@@ -219,4 +257,35 @@ pub fn write_json(out: &Path, record: &Value) -> anyhow::Result<PathBuf> {
     };
     std::fs::write(&path, serde_json::to_string_pretty(record)?)?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_lines_put_the_largest_total_first_with_its_bandwidth() {
+        let r = json!({ "kernel_profile": [
+            { "name": "qkv", "calls": 10, "total_ms": 0.05, "us_per_call": 5.0, "gb_s": 1180.0, "pct_of_copy_bandwidth": 27.6 },
+            { "name": "moe_gate_up", "calls": 10, "total_ms": 0.11, "us_per_call": 11.0, "gb_s": 1290.0, "pct_of_copy_bandwidth": 30.2 },
+            { "name": "argmax", "calls": 5, "total_ms": 0.01, "us_per_call": 2.0, "gb_s": 0.0, "pct_of_copy_bandwidth": null },
+        ]});
+        let lines = kernel_lines(&r);
+        let names: Vec<&str> = lines
+            .iter()
+            .map(|l| l.split_whitespace().next().unwrap())
+            .collect();
+        assert_eq!(names, ["moe_gate_up", "qkv", "argmax"]);
+        let cols: Vec<&str> = lines[0].split_whitespace().collect();
+        assert_eq!(
+            cols,
+            ["moe_gate_up", "10", "0.110", "11.00", "1290", "30.2"]
+        );
+        assert!(
+            lines[2].ends_with(" -"),
+            "no copy bandwidth, no percentage: {}",
+            lines[2]
+        );
+        assert!(kernel_lines(&json!({ "kernel_profile": [] })).is_empty());
+    }
 }
