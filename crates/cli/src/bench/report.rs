@@ -172,11 +172,11 @@ pub fn print_table(r: &Value) {
     for v in r["variants"].as_array().into_iter().flatten() {
         let p = &v["phases_ms"];
         println!(
-            "{:<24} {:>10.1} {:>10.1} {:>10.1} {:>9.3} {:>8.2} {:>8.3} {:>8.3} {:>8.3} {:>8.0} {:>7.1}",
+            "{:<24} {:>10.1} {:>10.1} {:>10.1} {:>9.3} {:>8.2} {:>8.3} {:>8.3} {:>8.3} {:>8.0} {:>7}",
             v["name"].as_str().unwrap_or(""),
             f(&v["decode_tok_s"]["median"]), f(&v["decode_tok_s"]["min"]), f(&v["decode_tok_s"]["max"]),
             f(&v["ms_per_token"]), f(&p["setup_pct_of_wall"]), f(&p["submit"]), f(&p["wait"]), f(&p["tail"]),
-            f(&v["achieved_gb_s"]), f(&v["pct_of_copy_bandwidth"]),
+            f(&v["achieved_gb_s"]), pct(&v["pct_of_copy_bandwidth"]),
         );
     }
     if let Some(v) = r["variants"].as_array().and_then(|v| v.first()) {
@@ -217,6 +217,11 @@ pub fn print_table(r: &Value) {
     }
 }
 
+/// A share of the copy bandwidth, or "-" where none was measured (the CPU).
+fn pct(x: &Value) -> String {
+    x.as_f64().map_or("-".into(), |p| format!("{p:.1}"))
+}
+
 /// The kernel profile's rows, largest total time first: each kernel's time set against the
 /// weight bytes it reads.
 fn kernel_lines(r: &Value) -> Vec<String> {
@@ -236,9 +241,7 @@ fn kernel_lines(r: &Value) -> Vec<String> {
                 f(&k["total_ms"]),
                 f(&k["us_per_call"]),
                 f(&k["gb_s"]),
-                k["pct_of_copy_bandwidth"]
-                    .as_f64()
-                    .map_or("-".into(), |p| format!("{p:.1}"))
+                pct(&k["pct_of_copy_bandwidth"])
             )
         })
         .collect()
