@@ -168,7 +168,7 @@ pub fn print_table(r: &Value) {
         "GB/s",
         "%copy"
     );
-    let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
+    let f = num;
     for v in r["variants"].as_array().into_iter().flatten() {
         let p = &v["phases_ms"];
         println!(
@@ -217,6 +217,11 @@ pub fn print_table(r: &Value) {
     }
 }
 
+/// A number of the record, NaN where it is missing.
+fn num(x: &Value) -> f64 {
+    x.as_f64().unwrap_or(f64::NAN)
+}
+
 /// A share of the copy bandwidth, or "-" where none was measured (the CPU).
 fn pct(x: &Value) -> String {
     x.as_f64().map_or("-".into(), |p| format!("{p:.1}"))
@@ -225,7 +230,7 @@ fn pct(x: &Value) -> String {
 /// The kernel profile's rows, largest total time first: each kernel's time set against the
 /// weight bytes it reads.
 fn kernel_lines(r: &Value) -> Vec<String> {
-    let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
+    let f = num;
     let mut ks: Vec<&Value> = r["kernel_profile"]
         .as_array()
         .into_iter()
