@@ -183,17 +183,15 @@ __device__ __forceinline__ void mma_k32(int (&c)[4], const u32 (&a)[4], u32 b0, 
     else if (SB) PFM_MMA_K32("u8", "s8");
     else PFM_MMA_K32("u8", "u8");
 }
-// mma_k32's m16n8k16 (unsigned a).
+// mma_k32's m16n8k16 (unsigned a: Q6_K's 6-bit values).
+#define PFM_MMA_K16(tb)                                                                                 \
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.u8." tb ".s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};" \
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])                                             \
+        : "r"(a0), "r"(a1), "r"(b))
 template <bool SB>
 __device__ __forceinline__ void mma_k16(int (&c)[4], u32 a0, u32 a1, u32 b) {
-    if (SB)
-        asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a0), "r"(a1), "r"(b));
-    else
-        asm("mma.sync.aligned.m16n8k16.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a0), "r"(a1), "r"(b));
+    if (SB) PFM_MMA_K16("s8");
+    else PFM_MMA_K16("u8");
 }
 // Exact integer sums of the weights (signed: SA) against q = 256 hi + lo: hi's sums, scaled,
 // start lo's.

@@ -478,7 +478,7 @@ pub fn layers(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
     let e = EmbedParams {
         w: w.embd,
         state: s.state.ptr,
-        x: residual(s, fold).0,
+        x: s.x.ptr, // every layer's input (residual)
     };
     out.push(Launch::new(
         Kernel::Embed,
