@@ -375,8 +375,7 @@ impl CudaBackend {
                     }
                 }
             }
-            StepRef::Eager(ls) if self.opts.profile_kernels => self.launch_profiled(&ls)?,
-            StepRef::Eager(ls) => ls.iter().try_for_each(|l| self.dev.launch(l))?,
+            StepRef::Eager(ls) => self.launch_eager(&ls)?,
         }
         Ok(())
     }
@@ -425,10 +424,7 @@ impl CudaBackend {
             self.dev.sync()?;
             p.load(&self.dev, &c, chunk, pos)?;
             let ls = p.launches(&c, &self.w, &self.sessions[&id].kv, pos, chunk.len());
-            match self.opts.profile_kernels {
-                true => self.launch_profiled(&ls)?,
-                false => ls.iter().try_for_each(|l| self.dev.launch(l))?,
-            }
+            self.launch_eager(&ls)?;
         }
         self.dev.sync()
     }
@@ -455,6 +451,14 @@ impl CudaBackend {
             }
         }
         Ok(())
+    }
+
+    /// Launches one by one, each timed with events where `profile_kernels`.
+    fn launch_eager(&mut self, ls: &[Launch]) -> Result<()> {
+        match self.opts.profile_kernels {
+            true => self.launch_profiled(ls),
+            false => ls.iter().try_for_each(|l| self.dev.launch(l)),
+        }
     }
 
     fn launch_profiled(&mut self, ls: &[Launch]) -> Result<()> {
