@@ -248,30 +248,53 @@ struct OprojRouterParams {
 #define RF_X 2
 #define RF_A 4
 
+// A float's order as an unsigned key: larger floats give larger keys, -0 ties with +0 and NaN
+// with -inf (so it ranks last).
+__device__ __forceinline__ u32 order_key(float v) {
+    v = v == v ? (v == 0.f ? 0.f : v) : -INFINITY;
+    u32 u = __float_as_uint(v);
+    return u ^ ((u32)((int)u >> 31) | 0x80000000u);
+}
+
 // The n_used largest unscaled logits (NaN ranks last but keeps its value, so it reaches the
-// weights), ids and values in rank order. `pr`: n_expert floats of shared memory.
-__device__ void topk_logits(const RouterFold& r, float* pr) {
-    __shared__ float sel_v[32];  // n_used <= 32
-    __shared__ int sel_id[32];
-    for (int i = threadIdx.x; i < r.n_expert; i += blockDim.x) pr[i] = __ldcg((const float*)r.logits + i);
-    __syncthreads();
-    for (int i = threadIdx.x; i < r.n_expert; i += blockDim.x) {
-        int rank = rank_in(pr, r.n_expert, i, -INFINITY);
-        if (rank < r.n_used) {
-            sel_id[rank] = i;
-            sel_v[rank] = pr[i];
-        }
+// weights), ids and values in rank order, as rank_in orders them. Why not rank_in: one block
+// ranks on the step's critical path, a thread an entry over all n -- 128 dependent compares
+// with one warp a scheduler, ~2 us a layer (NOTES.md session 24). Here every entry's count is
+// split over `parts` threads and a compare is one unsigned test (j < i takes key - 1, so the
+// lower index wins a tie; keys are >= order_key(-inf) > 0).
+// smem: lg, key [n_expert] and cnt [max(n_expert, blockDim)], 4 bytes each.
+__device__ void topk_logits(const RouterFold& r, float* smem) {
+    int n = r.n_expert, parts = max(1, (int)blockDim.x / n), len = (n + parts - 1) / parts;
+    float* lg = smem;
+    u32* key = (u32*)(lg + n);
+    int* cnt = (int*)(key + n);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        lg[i] = __ldcg((const float*)r.logits + i);
+        key[i] = order_key(lg[i]);
     }
     __syncthreads();
-    if (threadIdx.x < r.n_used) {
-        ((int*)r.ids)[threadIdx.x] = sel_id[threadIdx.x];
-        ((float*)r.sel)[threadIdx.x] = sel_v[threadIdx.x];
+    for (int t = threadIdx.x; t < parts * n; t += blockDim.x) {
+        int i = t % n, lo = t / n * len, hi = min(lo + len, n);
+        u32 ki = key[i];
+        int c = 0;
+#pragma unroll 8
+        for (int j = lo; j < hi; j++) c += key[j] > (j < i ? ki - 1 : ki);
+        cnt[t] = c;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int rank = 0;
+        for (int q = 0; q < parts; q++) rank += cnt[q * n + i];
+        if (rank < r.n_used) {
+            ((int*)r.ids)[rank] = i;
+            ((float*)r.sel)[rank] = lg[i];
+        }
     }
 }
 
 // Router row `row`'s unscaled logit by the whole block: the weights, g and x before pdl_wait,
 // then a; the last block to finish (completion count, reset by it) takes the top-k.
-// smem: 36 + 4 + n_expert floats.
+// smem: 40 floats, then topk_logits'.
 __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem, int row) {
     float* red = smem;
     int* is_last = (int*)(smem + 36);

@@ -191,6 +191,9 @@ const _: () = assert!(std::mem::size_of::<OprojRouterParams>() == 152 + 80);
 /// in moe.cu), at 256 threads.
 pub const RF_MAX_D_MODEL: usize = 2 * 4 * 256;
 pub const RF_MAX_Q_DIM: usize = 4 * 4 * 256;
+/// Experts the folded router's top-k ranks within shared memory (moe.cu topk_logits: 3 x 4
+/// bytes an expert, 48 KB).
+pub const RF_MAX_EXPERTS: usize = 4000;
 
 /// `FoldBuildParams` in moe.cu.
 #[repr(C)]

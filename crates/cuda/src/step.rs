@@ -389,7 +389,7 @@ pub(crate) fn o_proj_router(o: Qw, router: &Qw, attn: u64, x_out: u64, r: Router
         "o_proj",
         (blocks + n_expert as u32, 1, 1),
         THREADS,
-        smem_x(q_dim).max(((40 + n_expert) * 4) as u32),
+        smem_x(q_dim).max(((40 + 2 * n_expert + n_expert.max(THREADS as usize)) * 4) as u32),
         &OprojRouterParams { mv, r },
         bytes + router_bytes,
     )

@@ -9,7 +9,7 @@ use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, Model, QTensor};
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
-use crate::params::{FoldBuildParams, Qw, RF_MAX_D_MODEL, RF_MAX_Q_DIM};
+use crate::params::{FoldBuildParams, Qw, RF_MAX_D_MODEL, RF_MAX_EXPERTS, RF_MAX_Q_DIM};
 use crate::repack::{plane_bytes, split_aux_bytes, write_planes};
 use crate::{CudaError, Result};
 
@@ -149,8 +149,8 @@ fn device_bytes(model: &Model, p: &Place) -> Vec<u8> {
 }
 
 /// Whether o_proj's launch takes the router (moe.cu RouterFold), when `wanted`
-/// (CudaOptions::router_fold): an F32 router whose rows fit the router blocks' registers, and
-/// not with Q4MOE_CUDA_LEGACY. step.rs folds the layers only where o_proj and the experts have
+/// (CudaOptions::router_fold): an F32 router whose rows fit the router blocks' registers, whose
+/// top-k fits in shared memory, and not with Q4MOE_CUDA_LEGACY. step.rs folds the layers only where o_proj and the experts have
 /// staged modes as well.
 fn router_fold_applies(model: &Model, wanted: bool) -> bool {
     let c = &model.config;
@@ -158,6 +158,7 @@ fn router_fold_applies(model: &Model, wanted: bool) -> bool {
         && std::env::var_os("Q4MOE_CUDA_LEGACY").is_none()
         && c.d_model <= RF_MAX_D_MODEL
         && c.q_dim() <= RF_MAX_Q_DIM
+        && c.n_expert <= RF_MAX_EXPERTS
         && model
             .layers
             .iter()

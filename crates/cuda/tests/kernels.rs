@@ -184,7 +184,7 @@ fn o_proj_with_folded_router_matches_host() {
             let mut rng = Rng::new(ty.id() as u64 * 31 + d_model as u64);
             let mut o_bytes = Vec::new();
             quantize_row(ty, &randn(&mut rng, d_model * q_dim, 1.0), &mut o_bytes).unwrap();
-            let router = randn(&mut rng, n_expert * d_model, 0.05);
+            let mut router = randn(&mut rng, n_expert * d_model, 0.05);
             let norm = randn(&mut rng, d_model, 1.0);
             let x = randn(&mut rng, d_model, 4.0);
             let attn = randn(&mut rng, q_dim, 1.0);
@@ -201,6 +201,13 @@ fn o_proj_with_folded_router_matches_host() {
                     x[r] as f64 + dot
                 })
                 .collect();
+            // Rows 1 and n_expert / 2 alike, each element's sign that of its term: both rank
+            // first, a tie the lower index must win (computed alike, so bit-identical logits).
+            for i in 0..d_model {
+                let v = 0.05f32.copysign(norm[i] * xo[i] as f32);
+                router[d_model + i] = v;
+                router[n_expert / 2 * d_model + i] = v;
+            }
             let want: Vec<f64> = router
                 .chunks(d_model)
                 .map(|row| {
@@ -233,6 +240,11 @@ fn o_proj_with_folded_router_matches_host() {
             order.sort_by(|&a, &b| got.logits[b].total_cmp(&got.logits[a]).then(a.cmp(&b)));
             let ids: Vec<i32> = order[..n_used].iter().map(|&i| i as i32).collect();
             assert_eq!(got.ids, ids, "{what}: chosen experts");
+            assert_eq!(got.logits[1], got.logits[n_expert / 2], "{what}: the tie");
+            assert!(
+                got.ids[..2] == [1, n_expert as i32 / 2],
+                "{what}: the tie's order"
+            );
             for (j, &i) in order[..n_used].iter().enumerate() {
                 assert_eq!(got.sel[j], got.logits[i], "{what}: chosen logit {j}");
             }
