@@ -148,6 +148,23 @@ __device__ __forceinline__ float router_logit(const RouterParams& p, float* xs, 
     return warp_sum(acc);
 }
 
+// Whether this block is the last of `n` to arrive at `counter` (0 between launches: the last
+// resets it). The block's writes before the call are visible to the last block's reads after
+// it: thread 0 arrives with a release-acquire add, the barriers either side carry the other
+// threads' writes and reads. Why not __threadfence around a relaxed atomicAdd: those are
+// sequentially consistent fences (MEMBAR.SC.GPU), on the chain of every router's top-k.
+__device__ __forceinline__ bool last_to_arrive(int* counter, int n, int* flag) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+        *flag = old == n - 1;
+        if (old == n - 1) *counter = 0;
+    }
+    __syncthreads();
+    return *flag;
+}
+
 // grid ceil(n_expert / warps), 128 threads (router rows over more SMs: one round trip each),
 // dynamic smem (36 + k + n_expert + 4) floats.
 __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* smem, Unit u) {
@@ -159,14 +176,8 @@ __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* s
     int row = u.x * nw + warp;
     float acc = router_logit(p, xs, red, row, u.x == 0);
     if (lane == 0 && row < p.n_expert) ((float*)p.logits)[row] = acc;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) *is_last = atomicAdd((int*)p.counter, 1) == u.nx - 1;
-    __syncthreads();
-    if (!*is_last) return;
-    __threadfence();
+    if (!last_to_arrive((int*)p.counter, u.nx, is_last)) return;
     topk_block((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr, red);
-    if (threadIdx.x == 0) *(volatile int*)p.counter = 0;
 }
 
 extern "C" __global__ void router_topk(const RouterParams p) {
@@ -325,14 +336,8 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
         }
     float logit = block_sum(acc, red);
     if (t == 0) ((float*)r.logits)[row] = logit;
-    __threadfence();
-    __syncthreads();
-    if (t == 0) *is_last = atomicAdd((int*)r.counter, 1) == r.n_expert - 1;
-    __syncthreads();
-    if (!*is_last) return;
-    __threadfence();
+    if (!last_to_arrive((int*)r.counter, r.n_expert, is_last)) return;
     topk_logits(r, smem + 40);
-    if (t == 0) *(volatile int*)r.counter = 0;
 }
 
 // o_proj with the router folded in: blocks [0, n_expert) are router rows, the rest o_proj's
