@@ -150,8 +150,8 @@ fn device_bytes(model: &Model, p: &Place) -> Vec<u8> {
 
 /// Whether o_proj's launch takes the router (moe.cu RouterFold), when `wanted`
 /// (CudaOptions::router_fold): an F32 router whose rows fit the router blocks' registers, whose
-/// top-k fits in shared memory, and not with Q4MOE_CUDA_LEGACY. step.rs folds the layers only where o_proj and the experts have
-/// staged modes as well.
+/// top-k fits in shared memory, and not with Q4MOE_CUDA_LEGACY. step.rs folds the layers only
+/// where o_proj and the experts have staged modes as well.
 fn router_fold_applies(model: &Model, wanted: bool) -> bool {
     let c = &model.config;
     wanted
