@@ -518,15 +518,7 @@ __device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const flo
     u32* cnt = (u32*)p.done + kvh;
     u32* mk = (u32*)p.done + p.n_kv_head + kvh * G;  // [G] maximum keys of this group's heads
     if (threadIdx.x < G) atomicMax(mk + threadIdx.x, max_key(ml[threadIdx.x][0]));
-    __threadfence();  // this block's partials and maxima visible before its count
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(cnt, 1u) == (u32)n_act - 1;
-        if (last) *cnt = 0;  // every active chunk has counted
-    }
-    __syncthreads();
-    if (!last || g >= G) return;
-    __threadfence();
+    if (!last_to_arrive(cnt, n_act, &last) || g >= G) return;  // this block's partials and maxima are visible to the last
     int h = kvh * G + g;
     const float* base = (const float*)p.part + (u64)h * p.n_split * (hd + 2);
     float m = key_float(__ldcg(mk + g));

@@ -110,6 +110,24 @@ __device__ __forceinline__ void pdl_launch() {
 }
 __device__ __forceinline__ void pdl_start() { pdl_wait(); pdl_launch(); }
 
+// Whether this block is the last of `n` to arrive at `counter` (0 between launches: the last
+// resets it). The block's writes before the call are visible to the last block's reads after
+// it: thread 0 arrives with a release-acquire add, the barriers either side carry the other
+// threads' writes and reads. Why not __threadfence around a relaxed atomicAdd: those are
+// sequentially consistent fences (MEMBAR.SC.GPU), on the chain of every router's top-k and
+// attention's merge.
+__device__ __forceinline__ bool last_to_arrive(u32* counter, u32 n, int* flag) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 old;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+        *flag = old == n - 1;
+        if (old == n - 1) *counter = 0;
+    }
+    __syncthreads();
+    return *flag;
+}
+
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
 }

@@ -148,23 +148,6 @@ __device__ __forceinline__ float router_logit(const RouterParams& p, float* xs, 
     return warp_sum(acc);
 }
 
-// Whether this block is the last of `n` to arrive at `counter` (0 between launches: the last
-// resets it). The block's writes before the call are visible to the last block's reads after
-// it: thread 0 arrives with a release-acquire add, the barriers either side carry the other
-// threads' writes and reads. Why not __threadfence around a relaxed atomicAdd: those are
-// sequentially consistent fences (MEMBAR.SC.GPU), on the chain of every router's top-k.
-__device__ __forceinline__ bool last_to_arrive(int* counter, int n, int* flag) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int old;
-        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
-        *flag = old == n - 1;
-        if (old == n - 1) *counter = 0;
-    }
-    __syncthreads();
-    return *flag;
-}
-
 // grid ceil(n_expert / warps), 128 threads (router rows over more SMs: one round trip each),
 // dynamic smem (36 + k + n_expert + 4) floats.
 __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* smem, Unit u) {
@@ -176,7 +159,7 @@ __device__ __forceinline__ void router_topk_unit(const RouterParams& p, float* s
     int row = u.x * nw + warp;
     float acc = router_logit(p, xs, red, row, u.x == 0);
     if (lane == 0 && row < p.n_expert) ((float*)p.logits)[row] = acc;
-    if (!last_to_arrive((int*)p.counter, u.nx, is_last)) return;
+    if (!last_to_arrive((u32*)p.counter, u.nx, is_last)) return;
     topk_block((const float*)p.logits, p.n_expert, p.n_used, p.norm_topk, (int*)p.ids, (float*)p.weights, pr, red);
 }
 
@@ -336,7 +319,7 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
         }
     float logit = block_sum(acc, red);
     if (t == 0) ((float*)r.logits)[row] = logit;
-    if (!last_to_arrive((int*)r.counter, r.n_expert, is_last)) return;
+    if (!last_to_arrive((u32*)r.counter, r.n_expert, is_last)) return;
     topk_logits(r, smem + 40);
 }
 
