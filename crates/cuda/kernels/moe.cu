@@ -560,17 +560,28 @@ __device__ __forceinline__ void chosen_weights(float* ws, float s, const float* 
     __syncthreads();
 }
 
+// The residual x' (d_model <= 8 * blockDim floats, the fold's bound) a thread's float4s
+// threadIdx.x + j * blockDim.x, through L2 (o_proj wrote it two launches back), all in flight
+// at once. moe_down issues them with the experts' ids (fold_x), before the ids' barrier.
+struct FoldX {
+    float4 v[2];
+    __device__ __forceinline__ void load(const DownParams& p) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int i = threadIdx.x + j * blockDim.x;
+            v[j] = p.logits && i < p.d_model >> 2 ? __ldcg((const float4*)p.x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+};
+
 // The folded router's weights of the chosen experts from their unscaled logits (already in
 // `ws`, rank order) and s = rsqrt(mean(x'^2) + eps) of the residual o_proj wrote two launches
-// back (chosen_weights), which no moe_down block writes (DownParams::out). Before pdl_wait, so
-// off the step's critical path. `red`: 32 floats of shared memory.
-__device__ __forceinline__ void fold_weights(const DownParams& p, float* ws, float* red) {
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < p.d_model >> 2; i += blockDim.x) {
-        float4 v = __ldcg((const float4*)p.x + i);
-        ss += dot4(v, v);
-    }
-    warp_partial(ss, red);
+// back (chosen_weights), which no moe_down block writes (DownParams::out). Before pdl_wait;
+// moe_down's blocks find no room until moe_gate_up's leave, so this is on the step's chain for
+// the late ones: x' comes in with the ids (FoldX), not after them in a loop of two dependent
+// round trips as before. `red`: 32 floats of shared memory.
+__device__ __forceinline__ void fold_weights(const DownParams& p, const FoldX& x, float* ws, float* red) {
+    warp_partial(dot4(x.v[0], x.v[0]) + dot4(x.v[1], x.v[1]), red);
     __syncthreads();
     chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const float*)p.logits, p.n_used, p.n_expert, p.norm_topk);
 }
@@ -620,6 +631,13 @@ __device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
 // a warp of the unit's, their weights and residual rows loaded first (the residual was written
 // three launches back), then the dots against h's quantised groups, weighted by the chosen
 // experts' weights `sw`.
+// The slot f / nb of piece f (f < items <= 256 for the staged down modes, nb <= 256) as
+// floor((f + 0.5) * inv_nb), inv_nb = __fdividef(1, nb) (2 ulp): the product is within 2e-4 of
+// (f + 0.5) / nb, which is at least 0.5 / nb >= 0.002 from an integer. Why not f / nb: an integer division is ~20 dependent
+// instructions (and hoisted nowhere: a branch a piece), six of them before moe_down's weight
+// loads are all issued, on its chain.
+__device__ __forceinline__ int piece_slot(int f, float inv_nb) { return (int)(((float)f + 0.5f) * inv_nb); }
+
 template <int NR, int CH, class P>
 struct DownRows {
     P piece[NR][CH];
@@ -628,30 +646,30 @@ struct DownRows {
     __device__ __forceinline__ void load(const DownParams& p, const int* ids, Unit u, int lane) {
         first = (u.x * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5)) * NR;
         int nb = p.down.k >> 5, items = p.n_used * nb;
+        float inv_nb = __fdividef(1.f, (float)nb);
 #pragma unroll
         for (int i = 0; i < NR; i++) prev[i] = lane == 0 && first + i < p.d_model ? __ldcg((const float*)p.x + first + i) : 0.f;
+        // Pieces past `items` and rows past d_model load a valid piece that finish skips:
+        // straight-line code, so the pieces' ids, addresses and loads interleave (a branch a
+        // piece kept them apart).
 #pragma unroll
         for (int j = 0; j < CH; j++) {
-            int f = lane + 32 * j;
-            if (f < items) {
-                int s = f / nb, b = f - s * nb;
-                u64 e = (u64)ids[s];
+            int f = min(lane + 32 * j, items - 1), s = piece_slot(f, inv_nb), b = f - s * nb;
+            u64 e = (u64)ids[s];
 #pragma unroll
-                for (int i = 0; i < NR; i++)
-                    if (first + i < p.d_model) piece[i][j].load(p.down, (e * p.d_model + first + i) * nb + b);
-            }
+            for (int i = 0; i < NR; i++) piece[i][j].load(p.down, (e * p.d_model + min(first + i, p.d_model - 1)) * nb + b);
         }
     }
     __device__ __forceinline__ void finish(const DownParams& p, const u32* hq, const float* sw, int lane) {
         int nb = p.down.k >> 5, items = p.n_used * nb;
-        float acc[NR];
+        float inv_nb = __fdividef(1.f, (float)nb), acc[NR];
 #pragma unroll
         for (int i = 0; i < NR; i++) acc[i] = 0.f;
 #pragma unroll
         for (int j = 0; j < CH; j++) {
             int f = lane + 32 * j;
             if (f < items) {
-                int s = f / nb;
+                int s = piece_slot(f, inv_nb);
                 const u32* x = hq + f * QXW;  // group f: slot s, block f - s * nb
 #pragma unroll
                 for (int i = 0; i < NR; i++) acc[i] += sw[s] * piece[i][j].dot(x);
@@ -666,11 +684,11 @@ struct DownRows {
 };
 
 template <int NR, int CH, class P>
-__device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const int* ids, float* sw, Unit u) {
+__device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const int* ids, float* sw, const FoldX& x, Unit u) {
     int lane = threadIdx.x & 31;
     DownRows<NR, CH, P> rows;
     rows.load(p, ids, u, lane);
-    if (p.logits) fold_weights(p, sw, sw + 64);  // the loads above in flight meanwhile
+    if (p.logits) fold_weights(p, x, sw, sw + 64);  // the loads above in flight meanwhile
     stage_h(p, hq);
     rows.finish(p, hq, sw, lane);
 }
@@ -684,8 +702,10 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const 
         extern __shared__ __align__(16) float smem[];                                     \
         int* ids;                                                                         \
         float* ws;                                                                        \
+        FoldX x;                                                                          \
+        x.load(p);                                                                        \
         block_experts(p.experts, smem, ids, ws); /* before pdl_wait */                    \
-        down_blocks<1, CH, P>(p, (u32*)smem, ids, ws, this_unit());                       \
+        down_blocks<1, CH, P>(p, (u32*)smem, ids, ws, x, this_unit());                    \
     }
 DOWN_KERNEL(moe_down_q4_0_2, 2, Q4_0Piece)
 DOWN_KERNEL(moe_down_q4_0_6, 6, Q4_0Piece)
