@@ -562,7 +562,7 @@ __device__ __forceinline__ void chosen_weights(float* ws, float s, const float* 
 
 // The residual x' (d_model <= 8 * blockDim floats, the fold's bound) a thread's float4s
 // threadIdx.x + j * blockDim.x, through L2 (o_proj wrote it two launches back), all in flight
-// at once. moe_down issues them with the experts' ids (fold_x), before the ids' barrier.
+// at once. DOWN_KERNEL issues them with the experts' ids, before the ids' barrier.
 struct FoldX {
     float4 v[2];
     __device__ __forceinline__ void load(const DownParams& p) {
@@ -626,18 +626,18 @@ __device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
     stage_slots<X_QUANT>((const float*)p.h, p.n_used, p.down.k, hq, 0);
 }
 
+// The slot f / nb of piece f (f < items <= 256 for the staged down modes, nb <= 256) as
+// floor((f + 0.5) * inv_nb), inv_nb = __fdividef(1, nb) (2 ulp): the product is within 2e-4 of
+// (f + 0.5) / nb, which is at least 0.5 / nb >= 0.002 from an integer. Why not f / nb: an
+// integer division is ~20 dependent instructions (and hoisted nowhere: a branch a piece), six
+// of them before moe_down's weight loads were all issued, on its chain.
+__device__ __forceinline__ int piece_slot(int f, float inv_nb) { return (int)(((float)f + 0.5f) * inv_nb); }
+
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
 // all slots' loads are in flight at once. Split-type piece f: slot f / nb, block f % nb. NR rows
 // a warp of the unit's, their weights and residual rows loaded first (the residual was written
 // three launches back), then the dots against h's quantised groups, weighted by the chosen
 // experts' weights `sw`.
-// The slot f / nb of piece f (f < items <= 256 for the staged down modes, nb <= 256) as
-// floor((f + 0.5) * inv_nb), inv_nb = __fdividef(1, nb) (2 ulp): the product is within 2e-4 of
-// (f + 0.5) / nb, which is at least 0.5 / nb >= 0.002 from an integer. Why not f / nb: an integer division is ~20 dependent
-// instructions (and hoisted nowhere: a branch a piece), six of them before moe_down's weight
-// loads are all issued, on its chain.
-__device__ __forceinline__ int piece_slot(int f, float inv_nb) { return (int)(((float)f + 0.5f) * inv_nb); }
-
 template <int NR, int CH, class P>
 struct DownRows {
     P piece[NR][CH];
