@@ -61,12 +61,8 @@ model() {  # writes the synthetic model once per call (with a variant's binary w
     || say "model $1 NOT written (synth with '$q' failed)"
 }
 summary=""
-kernel_table() {  # the kernel profile of a bench JSON record, largest total first
-  python3 -c "
-import json, sys; r = json.load(open(sys.argv[1]))
-for k in sorted(r['kernel_profile'], key=lambda k: -k['total_ms']):
-    print('%-22s %6d calls %9.3f ms %8.2f us/call' % (k['name'], k['calls'], k['total_ms'], 1e3 * k['total_ms'] / max(k['calls'], 1)))
-" "$1" 2>&1 | head -"${2:-24}"
+kernel_table() {  # kernel_table <bench log> [rows]: the kernel table `q4moe bench` printed (report.rs)
+  sed -n '/^kernel profile/,$p' "$1" | head -$((${2:-24} + 2))
 }
 # Printed as it happens and kept in $OUT/summary.txt: a call that runs out of time returns $OUT
 # but no output when a pipe held it.
@@ -284,21 +280,21 @@ for s in $steps; do
       Q4MOE_CUDA_TIMELINE=1 timeout 150 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 256 \
         --runs 3 --setup-cache on --in-flight 2 --long-context 0 --json-out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1
       say "timeline: $(grep -E median "$OUT/timeline.log" | tail -1)"
-      kernel_table "$OUT/timeline.json" 40 ;;
+      kernel_table "$OUT/timeline.log" 40 ;;
     stamps)
       # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).
       [ $ok = 1 ] || continue
       model q4_0
       Q4MOE_CUDA_FUSED=1 Q4MOE_CUDA_STAMPS=1 timeout 120 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 64 \
         --runs 1 --setup-cache on --in-flight 1 --json-out "$OUT/stamps.json" > "$OUT/stamps.log" 2>&1
-      kernel_table "$OUT/stamps.json" ;;
+      kernel_table "$OUT/stamps.log" ;;
     profile:*)
       # Per-kernel GPU times (--profile kernels), 64 decode tokens, one run: where a quant's time goes.
       q=${s#profile:}
       model "$q"
       timeout 120 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 64 --runs 1 --setup-cache off \
         --in-flight 1 --profile kernels --json-out "$OUT/profile-$q.json" > "$OUT/profile-$q.log" 2>&1
-      echo "== kernel profile $q"; kernel_table "$OUT/profile-$q.json" ;;
+      echo "== kernel profile $q"; kernel_table "$OUT/profile-$q.log" ;;
     bench:*)
       [ $ok = 1 ] || { echo "skipping $s: tests failed"; continue; }
       q=${s#bench:}; long=4096

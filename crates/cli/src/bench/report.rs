@@ -208,7 +208,7 @@ pub fn print_table(r: &Value) {
     );
     let kernels = kernel_lines(r);
     if !kernels.is_empty() {
-        println!("kernel profile (--profile kernels: the eager launches of the setup-cache-off runs, each timed with events):");
+        println!("kernel profile (largest total first; --profile kernels: the setup-cache-off runs' eager launches timed with events; the fused step's stamps and the launch timeline add their rows):");
         println!(
             "{:<24} {:>10} {:>10} {:>10} {:>8} {:>7}",
             "kernel", "calls", "ms", "us/call", "GB/s", "%copy"
