@@ -226,10 +226,11 @@ struct RouterFold {
     u64 norm;     // const float* [d_model] the FFN's RMSNorm weight g
     u64 x;        // const float* [d_model] the residual before o_proj (moe_down wrote it
                   // three launches back: read before pdl_wait)
-    u64 logits;   // float* [n_expert] unscaled logits
+    u64 slots;    // u64* [n_expert]: each row's unscaled logit (low word) under its launch's
+                  // tag (high word; router_fold_row)
     u64 ids;      // int* [n_used] chosen experts, rank order
     u64 sel;      // float* [n_used] their unscaled logits
-    u64 counter;  // int*, 0 between launches
+    u64 epoch;    // u32*: the last gather's tag (0 at first; never reset)
     int n_expert; // the launch's first n_expert blocks take a router row each
     int d_model;  // <= 4 * RF_X * blockDim
     int q_dim;    // <= 4 * RF_A * blockDim
@@ -251,19 +252,29 @@ __device__ __forceinline__ u32 order_key(float v) {
 }
 
 // The n_used largest unscaled logits (NaN ranks last but keeps its value, so it reaches the
-// weights), ids and values in rank order, as rank_in orders them. Why not rank_in: one block
-// ranks on the step's critical path, a thread an entry over all n -- 128 dependent compares
-// with one warp a scheduler, ~2 us a layer (NOTES.md session 24). Here every entry's count is
-// split over `parts` threads and a compare is one unsigned test (j < i takes key - 1, so the
-// lower index wins a tie; keys are >= order_key(-inf) > 0).
+// weights), ids and values in rank order, as rank_in orders them, once every row's slot holds
+// this launch's `tag`: the gather polls the slots (a thread a slot) instead of counting
+// arrivals. Why: the last-block pattern put three L2 round trips after the last logit (its
+// store's acknowledgement under the release, the count's atomic, the reload); a poll in flight
+// sees the store about as it lands. A spin past 2^26 polls traps (a launch error, not a hang).
+// Why not rank_in: one block ranks on the step's critical path, a thread an entry over all n --
+// 128 dependent compares with one warp a scheduler, ~2 us a layer (NOTES.md session 24). Here
+// every entry's count is split over `parts` threads and a compare is one unsigned test (j < i
+// takes key - 1, so the lower index wins a tie; keys are >= order_key(-inf) > 0).
 // smem: lg, key [n_expert] and cnt [max(n_expert, blockDim)], 4 bytes each.
-__device__ void topk_logits(const RouterFold& r, float* smem) {
+__device__ void topk_logits(const RouterFold& r, u32 tag, float* smem) {
     int n = r.n_expert, parts = max(1, (int)blockDim.x / n), len = (n + parts - 1) / parts;
     float* lg = smem;
     u32* key = (u32*)(lg + n);
     int* cnt = (int*)(key + n);
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        lg[i] = __ldcg((const float*)r.logits + i);
+        u64 v;
+        int polls = 0;
+        do {
+            asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"((const u64*)r.slots + i) : "memory");
+            if (++polls == 1 << 26) __trap();
+        } while ((u32)(v >> 32) != tag);
+        lg[i] = __uint_as_float((u32)v);
         key[i] = order_key(lg[i]);
     }
     __syncthreads();
@@ -284,14 +295,16 @@ __device__ void topk_logits(const RouterFold& r, float* smem) {
             ((float*)r.sel)[rank] = lg[i];
         }
     }
+    if (threadIdx.x == 0) *(u32*)r.epoch = tag;  // every row read the epoch before its store
 }
 
-// Router row `row`'s unscaled logit by the whole block: the weights, g and x before pdl_wait,
-// then a; the last block to finish (completion count, reset by it) takes the top-k.
+// Router row `row`'s unscaled logit by the whole block: the weights, g, x and the epoch before
+// pdl_wait (the previous layer's gather set it, launches back), then a; the logit goes to its
+// slot under tag epoch + 1, and the last row's block gathers and ranks (topk_logits). Which
+// block gathers changes no result; the last is dispatched after the others, so it spins least.
 // smem: 40 floats, then topk_logits'.
 __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem, int row) {
     float* red = smem;
-    int* is_last = (int*)(smem + 36);
     int t = threadIdx.x, nt = blockDim.x, nx = r.d_model >> 2, na = r.q_dim >> 2;
     const float4* w4 = (const float4*)((const float*)r.w + (u64)row * r.d_model);
     const float4* f4 = (const float4*)((const float*)r.fold + (u64)row * r.q_dim);
@@ -306,6 +319,7 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
 #pragma unroll
     for (int j = 0; j < RF_A; j++)
         if (t + j * nt < na) fv[j] = f4[t + j * nt];
+    u32 tag = __ldcg((const u32*)r.epoch) + 1;
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < RF_X; j++)
@@ -318,9 +332,11 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
             acc += dot4(fv[j], v);
         }
     float logit = block_sum(acc, red);
-    if (t == 0) ((float*)r.logits)[row] = logit;
-    if (!last_to_arrive((u32*)r.counter, r.n_expert, is_last)) return;
-    topk_logits(r, smem + 40);
+    if (t == 0) {
+        u64 v = (u64)tag << 32 | __float_as_uint(logit);
+        asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"((u64*)r.slots + row), "l"(v) : "memory");
+    }
+    if (row == r.n_expert - 1) topk_logits(r, tag, smem + 40);
 }
 
 // o_proj with the router folded in: blocks [0, n_expert) are router rows, the rest o_proj's
@@ -532,7 +548,7 @@ struct DownParams {
                  // it before pdl_wait)
     u64 out;     // float* [d_model]: x + the experts' sums; x itself without the fold (step.rs
                  // residual: fold_weights reads all of x before the wait)
-    u64 logits;  // the folded router's unscaled logits [n_expert] (experts.weights then holds
+    u64 logits;  // the folded router's slots [n_expert] (RouterFold; experts.weights then holds
                  // the chosen ones', fold_weights), or 0: experts.weights are the weights
     Experts experts;
     int d_model;
@@ -544,8 +560,9 @@ struct DownParams {
 };
 
 // softmax(s * logits) at the chosen experts, whose unscaled logits `ws` holds in rank order,
-// renormalised over them with norm_topk, in place (warp 0; ends with a barrier).
-__device__ __forceinline__ void chosen_weights(float* ws, float s, const float* logits, int n_used, int n_expert, int norm_topk) {
+// renormalised over them with norm_topk, in place (warp 0; ends with a barrier). Without
+// norm_topk the denominator takes every logit from the router's slots (RouterFold::slots).
+__device__ __forceinline__ void chosen_weights(float* ws, float s, const u64* slots, int n_used, int n_expert, int norm_topk) {
     if (threadIdx.x < 32) {
         int lane = threadIdx.x;
         float top = ws[0];
@@ -553,7 +570,7 @@ __device__ __forceinline__ void chosen_weights(float* ws, float s, const float* 
         float den = 0.f;
         if (norm_topk) den = e;
         else
-            for (int j = lane; j < n_expert; j += 32) den += expf(s * (__ldcg(logits + j) - top));
+            for (int j = lane; j < n_expert; j += 32) den += expf(s * (__uint_as_float((u32)__ldcg(slots + j)) - top));
         den = warp_sum(den);
         if (lane < n_used) ws[lane] = e / den;
     }
@@ -583,7 +600,7 @@ struct FoldX {
 __device__ __forceinline__ void fold_weights(const DownParams& p, const FoldX& x, float* ws, float* red) {
     warp_partial(dot4(x.v[0], x.v[0]) + dot4(x.v[1], x.v[1]), red);
     __syncthreads();
-    chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const float*)p.logits, p.n_used, p.n_expert, p.norm_topk);
+    chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const u64*)p.logits, p.n_used, p.n_expert, p.norm_topk);
 }
 
 // Stages h [n_used, dff] in shared memory at `dst`, float4 loads issued LOAD_V * 2 at a time per

@@ -168,10 +168,12 @@ pub struct RouterFold {
     pub fold: u64,
     pub norm: u64,
     pub x: u64,
-    pub logits: u64,
+    /// u64 [n_expert]: logit bits (low word) under the launch's tag (high word)
+    pub slots: u64,
     pub ids: u64,
     pub sel: u64,
-    pub counter: u64,
+    /// u32: the last gather's tag (0 at first, never reset)
+    pub epoch: u64,
     pub n_expert: i32,
     pub d_model: i32,
     pub q_dim: i32,

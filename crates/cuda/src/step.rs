@@ -40,6 +40,10 @@ pub struct Scratch {
     pub attn: DevBuf,
     /// [n_expert]
     pub router: DevBuf,
+    /// The folded router's gather (moe.cu RouterFold): [n_expert] u64 slots (a logit under its
+    /// launch's tag) and the u32 epoch (the last gather's tag); zeroed once, never reset.
+    pub router_slots: DevBuf,
+    pub router_epoch: DevBuf,
     /// [n_used] i32 and [n_used] f32
     pub ids: DevBuf,
     pub topw: DevBuf,
@@ -98,6 +102,10 @@ impl Scratch {
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
         let counter = DevBuf::new(dev, 4)?;
         counter.fill(dev, 0)?;
+        let (router_slots, router_epoch) =
+            (DevBuf::new(dev, 8 * c.n_expert)?, DevBuf::new(dev, 4)?);
+        router_slots.fill(dev, 0)?;
+        router_epoch.fill(dev, 0)?;
         let attn_done = DevBuf::new(dev, 4 * (c.n_kv_head + c.n_head))?;
         attn_done.fill(dev, 0)?;
         let att_tc = opts.attn_tensor_cores && dev.kv_type == KvType::F16 && dev.sm_major >= 8;
@@ -114,6 +122,8 @@ impl Scratch {
             part: f(c.n_head * n_split * (c.head_dim + 2))?,
             attn: f(c.q_dim())?,
             router: f(c.n_expert)?,
+            router_slots,
+            router_epoch,
             ids: f(c.n_expert_used)?,
             topw: f(c.n_expert_used)?,
             h: f(c.n_expert_used * c.d_ff_expert)?,
@@ -408,10 +418,10 @@ fn layer_o_proj_router(
         fold: lw.router_fold,
         norm: lw.ffn_norm,
         x: x_in,
-        logits: s.router.ptr,
+        slots: s.router_slots.ptr,
         ids: s.ids.ptr,
         sel: s.topw.ptr,
-        counter: s.counter.ptr,
+        epoch: s.router_epoch.ptr,
         n_expert: c.n_expert as i32,
         d_model: c.d_model as i32,
         q_dim: c.q_dim() as i32,
@@ -850,7 +860,7 @@ fn experts(
         h: s.h.ptr,
         x: x_mid,
         out: x_next,
-        logits: if fold { s.router.ptr } else { 0 },
+        logits: if fold { s.router_slots.ptr } else { 0 },
         n_expert: c.n_expert as i32,
         norm_topk: c.norm_topk_prob as i32,
         eps: c.rms_eps,

@@ -212,8 +212,8 @@ impl TestDevice {
 
     /// o_proj with the folded router on one layer's inputs: the fold of `o` (rows d_model of
     /// k = attn.len(), ggml bytes of `ty`), `router` (F32 [n_expert, d_model]) and `norm` built
-    /// by router_fold_build, then the o_proj_router launch, twice (its completion count must
-    /// be back at 0 after each). Returns (x + o attn, unscaled logits, ids, their logits).
+    /// by router_fold_build, then the o_proj_router launch, twice (after launch n the epoch and
+    /// every slot's tag must read n). Returns (x + o attn, unscaled logits, ids, their logits).
     #[allow(clippy::too_many_arguments)]
     pub fn o_proj_router(
         &self,
@@ -240,19 +240,23 @@ impl TestDevice {
             q_dim: q_dim as i32,
         };
         crate::weights::build_fold(&self.dev, &fp, n_expert)?;
-        let (x_out, logits) = (self.poisoned(d_model)?, self.poisoned(n_expert)?);
+        let x_out = self.poisoned(d_model)?;
         let (ids, sel) = (self.poisoned(n_used)?, self.poisoned(n_used)?);
-        let counter = DevBuf::new(&self.dev, 4)?;
-        counter.fill(&self.dev, 0)?;
+        let (slots, epoch) = (
+            DevBuf::new(&self.dev, 8 * n_expert)?,
+            DevBuf::new(&self.dev, 4)?,
+        );
+        slots.fill(&self.dev, 0)?;
+        epoch.fill(&self.dev, 0)?;
         let r = RouterFold {
             w: rb.ptr,
             fold: fold.ptr,
             norm: nb.ptr,
             x: xb.ptr,
-            logits: logits.ptr,
+            slots: slots.ptr,
             ids: ids.ptr,
             sel: sel.ptr,
-            counter: counter.ptr,
+            epoch: epoch.ptr,
             n_expert: n_expert as i32,
             d_model: d_model as i32,
             q_dim: q_dim as i32,
@@ -265,15 +269,19 @@ impl TestDevice {
             ..Default::default()
         };
         let l = crate::step::o_proj_router(o, &rq, ab.ptr, x_out.ptr, r);
-        let mut count = [0i32];
-        for _ in 0..2 {
+        let (mut tag, mut sv) = ([0u32], vec![0u64; n_expert]);
+        for launch in 1..=2u32 {
             self.dev.launch(&l)?;
             self.dev.sync()?;
-            counter.download(&self.dev, 0, &mut count)?;
-            if count[0] != 0 {
+            epoch.download(&self.dev, 0, &mut tag)?;
+            slots.download(&self.dev, 0, &mut sv)?;
+            if let Some(bad) = std::iter::once(tag[0])
+                .chain(sv.iter().map(|v| (v >> 32) as u32))
+                .find(|&t| t != launch)
+            {
                 return Err(crate::CudaError::Unsupported(format!(
-                    "o_proj_router left its completion count at {}",
-                    count[0]
+                    "o_proj_router launch {launch} left a tag of {bad} (epoch {})",
+                    tag[0]
                 )));
             }
         }
@@ -281,7 +289,7 @@ impl TestDevice {
         ids.download(&self.dev, 0, &mut iv)?;
         Ok(FoldOut {
             x: self.read(&x_out, d_model)?,
-            logits: self.read(&logits, n_expert)?,
+            logits: sv.iter().map(|&v| f32::from_bits(v as u32)).collect(),
             ids: iv,
             sel: self.read(&sel, n_used)?,
         })
