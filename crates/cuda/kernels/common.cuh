@@ -282,6 +282,54 @@ __device__ __forceinline__ bool load_x_fast(void* dst, const float* src, int n, 
     return true;
 }
 
+// The block-wide RMS factor in two halves around a barrier the caller has anyway: each warp's
+// partial sum of squares into red[warp], then (after that barrier) rsqrt(mean + eps) over the
+// partials in warp order.
+__device__ __forceinline__ void warp_partial(float ss, float* red) {
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+}
+__device__ __forceinline__ float rms_factor(const float* red, int n, float eps) {
+    float t = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
+    return rsqrtf(__fdividef(t, (float)n) + eps);  // no division slow path on the critical path
+}
+
+// x * g of the residual x as quantised groups at qx (n % 32 == 0, n <= 4 * LOAD_V * blockDim),
+// g at gs, and the RMS factor s = rsqrt(mean(x^2) + eps) returned apart: a
+// group's integers do not depend on s (only its scale would), so the dots take x * g and are
+// multiplied by s after, and the sum of x^2 needs no barrier of its own (its warp partials in
+// red[0..warps) ride on the barrier that publishes qx). Why: a block-wide sum before the
+// quantisation sat on the experts' and qkv's critical paths (two barriers and a warp's
+// reduction); moe_gate_up stages g in shared memory (its norm weights in registers beside the
+// staged rows spilled, Q4_K).
+// G_EARLY: g's loads issue with x's (g in global memory: the matvec's norm weights), not in
+// the quantisation loop (g in shared memory: moe_gate_up's staged copy).
+template <bool G_EARLY = false>
+__device__ __forceinline__ float load_xg_quant(u32* qx, const float* x, const float* gs, int n, float eps, float* red) {
+    int nv = n >> 2;
+    float4 v[LOAD_V], ge[G_EARLY ? LOAD_V : 1];
+#pragma unroll
+    for (int j = 0; j < LOAD_V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        v[j] = i < nv ? ((const float4*)x)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (G_EARLY) ge[G_EARLY ? j : 0] = i < nv ? ((const float4*)gs)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < LOAD_V; j++) ss += dot4(v[j], v[j]);
+    warp_partial(ss, red);
+#pragma unroll
+    for (int j = 0; j < LOAD_V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (j * (int)blockDim.x >= nv) break;  // no lane has values here
+        float4 g = G_EARLY ? ge[G_EARLY ? j : 0] : i < nv ? ((const float4*)gs)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        quant_store(qx, i, mul4(v[j], g), i < nv);
+    }
+    __syncthreads();
+    return rms_factor(red, n, eps);
+}
+
 // Loads n floats of `src` into padded shared memory; with `norm` set, applies RMSNorm:
 // x * rsqrt(mean(x^2) + eps) * norm. Every block computes the same sum in the same order.
 __device__ void load_x(float* xs, const float* src, int n, const float* norm, float eps, float* red) {

@@ -61,7 +61,11 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     for (int i = 0; i < NR; i++) prev[i] = p.accumulate && lane == 0 && rows[i] >= 0 ? __ldcg((resid ? resid : out) + rows[i]) : 0.f;
     pdl_start();
     u32* qx = (u32*)xs;
-    load_x_fast<X_QUANT>(qx, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
+    // With a norm (qkv, the head): x * norm quantised, its RMS factor applied to the sums
+    // (load_xg_quant: one barrier, not load_x_fast's three, on the chain after the wait).
+    float r = 1.f;
+    if (p.norm) r = load_xg_quant<true>(qx, (const float*)p.in, (const float*)p.norm, p.k, p.eps, red);
+    else load_x_fast<X_QUANT>(qx, (const float*)p.in, p.k, nullptr, p.eps, red);
     const u32* xp[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) xp[i] = qx;
@@ -80,7 +84,7 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
         else R.dot(w, rows, xp, lane, acc);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-            float v = warp_sum(acc[i]);
+            float v = warp_sum(acc[i]) * r;
             if (lane == 0 && rows[i] >= 0) out[rows[i]] = p.accumulate ? prev[i] + v : v;
         }
         first += stride;
