@@ -309,7 +309,9 @@ __device__ __forceinline__ float partials_sum(const float* red) {
     return t;
 }
 __device__ __forceinline__ float rms_factor(const float* red, int n, float eps) {
-    return rsqrtf(__fdividef(partials_sum(red), (float)n) + eps);  // no division slow path on the critical path
+    float t = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
+    return rsqrtf(__fdividef(t, (float)n) + eps);  // no division slow path on the critical path
 }
 
 // x * g of the residual x as quantised groups at qx (n % 32 == 0, n <= 4 * LOAD_V * blockDim),
