@@ -296,11 +296,14 @@ __device__ __forceinline__ void warp_partial(float ss, float* red) {
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
 }
-// The warps' partials red[0..warps) summed in warp order. At 8 warps (every staged launch) two
-// 16-byte loads and straight-line adds, not a loop: ptxas can schedule them beside the dots that
-// need the sum only at their end, instead of ahead of them (red is 16-byte aligned).
+// The warps' partials red[0..warps) summed in warp order. STRAIGHT, at 8 warps: two 16-byte
+// loads and straight-line adds, not a loop (red is 16-byte aligned) -- for the router rows'
+// logits, whose sum is all that is left before the store. rms_factor keeps the loop: its factor
+// is needed only after the dots, and the straight-line form, which ptxas schedules ahead of
+// them, measured -1% on Q4_0 in moe_gate_up and the matvec (NOTES.md session 26).
+template <bool STRAIGHT = false>
 __device__ __forceinline__ float partials_sum(const float* red) {
-    if (blockDim.x == 256) {
+    if (STRAIGHT && blockDim.x == 256) {
         float4 a = ((const float4*)red)[0], b = ((const float4*)red)[1];
         return ((((((a.x + a.y) + a.z) + a.w) + b.x) + b.y) + b.z) + b.w;
     }
@@ -309,9 +312,7 @@ __device__ __forceinline__ float partials_sum(const float* red) {
     return t;
 }
 __device__ __forceinline__ float rms_factor(const float* red, int n, float eps) {
-    float t = 0.f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
-    return rsqrtf(__fdividef(t, (float)n) + eps);  // no division slow path on the critical path
+    return rsqrtf(__fdividef(partials_sum(red), (float)n) + eps);  // no division slow path on the critical path
 }
 
 // x * g of the residual x as quantised groups at qx (n % 32 == 0, n <= 4 * LOAD_V * blockDim),

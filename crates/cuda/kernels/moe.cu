@@ -360,7 +360,7 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
     warp_partial(acc, red);  // thread 0 sums the partials: one barrier, not block_sum's three
     __syncthreads();
     if (t == 0) {
-        u64 v = (u64)tag << 32 | __float_as_uint(partials_sum(red));
+        u64 v = (u64)tag << 32 | __float_as_uint(partials_sum<true>(red));
         asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"((u64*)r.slots + row), "l"(v) : "memory");
     }
     if (row == r.n_expert - 1) topk_logits(r, tag, smem + 40);
