@@ -826,7 +826,7 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
     for (int nth = 0, tile = warp; tile < n_tiles; nth++, tile += 8) {  // the warp's nth tile
         int t0 = first + 16 * tile;
         if (nth >= 1 && nth <= stage) tc_unstage(st + (nth - 1) * 8 * 16 * 32, kq, vq);
-        if (has_new) tc_patch_new(sm, t0, pos, kq, vq);
+        if ((u32)((int)pos - t0) < 16) tc_patch_new(sm, t0, pos, kq, vq);  // only the tile holding pos
 #pragma unroll
         for (int i = 0; i < 8; i++) *(uint4*)(vs + (2 * i + (lane >> 4)) * TC_ROW + 8 * (lane & 15)) = vq[i];
         __syncwarp();

@@ -160,6 +160,13 @@ __device__ __forceinline__ float nib(u32 w, int k, float off) {
     return __int_as_float(__byte_perm(w, 0x4B000000u, 0x7540u + k)) - off;
 }
 
+// f / d for 0 <= f < 2^20 and d >= 1 as floor((f + 0.5) * inv_d), inv_d = __fdividef(1, d) (2
+// ulp): the product is within (f + 0.5) / d * 2^-21 < 0.5 / d of (f + 0.5) / d, which is at least
+// 0.5 / d from an integer. Why not f / d: an integer division by a value known only at run time
+// is ~20 dependent instructions, on the chain where moe_down issues its weight loads and where
+// the router's ranking starts.
+__device__ __forceinline__ int floor_div_small(int f, float inv_d) { return (int)(((float)f + 0.5f) * inv_d); }
+
 // Block-wide sum in a fixed order (deterministic): warp butterflies, then warp 0 over warps.
 __device__ float block_sum(float v, float* red) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
@@ -289,10 +296,23 @@ __device__ __forceinline__ void warp_partial(float ss, float* red) {
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
 }
-__device__ __forceinline__ float rms_factor(const float* red, int n, float eps) {
+// The warps' partials red[0..warps) summed in warp order. STRAIGHT, at 8 warps: two 16-byte
+// loads and straight-line adds, not a loop (red is 16-byte aligned) -- for the router rows'
+// logits, whose sum is all that is left before the store. rms_factor keeps the loop: its factor
+// is needed only after the dots, and the straight-line form, which ptxas schedules ahead of
+// them, measured -1% on Q4_0 in moe_gate_up and the matvec (NOTES.md session 26).
+template <bool STRAIGHT = false>
+__device__ __forceinline__ float partials_sum(const float* red) {
+    if (STRAIGHT && blockDim.x == 256) {
+        float4 a = ((const float4*)red)[0], b = ((const float4*)red)[1];
+        return ((((((a.x + a.y) + a.z) + a.w) + b.x) + b.y) + b.z) + b.w;
+    }
     float t = 0.f;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
-    return rsqrtf(__fdividef(t, (float)n) + eps);  // no division slow path on the critical path
+    return t;
+}
+__device__ __forceinline__ float rms_factor(const float* red, int n, float eps) {
+    return rsqrtf(__fdividef(partials_sum(red), (float)n) + eps);  // no division slow path on the critical path
 }
 
 // x * g of the residual x as quantised groups at qx (n % 32 == 0, n <= 4 * LOAD_V * blockDim),

@@ -259,15 +259,29 @@ __device__ __forceinline__ u32 order_key(float v) {
 // sees the store about as it lands. A spin past 2^26 polls traps (a launch error, not a hang).
 // Why not rank_in: one block ranks on the step's critical path, a thread an entry over all n --
 // 128 dependent compares with one warp a scheduler, ~2 us a layer (NOTES.md session 24). Here
-// every entry's count is split over `parts` threads and a compare is one unsigned test (j < i
-// takes key - 1, so the lower index wins a tie; keys are >= order_key(-inf) > 0).
-// smem: lg, key [n_expert] and cnt [max(n_expert, blockDim)], 4 bytes each.
+// every entry's count is split over `parts` threads, four keys a 16-byte load with one threshold
+// (before i, key - 1: the lower index wins a tie) and a compare a key. The select a key it
+// replaced (j < i per key) made ~7 instructions a key, ~0.5 us a layer at 128 experts. The keys
+// are padded with zeros to a multiple of 4, below every key (keys are >= order_key(-inf) > 0).
+// smem: lg [n4], key [n4] and cnt [max(n_expert, blockDim)], 4 bytes each (n4: n_expert rounded
+// up to a multiple of 4; lg 16-byte aligned).
+// c += key > thr as one predicated add: C's `c += key > thr` compiles to an add and a
+// predicated move, two instructions a key where this is one.
+__device__ __forceinline__ void count_above(int& c, u32 key, u32 thr) {
+    asm("{\n\t.reg .pred p;\n\tsetp.gt.u32 p, %1, %2;\n\t@p add.s32 %0, %0, 1;\n\t}" : "+r"(c) : "r"(key), "r"(thr));
+}
 __device__ void topk_logits(const RouterFold& r, u32 tag, float* smem) {
-    int n = r.n_expert, parts = max(1, (int)blockDim.x / n), len = (n + parts - 1) / parts;
+    int n = r.n_expert, n4 = (n + 3) & ~3, parts = max(1, (int)blockDim.x / n);
+    int len = ((n4 >> 2) + parts - 1) / parts * 4;
+    float inv_n = __fdividef(1.f, (float)n);
     float* lg = smem;
-    u32* key = (u32*)(lg + n);
-    int* cnt = (int*)(key + n);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    u32* key = (u32*)(lg + n4);
+    int* cnt = (int*)(key + n4);
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        if (i >= n) {
+            key[i] = 0;
+            continue;
+        }
         u64 v;
         int polls = 0;
         do {
@@ -279,11 +293,23 @@ __device__ void topk_logits(const RouterFold& r, u32 tag, float* smem) {
     }
     __syncthreads();
     for (int t = threadIdx.x; t < parts * n; t += blockDim.x) {
-        int i = t % n, lo = t / n * len, hi = min(lo + len, n);
+        int q = floor_div_small(t, inv_n), i = t - q * n, lo = q * len, hi = min(lo + len, n4);
         u32 ki = key[i];
-        int c = 0;
-#pragma unroll 8
-        for (int j = lo; j < hi; j++) c += key[j] > (j < i ? ki - 1 : ki);
+        int c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+#pragma unroll 4
+        for (int j = lo; j < hi; j += 4) {
+            uint4 k = *(const uint4*)(key + j);
+            u32 thr = j < i ? ki - 1 : ki;  // before i a tie beats i
+            count_above(c0, k.x, thr);
+            count_above(c1, k.y, thr);
+            count_above(c2, k.z, thr);
+            count_above(c3, k.w, thr);
+        }
+        // The load holding i, i not its first key, took ki - 1 for its keys from i on too: those
+        // equal to ki (i among them) were counted and do not beat i.
+        int i4 = i & ~3, c = (c0 + c1) + (c2 + c3);
+        if (i != i4 && i4 >= lo && i4 < hi)
+            for (int m = i; m < i4 + 4; m++) c -= key[m] == ki;
         cnt[t] = c;
     }
     __syncthreads();
@@ -331,9 +357,10 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
             float4 v = __ldcg((const float4*)a + t + j * nt);
             acc += dot4(fv[j], v);
         }
-    float logit = block_sum(acc, red);
+    warp_partial(acc, red);  // thread 0 sums the partials: one barrier, not block_sum's three
+    __syncthreads();
     if (t == 0) {
-        u64 v = (u64)tag << 32 | __float_as_uint(logit);
+        u64 v = (u64)tag << 32 | __float_as_uint(partials_sum<true>(red));
         asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"((u64*)r.slots + row), "l"(v) : "memory");
     }
     if (row == r.n_expert - 1) topk_logits(r, tag, smem + 40);
@@ -600,12 +627,6 @@ __device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
     stage_slots<X_QUANT>((const float*)p.h, p.n_used, p.down.k, hq, 0);
 }
 
-// The slot f / nb of piece f (f < items <= 256 for the staged down modes, nb <= 256) as
-// floor((f + 0.5) * inv_nb), inv_nb = __fdividef(1, nb) (2 ulp): the product is within 2e-4 of
-// (f + 0.5) / nb, which is at least 0.5 / nb >= 0.002 from an integer. Why not f / nb: an
-// integer division is ~20 dependent instructions (and hoisted nowhere: a branch a piece), six
-// of them before moe_down's weight loads were all issued, on its chain.
-__device__ __forceinline__ int piece_slot(int f, float inv_nb) { return (int)(((float)f + 0.5f) * inv_nb); }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
 // all slots' loads are in flight at once. Split-type piece f: slot f / nb, block f % nb. NR rows
@@ -628,7 +649,7 @@ struct DownRows {
         // piece kept them apart).
 #pragma unroll
         for (int j = 0; j < CH; j++) {
-            int f = min(lane + 32 * j, items - 1), s = piece_slot(f, inv_nb), b = f - s * nb;
+            int f = min(lane + 32 * j, items - 1), s = floor_div_small(f, inv_nb), b = f - s * nb;
             u64 e = (u64)ids[s];
 #pragma unroll
             for (int i = 0; i < NR; i++) piece[i][j].load(p.down, (e * p.d_model + min(first + i, p.d_model - 1)) * nb + b);
@@ -643,7 +664,7 @@ struct DownRows {
         for (int j = 0; j < CH; j++) {
             int f = lane + 32 * j;
             if (f < items) {
-                int s = piece_slot(f, inv_nb);
+                int s = floor_div_small(f, inv_nb);
                 const u32* x = hq + f * QXW;  // group f: slot s, block f - s * nb
 #pragma unroll
                 for (int i = 0; i < NR; i++) acc[i] += sw[s] * piece[i][j].dot(x);

@@ -399,7 +399,9 @@ pub(crate) fn o_proj_router(o: Qw, router: &Qw, attn: u64, x_out: u64, r: Router
         "o_proj",
         (blocks + n_expert as u32, 1, 1),
         THREADS,
-        smem_x(q_dim).max(((40 + 2 * n_expert + n_expert.max(THREADS as usize)) * 4) as u32),
+        smem_x(q_dim).max(
+            ((40 + 2 * n_expert.next_multiple_of(4) + n_expert.max(THREADS as usize)) * 4) as u32,
+        ),
         &OprojRouterParams { mv, r },
         bytes + router_bytes,
     )

@@ -174,13 +174,15 @@ fn embedding_row_matches_host_for_every_type() {
 /// o_proj with the folded router (moe.cu RouterFold): the new residual as o_proj's, the
 /// unscaled logits as (router * norm) (x + W_o attn) in f64, and the chosen experts the largest
 /// of them (a tie to the lower index), for each staged type and the test geometries' shapes up
-/// to Qwen3-30B-A3B's, and 300 experts (more than the block's threads rank at once).
+/// to Qwen3-30B-A3B's, 30 experts (keys padded to a multiple of 4) and 300 (more than the
+/// block's threads rank at once).
 #[test]
 fn o_proj_with_folded_router_matches_host() {
     let Some(dev) = device() else { return };
     for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
         for (d_model, q_dim, n_expert, n_used) in [
             (256, 256, 8, 2),
+            (256, 256, 30, 3),
             (1024, 2048, 32, 4),
             (2048, 4096, 128, 8),
             (256, 512, 300, 8),
