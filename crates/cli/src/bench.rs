@@ -84,14 +84,14 @@ struct RunResult {
 }
 
 enum AnyBackend {
-    Cpu(q4moe_cpu::CpuBackend),
+    Cpu(Box<q4moe_cpu::CpuBackend>),
     Cuda(Box<q4moe_cuda::CudaBackend>),
 }
 
 impl AnyBackend {
     fn get(&mut self) -> &mut dyn Backend {
         match self {
-            AnyBackend::Cpu(b) => b,
+            AnyBackend::Cpu(b) => b.as_mut(),
             AnyBackend::Cuda(b) => b.as_mut(),
         }
     }
@@ -142,9 +142,9 @@ fn open(model: &Arc<Model>, a: &BenchArgs, ctx: usize) -> anyhow::Result<AnyBack
     let kv_type = a.kv_type;
     if !want_cuda {
         model.prefault(true);
-        return Ok(AnyBackend::Cpu(
+        return Ok(AnyBackend::Cpu(Box::new(
             q4moe_cpu::CpuBackend::new(model.clone(), ctx).with_kv_type(kv_type),
-        ));
+        )));
     }
     let opts = q4moe_cuda::CudaOptions {
         kv_capacity: ctx,

@@ -192,6 +192,12 @@ impl<T> Clone for SendPtr<T> {
 impl<T> Copy for SendPtr<T> {}
 unsafe impl<T> Send for SendPtr<T> {}
 unsafe impl<T> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    /// Through a method, so a closure captures the whole SendPtr (Sync), not its raw field.
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
 
 /// `f(start, piece)` over disjoint pieces covering `out`, in parallel. Pieces are claimed
 /// largest first (a quarter of what is left per claim with 2 threads, never under `min`
@@ -214,11 +220,10 @@ pub(crate) fn guided_mut<T: Send>(out: &mut [T], min: usize, f: impl Fn(usize, &
             .compare_exchange_weak(start, start + n, Relaxed, Relaxed)
             .is_ok()
         {
-            let p = p;
             // SAFETY: each range [start, start + n) is claimed once and lies within `out`,
             // which outlives the region.
             f(start, unsafe {
-                std::slice::from_raw_parts_mut(p.0.add(start), n)
+                std::slice::from_raw_parts_mut(p.get().add(start), n)
             })
         }
     });
@@ -236,10 +241,11 @@ pub(crate) fn chunks_mut2<A: Send, B: Send>(
     let (la, lb) = (a.len(), b.len());
     let (pa, pb) = (SendPtr(a.as_mut_ptr()), SendPtr(b.as_mut_ptr()));
     pool().run(n, &|i| {
-        let (pa, pb) = (pa, pb);
         // SAFETY: chunks are disjoint and within each slice, which outlive the region.
-        let x = unsafe { std::slice::from_raw_parts_mut(pa.0.add(i * ca), ca.min(la - i * ca)) };
-        let y = unsafe { std::slice::from_raw_parts_mut(pb.0.add(i * cb), cb.min(lb - i * cb)) };
+        let x =
+            unsafe { std::slice::from_raw_parts_mut(pa.get().add(i * ca), ca.min(la - i * ca)) };
+        let y =
+            unsafe { std::slice::from_raw_parts_mut(pb.get().add(i * cb), cb.min(lb - i * cb)) };
         f(i, x, y)
     });
 }

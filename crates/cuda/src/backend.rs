@@ -236,7 +236,7 @@ impl CudaBackend {
                     .map(|(n, e)| entry(n.clone(), e)),
             )
             .collect();
-        v.sort_by(|a, b| b.total.cmp(&a.total));
+        v.sort_by_key(|e| std::cmp::Reverse(e.total));
         v
     }
 

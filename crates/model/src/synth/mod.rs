@@ -58,7 +58,7 @@ impl SynthQuant {
 
 /// llama.cpp's `use_more_bits(i_layer, n_layers)`.
 fn use_more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2)
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
 /// One tensor to write: name, GGUF dims, type and the weights' standard deviation.
