@@ -251,6 +251,12 @@ __device__ __forceinline__ u32 order_key(float v) {
     return u ^ ((u32)((int)u >> 31) | 0x80000000u);
 }
 
+// c += key > thr as one predicated add: C's `c += key > thr` compiles to an add and a
+// predicated move, two instructions a key where this is one.
+__device__ __forceinline__ void count_above(int& c, u32 key, u32 thr) {
+    asm("{\n\t.reg .pred p;\n\tsetp.gt.u32 p, %1, %2;\n\t@p add.s32 %0, %0, 1;\n\t}" : "+r"(c) : "r"(key), "r"(thr));
+}
+
 // The n_used largest unscaled logits (NaN ranks last but keeps its value, so it reaches the
 // weights), ids and values in rank order, as rank_in orders them, once every row's slot holds
 // this launch's `tag`: the gather polls the slots (a thread a slot) instead of counting
@@ -265,11 +271,6 @@ __device__ __forceinline__ u32 order_key(float v) {
 // are padded with zeros to a multiple of 4, below every key (keys are >= order_key(-inf) > 0).
 // smem: lg [n4], key [n4] and cnt [max(n_expert, blockDim)], 4 bytes each (n4: n_expert rounded
 // up to a multiple of 4; lg 16-byte aligned).
-// c += key > thr as one predicated add: C's `c += key > thr` compiles to an add and a
-// predicated move, two instructions a key where this is one.
-__device__ __forceinline__ void count_above(int& c, u32 key, u32 thr) {
-    asm("{\n\t.reg .pred p;\n\tsetp.gt.u32 p, %1, %2;\n\t@p add.s32 %0, %0, 1;\n\t}" : "+r"(c) : "r"(key), "r"(thr));
-}
 __device__ void topk_logits(const RouterFold& r, u32 tag, float* smem) {
     int n = r.n_expert, n4 = (n + 3) & ~3, parts = max(1, (int)blockDim.x / n);
     int len = ((n4 >> 2) + parts - 1) / parts * 4;
@@ -626,7 +627,6 @@ __device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
     pdl_start();
     stage_slots<X_QUANT>((const float*)p.h, p.n_used, p.down.k, hq, 0);
 }
-
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and
 // all slots' loads are in flight at once. Split-type piece f: slot f / nb, block f % nb. NR rows
