@@ -497,15 +497,6 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     }
 }
 
-// Orders floats as unsigned integers (0 below every float's key), for atomicMax.
-__device__ __forceinline__ u32 max_key(float f) {
-    u32 b = __float_as_uint(f);
-    return b & 0x80000000u ? ~b : b | 0x80000000u;
-}
-__device__ __forceinline__ float key_float(u32 k) {
-    return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
-}
-
 // Run by every block after its chunk's partials are written: each head's chunk maximum goes
 // into an atomic maximum, and the block whose count completes the KV head's active chunks
 // merges them with attn_combine's arithmetic per output (the same maximum, then l and acc summed
@@ -517,7 +508,7 @@ __device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const flo
     int G = GG ? GG : p.n_head / p.n_kv_head, hd = HD ? HD : p.head_dim, g = threadIdx.x >> 5, lane = threadIdx.x & 31;
     u32* cnt = (u32*)p.done + kvh;
     u32* mk = (u32*)p.done + p.n_kv_head + kvh * G;  // [G] maximum keys of this group's heads
-    if (threadIdx.x < G) atomicMax(mk + threadIdx.x, max_key(ml[threadIdx.x][0]));
+    if (threadIdx.x < G) atomicMax(mk + threadIdx.x, float_key(ml[threadIdx.x][0]));
     if (!last_to_arrive(cnt, n_act, &last) || g >= G) return;  // this block's partials and maxima are visible to the last
     int h = kvh * G + g;
     const float* base = (const float*)p.part + (u64)h * p.n_split * (hd + 2);

@@ -184,6 +184,16 @@ __device__ float block_sum(float v, float* red) {
     return red[32];
 }
 
+// Orders floats as unsigned integers: a larger float (total order, -0 < +0) gives a larger key,
+// 0 below every float's (atomicMax, radix selection); key_float inverts it.
+__device__ __forceinline__ u32 float_key(float f) {
+    u32 b = __float_as_uint(f);
+    return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float key_float(u32 k) {
+    return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
+}
+
 // float4s of a row a thread loads at once in load_x_fast / copy_to_shared.
 #define LOAD_V 4
 

@@ -245,11 +245,7 @@ struct OprojRouterParams {
 
 // A float's order as an unsigned key: larger floats give larger keys, -0 ties with +0 and NaN
 // with -inf (so it ranks last).
-__device__ __forceinline__ u32 order_key(float v) {
-    v = v == v ? (v == 0.f ? 0.f : v) : -INFINITY;
-    u32 u = __float_as_uint(v);
-    return u ^ ((u32)((int)u >> 31) | 0x80000000u);
-}
+__device__ __forceinline__ u32 order_key(float v) { return float_key(v == v ? (v == 0.f ? 0.f : v) : -INFINITY); }
 
 // c += key > thr as one predicated add: C's `c += key > thr` compiles to an add and a
 // predicated move, two instructions a key where this is one.

@@ -125,12 +125,6 @@ struct SampleParams {
 #define SAMPLE_CHUNK 4096  // logits a sample_partial block takes: 4 a thread
 #define WALK_CHUNKS 1024   // the no-cut walk's chunks (q4moe_model::sampling::WALK_CHUNKS)
 
-// Order-preserving key: a larger float (total order, -0 < +0) gives a larger key.
-__device__ __forceinline__ u32 fkey(float v) {
-    u32 b = __float_as_uint(v);
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
 __device__ __forceinline__ float next_f32(u64* state) {
     u64 z = (*state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -160,7 +154,7 @@ struct LogitSrc {
     float t;
     __device__ __forceinline__ u32 key(int i) const {
         float x = lg[i];
-        return isfinite(x) ? fkey(x / t) : 0u;
+        return isfinite(x) ? float_key(x / t) : 0u;
     }
     __device__ __forceinline__ u32 id(int i) const { return (u32)(base + i); }
 };
