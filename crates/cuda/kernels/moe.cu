@@ -529,7 +529,7 @@ struct DownParams {
                  // it before pdl_wait)
     u64 out;     // float* [d_model]: x + the experts' sums; x itself without the fold (step.rs
                  // residual: fold_weights reads all of x before the wait)
-    u64 logits;  // the folded router's slots [n_expert] (RouterFold; experts.weights then holds
+    u64 slots;   // the folded router's slots [n_expert] (RouterFold; experts.weights then holds
                  // the chosen ones', fold_weights), or 0: experts.weights are the weights
     Experts experts;
     int d_model;
@@ -567,7 +567,7 @@ struct FoldX {
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             int i = threadIdx.x + j * blockDim.x;
-            v[j] = p.logits && i < p.d_model >> 2 ? __ldcg((const float4*)p.x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[j] = p.slots && i < p.d_model >> 2 ? __ldcg((const float4*)p.x + i) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
 };
@@ -581,7 +581,7 @@ struct FoldX {
 __device__ __forceinline__ void fold_weights(const DownParams& p, const FoldX& x, float* ws, float* red) {
     warp_partial(dot4(x.v[0], x.v[0]) + dot4(x.v[1], x.v[1]), red);
     __syncthreads();
-    chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const u64*)p.logits, p.n_used, p.n_expert, p.norm_topk);
+    chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const u64*)p.slots, p.n_used, p.n_expert, p.norm_topk);
 }
 
 // Stages h [n_used, dff] in shared memory at `dst`, float4 loads issued LOAD_V * 2 at a time per
@@ -679,7 +679,7 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const 
     int lane = threadIdx.x & 31;
     DownRows<NR, CH, P> rows;
     rows.load(p, ids, u, lane);
-    if (p.logits) fold_weights(p, x, sw, sw + 64);  // the loads above in flight meanwhile
+    if (p.slots) fold_weights(p, x, sw, sw + 64);  // the loads above in flight meanwhile
     stage_h(p, hq);
     rows.finish(p, hq, sw, lane);
 }

@@ -149,7 +149,8 @@ pub struct DownParams {
     pub h: u64,
     pub x: u64,
     pub out: u64,
-    pub logits: u64,
+    /// The folded router's slots (RouterFold::slots), or 0: experts' weights as given.
+    pub slots: u64,
     pub experts: Experts,
     pub d_model: i32,
     pub n_used: i32,

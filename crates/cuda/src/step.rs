@@ -862,7 +862,7 @@ fn experts(
         h: s.h.ptr,
         x: x_mid,
         out: x_next,
-        logits: if fold { s.router_slots.ptr } else { 0 },
+        slots: if fold { s.router_slots.ptr } else { 0 },
         n_expert: c.n_expert as i32,
         norm_topk: c.norm_topk_prob as i32,
         eps: c.rms_eps,
