@@ -15,7 +15,9 @@
 #                 the graph with programmatic dependent launch (the default), the fused step;
 #                 AB_ENVS="A=1 B=2" times those settings instead.
 #   parity:<V=x>  the CPU-parity tests with environment setting V=x.
-#   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"): its CPU
+#   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"; a variant
+#                 of the kernels only is variants/<name>/kernels/*.cu*, run by the carried binaries
+#                 with Q4MOE_CUDA_KERNEL_DIR, scripts/kernel-variants.sh): its CPU
 #                 parity test and kernel unit tests (when its build has them; whole output in
 #                 $OUT/{parity,kernels}-<name>.txt, failures named in the summary), then the
 #                 quick bench (cache on, in-flight 2, 3 runs) on Q4_0 and Q4_K_M, and on Q4_0
@@ -85,13 +87,26 @@ quick() {
 # summary (and marks the variant failed).
 vtest() {
   local log="$OUT/$2-$1.txt" r
-  timeout 200 "variants/$1/$2" --test-threads=1 --nocapture > "$log" 2>&1
+  vrun "$1" timeout 200 "$(vbin "$1" "$2")" --test-threads=1 --nocapture > "$log" 2>&1
   r=$(grep -E "^test result" "$log")
   say "variant $1: $2 [$r] (at ${SECONDS} s)"
   [[ $r == *" 0 failed"* ]] && return 0
   say "$(grep -E "^test .* FAILED$|panicked|^  left|^ right|assertion" "$log" | head -12)"
   failed+="$1 "
   return 1
+}
+# vbin <variant> <q4moe|parity|kernels>: the variant's own build of it, else the carried one (a
+# variant of the kernels only).
+vbin() {
+  if [ -x "variants/$1/$2" ]; then echo "variants/$1/$2"
+  elif [ "$2" = q4moe ]; then echo "$Q"
+  else bin "$2"; fi
+}
+# vrun <variant> <command...>: the command with the variant's kernel sources where it has them.
+vrun() {
+  local n=$1
+  shift
+  if [ -d "variants/$n/kernels" ]; then Q4MOE_CUDA_KERNEL_DIR="variants/$n/kernels" "$@"; else "$@"; fi
 }
 named() {  # named "<names>" <name>: the list is empty or "all" or holds the name
   [ -z "$1" ] || [ "$1" = all ] || [[ " $1 " == *" $2 "* ]]
@@ -182,32 +197,31 @@ for s in $steps; do
       failed=" "
       for round in $(seq "${VARIANT_ROUNDS:-1}"); do  # rounds alternate the builds (see above)
       for n in ${VARIANTS:-$(ls variants)}; do  # VARIANTS="<names>": those, in that order
-        d=variants/$n
         [[ $failed == *" $n "* ]] && continue
         [ "$round" -gt 1 ] && tag=" round $round" || tag=""
         if [ "${VARIANT_TESTS:-1}" = 0 ] || [ "$round" -gt 1 ]; then :  # timed again: its tests passed
-        elif [ -x "$d/parity" ]; then  # a variant stacked under a checked one may come without it
+        elif [ -n "$(vbin "$n" parity)" ]; then  # a variant stacked under a checked one may come without it
           vtest "$n" parity || continue
         fi
-        if [ "${VARIANT_TESTS:-1}" != 0 ] && [ "$round" = 1 ] && [ -x "$d/kernels" ]; then
+        if [ "${VARIANT_TESTS:-1}" != 0 ] && [ "$round" = 1 ] && [ -n "$(vbin "$n" kernels)" ]; then
           vtest "$n" kernels || continue
         fi
         runs=()  # VARIANT_RUNS=none: no quick benches (the long-context or sampled rows only)
         [ "${VARIANT_RUNS:-}" = none ] || IFS=, read -ra runs <<< "${VARIANT_RUNS:-q4_0 0,q4_k_m 0,q4_0 1}"
         for run in ${runs[@]+"${runs[@]}"}; do
           set -- $run
-          b=$(Q4MOE_CUDA_FUSED=$2 quick "$d/q4moe" $1)
+          b=$(Q4MOE_CUDA_FUSED=$2 vrun "$n" quick "$(vbin "$n" q4moe)" $1)
           say "variant $n$tag $1 fused=$2: $b (at ${SECONDS} s)"
         done
         [ "$round" = 1 ] || continue  # long-context and sampled rows once
         if [ -n "${VARIANT_LONG:-}" ] && named "${VARIANT_LONG_FOR:-}" "$n"; then  # decode at that context
           for lq in ${VARIANT_LONG_QUANTS:-q4_0}; do
-          b=$(QUICK_LINE="decode at" quick "$d/q4moe" "$lq" --long-context "$VARIANT_LONG")
+          b=$(QUICK_LINE="decode at" vrun "$n" quick "$(vbin "$n" q4moe)" "$lq" --long-context "$VARIANT_LONG")
           say "variant $n $lq long: $b (at ${SECONDS} s)"
           done
         fi
         if [ -n "${VARIANT_SAMPLED:-}" ] && named "$VARIANT_SAMPLED" "$n"; then  # the --sampled rows
-          b=$(QUICK_ALL=1 quick "$d/q4moe" q4_0 --sampled)
+          b=$(QUICK_ALL=1 vrun "$n" quick "$(vbin "$n" q4moe)" q4_0 --sampled)
           say "variant $n q4_0 sampled (at ${SECONDS} s):\n$b"
         fi
       done

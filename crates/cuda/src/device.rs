@@ -659,14 +659,37 @@ fn cache_dir() -> PathBuf {
     base.join("q4moe").join("kernels")
 }
 
+/// The kernel sources in SOURCES order: the embedded ones, or where Q4MOE_CUDA_KERNEL_DIR names
+/// a directory, the files of the same names there. That lets one binary time several kernel
+/// variants in one device call (scripts/gpu-check.sh `variants`, KERNEL_VARIANTS).
+fn kernel_sources() -> Result<Vec<(&'static str, String)>> {
+    let Some(dir) = std::env::var_os("Q4MOE_CUDA_KERNEL_DIR").map(PathBuf::from) else {
+        return Ok(SOURCES.iter().map(|&(n, s)| (n, s.to_string())).collect());
+    };
+    SOURCES
+        .iter()
+        .map(|&(n, _)| {
+            let path = dir.join(n);
+            std::fs::read_to_string(&path)
+                .map(|s| (n, s))
+                .map_err(|e| {
+                    CudaError::Compile(format!(
+                        "Q4MOE_CUDA_KERNEL_DIR: cannot read kernel source {}: {e}",
+                        path.display()
+                    ))
+                })
+        })
+        .collect()
+}
+
 /// FNV-1a over sources, architecture and options: a cubin is reused only for the same inputs.
-fn source_hash(opts: &[String]) -> u64 {
+fn source_hash(sources: &[(&str, String)], opts: &[String]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |b: &[u8]| {
         b.iter()
             .for_each(|&x| h = (h ^ x as u64).wrapping_mul(0x100_0000_01b3))
     };
-    SOURCES.iter().for_each(|(n, s)| {
+    sources.iter().for_each(|(n, s)| {
         eat(n.as_bytes());
         eat(s.as_bytes());
     });
@@ -677,14 +700,15 @@ fn source_hash(opts: &[String]) -> u64 {
 /// The cubin for this device: from the disk cache, else compiled by NVRTC and stored.
 fn compiled_module(maj: i32, min: i32, kv_type: KvType) -> Result<Vec<u8>> {
     let opts = compile_options(maj, min, kv_type);
+    let sources = kernel_sources()?;
     let path = cache_dir().join(format!(
         "q4moe-{:016x}-sm{maj}{min}.cubin",
-        source_hash(&opts)
+        source_hash(&sources, &opts)
     ));
     if let Ok(bytes) = std::fs::read(&path) {
         return Ok(bytes);
     }
-    let cubin = nvrtc_compile(&opts)?;
+    let cubin = nvrtc_compile(&sources, &opts)?;
     if std::fs::create_dir_all(path.parent().unwrap()).is_ok() {
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         if std::fs::write(&tmp, &cubin).is_ok() {
@@ -694,8 +718,8 @@ fn compiled_module(maj: i32, min: i32, kv_type: KvType) -> Result<Vec<u8>> {
     Ok(cubin)
 }
 
-fn nvrtc_compile(opts: &[String]) -> Result<Vec<u8>> {
-    let src: String = SOURCES
+fn nvrtc_compile(sources: &[(&str, String)], opts: &[String]) -> Result<Vec<u8>> {
+    let src: String = sources
         .iter()
         .map(|(n, s)| format!("// ---- {n}\n{s}\n"))
         .collect();
