@@ -194,6 +194,14 @@ for s in $steps; do
     variants)
       model q4_0; model q4_k_m
       say "models written (at ${SECONDS} s)"
+      # Each variant's kernels compiled at once, in parallel (NVRTC is one thread; the cubin cache
+      # keeps them): a token on the tiny geometry each.
+      timeout 60 "$Q" synth --geometry tiny --out /tmp/tiny.gguf > /dev/null 2>&1
+      for n in ${VARIANTS:-$(ls variants)}; do
+        vrun "$n" timeout 120 "$(vbin "$n" q4moe)" run --model /tmp/tiny.gguf --device cuda -p hi -n 1 > "$OUT/warm-$n.txt" 2>&1 &
+      done
+      wait
+      say "kernels compiled (at ${SECONDS} s)"
       failed=" "
       for round in $(seq "${VARIANT_ROUNDS:-1}"); do  # rounds alternate the builds (see above)
       for n in ${VARIANTS:-$(ls variants)}; do  # VARIANTS="<names>": those, in that order
