@@ -670,14 +670,12 @@ fn kernel_sources() -> Result<Vec<(&'static str, String)>> {
         .iter()
         .map(|&(n, _)| {
             let path = dir.join(n);
-            std::fs::read_to_string(&path)
-                .map(|s| (n, s))
-                .map_err(|e| {
-                    CudaError::Compile(format!(
-                        "Q4MOE_CUDA_KERNEL_DIR: cannot read kernel source {}: {e}",
-                        path.display()
-                    ))
-                })
+            std::fs::read_to_string(&path).map(|s| (n, s)).map_err(|e| {
+                CudaError::Compile(format!(
+                    "Q4MOE_CUDA_KERNEL_DIR: cannot read kernel source {}: {e}",
+                    path.display()
+                ))
+            })
         })
         .collect()
 }
