@@ -16,7 +16,7 @@
 #                 AB_ENVS="A=1 B=2" times those settings instead.
 #   parity:<V=x>  the CPU-parity tests with environment setting V=x.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"; a variant
-#                 of the kernels only is variants/<name>/kernels/*.cu*, run by the carried binaries
+#                 of the kernels only is variants/<name>/cu/*.cu*, run by the carried binaries
 #                 with Q4MOE_CUDA_KERNEL_DIR, scripts/kernel-variants.sh): its CPU
 #                 parity test and kernel unit tests (when its build has them; whole output in
 #                 $OUT/{parity,kernels}-<name>.txt, failures named in the summary), then the
@@ -102,11 +102,11 @@ vbin() {
   elif [ "$2" = q4moe ]; then echo "$Q"
   else bin "$2"; fi
 }
-# vrun <variant> <command...>: the command with the variant's kernel sources where it has them.
+# vrun <variant> <command...>: the command with the variant's kernel sources (cu/) where it has them.
 vrun() {
   local n=$1
   shift
-  if [ -d "variants/$n/kernels" ]; then Q4MOE_CUDA_KERNEL_DIR="variants/$n/kernels" "$@"; else "$@"; fi
+  if [ -d "variants/$n/cu" ]; then Q4MOE_CUDA_KERNEL_DIR="variants/$n/cu" "$@"; else "$@"; fi
 }
 named() {  # named "<names>" <name>: the list is empty or "all" or holds the name
   [ -z "$1" ] || [ "$1" = all ] || [[ " $1 " == *" $2 "* ]]

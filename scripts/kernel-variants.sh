@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Copies the kernel sources of each git ref into variants/<name>/kernels/, so one device call can
+# Copies the kernel sources of each git ref into variants/<name>/cu/, so one device call can
 # time kernel variants with one binary (the carried target/release/q4moe and test binaries, run
 # with Q4MOE_CUDA_KERNEL_DIR: scripts/gpu-check.sh `variants`). Only for refs whose Rust code
 # matches the carried build; a ref that changes Rust needs scripts/build-variants.sh.
@@ -10,9 +10,9 @@ for ref in "$@"; do
   name=$(echo "$ref" | tr '/' '-')
   rust=$(git -C "$root" diff --name-only HEAD "$ref" -- 'crates/cuda/src' 'crates/cuda/tests')
   [ -z "$rust" ] || echo "warning: $ref changes Rust code the carried build lacks: $rust" >&2
-  rm -rf "$root/variants/$name/kernels"
-  mkdir -p "$root/variants/$name/kernels"
-  git -C "$root" archive "$ref" crates/cuda/kernels | tar x -C "$root/variants/$name/kernels" \
+  rm -rf "$root/variants/$name/cu"
+  mkdir -p "$root/variants/$name/cu"
+  git -C "$root" archive "$ref" crates/cuda/kernels | tar x -C "$root/variants/$name/cu" \
     --strip-components=3
-  echo "variants/$name/kernels: $(git -C "$root" rev-parse --short "$ref")"
+  echo "variants/$name/cu: $(git -C "$root" rev-parse --short "$ref")"
 done
