@@ -581,7 +581,6 @@ struct TcSmem {
     __align__(16) float knew[128];
     __align__(16) float vnew[128];
     float wm[8][8], wl[8][8];  // per warp and head: running maximum, l
-    float wf[8][8];            // per warp and head: its sums' factor in the block's merge
     float ml[8][2];
     union {
         __align__(16) u16 v[8][16 * TC_ROW];   // per warp: its tile's V rows
@@ -739,34 +738,38 @@ __device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& s
 #pragma unroll
     for (int n = 0; n < 16; n++) *(float2*)&sm.o[warp][g][8 * n + 2 * c] = make_float2(r.o[n][0], r.o[n][1]);
     __syncthreads();
-    // The 64 factors once (thread 8h + w: head h, warp w; 8-lane groups), not 8 per output:
-    // the merge is on the critical path of the layer.
-    if (threadIdx.x < 64) {
-        int h = threadIdx.x >> 3, w = threadIdx.x & 7;
-        float wm = sm.wm[w][h], m = wm;
+    // Warp h merges head h, every lane its 8 factors (8 broadcast loads and exponentials): no
+    // third barrier after a 64-thread factor pass, and in direct mode one division a lane, not
+    // one an output (the merge is on the layer's critical path).
+    int h = warp;
+    float m = sm.wm[0][h];
 #pragma unroll
-        for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
-        float f = expf(wm - m);  // idle warps: 0
-        float L = f * sm.wl[w][h];
+    for (int w = 1; w < 8; w++) m = fmaxf(m, sm.wm[w][h]);
+    float f[8], L = 0.f;
 #pragma unroll
-        for (int o = 1; o < 8; o <<= 1) L += __shfl_xor_sync(0xffffffff, L, o);
-        sm.wf[w][h] = f;
-        if (w == 0) { sm.ml[h][0] = m; sm.ml[h][1] = L; }
+    for (int w = 0; w < 8; w++) {
+        f[w] = expf(sm.wm[w][h] - m);  // idle warps: 0
+        L += f[w] * sm.wl[w][h];
     }
-    __syncthreads();
-    for (int o = threadIdx.x; o < 8 * 128; o += blockDim.x) {
-        int h = o >> 7, d = o & 127;
+    float scale = direct ? 1.f / L : 1.f;
+    float* part = (float*)p.part + ((u64)(kvh * 8 + h) * p.n_split + s) * 130;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        int d = lane + 32 * k;
         float v = 0.f;
 #pragma unroll
-        for (int w = 0; w < 8; w++) v += sm.wf[w][h] * sm.o[w][h][d];
-        if (direct) {
-            ((float*)p.out)[(kvh * 8 + h) * 128 + d] = v / sm.ml[h][1];
-            continue;
-        }
-        float* part = (float*)p.part + ((u64)(kvh * 8 + h) * p.n_split + s) * 130;
-        part[2 + d] = v;
-        if (d == 0) { part[0] = sm.ml[h][0]; part[1] = sm.ml[h][1]; }
+        for (int w = 0; w < 8; w++) v += f[w] * sm.o[w][h][d];
+        if (direct) ((float*)p.out)[(kvh * 8 + h) * 128 + d] = v * scale;
+        else part[2 + d] = v;
     }
+    if (direct) return;
+    if (lane == 0) {
+        part[0] = m;
+        part[1] = L;
+        sm.ml[h][0] = m;
+        sm.ml[h][1] = L;
+    }
+    __syncthreads();  // ml for attn_gqa_merge's first warp
 }
 
 // Block u.y of KV head u.x: positions [first, last) as attn_gqa_unit's, in 16-position tiles
