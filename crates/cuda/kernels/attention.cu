@@ -586,6 +586,9 @@ struct TcSmem {
         __align__(16) u16 v[8][16 * TC_ROW];   // per warp: its tile's V rows
         __align__(16) float o[8][8][TC_OROW];  // per warp and head: the P V sums (after the walk)
     };
+    // A warp's sums take exactly its own V rows' bytes, so it writes them once it is done with
+    // its V (tc_block_merge), whatever the other warps are at.
+    static_assert(sizeof(float) * 8 * TC_OROW == sizeof(u16) * 16 * TC_ROW, "o[w] must overlay v[w] only");
 };
 
 __device__ __forceinline__ u32 pack_h2(float lo, float hi) { return (u32)f2h(lo) | (u32)f2h(hi) << 16; }
@@ -733,7 +736,7 @@ __device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& s
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     float l = r.l + __shfl_xor_sync(0xffffffff, r.l, 1);
     l += __shfl_xor_sync(0xffffffff, l, 2);
-    __syncthreads();  // every warp is done with its staged V (o shares its memory)
+    __syncwarp();  // this warp is done with its staged V: its sums o[warp] take the same bytes, v[warp]
     if (c == 0) { sm.wm[warp][g] = r.m; sm.wl[warp][g] = l; }
 #pragma unroll
     for (int n = 0; n < 16; n++) *(float2*)&sm.o[warp][g][8 * n + 2 * c] = make_float2(r.o[n][0], r.o[n][1]);
@@ -748,7 +751,7 @@ __device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& s
     float f[8], L = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; w++) {
-        f[w] = expf(sm.wm[w][h] - m);  // idle warps: 0
+        f[w] = __expf(sm.wm[w][h] - m);  // idle warps: 0; two instructions where expf takes ~8, 8 a lane
         L += f[w] * sm.wl[w][h];
     }
     float scale = direct ? 1.f / L : 1.f;
