@@ -673,12 +673,20 @@ __device__ __forceinline__ void tc_patch_new(const TcSmem& sm, int t0, u32 pos, 
         if (t0 + 2 * i + (lane >> 4) == (int)pos) vq[i] = pack8(sm.vnew + 8 * (lane & 15));
 }
 
-// Running softmax state and P V sums of one warp: head lane / 4, dims 8n + 2 (lane % 4) + {0, 1}
-// of tile n in o[n][0..1] (o[n][2..3]: the padded heads, zero).
+// Running softmax state (m in base 2, as the scores are) and P V sums of one warp: head lane / 4,
+// dims 8n + 2 (lane % 4) + {0, 1} of tile n in o[n][0..1] (o[n][2..3]: the padded heads, zero).
 struct TcRun {
     float m, l;
     float o[16][4];
 };
+
+// 2^x as one MUFU.EX2 (ftz): exp2f adds a range test and two multiplies for results below 2^-126,
+// which the tile's weights (rounded to f16, whose least is 2^-24) and factors do not need.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 // One 16-position tile at t0 (rows in kq, V staged at vs): scores, the running maximum and l
 // (l over the f16 weights P V uses), P V.
@@ -704,13 +712,13 @@ __device__ __forceinline__ void tc_tile(const uint4 (&kq)[8], const u16* vs, con
         }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-    float m = fmaxf(r.m, mx), f = expf(r.m - m);  // the first tile: f = 0
+    float m = fmaxf(r.m, mx), f = ex2(r.m - m);  // the first tile: f = 0
     r.m = m;
     u32 pa[2];
     float ls = 0.f;
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        u16 h0 = f2h(expf(sc[j][0] - m)), h1 = f2h(expf(sc[j][1] - m));
+        u16 h0 = f2h(ex2(sc[j][0] - m)), h1 = f2h(ex2(sc[j][1] - m));
         ls += h2f(h0) + h2f(h1);
         pa[j] = (u32)h0 | (u32)h1 << 16;
     }
@@ -751,7 +759,7 @@ __device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& s
     float f[8], L = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; w++) {
-        f[w] = __expf(sm.wm[w][h] - m);  // idle warps: 0; two instructions where expf takes ~8, 8 a lane
+        f[w] = ex2(sm.wm[w][h] - m);  // idle warps: 0
         L += f[w] * sm.wl[w][h];
     }
     float scale = direct ? 1.f / L : 1.f;
@@ -767,9 +775,9 @@ __device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& s
     }
     if (direct) return;
     if (lane == 0) {
-        part[0] = m;
+        part[0] = m * 0.69314718f;  // the merges' m: base e
         part[1] = L;
-        sm.ml[h][0] = m;
+        sm.ml[h][0] = m * 0.69314718f;
         sm.ml[h][1] = L;
     }
     __syncthreads();  // ml for attn_gqa_merge's first warp
@@ -805,12 +813,15 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
     bool has_new = (int)pos >= first && (int)pos < last;
     gqa_stage_new<128, 8>(p, sm.qs, sm.knew, sm.vnew, kvh, pos, has_new, rp, qn, kn);
     __syncthreads();
+    // Scores in base 2 (q scaled by log2 e): a tile's weights are one MUFU.EX2 each where expf
+    // takes ~8 dependent instructions; exp2(s log2 e - m) = exp(s - m ln 2), so only m changes base.
+    float qscale = p.scale * 1.44269504f;
     u32 qa[8][2];  // k-step k: this thread's dims 32 (k / 2) + 8c + 4 (k % 2) + {0, 1} and {2, 3}
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         const float* q = sm.qs[g] + 32 * (k >> 1) + 8 * c + 4 * (k & 1);
-        qa[k][0] = pack_h2(q[0] * p.scale, q[1] * p.scale);
-        qa[k][1] = pack_h2(q[2] * p.scale, q[3] * p.scale);
+        qa[k][0] = pack_h2(q[0] * qscale, q[1] * qscale);
+        qa[k][1] = pack_h2(q[2] * qscale, q[3] * qscale);
     }
     TcRun r;
     r.m = -INFINITY;
