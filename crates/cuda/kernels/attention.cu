@@ -692,15 +692,21 @@ __device__ __forceinline__ float ex2(float x) {
 // (l over the f16 weights P V uses), P V.
 __device__ __forceinline__ void tc_tile(const uint4 (&kq)[8], const u16* vs, const u32 (&qa)[8][2], int t0, int last, TcRun& r) {
     int lane = threadIdx.x & 31, c = lane & 3;
-    float sc[2][4];
+    // The scores as two sums each (even and odd k-steps): four chains of 4 dependent mma, not two
+    // of 8. A warp's tiles run one after another and only two warps share a scheduler, so the
+    // tile's time is its dependent latency more than its issue.
+    float sc[2][4], so[2][4];
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[j][e] = so[j][e] = 0.f;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             uint4 w = kq[j * 4 + (k >> 1)];
-            mma_h8(sc[j], qa[k][0], qa[k][1], k & 1 ? w.z : w.x, k & 1 ? w.w : w.y);
+            mma_h8(k & 1 ? so[j] : sc[j], qa[k][0], qa[k][1], k & 1 ? w.z : w.x, k & 1 ? w.w : w.y);
         }
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[j][e] += so[j][e];
     }
     float mx = -INFINITY;
 #pragma unroll
