@@ -249,13 +249,15 @@ __device__ __forceinline__ void lane_head(const float* src, int hd, float (&v)[4
 
 // Normalises + ropes one head held 4 values a lane (lane_head's layout); `nw` the lane's norm
 // weights, result into dst (shared). One warp.
-__device__ __forceinline__ void gqa_norm_rope(float (&v)[4], const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float eps) {
-    int lane = threadIdx.x & 31, nj = hd >> 5, half = hd >> 1;
+__device__ __forceinline__ float lane_ss(const float (&v)[4]) {
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; j++) ss += v[j] * v[j];
-    ss = warp_sum(ss);
-    float r = rsqrtf(ss / (float)hd + eps);
+    return ss;
+}
+// `r`: the head's RMS factor.
+__device__ __forceinline__ void gqa_scale_rope(float (&v)[4], const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float r) {
+    int lane = threadIdx.x & 31, nj = hd >> 5, half = hd >> 1;
 #pragma unroll
     for (int j = 0; j < 4; j++)
         if (j < nj) v[j] = v[j] * r * nw[j];
@@ -268,6 +270,9 @@ __device__ __forceinline__ void gqa_norm_rope(float (&v)[4], const float (&nw)[4
             dst[i + half] = x0 * s + x1 * c;
         }
     }
+}
+__device__ __forceinline__ void gqa_norm_rope(float (&v)[4], const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float eps) {
+    gqa_scale_rope(v, nw, dst, hd, rp, rsqrtf(warp_sum(lane_ss(v)) / (float)hd + eps));
 }
 
 struct GqaSmem {
@@ -407,13 +412,23 @@ __device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs
     float qv[4], nv[4];
     if (warp < G) lane_head(qkv + (kvh * G + warp) * hd, hd, qv);
     if (has_new && warp < 2) lane_head(qkv + q_dim + warp * kv_dim + kvh * hd, hd, nv);
-    if (warp < G) gqa_norm_rope(qv, qn, qs[warp], hd, rp, p.eps);
+    if (warp == 0 && has_new) {
+        // Query head 0 and the new K together: their two warp sums interleaved, not one after
+        // the other on the warp the block's barrier waits for.
+        float sq = lane_ss(qv), sk = lane_ss(nv);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            sq += __shfl_xor_sync(0xffffffff, sq, o);
+            sk += __shfl_xor_sync(0xffffffff, sk, o);
+        }
+        gqa_scale_rope(qv, qn, qs[0], hd, rp, rsqrtf(sq / (float)hd + p.eps));
+        gqa_scale_rope(nv, kn, knew, hd, rp, rsqrtf(sk / (float)hd + p.eps));
+    } else if (warp < G) gqa_norm_rope(qv, qn, qs[warp], hd, rp, p.eps);
     else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (!has_new) return;
     if (warp == 0) {
-        gqa_norm_rope(nv, kn, knew, hd, rp, p.eps);
-        __syncwarp();
+        __syncwarp();  // knew, from the branch above
         for (int d = lane; d < hd; d += 32) ((kv_t*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(knew[d]);
     } else if (warp == 1) {
 #pragma unroll
