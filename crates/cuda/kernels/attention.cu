@@ -249,13 +249,15 @@ __device__ __forceinline__ void lane_head(const float* src, int hd, float (&v)[4
 
 // Normalises + ropes one head held 4 values a lane (lane_head's layout); `nw` the lane's norm
 // weights, result into dst (shared). One warp.
-__device__ __forceinline__ void gqa_norm_rope(float (&v)[4], const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float eps) {
-    int lane = threadIdx.x & 31, nj = hd >> 5, half = hd >> 1;
+__device__ __forceinline__ float lane_ss(const float (&v)[4]) {
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; j++) ss += v[j] * v[j];
-    ss = warp_sum(ss);
-    float r = rsqrtf(ss / (float)hd + eps);
+    return ss;
+}
+// `r`: the head's RMS factor.
+__device__ __forceinline__ void gqa_scale_rope(float (&v)[4], const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float r) {
+    int lane = threadIdx.x & 31, nj = hd >> 5, half = hd >> 1;
 #pragma unroll
     for (int j = 0; j < 4; j++)
         if (j < nj) v[j] = v[j] * r * nw[j];
@@ -268,6 +270,9 @@ __device__ __forceinline__ void gqa_norm_rope(float (&v)[4], const float (&nw)[4
             dst[i + half] = x0 * s + x1 * c;
         }
     }
+}
+__device__ __forceinline__ void gqa_norm_rope(float (&v)[4], const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float eps) {
+    gqa_scale_rope(v, nw, dst, hd, rp, rsqrtf(warp_sum(lane_ss(v)) / (float)hd + eps));
 }
 
 struct GqaSmem {
@@ -407,13 +412,23 @@ __device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs
     float qv[4], nv[4];
     if (warp < G) lane_head(qkv + (kvh * G + warp) * hd, hd, qv);
     if (has_new && warp < 2) lane_head(qkv + q_dim + warp * kv_dim + kvh * hd, hd, nv);
-    if (warp < G) gqa_norm_rope(qv, qn, qs[warp], hd, rp, p.eps);
+    if (warp == 0 && has_new) {
+        // Query head 0 and the new K together: their two warp sums interleaved, not one after
+        // the other on the warp the block's barrier waits for.
+        float sq = lane_ss(qv), sk = lane_ss(nv);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            sq += __shfl_xor_sync(0xffffffff, sq, o);
+            sk += __shfl_xor_sync(0xffffffff, sk, o);
+        }
+        gqa_scale_rope(qv, qn, qs[0], hd, rp, rsqrtf(sq / (float)hd + p.eps));
+        gqa_scale_rope(nv, kn, knew, hd, rp, rsqrtf(sk / (float)hd + p.eps));
+    } else if (warp < G) gqa_norm_rope(qv, qn, qs[warp], hd, rp, p.eps);
     else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (!has_new) return;
     if (warp == 0) {
-        gqa_norm_rope(nv, kn, knew, hd, rp, p.eps);
-        __syncwarp();
+        __syncwarp();  // knew, from the branch above
         for (int d = lane; d < hd; d += 32) ((kv_t*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(knew[d]);
     } else if (warp == 1) {
 #pragma unroll
@@ -673,26 +688,40 @@ __device__ __forceinline__ void tc_patch_new(const TcSmem& sm, int t0, u32 pos, 
         if (t0 + 2 * i + (lane >> 4) == (int)pos) vq[i] = pack8(sm.vnew + 8 * (lane & 15));
 }
 
-// Running softmax state and P V sums of one warp: head lane / 4, dims 8n + 2 (lane % 4) + {0, 1}
-// of tile n in o[n][0..1] (o[n][2..3]: the padded heads, zero).
+// Running softmax state (m in base 2, as the scores are) and P V sums of one warp: head lane / 4,
+// dims 8n + 2 (lane % 4) + {0, 1} of tile n in o[n][0..1] (o[n][2..3]: the padded heads, zero).
 struct TcRun {
     float m, l;
     float o[16][4];
 };
 
+// 2^x as one MUFU.EX2 (ftz): exp2f adds a range test and two multiplies for results below 2^-126,
+// which the tile's weights (rounded to f16, whose least is 2^-24) and factors do not need.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // One 16-position tile at t0 (rows in kq, V staged at vs): scores, the running maximum and l
 // (l over the f16 weights P V uses), P V.
 __device__ __forceinline__ void tc_tile(const uint4 (&kq)[8], const u16* vs, const u32 (&qa)[8][2], int t0, int last, TcRun& r) {
     int lane = threadIdx.x & 31, c = lane & 3;
-    float sc[2][4];
+    // The scores as two sums each (even and odd k-steps): four chains of 4 dependent mma, not two
+    // of 8. A warp's tiles run one after another and only two warps share a scheduler, so the
+    // tile's time is its dependent latency more than its issue.
+    float sc[2][4], so[2][4];
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[j][e] = so[j][e] = 0.f;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             uint4 w = kq[j * 4 + (k >> 1)];
-            mma_h8(sc[j], qa[k][0], qa[k][1], k & 1 ? w.z : w.x, k & 1 ? w.w : w.y);
+            mma_h8(k & 1 ? so[j] : sc[j], qa[k][0], qa[k][1], k & 1 ? w.z : w.x, k & 1 ? w.w : w.y);
         }
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[j][e] += so[j][e];
     }
     float mx = -INFINITY;
 #pragma unroll
@@ -704,13 +733,13 @@ __device__ __forceinline__ void tc_tile(const uint4 (&kq)[8], const u16* vs, con
         }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-    float m = fmaxf(r.m, mx), f = expf(r.m - m);  // the first tile: f = 0
+    float m = fmaxf(r.m, mx), f = ex2(r.m - m);  // the first tile: f = 0
     r.m = m;
     u32 pa[2];
     float ls = 0.f;
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-        u16 h0 = f2h(expf(sc[j][0] - m)), h1 = f2h(expf(sc[j][1] - m));
+        u16 h0 = f2h(ex2(sc[j][0] - m)), h1 = f2h(ex2(sc[j][1] - m));
         ls += h2f(h0) + h2f(h1);
         pa[j] = (u32)h0 | (u32)h1 << 16;
     }
@@ -751,7 +780,7 @@ __device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& s
     float f[8], L = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; w++) {
-        f[w] = __expf(sm.wm[w][h] - m);  // idle warps: 0; two instructions where expf takes ~8, 8 a lane
+        f[w] = ex2(sm.wm[w][h] - m);  // idle warps: 0
         L += f[w] * sm.wl[w][h];
     }
     float scale = direct ? 1.f / L : 1.f;
@@ -767,9 +796,9 @@ __device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& s
     }
     if (direct) return;
     if (lane == 0) {
-        part[0] = m;
+        part[0] = m * 0.69314718f;  // the merges' m: base e
         part[1] = L;
-        sm.ml[h][0] = m;
+        sm.ml[h][0] = m * 0.69314718f;
         sm.ml[h][1] = L;
     }
     __syncthreads();  // ml for attn_gqa_merge's first warp
@@ -805,12 +834,15 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
     bool has_new = (int)pos >= first && (int)pos < last;
     gqa_stage_new<128, 8>(p, sm.qs, sm.knew, sm.vnew, kvh, pos, has_new, rp, qn, kn);
     __syncthreads();
+    // Scores in base 2 (q scaled by log2 e): a tile's weights are one MUFU.EX2 each where expf
+    // takes ~8 dependent instructions; exp2(s log2 e - m) = exp(s - m ln 2), so only m changes base.
+    float qscale = p.scale * 1.44269504f;
     u32 qa[8][2];  // k-step k: this thread's dims 32 (k / 2) + 8c + 4 (k % 2) + {0, 1} and {2, 3}
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         const float* q = sm.qs[g] + 32 * (k >> 1) + 8 * c + 4 * (k & 1);
-        qa[k][0] = pack_h2(q[0] * p.scale, q[1] * p.scale);
-        qa[k][1] = pack_h2(q[2] * p.scale, q[3] * p.scale);
+        qa[k][0] = pack_h2(q[0] * qscale, q[1] * qscale);
+        qa[k][1] = pack_h2(q[2] * qscale, q[3] * qscale);
     }
     TcRun r;
     r.m = -INFINITY;
