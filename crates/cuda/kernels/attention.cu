@@ -247,15 +247,15 @@ __device__ __forceinline__ void lane_head(const float* src, int hd, float (&v)[4
     for (int j = 0; j < 4; j++) v[j] = j < hd >> 5 ? src[lane + 32 * j] : 0.f;
 }
 
-// Normalises + ropes one head held 4 values a lane (lane_head's layout); `nw` the lane's norm
-// weights, result into dst (shared). One warp.
+// A lane's part of its head's sum of squares (lane_head's layout).
 __device__ __forceinline__ float lane_ss(const float (&v)[4]) {
     float ss = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; j++) ss += v[j] * v[j];
     return ss;
 }
-// `r`: the head's RMS factor.
+// Scales by the head's RMS factor `r` and the lane's norm weights `nw`, then ropes, one head held
+// 4 values a lane (lane_head's layout), result into dst (shared). One warp.
 __device__ __forceinline__ void gqa_scale_rope(float (&v)[4], const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float r) {
     int lane = threadIdx.x & 31, nj = hd >> 5, half = hd >> 1;
 #pragma unroll
@@ -271,6 +271,7 @@ __device__ __forceinline__ void gqa_scale_rope(float (&v)[4], const float (&nw)[
         }
     }
 }
+// Normalises + ropes one head (gqa_scale_rope with the head's own RMS factor). One warp.
 __device__ __forceinline__ void gqa_norm_rope(float (&v)[4], const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float eps) {
     gqa_scale_rope(v, nw, dst, hd, rp, rsqrtf(warp_sum(lane_ss(v)) / (float)hd + eps));
 }
@@ -796,9 +797,10 @@ __device__ __forceinline__ void tc_block_merge(const AttnGqaParams& p, TcSmem& s
     }
     if (direct) return;
     if (lane == 0) {
-        part[0] = m * 0.69314718f;  // the merges' m: base e
+        float m_e = m * 0.69314718f;  // the merges' m: base e
+        part[0] = m_e;
         part[1] = L;
-        sm.ml[h][0] = m * 0.69314718f;
+        sm.ml[h][0] = m_e;
         sm.ml[h][1] = L;
     }
     __syncthreads();  // ml for attn_gqa_merge's first warp
