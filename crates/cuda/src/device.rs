@@ -661,21 +661,27 @@ fn cache_dir() -> PathBuf {
 
 /// The kernel sources in SOURCES order: the embedded ones, or where Q4MOE_CUDA_KERNEL_DIR names
 /// a directory, the files of the same names there. That lets one binary time several kernel
-/// variants in one device call (scripts/gpu-check.sh `variants`, KERNEL_VARIANTS).
+/// variants in one device call (scripts/kernel-variants.sh, scripts/gpu-check.sh `variants`).
 fn kernel_sources() -> Result<Vec<(&'static str, String)>> {
-    let Some(dir) = std::env::var_os("Q4MOE_CUDA_KERNEL_DIR").map(PathBuf::from) else {
+    kernel_sources_in(
+        std::env::var_os("Q4MOE_CUDA_KERNEL_DIR")
+            .map(PathBuf::from)
+            .as_deref(),
+    )
+}
+
+fn kernel_sources_in(dir: Option<&std::path::Path>) -> Result<Vec<(&'static str, String)>> {
+    let Some(dir) = dir else {
         return Ok(SOURCES.iter().map(|&(n, s)| (n, s.to_string())).collect());
     };
     SOURCES
         .iter()
         .map(|&(n, _)| {
             let path = dir.join(n);
-            std::fs::read_to_string(&path).map(|s| (n, s)).map_err(|e| {
-                CudaError::Compile(format!(
-                    "Q4MOE_CUDA_KERNEL_DIR: cannot read kernel source {}: {e}",
-                    path.display()
-                ))
-            })
+            match std::fs::read_to_string(&path) {
+                Ok(s) => Ok((n, s)),
+                Err(source) => Err(CudaError::KernelSource { path, source }),
+            }
         })
         .collect()
 }
@@ -744,5 +750,32 @@ fn nvrtc_compile(sources: &[(&str, String)], opts: &[String]) -> Result<Vec<u8>>
             .map_err(|e| CudaError::Compile(format!("{e:?}")))?;
         let _ = nvrtc::destroy_program(prog);
         Ok(buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A kernel directory's files replace the embedded sources (and so change the cubin's cache
+    /// key); a file missing there is an error that names it.
+    #[test]
+    fn kernel_dir_replaces_the_sources_and_names_a_missing_file() {
+        let dir = std::env::temp_dir().join(format!("q4moe-kernel-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (n, s) in SOURCES {
+            std::fs::write(dir.join(n), format!("// variant\n{s}")).unwrap();
+        }
+        let variant = kernel_sources_in(Some(&dir)).unwrap();
+        assert!(variant.iter().all(|(_, s)| s.starts_with("// variant\n")));
+        let embedded = kernel_sources_in(None).unwrap();
+        assert_ne!(source_hash(&variant, &[]), source_hash(&embedded, &[]));
+        std::fs::remove_file(dir.join("moe.cu")).unwrap();
+        let err = kernel_sources_in(Some(&dir)).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            err.contains("moe.cu") && err.contains("Q4MOE_CUDA_KERNEL_DIR"),
+            "{err}"
+        );
     }
 }

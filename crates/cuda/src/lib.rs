@@ -122,6 +122,11 @@ pub enum CudaError {
     Driver(#[from] cudarc::driver::DriverError),
     #[error("NVRTC failed to compile the kernels:\n{0}")]
     Compile(String),
+    #[error("Q4MOE_CUDA_KERNEL_DIR: cannot read kernel source {path}: {source}")]
+    KernelSource {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("not enough device memory: need {need} bytes, {free} free")]
     OutOfMemory { need: usize, free: usize },
     #[error("unsupported by the CUDA backend: {0}")]
