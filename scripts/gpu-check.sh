@@ -95,10 +95,12 @@ vtest() {
   failed+="$1 "
   return 1
 }
-# vbin <variant> <q4moe|parity|kernels>: the variant's own build of it, else the carried one (a
-# variant of the kernels only).
+# vbin <variant> <q4moe|parity|kernels>: the variant's own build of it; for a variant without
+# a q4moe of its own (kernels only, or main) the carried one; nothing for a variant built on its
+# own without it (the carried test would check main's code, not the variant's).
 vbin() {
   if [ -x "variants/$1/$2" ]; then echo "variants/$1/$2"
+  elif [ -x "variants/$1/q4moe" ]; then :
   elif [ "$2" = q4moe ]; then echo "$Q"
   else bin "$2"; fi
 }
