@@ -271,11 +271,6 @@ __device__ __forceinline__ void gqa_scale_rope(float (&v)[4], const float (&nw)[
         }
     }
 }
-// Normalises + ropes one head (gqa_scale_rope with the head's own RMS factor). One warp.
-__device__ __forceinline__ void gqa_norm_rope(float (&v)[4], const float (&nw)[4], float* dst, int hd, const LaneRope& rp, float eps) {
-    gqa_scale_rope(v, nw, dst, hd, rp, rsqrtf(warp_sum(lane_ss(v)) / (float)hd + eps));
-}
-
 struct GqaSmem {
     __align__(16) float qs[8][128];
     __align__(16) float knew[128];
@@ -400,12 +395,12 @@ __device__ __forceinline__ void gqa_load_kv(const kv_t* kc, const kv_t* vc, int 
     }
 }
 
-// After pdl_wait: the group's queries into qs (warp g -> head g, zero padding past G and hd);
-// in the block whose positions hold pos, the new K (normalised, roped) / V into knew / vnew
-// and the cache, by warp 0 / 1 (after the queries when G == 8). The new K / V rows load with
-// the queries: one L2 round trip, not two, in the block the merge waits for.
+// After pdl_wait: the group's queries into qs, times `qmul` (warp g -> head g, zero padding
+// past G and hd); in the block whose positions hold pos, the new K (normalised, roped) / V into
+// knew / vnew and the cache, by warp 0 (with query head 0) / warp 1 (before its query). The new
+// K / V rows load with the queries: one L2 round trip, not two, in the block the merge waits for.
 template <int HD, int GG>
-__device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs)[8][128], float* knew, float* vnew, int kvh, u32 pos, bool has_new, const LaneRope& rp, const float (&qn)[4], const float (&kn)[4]) {
+__device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs)[8][128], float* knew, float* vnew, int kvh, u32 pos, bool has_new, const LaneRope& rp, const float (&qn)[4], const float (&kn)[4], float qmul = 1.f) {
     int hd = HD ? HD : p.head_dim, G = GG ? GG : p.n_head / p.n_kv_head;
     int kv_dim = p.n_kv_head * hd, q_dim = p.n_head * hd;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -413,6 +408,15 @@ __device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs
     float qv[4], nv[4];
     if (warp < G) lane_head(qkv + (kvh * G + warp) * hd, hd, qv);
     if (has_new && warp < 2) lane_head(qkv + q_dim + warp * kv_dim + kvh * hd, hd, nv);
+    if (warp == 1 && has_new) {  // the new V first: it waits for no reduction
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (j < hd >> 5) {
+                int d = lane + 32 * j;
+                vnew[d] = nv[j];
+                ((kv_t*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(nv[j]);
+            }
+    }
     if (warp == 0 && has_new) {
         // Query head 0 and the new K together: their two warp sums interleaved, not one after
         // the other on the warp the block's barrier waits for.
@@ -422,23 +426,15 @@ __device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs
             sq += __shfl_xor_sync(0xffffffff, sq, o);
             sk += __shfl_xor_sync(0xffffffff, sk, o);
         }
-        gqa_scale_rope(qv, qn, qs[0], hd, rp, rsqrtf(sq / (float)hd + p.eps));
+        gqa_scale_rope(qv, qn, qs[0], hd, rp, rsqrtf(sq / (float)hd + p.eps) * qmul);
         gqa_scale_rope(nv, kn, knew, hd, rp, rsqrtf(sk / (float)hd + p.eps));
-    } else if (warp < G) gqa_norm_rope(qv, qn, qs[warp], hd, rp, p.eps);
+    } else if (warp < G) gqa_scale_rope(qv, qn, qs[warp], hd, rp, rsqrtf(warp_sum(lane_ss(qv)) / (float)hd + p.eps) * qmul);
     else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (!has_new) return;
     if (warp == 0) {
         __syncwarp();  // knew, from the branch above
         for (int d = lane; d < hd; d += 32) ((kv_t*)p.k_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(knew[d]);
-    } else if (warp == 1) {
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            if (j < hd >> 5) {
-                int d = lane + 32 * j;
-                vnew[d] = nv[j];
-                ((kv_t*)p.v_cache)[(u64)pos * kv_dim + kvh * hd + d] = kv_put(nv[j]);
-            }
     }
 }
 
@@ -834,17 +830,17 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
     lane_norm((const float*)p.k_norm, 128, kn);
     pdl_start();
     bool has_new = (int)pos >= first && (int)pos < last;
-    gqa_stage_new<128, 8>(p, sm.qs, sm.knew, sm.vnew, kvh, pos, has_new, rp, qn, kn);
-    __syncthreads();
     // Scores in base 2 (q scaled by log2 e): a tile's weights are one MUFU.EX2 each where expf
     // takes ~8 dependent instructions; exp2(s log2 e - m) = exp(s - m ln 2), so only m changes base.
-    float qscale = p.scale * 1.44269504f;
+    // The scale goes in with the queries' RMS factor, before the barrier, not on each packed pair.
+    gqa_stage_new<128, 8>(p, sm.qs, sm.knew, sm.vnew, kvh, pos, has_new, rp, qn, kn, p.scale * 1.44269504f);
+    __syncthreads();
     u32 qa[8][2];  // k-step k: this thread's dims 32 (k / 2) + 8c + 4 (k % 2) + {0, 1} and {2, 3}
 #pragma unroll
     for (int k = 0; k < 8; k++) {
         const float* q = sm.qs[g] + 32 * (k >> 1) + 8 * c + 4 * (k & 1);
-        qa[k][0] = pack_h2(q[0] * qscale, q[1] * qscale);
-        qa[k][1] = pack_h2(q[2] * qscale, q[3] * qscale);
+        qa[k][0] = pack_h2(q[0], q[1]);
+        qa[k][1] = pack_h2(q[2], q[3]);
     }
     TcRun r;
     r.m = -INFINITY;
