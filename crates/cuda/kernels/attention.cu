@@ -47,6 +47,9 @@ struct RopeParams {
     float theta;
 };
 
+// A head's RMS factor from its whole sum of squares (Qwen3's per-head q / k norm).
+__device__ __forceinline__ float head_rms(float ss, int hd, float eps) { return rsqrtf(ss / (float)hd + eps); }
+
 // Head blockIdx.x (queries first, then keys) of one token; head_dim threads.
 __device__ __forceinline__ void qk_norm_rope_head(const RopeParams& p) {
     __shared__ float red[33];
@@ -59,7 +62,7 @@ __device__ __forceinline__ void qk_norm_rope_head(const RopeParams& p) {
     const float* src = (const float*)p.qkv + (is_q ? h * hd : q_dim + kvh * hd);
     float x = src[t];
     float ss = block_sum(x * x, red);
-    float r = rsqrtf(ss / (float)hd + p.eps);
+    float r = head_rms(ss, hd, p.eps);
     v[t] = x * r * ((const float*)(is_q ? p.q_norm : p.k_norm))[t];
     __syncthreads();
     int i = t < half ? t : t - half;
@@ -426,9 +429,9 @@ __device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs
             sq += __shfl_xor_sync(0xffffffff, sq, o);
             sk += __shfl_xor_sync(0xffffffff, sk, o);
         }
-        gqa_scale_rope(qv, qn, qs[0], hd, rp, rsqrtf(sq / (float)hd + p.eps) * qmul);
-        gqa_scale_rope(nv, kn, knew, hd, rp, rsqrtf(sk / (float)hd + p.eps));
-    } else if (warp < G) gqa_scale_rope(qv, qn, qs[warp], hd, rp, rsqrtf(warp_sum(lane_ss(qv)) / (float)hd + p.eps) * qmul);
+        gqa_scale_rope(qv, qn, qs[0], hd, rp, head_rms(sq, hd, p.eps) * qmul);
+        gqa_scale_rope(nv, kn, knew, hd, rp, head_rms(sk, hd, p.eps));
+    } else if (warp < G) gqa_scale_rope(qv, qn, qs[warp], hd, rp, head_rms(warp_sum(lane_ss(qv)), hd, p.eps) * qmul);
     else for (int d = lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (hd < 128) for (int d = hd + lane; d < 128; d += 32) qs[warp][d] = 0.f;
     if (!has_new) return;
