@@ -31,7 +31,8 @@
 #                 the 1-3% level on one round.
 #   long:<N>      Q4_0 decode after N positions of context (quick bench).
 #   racecheck     racecheck per kernel family and memcheck on short tiny-geometry decodes.
-#   omit          each layer kernel's cost inside the graph: the quick bench with it left out.
+#   omit[:<q>]    each layer kernel's cost inside the graph: the quick bench with it left out
+#                 (Q4_0, or quant <q>).
 #   ncu           Nsight Compute (--clock-control none) on one layer's eager launches and the output
 #                 head (cache off): $OUT/ncu-{layer,head}.txt; NCU_FUSED=1 adds the fused step.
 #   ncu-prefill:<N> Nsight Compute on the batched prefill's pf_mma launches of layer 0 after an
@@ -39,8 +40,9 @@
 #   ncu-att:<N>   Nsight Compute on two attn_gqa launches after an N-token prompt: $OUT/ncu-att.txt.
 #   chain         what one dependent launch costs in a graph without work (benches/launch_chain.rs),
 #                 PDL on and off.
-#   timeline      per kernel inside the graph: how early its blocks were resident, what it costs the
-#                 chain, how late its last blocks arrived (Q4MOE_CUDA_TIMELINE=1, timeline.rs).
+#   timeline[:<q>] per kernel inside the graph (Q4_0, or quant <q>): how early its blocks were
+#                 resident, what it costs the chain, how late its last blocks arrived
+#                 (Q4MOE_CUDA_TIMELINE=1, timeline.rs).
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   profile:<q>   per-kernel GPU times (--profile kernels: eager launches, cache off; 64 tokens, one run).
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
@@ -241,14 +243,16 @@ for s in $steps; do
       model q4_0
       say "long ${s#long:}: $(QUICK_LINE="decode at" quick "$Q" q4_0 --long-context ${s#long:}) (at ${SECONDS} s)" ;;
     racecheck) tiny_sanitize ;;
-    omit)
+    omit|omit:*)
       # Each layer kernel's cost inside the graph: the step without it (Q4MOE_CUDA_OMIT; wrong
-      # output, timing only), Q4_0, cache on, in-flight 2, 3 runs. o_proj includes the folded
-      # router (router_topk is a launch of its own only with Q4MOE_CUDA_ROUTER_FOLD=0).
-      model q4_0
+      # output, timing only), Q4_0 (omit:<quant>: that quant), cache on, in-flight 2, 3 runs.
+      # o_proj includes the folded router (router_topk is a launch of its own only with
+      # Q4MOE_CUDA_ROUTER_FOLD=0).
+      q=q4_0; [[ $s == omit:* ]] && q=${s#omit:}
+      model $q
       for k in none qkv attn_gqa o_proj moe_gate_up moe_down; do
-        r=$(Q4MOE_CUDA_OMIT=$k quick "$Q" q4_0)
-        say "omit $k: $r"
+        r=$(Q4MOE_CUDA_OMIT=$k quick "$Q" $q)
+        say "omit $q $k: $r"
       done ;;
     ncu)
       model q4_0
@@ -294,17 +298,19 @@ for s in $steps; do
         $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len "$n" --decode-len 4 --runs 1 --in-flight 1 \
         --setup-cache off > "$OUT/ncu-att.txt" 2>&1
       grep -E "^  [a-z_]+|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc" "$OUT/ncu-att.txt" | head -60 ;;
-    timeline)
+    timeline|timeline:*)
       # When each launch's blocks reached and passed pdl_wait (Q4MOE_CUDA_TIMELINE=1, timeline.rs),
       # per kernel: lead (its first block resident before the predecessor finished), step (its
       # first pass to the next launch's), spread (its blocks arriving after the first passed).
-      # Q4_0, cache on, in-flight 2, 3 runs of 256 tokens, ~33 steps a run recorded. The probe
-      # perturbs what it measures a little (a slot lookup before each wait): the tok/s says how much.
-      model q4_0
-      Q4MOE_CUDA_TIMELINE=1 timeout 150 $Q bench --model /tmp/q4_0.gguf --device cuda --prompt-len 128 --decode-len 256 \
-        --runs 3 --setup-cache on --in-flight 2 --long-context 0 --json-out "$OUT/timeline.json" > "$OUT/timeline.log" 2>&1
-      say "timeline: $(grep -E median "$OUT/timeline.log" | tail -1)"
-      kernel_table "$OUT/timeline.log" 40 ;;
+      # Q4_0 (timeline:<quant>: that quant), cache on, in-flight 2, 3 runs of 256 tokens, ~33
+      # steps a run recorded. The probe perturbs what it measures a little (a slot lookup before
+      # each wait): the tok/s says how much.
+      q=q4_0; [[ $s == timeline:* ]] && q=${s#timeline:}
+      model $q
+      Q4MOE_CUDA_TIMELINE=1 timeout 150 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 \
+        --runs 3 --setup-cache on --in-flight 2 --long-context 0 --json-out "$OUT/timeline-$q.json" > "$OUT/timeline-$q.log" 2>&1
+      say "timeline $q: $(grep -E median "$OUT/timeline-$q.log" | tail -1)"
+      kernel_table "$OUT/timeline-$q.log" 40 ;;
     stamps)
       # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).
       [ $ok = 1 ] || continue
