@@ -38,6 +38,7 @@
 #   ncu-prefill:<N> Nsight Compute on the batched prefill's pf_mma launches of layer 0 after an
 #                 N-token prompt: $OUT/ncu-prefill.txt.
 #   ncu-att:<N>   Nsight Compute on two attn_gqa launches after an N-token prompt: $OUT/ncu-att.txt.
+#   ncu-k:<q>:<re> Nsight Compute on two eager decode launches of the kernels matching <re>, quant <q>.
 #   chain         what one dependent launch costs in a graph without work (benches/launch_chain.rs),
 #                 PDL on and off.
 #   timeline[:<q>] per kernel inside the graph (Q4_0, or quant <q>): how early its blocks were
@@ -280,6 +281,18 @@ for s in $steps; do
       b=${CHAIN_BIN:-$(bin launch_chain)}
       say "$(timeout 120 "$b" 2>&1 | tail -8)"
       say "$(Q4MOE_CUDA_PDL=0 timeout 120 "$b" 2>&1 | tail -8)" ;;
+    ncu-k:*)
+      # Nsight Compute on two eager decode launches of the kernels matching a regex, in one quant:
+      # ncu-k:<quant>:<regex> (e.g. ncu-k:q4_k_m:moe_gate_up), after the first 20 matching
+      # (cache off); $OUT/ncu-<quant>-<regex>.txt, its stall and issue lines printed.
+      IFS=: read -r _ q re <<< "$s"
+      model "$q"
+      f="$OUT/ncu-$q-$(tr -c 'a-zA-Z0-9_\n' _ <<< "$re").txt"
+      timeout 240 ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section InstructionStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --kernel-name "regex:$re" --launch-skip 20 --launch-count 2 $Q bench --model /tmp/$q.gguf --device cuda \
+        --prompt-len 4 --decode-len 8 --runs 1 --in-flight 1 --setup-cache off > "$f" 2>&1
+      grep -E "^  [a-z_0-9]+|Duration|DRAM Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per|Issued Ipc|Issue Slots|Executed Instructions|No Eligible|Active Warps Per|Eligible Warps" "$f" | head -80 ;;
     ncu-prefill:*)
       # Nsight Compute on the batched prefill's first seven pf_mma launches (layer 0's q, k, v,
       # o, gate, up, down) of an N-token prompt: $OUT/ncu-prefill.txt.
