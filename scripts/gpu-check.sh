@@ -322,7 +322,7 @@ for s in $steps; do
       model $q
       Q4MOE_CUDA_TIMELINE=1 timeout 150 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 \
         --runs 3 --setup-cache on --in-flight 2 --long-context 0 --json-out "$OUT/timeline-$q.json" > "$OUT/timeline-$q.log" 2>&1
-      say "timeline $q: $(grep -E median "$OUT/timeline-$q.log" | tail -1)"
+      say "timeline $q: $(grep -E "median [0-9.]+ tok/s\$" "$OUT/timeline-$q.log" | tail -1)"  # decode, not the prefill
       kernel_table "$OUT/timeline-$q.log" 40 ;;
     stamps)
       # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).
