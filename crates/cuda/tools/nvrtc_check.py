@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Compiles crates/cuda/kernels like device.rs does (one NVRTC program, common.cuh first) on a
 machine without a GPU, prints the log, and writes the cubin (for cuobjdump/nvdisasm -res-usage).
-usage: python3 crates/cuda/tools/nvrtc_check.py [sm_90] [out.cubin] [extra NVRTC options, e.g. -DKV_F16]"""
+usage: python3 crates/cuda/tools/nvrtc_check.py [sm_90] [out.cubin] [extra NVRTC options, e.g. -DKV_F16]
+Q4MOE_CUDA_KERNEL_DIR=<dir> compiles the same file names from that directory (as the runtime does)."""
 import ctypes, glob, os, sys
 here = os.path.dirname(os.path.abspath(__file__))
-kdir = os.path.join(here, "..", "kernels")
+kdir = os.environ.get("Q4MOE_CUDA_KERNEL_DIR") or os.path.join(here, "..", "kernels")
 order = ["common.cuh", "matvec.cu", "attention.cu", "moe.cu", "sample.cu", "fused.cu", "probe.cu", "prefill.cu"]
 src = "".join(f"// ---- {n}\n{open(os.path.join(kdir, n)).read()}\n" for n in order)
 lib = None
