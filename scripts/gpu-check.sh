@@ -66,6 +66,8 @@ model() {  # writes the synthetic model once per call (with a variant's binary w
     || say "model $1 NOT written (synth with '$q' failed)"
 }
 summary=""
+# step_quant <step>: the quant a step names after its colon (ab:q4_k_m, omit:q4_k_m, ..), else q4_0.
+step_quant() { if [[ $1 == *:* ]]; then echo "${1#*:}"; else echo q4_0; fi; }
 kernel_table() {  # kernel_table <bench log> [rows]: the kernel table `q4moe bench` printed (report.rs)
   sed -n '/^kernel profile/,$p' "$1" | head -$((${2:-24} + 2))
 }
@@ -186,7 +188,7 @@ for s in $steps; do
       } 2>&1 | tee "$OUT/sanitizer.log" ;;
     ab|ab:*)
       [ $ok = 1 ] || continue
-      q=q4_0; [[ $s == ab:* ]] && q=${s#ab:}
+      q=$(step_quant "$s")
       model $q
       for env in ${AB_ENVS:-Q4MOE_CUDA_PDL=0 Q4MOE_CUDA_PDL=1 Q4MOE_CUDA_FUSED=1}; do
         r=$(export $env; quick "$Q" $q)
@@ -249,7 +251,7 @@ for s in $steps; do
       # output, timing only), Q4_0 (omit:<quant>: that quant), cache on, in-flight 2, 3 runs.
       # o_proj includes the folded router (router_topk is a launch of its own only with
       # Q4MOE_CUDA_ROUTER_FOLD=0).
-      q=q4_0; [[ $s == omit:* ]] && q=${s#omit:}
+      q=$(step_quant "$s")
       model $q
       for k in none qkv attn_gqa o_proj moe_gate_up moe_down; do
         r=$(Q4MOE_CUDA_OMIT=$k quick "$Q" $q)
@@ -318,7 +320,7 @@ for s in $steps; do
       # Q4_0 (timeline:<quant>: that quant), cache on, in-flight 2, 3 runs of 256 tokens, ~33
       # steps a run recorded. The probe perturbs what it measures a little (a slot lookup before
       # each wait): the tok/s says how much.
-      q=q4_0; [[ $s == timeline:* ]] && q=${s#timeline:}
+      q=$(step_quant "$s")
       model $q
       Q4MOE_CUDA_TIMELINE=1 timeout 150 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 \
         --runs 3 --setup-cache on --in-flight 2 --long-context 0 --json-out "$OUT/timeline-$q.json" > "$OUT/timeline-$q.log" 2>&1
