@@ -274,6 +274,7 @@ __device__ __forceinline__ void gqa_scale_rope(float (&v)[4], const float (&nw)[
         }
     }
 }
+
 struct GqaSmem {
     __align__(16) float qs[8][128];
     __align__(16) float knew[128];
