@@ -467,14 +467,24 @@ struct GateUpUnit {
 };
 
 // smem: red [36], then the input's quantised groups (the host gives k % 32 == 0, <= 2048);
-// `gs`: the norm weights (stage_norm).
+// `gs`: the norm weights (stage_norm). A grid narrower than the slot's units (step.rs
+// gate_up_grid: the blocks the device keeps resident) walks them: the block's later units reuse
+// its expert and quantised input, so they cost their weights' round trip and dots, not a block's
+// start, the norm weights', the ids' and the input's round trips again.
 template <int NR, class Rows>
 __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* smem, const float* gs, int e, Unit u) {
     int lane = threadIdx.x & 31;
     GateUpUnit<NR, Rows> unit;
     unit.load(p, e, u, lane);
     u32* qx = (u32*)(smem + 36);
-    unit.finish(p, qx, load_xg_quant(qx, (const float*)p.xn, gs, p.gate.k, p.eps, smem), lane);
+    float s = load_xg_quant(qx, (const float*)p.xn, gs, p.gate.k, p.eps, smem);
+    unit.finish(p, qx, s, lane);
+    int rows = (blockDim.x >> 5) * NR;  // a unit's
+    for (int x = u.x + gridDim.x; x * rows < p.d_ff; x += gridDim.x) {
+        GateUpUnit<NR, Rows> next;
+        next.load(p, e, Unit{x, u.y, u.nx}, lane);
+        next.finish(p, qx, s, lane);
+    }
 }
 
 // The expert of the block's slot (grid (ceil(d_ff / rows per block), n_used)).

@@ -84,7 +84,8 @@ const MATVEC: [&str; 18] = [
     "matvec_q6_k_2_loop",
     "matvec_q6_k_4_loop",
 ];
-const GATE_UP: [&str; 4] = [
+/// moe_gate_up's kernels by mode (step.rs `gate_up_mode`): the generic one, then the staged ones.
+pub const GATE_UP: [&str; 4] = [
     "moe_gate_up",
     "moe_gate_up_q4_0_1",
     "moe_gate_up_q4_0_2",

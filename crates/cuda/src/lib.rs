@@ -73,6 +73,11 @@ pub struct CudaOptions {
     /// pf_attn_tc does not take) holds at once; it runs a chunk's tokens in sub-batches that fit.
     /// Default 64 MiB.
     pub prefill_part_budget: usize,
+    /// Blocks along a slot's units of moe_gate_up's staged kernels, each walking the units past
+    /// the grid (moe.cu gate_up_staged). None: the blocks the device keeps resident, shared
+    /// among the slots (no second wave of block starts); Some(0): a block a unit; Some(n): at
+    /// most n. Q4MOE_CUDA_GU_COLS=<n> sets it (A/B measurements; the parity tests walk at 1).
+    pub gate_up_cols: Option<u32>,
 }
 
 impl Default for CudaOptions {
@@ -101,6 +106,9 @@ impl Default for CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(params::PREFILL_CHUNK_DEFAULT),
             prefill_part_budget: 64 << 20,
+            gate_up_cols: std::env::var("Q4MOE_CUDA_GU_COLS")
+                .ok()
+                .and_then(|v| v.parse().ok()),
         }
     }
 }

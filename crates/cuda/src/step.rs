@@ -5,7 +5,7 @@ use q4moe_model::backend::KvType;
 use q4moe_model::sampling::SamplingParams;
 use q4moe_model::Config;
 
-use crate::device::{DevBuf, Device, Kernel, Launch};
+use crate::device::{DevBuf, Device, Kernel, Launch, GATE_UP};
 use crate::params::*;
 use crate::weights::Weights;
 use crate::{CudaOptions, Result};
@@ -93,6 +93,9 @@ pub struct Scratch {
     /// at most what the kernel's dynamic shared memory holds and ATT_TC_STAGE_MAX. The scalar
     /// kernels take 0.
     pub att_stage: usize,
+    /// moe_gate_up's grid along a slot's units, by mode (CudaOptions::gate_up_cols; 0: a block
+    /// a unit, as the generic mode always takes).
+    pub gate_up_cols: [u32; GATE_UP.len()],
 }
 
 impl Scratch {
@@ -152,6 +155,7 @@ impl Scratch {
                 .attn_stage
                 .unwrap_or(ATT_TC_STAGE_DEFAULT)
                 .min(stage_fit),
+            gate_up_cols: gate_up_cols(dev, c, opts.gate_up_cols)?,
         })
     }
 
@@ -876,8 +880,10 @@ fn experts(
     };
     let used = c.n_expert_used as u64;
     let down_grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
+    let units = (c.d_ff_expert as u32).div_ceil(WARPS * grpw as u32);
+    let cols = s.gate_up_cols[gmode as usize];
     let grid = (
-        (c.d_ff_expert as u32).div_ceil(WARPS * grpw as u32),
+        if cols == 0 { units } else { units.min(cols) },
         c.n_expert_used as u32,
         1,
     );
@@ -904,6 +910,23 @@ fn experts(
 
 /// Shared memory of the experts' ids and weights (moe.cu Experts::scratch: 64 floats).
 const EXPERTS_SMEM: u32 = 64 * 4;
+
+/// Scratch::gate_up_cols: for each staged mode the option's, or by default the blocks the
+/// device keeps resident at once divided among the slots (at least 1); 0 for the generic mode.
+fn gate_up_cols(dev: &Device, c: &Config, opt: Option<u32>) -> Result<[u32; GATE_UP.len()]> {
+    let mut cols = [0; GATE_UP.len()];
+    for (m, col) in cols.iter_mut().enumerate().skip(1) {
+        *col = match opt {
+            Some(n) => n,
+            None => {
+                let k = Kernel::MoeGateUp(m as u8);
+                let resident = dev.resident_blocks(k, THREADS, gate_up_smem(c))?;
+                (resident / c.n_expert_used.max(1) as u32).max(1)
+            }
+        };
+    }
+    Ok(cols)
+}
 
 /// moe_gate_up's dynamic shared memory: the input (smem_x), the experts, the norm weights.
 fn gate_up_smem(c: &Config) -> u32 {

@@ -308,6 +308,20 @@ fn tiny_kv_f32() {
     run_with(Config::tiny(), SynthQuant::Q4_0, opts);
 }
 
+/// moe_gate_up's staged kernels with one block along each slot's units (CudaOptions::
+/// gate_up_cols), so every block walks all of its slot's units: the walk's loop against the CPU
+/// (the wide tests walk at the device's own grid, on the H200 66 of 96 units).
+#[test]
+fn mid_gate_up_walks() {
+    for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
+        let opts = CudaOptions {
+            gate_up_cols: Some(1),
+            ..Default::default()
+        };
+        run_with(Config::mid(), q, opts);
+    }
+}
+
 #[test]
 fn mid_q4_0() {
     run(Config::mid(), SynthQuant::Q4_0);
