@@ -468,7 +468,7 @@ struct GateUpUnit {
 
 // smem: red [36], then the input's quantised groups (the host gives k % 32 == 0, <= 2048);
 // `gs`: the norm weights (stage_norm). A grid narrower than the slot's units (step.rs
-// gate_up_grid: the blocks the device keeps resident) walks them: the block's later units reuse
+// gate_up_cols: the blocks the device keeps resident) walks them: the block's later units reuse
 // its expert and quantised input, so they cost their weights' round trip and dots, not a block's
 // start, the norm weights', the ids' and the input's round trips again.
 template <int NR, class Rows>
