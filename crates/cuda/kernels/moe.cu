@@ -487,7 +487,7 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* sme
     }
 }
 
-// The expert of the block's slot (grid (ceil(d_ff / rows per block), n_used)).
+// The expert of the block's slot (grid (ceil(d_ff / rows per block) or fewer, n_used)).
 __device__ __forceinline__ int slot_expert(const GateUpParams& p, float* smem) {
     int* ids;
     float* ws;
@@ -502,7 +502,8 @@ __device__ __forceinline__ void stage_norm(float* gs, const float* g, int n) {
 }
 
 // One kernel per staged mode, as matvec's. 4 blocks per SM (<= 64 registers, no more spills
-// than at 3): one staged row a warp gives 768 blocks for Qwen3-30B-A3B, 528 of them resident.
+// than at 3): one staged row a warp gives 768 units for Qwen3-30B-A3B, on the 528 blocks the
+// H200 keeps resident (gate_up_staged's walk).
 // Dynamic smem: smem_x(k), the experts (64 floats at experts.scratch), then the norm weights.
 #define GATE_UP_KERNEL(name, NR, ...)                                                     \
     extern "C" __global__ void __launch_bounds__(256, 4) name(const GateUpParams p) {     \
