@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use q4moe_model::backend::{
-    check_room, check_token, sample_and_emit, Backend, BackendError, BackendInfo, BackendResult,
+    check_prompt, check_room, check_token, sample_and_emit, Backend, BackendInfo, BackendResult,
     DecodeRequest, DecodeStats, Flow, KvType, PhaseTimes, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
@@ -178,13 +178,8 @@ impl Backend for CpuBackend {
         tokens: &[u32],
         all_logits: bool,
     ) -> BackendResult<Vec<f32>> {
-        if tokens.is_empty() {
-            return Err(BackendError::Invalid(
-                "prefill needs at least one token".into(),
-            ));
-        }
-        self.check_room(session, tokens.len())?;
-        tokens.iter().try_for_each(|&t| self.check_token(t))?;
+        let held = self.kv_len(session);
+        check_prompt(&self.model.config, session, held, self.kv_capacity, tokens)?;
         let vocab = self.model.config.vocab_size;
         let mut out = Vec::with_capacity(if all_logits {
             tokens.len() * vocab

@@ -673,13 +673,14 @@ impl Backend for CudaBackend {
         tokens: &[u32],
         all_logits: bool,
     ) -> BackendResult<Vec<f32>> {
-        if tokens.is_empty() {
-            return Err(BackendError::Invalid(
-                "prefill needs at least one token".into(),
-            ));
-        }
-        self.room(session, tokens.len())?;
-        tokens.iter().try_for_each(|&t| self.check_token(t))?;
+        let held = self.kv_len(session);
+        backend::check_prompt(
+            &self.model.config,
+            session,
+            held,
+            self.opts.kv_capacity,
+            tokens,
+        )?;
         self.dev.bind()?;
         let vocab = self.model.config.vocab_size;
         let mut out = Vec::with_capacity(if all_logits {

@@ -29,7 +29,6 @@ pub enum BackendError {
 
 pub type BackendResult<T> = std::result::Result<T, BackendError>;
 
-/// A token id every backend accepts: inside the model's vocabulary.
 /// One host-sampled decode step, the same on every backend: samples from `logits` (penalties
 /// are applied in place) and hands the token to `on_token`, with the logits as they were
 /// before the penalties when `want_logits`.
@@ -48,6 +47,7 @@ pub fn sample_and_emit(
     (token, flow)
 }
 
+/// A token id every backend accepts: inside the model's vocabulary.
 pub fn check_token(config: &Config, token: u32) -> BackendResult<()> {
     let vocab = config.vocab_size;
     if token as usize >= vocab {
@@ -72,6 +72,24 @@ pub fn check_room(
         });
     }
     Ok(())
+}
+
+/// A prompt's checks, the same on every backend: at least one token, room for all of them in
+/// a session holding `held` positions of `capacity`, every token inside the vocabulary.
+pub fn check_prompt(
+    config: &Config,
+    session: SessionId,
+    held: usize,
+    capacity: usize,
+    tokens: &[u32],
+) -> BackendResult<()> {
+    if tokens.is_empty() {
+        return Err(BackendError::Invalid(
+            "prefill needs at least one token".into(),
+        ));
+    }
+    check_room(session, held, tokens.len(), capacity)?;
+    tokens.iter().try_for_each(|&t| check_token(config, t))
 }
 
 /// How a backend stores the KV cache's keys and values. F16 halves the bytes attention reads
@@ -215,6 +233,32 @@ pub trait Backend: Send {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn check_prompt_names_what_is_wrong_with_a_prompt() {
+        let c = Config::tiny();
+        let vocab = c.vocab_size as u32;
+        let err = check_prompt(&c, 3, 0, 16, &[]).unwrap_err().to_string();
+        assert!(err.contains("at least one token"), "{err}");
+        let err = check_prompt(&c, 3, 10, 16, &[1; 7]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BackendError::ContextFull {
+                    session: 3,
+                    needed: 17,
+                    capacity: 16
+                }
+            ),
+            "{err}"
+        );
+        let err = check_prompt(&c, 3, 0, 16, &[1, vocab, 2]).unwrap_err();
+        assert!(
+            matches!(err, BackendError::BadToken { token, .. } if token == vocab),
+            "{err}"
+        );
+        check_prompt(&c, 3, 10, 16, &[0, 1, vocab - 1, 5, 6, 7]).unwrap();
+    }
 
     #[test]
     fn kv_type_parses_its_names_and_names_a_bad_one() {
