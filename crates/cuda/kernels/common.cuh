@@ -335,29 +335,42 @@ __device__ __forceinline__ float rms_factor(const float* red, int n, float eps) 
 // staged rows spilled, Q4_K).
 // G_EARLY: g's loads issue with x's (g in global memory: the matvec's norm weights), not in
 // the quantisation loop (g in shared memory: moe_gate_up's staged copy).
+// XgIn: the loads (x's, and g's with G_EARLY) apart from the quantisation, so a kernel can
+// issue them ahead of its weight loads (moe_gate_up: the chain input before the bulk loads).
+template <bool G_EARLY = false>
+struct XgIn {
+    float4 v[LOAD_V], ge[G_EARLY ? LOAD_V : 1];
+    __device__ __forceinline__ void load(const float* x, const float* gs, int n) {
+        int nv = n >> 2;
+#pragma unroll
+        for (int j = 0; j < LOAD_V; j++) {
+            int i = threadIdx.x + j * blockDim.x;
+            v[j] = i < nv ? ((const float4*)x)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (G_EARLY) ge[G_EARLY ? j : 0] = i < nv ? ((const float4*)gs)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+    __device__ __forceinline__ float quant(u32* qx, const float* gs, int n, float eps, float* red) {
+        int nv = n >> 2;
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < LOAD_V; j++) ss += dot4(v[j], v[j]);
+        warp_partial(ss, red);
+#pragma unroll
+        for (int j = 0; j < LOAD_V; j++) {
+            int i = threadIdx.x + j * blockDim.x;
+            if (j * (int)blockDim.x >= nv) break;  // no lane has values here
+            float4 g = G_EARLY ? ge[G_EARLY ? j : 0] : i < nv ? ((const float4*)gs)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+            quant_store(qx, i, mul4(v[j], g), i < nv);
+        }
+        __syncthreads();
+        return rms_factor(red, n, eps);
+    }
+};
 template <bool G_EARLY = false>
 __device__ __forceinline__ float load_xg_quant(u32* qx, const float* x, const float* gs, int n, float eps, float* red) {
-    int nv = n >> 2;
-    float4 v[LOAD_V], ge[G_EARLY ? LOAD_V : 1];
-#pragma unroll
-    for (int j = 0; j < LOAD_V; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        v[j] = i < nv ? ((const float4*)x)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-        if (G_EARLY) ge[G_EARLY ? j : 0] = i < nv ? ((const float4*)gs)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    float ss = 0.f;
-#pragma unroll
-    for (int j = 0; j < LOAD_V; j++) ss += dot4(v[j], v[j]);
-    warp_partial(ss, red);
-#pragma unroll
-    for (int j = 0; j < LOAD_V; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        if (j * (int)blockDim.x >= nv) break;  // no lane has values here
-        float4 g = G_EARLY ? ge[G_EARLY ? j : 0] : i < nv ? ((const float4*)gs)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-        quant_store(qx, i, mul4(v[j], g), i < nv);
-    }
-    __syncthreads();
-    return rms_factor(red, n, eps);
+    XgIn<G_EARLY> in;
+    in.load(x, gs, n);
+    return in.quant(qx, gs, n, eps, red);
 }
 
 // Loads n floats of `src` into padded shared memory; with `norm` set, applies RMSNorm:

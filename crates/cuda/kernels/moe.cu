@@ -467,17 +467,20 @@ struct GateUpUnit {
 };
 
 // smem: red [36], then the input's quantised groups (the host gives k % 32 == 0, <= 2048);
-// `gs`: the norm weights (stage_norm). A grid narrower than the slot's units (step.rs
-// gate_up_cols: the blocks the device keeps resident) walks them: the block's later units reuse
-// its expert and quantised input, so they cost their weights' round trip and dots, not a block's
-// start, the norm weights', the ids' and the input's round trips again.
-template <int NR, class Rows>
-__device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* smem, const float* gs, int e, Unit u) {
+// `gs`: the norm weights (stage_norm); `in`: x's loads, issued already with X_EARLY. A grid
+// narrower than the slot's units (step.rs gate_up_cols: the blocks the device keeps resident)
+// walks them: the block's later units reuse its expert and quantised input, so they cost their
+// weights' round trip and dots, not a block's start, the norm weights', the ids' and the
+// input's round trips again.
+template <int NR, bool X_EARLY, class Rows>
+__device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* smem, const float* gs, XgIn<>& in, int e,
+                                               Unit u) {
     int lane = threadIdx.x & 31;
     GateUpUnit<NR, Rows> unit;
     unit.load(p, e, u, lane);
+    if (!X_EARLY) in.load((const float*)p.xn, gs, p.gate.k);
     u32* qx = (u32*)(smem + 36);
-    float s = load_xg_quant(qx, (const float*)p.xn, gs, p.gate.k, p.eps, smem);
+    float s = in.quant(qx, gs, p.gate.k, p.eps, smem);
     unit.finish(p, qx, s, lane);
     int rows = (blockDim.x >> 5) * NR;  // a unit's
     for (int x = u.x + gridDim.x; x * rows < p.d_ff; x += gridDim.x) {
@@ -504,18 +507,23 @@ __device__ __forceinline__ void stage_norm(float* gs, const float* g, int n) {
 // One kernel per staged mode, as matvec's. 4 blocks per SM (<= 64 registers, no more spills
 // than at 3): one staged row a warp gives 768 units for Qwen3-30B-A3B, on the 528 blocks the
 // H200 keeps resident (gate_up_staged's walk).
+// X_EARLY: x's loads issue before the ids' barrier, their round trip beside the ids' (the
+// barrier keeps them ahead of the weights'): measured +1.0% on Q4_0, but -4% on Q4_K_M's
+// moe_gate_up_q4_k, which keeps them after the barrier (NOTES.md session 31).
 // Dynamic smem: smem_x(k), the experts (64 floats at experts.scratch), then the norm weights.
-#define GATE_UP_KERNEL(name, NR, ...)                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 4) name(const GateUpParams p) {     \
-        extern __shared__ __align__(16) float smem[];                                     \
-        float* gs = smem + p.experts.scratch + 64;                                        \
-        stage_norm(gs, (const float*)p.norm, p.gate.k);                                   \
-        pdl_start();                                                                      \
-        gate_up_staged<NR, __VA_ARGS__>(p, smem, gs, slot_expert(p, smem), this_unit());  \
+#define GATE_UP_KERNEL(name, NR, X_EARLY, ...)                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 4) name(const GateUpParams p) {           \
+        extern __shared__ __align__(16) float smem[];                                           \
+        float* gs = smem + p.experts.scratch + 64;                                              \
+        stage_norm(gs, (const float*)p.norm, p.gate.k);                                         \
+        pdl_start();                                                                            \
+        XgIn<> in;                                                                              \
+        if (X_EARLY) in.load((const float*)p.xn, gs, p.gate.k);                                 \
+        gate_up_staged<NR, X_EARLY, __VA_ARGS__>(p, smem, gs, in, slot_expert(p, smem), this_unit()); \
     }
-GATE_UP_KERNEL(moe_gate_up_q4_0_1, 2, Q4_0Rows<2, 1>)
-GATE_UP_KERNEL(moe_gate_up_q4_0_2, 1, Q4_0Rows<1, 2>)
-GATE_UP_KERNEL(moe_gate_up_q4_k, 1, Q4_KRows<1, 2>)
+GATE_UP_KERNEL(moe_gate_up_q4_0_1, 2, true, Q4_0Rows<2, 1>)
+GATE_UP_KERNEL(moe_gate_up_q4_0_2, 1, true, Q4_0Rows<1, 2>)
+GATE_UP_KERNEL(moe_gate_up_q4_k, 1, false, Q4_KRows<1, 2>)
 
 // The generic mode: row by row, any type.
 extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up(const GateUpParams p) {
