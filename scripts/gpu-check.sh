@@ -30,7 +30,8 @@
 #                 call's spread between processes reached ~3% (session 9), so decide nothing at
 #                 the 1-3% level on one round.
 #   long:<N>      Q4_0 decode after N positions of context (quick bench).
-#   racecheck     racecheck per kernel family and memcheck on short tiny-geometry decodes.
+#   racecheck     racecheck per kernel family and memcheck on short tiny-geometry decodes
+#                 (RACE_KINDS="<kernel name prefixes>": those families only).
 #   omit[:<q>]    each layer kernel's cost inside the graph: the quick bench with it left out
 #                 (Q4_0, or quant <q>).
 #   ncu           Nsight Compute (--clock-control none) on one layer's eager launches and the output
@@ -139,6 +140,7 @@ tiny_sanitize() {
     timeout 60 $Q synth --geometry tiny --quant $q --seed 1 --out /tmp/tiny-$q.gguf > /dev/null 2>&1
     kinds="attn_gqa moe_ router matvec argmax sample pf_"
     [ $q = q4_k_m ] && kinds="moe_ matvec pf_"  # its Q4_K / Q6_K paths
+    kinds=${RACE_KINDS:-$kinds}  # RACE_KINDS="moe_": the families a change touched, on both quants
     for k in $kinds; do
       say "racecheck $q $k: $(racy $q --tool racecheck --kernel-name kns=$k) (at ${SECONDS} s)"
     done
