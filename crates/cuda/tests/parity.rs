@@ -570,6 +570,45 @@ fn batched_prefill_sixteen_heads_a_kv_head() {
     run_batched_prefill(cfg, SynthQuant::Q4_0, 64, 150);
 }
 
+/// A prompt the backend refuses (empty, past the context, a token outside the vocabulary)
+/// leaves the session as it was: the next good prompt gives a fresh backend's logits (the CPU
+/// twin: crates/cpu/tests/batched_prefill.rs).
+#[test]
+fn refused_prompts_leave_the_session_as_it_was() {
+    if no_gpu() {
+        return;
+    }
+    let cfg = Config::tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    let mut gpu = cuda(&m, CudaOptions::default());
+    let good = test_prompt(3, &cfg);
+    gpu.prefill(1, &good, false).unwrap();
+    let vocab = cfg.vocab_size as u32;
+    for bad in [vec![], vec![1; CAP], vec![4, vocab, 5]] {
+        let n = bad.len();
+        assert!(
+            gpu.prefill(1, &bad, false).is_err(),
+            "a {n}-token prompt was accepted"
+        );
+        assert_eq!(
+            gpu.kv_len(1),
+            good.len(),
+            "a refused {n}-token prompt changed the session"
+        );
+    }
+    let after = gpu.prefill(1, &[11], false).unwrap();
+    let mut fresh = cuda(&m, CudaOptions::default());
+    fresh.prefill(1, &good, false).unwrap();
+    let want = fresh.prefill(1, &[11], false).unwrap();
+    assert!(after.iter().all(|v| v.is_finite()), "non-finite logits");
+    let e = rel_err(&after, &want);
+    assert!(
+        e <= 1e-5,
+        "relative logit error {e} against a fresh backend"
+    );
+}
+
 /// The prefill a decode step a token (chunk 0), which the batched prefill replaced by default.
 #[test]
 fn per_token_prefill() {
