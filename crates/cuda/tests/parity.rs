@@ -78,6 +78,18 @@ fn no_gpu() -> bool {
     }
 }
 
+/// The tiny geometry's Q4_0 model (its directory holds the file), or None without a GPU (the
+/// test skips).
+fn tiny_q4_0_model() -> Option<(tempfile::TempDir, Config, Arc<Model>)> {
+    if no_gpu() {
+        return None;
+    }
+    let cfg = Config::tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    Some((dir, cfg, m))
+}
+
 fn test_prompt(len: u32, cfg: &Config) -> Vec<u32> {
     (0..len)
         .map(|i| (i * 37 + 5) % cfg.vocab_size as u32)
@@ -416,12 +428,9 @@ fn check_long_prompt(
 /// agree.
 #[test]
 fn tiny_long_context() {
-    if no_gpu() {
+    let Some((_dir, cfg, m)) = tiny_q4_0_model() else {
         return;
-    }
-    let cfg = Config::tiny();
-    let dir = tempfile::tempdir().unwrap();
-    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    };
     let prompt = test_prompt(300, &cfg);
     let (mut cpu, mut gpu) = backends(&m);
     gpu.set_fused_step(fused_under_test());
@@ -575,12 +584,9 @@ fn batched_prefill_sixteen_heads_a_kv_head() {
 /// twin: crates/cpu/tests/batched_prefill.rs).
 #[test]
 fn refused_prompts_leave_the_session_as_it_was() {
-    if no_gpu() {
+    let Some((_dir, cfg, m)) = tiny_q4_0_model() else {
         return;
-    }
-    let cfg = Config::tiny();
-    let dir = tempfile::tempdir().unwrap();
-    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    };
     let mut gpu = cuda(&m, CudaOptions::default());
     let good = test_prompt(3, &cfg);
     gpu.prefill(1, &good, false).unwrap();
