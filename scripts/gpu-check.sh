@@ -25,7 +25,8 @@
 #                 VARIANT_LONG=4096 adds Q4_0 decode at that context, after its prefill
 #                 (VARIANT_LONG_QUANTS="q4_0 q4_k_m": those quants; VARIANT_LONG_FOR="<names>":
 #                 those variants only); VARIANT_SAMPLED="<names>|all" adds their --sampled rows;
-#                 VARIANTS="<names>" picks and orders them; VARIANT_TESTS=0 skips their tests;
+#                 VARIANTS="<names>" picks and orders them; VARIANT_TESTS=0 skips their tests,
+#                 VARIANT_TESTS_FOR="<names>" runs those variants' tests only;
 #                 VARIANT_ROUNDS=N times them N times in alternating order (tests once): one
 #                 call's spread between processes reached ~3% (session 9), so decide nothing at
 #                 the 1-3% level on one round.
@@ -216,11 +217,13 @@ for s in $steps; do
       for n in ${VARIANTS:-$(ls variants)}; do  # VARIANTS="<names>": those, in that order
         [[ $failed == *" $n "* ]] && continue
         [ "$round" -gt 1 ] && tag=" round $round" || tag=""
-        if [ "${VARIANT_TESTS:-1}" = 0 ] || [ "$round" -gt 1 ]; then :  # timed again: its tests passed
+        tests=${VARIANT_TESTS:-1}
+        named "${VARIANT_TESTS_FOR:-}" "$n" || tests=0
+        if [ "$tests" = 0 ] || [ "$round" -gt 1 ]; then :  # timed again: its tests passed
         elif [ -n "$(vbin "$n" parity)" ]; then  # a variant stacked under a checked one may come without it
           vtest "$n" parity || continue
         fi
-        if [ "${VARIANT_TESTS:-1}" != 0 ] && [ "$round" = 1 ] && [ -n "$(vbin "$n" kernels)" ]; then
+        if [ "$tests" != 0 ] && [ "$round" = 1 ] && [ -n "$(vbin "$n" kernels)" ]; then
           vtest "$n" kernels || continue
         fi
         runs=()  # VARIANT_RUNS=none: no quick benches (the long-context or sampled rows only)
