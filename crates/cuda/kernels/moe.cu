@@ -508,7 +508,7 @@ __device__ __forceinline__ void stage_norm(float* gs, const float* g, int n) {
 // than at 3): one staged row a warp gives 768 units for Qwen3-30B-A3B, on the 528 blocks the
 // H200 keeps resident (gate_up_staged's walk).
 // X_EARLY: x's loads issue before the ids' barrier, their round trip beside the ids' (the
-// barrier keeps them ahead of the weights'). Measured +0.95% on Q4_0. moe_gate_up_q4_k keeps
+// barrier keeps them ahead of the weights'). Measured +0.9% on Q4_0. moe_gate_up_q4_k keeps
 // them after the barrier, where ptxas sums x's squares across the warp before it issues any
 // weight load: x before the barrier or after the weights, each of which issues the weights
 // first, cost that kernel's step 1 us and Q4_K_M 4% (NOTES.md session 31).
