@@ -302,9 +302,10 @@ __device__ __forceinline__ bool load_x_fast(void* dst, const float* src, int n, 
 // The block-wide RMS factor in two halves around a barrier the caller has anyway: each warp's
 // partial sum of squares into red[warp], then (after that barrier) rsqrt(mean + eps) over the
 // partials in warp order.
-__device__ __forceinline__ void warp_partial(float ss, float* red) {
+__device__ __forceinline__ float warp_partial(float ss, float* red) {
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
+    return ss;
 }
 // The warps' partials red[0..warps) summed in warp order. STRAIGHT, at 8 warps: two 16-byte
 // loads and straight-line adds, not a loop (red is 16-byte aligned) -- for the router rows'
@@ -349,12 +350,20 @@ struct XgIn {
             if (G_EARLY) ge[G_EARLY ? j : 0] = i < nv ? ((const float4*)gs)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
-    __device__ __forceinline__ float quant(u32* qx, const float* gs, int n, float eps, float* red) {
-        int nv = n >> 2;
+    // The warp's sum of x^2 into red[warp], returned to every lane (it waits for x's loads).
+    __device__ __forceinline__ float partial(float* red) {
         float ss = 0.f;
 #pragma unroll
         for (int j = 0; j < LOAD_V; j++) ss += dot4(v[j], v[j]);
-        warp_partial(ss, red);
+        return warp_partial(ss, red);
+    }
+    __device__ __forceinline__ float quant(u32* qx, const float* gs, int n, float eps, float* red) {
+        partial(red);
+        return quant_after_partial(qx, gs, n, eps, red);
+    }
+    // quant's rest, once partial(red) has run.
+    __device__ __forceinline__ float quant_after_partial(u32* qx, const float* gs, int n, float eps, float* red) {
+        int nv = n >> 2;
 #pragma unroll
         for (int j = 0; j < LOAD_V; j++) {
             int i = threadIdx.x + j * blockDim.x;
@@ -561,15 +570,22 @@ struct Q4_0Piece {
     __device__ __forceinline__ float weight(int j) const { return h2f(d) * (float)((int)nibble(q, j) - 8); }
 };
 // Q4_K aux: per super-block (8 blocks, 24 bytes) d | dmin << 16, then (scale, min) byte pairs.
-struct Q4_KPiece {
+// AUX32: the aux offset in 32 bits (weights.rs refuses Q4_K tensors past Q4_K_AUX32_BLOCKS),
+// which shortens the address math between the expert id and the loads. Only moe_gate_up_q4_k
+// takes it, where it measured +0.8% on Q4_K_M; every 32-bit Q4_K offset, moe_down's and the
+// matvec's too, measured -3.6% when it also let ptxas reorder that kernel (NOTES.md sessions
+// 31-32).
+template <bool AUX32>
+struct Q4_KPieceT {
     uint4 q;
     u32 dm;  // d | dmin << 16 (f16 bits)
     u32 sm;  // scale | min << 8
     __device__ __forceinline__ void load(const QW& w, u64 bi) {
         q = ((const uint4*)w.data)[bi];
-        const u8* a = (const u8*)w.scales + (bi >> 3) * 24;
+        u32 b32 = (u32)bi;
+        const u8* a = (const u8*)w.scales + (AUX32 ? (u64)((b32 >> 3) * 24u) : (bi >> 3) * 24);
         dm = *(const u32*)a;
-        sm = *(const u16*)(a + 4 + (bi & 7) * 2);
+        sm = *(const u16*)(a + 4 + (AUX32 ? b32 & 7 : bi & 7) * 2);
     }
     // d * scale and dmin * min of the block (ggml's association)
     __device__ __forceinline__ float scale() const { return h2f((u16)(dm & 0xffff)) * (float)(sm & 0xff); }
@@ -578,6 +594,7 @@ struct Q4_KPiece {
     __device__ __forceinline__ float dot(const X* x) const { return q4_k_item(q, scale(), offset(), x); }
     __device__ __forceinline__ float weight(int j) const { return scale() * (float)nibble(q, j) - offset(); }
 };
+using Q4_KPiece = Q4_KPieceT<false>;
 // Q6_K aux: per super-block (8 blocks) 8 high-bit word pairs, then 8 scale words.
 struct Q6_KPiece {
     uint4 q;
@@ -684,6 +701,7 @@ struct BlockRows {
 };
 template <int NR, int NBL> using Q4_0Rows = BlockRows<NR, NBL, Q4_0Piece>;
 template <int NR, int NBL> using Q4_KRows = BlockRows<NR, NBL, Q4_KPiece>;
+template <int NR, int NBL> using Q4_KRowsAux32 = BlockRows<NR, NBL, Q4_KPieceT<true>>;
 template <int NR, int NBL> using Q6_KRows = BlockRows<NR, NBL, Q6_KPiece>;
 
 // Warms L2 with one row's bytes (generic types, before pdl_wait()).

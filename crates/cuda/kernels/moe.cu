@@ -466,21 +466,38 @@ struct GateUpUnit {
     }
 };
 
+// Where moe_gate_up's x loads go against the ids' barrier and the weights' loads, measured per
+// kernel (NOTES.md sessions 31-32):
+// X_BESIDE_IDS (the Q4_0 kernels): x's loads before the ids' barrier, their round trip beside
+// the ids' (the barrier keeps them ahead of the weights'): +0.9% on Q4_0.
+// X_SUM_FIRST (moe_gate_up_q4_k): x's loads after the barrier, the weights' after the warp's
+// sum of x^2, which waits for x -- pinned there by making the expert id depend on the sum.
+// ptxas chose that order unpinned; each change that let it issue the weights first (x before
+// the barrier, x after the weights, 32-bit aux offsets) cost Q4_K_M 4%. Pinned, the 32-bit aux
+// offsets measured +0.8%.
+enum XOrder { X_BESIDE_IDS, X_SUM_FIRST };
+
 // smem: red [36], then the input's quantised groups (the host gives k % 32 == 0, <= 2048);
-// `gs`: the norm weights (stage_norm); `in`: x's loads, issued already with X_EARLY. A grid
+// `gs`: the norm weights (stage_norm); `in`: x's loads, issued already with X_BESIDE_IDS. A grid
 // narrower than the slot's units (step.rs gate_up_cols: the blocks the device keeps resident)
 // walks them: the block's later units reuse its expert and quantised input, so they cost their
 // weights' round trip and dots, not a block's start, the norm weights', the ids' and the
 // input's round trips again.
-template <int NR, bool X_EARLY, class Rows>
+template <int NR, XOrder X_ORDER, class Rows>
 __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* smem, const float* gs, XgIn<>& in, int e,
                                                Unit u) {
     int lane = threadIdx.x & 31;
+    if (X_ORDER == X_SUM_FIRST) {
+        in.load((const float*)p.xn, gs, p.gate.k);
+        // A sum of squares is never negative (NaN compares false): e is unchanged, but the
+        // weights' addresses now wait for the sum.
+        e += in.partial(smem) < 0.f;
+    }
     GateUpUnit<NR, Rows> unit;
     unit.load(p, e, u, lane);
-    if (!X_EARLY) in.load((const float*)p.xn, gs, p.gate.k);
     u32* qx = (u32*)(smem + 36);
-    float s = in.quant(qx, gs, p.gate.k, p.eps, smem);
+    float s = X_ORDER == X_SUM_FIRST ? in.quant_after_partial(qx, gs, p.gate.k, p.eps, smem)
+                                     : in.quant(qx, gs, p.gate.k, p.eps, smem);
     unit.finish(p, qx, s, lane);
     int rows = (blockDim.x >> 5) * NR;  // a unit's
     for (int x = u.x + gridDim.x; x * rows < p.d_ff; x += gridDim.x) {
@@ -507,25 +524,21 @@ __device__ __forceinline__ void stage_norm(float* gs, const float* g, int n) {
 // One kernel per staged mode, as matvec's. 4 blocks per SM (<= 64 registers, no more spills
 // than at 3): one staged row a warp gives 768 units for Qwen3-30B-A3B, on the 528 blocks the
 // H200 keeps resident (gate_up_staged's walk).
-// X_EARLY: x's loads issue before the ids' barrier, their round trip beside the ids' (the
-// barrier keeps them ahead of the weights'). Measured +0.9% on Q4_0. moe_gate_up_q4_k keeps
-// them after the barrier, where ptxas sums x's squares across the warp before it issues any
-// weight load: x before the barrier or after the weights, each of which issues the weights
-// first, cost that kernel's step 1 us and Q4_K_M 4% (NOTES.md session 31).
+// X_ORDER: where x's loads go (gate_up_staged).
 // Dynamic smem: smem_x(k), the experts (64 floats at experts.scratch), then the norm weights.
-#define GATE_UP_KERNEL(name, NR, X_EARLY, ...)                                                  \
+#define GATE_UP_KERNEL(name, NR, X_ORDER, ...)                                                  \
     extern "C" __global__ void __launch_bounds__(256, 4) name(const GateUpParams p) {           \
         extern __shared__ __align__(16) float smem[];                                           \
         float* gs = smem + p.experts.scratch + 64;                                              \
         stage_norm(gs, (const float*)p.norm, p.gate.k);                                         \
         pdl_start();                                                                            \
         XgIn<> in;                                                                              \
-        if (X_EARLY) in.load((const float*)p.xn, gs, p.gate.k);                                 \
-        gate_up_staged<NR, X_EARLY, __VA_ARGS__>(p, smem, gs, in, slot_expert(p, smem), this_unit()); \
+        if (X_ORDER == X_BESIDE_IDS) in.load((const float*)p.xn, gs, p.gate.k);                 \
+        gate_up_staged<NR, X_ORDER, __VA_ARGS__>(p, smem, gs, in, slot_expert(p, smem), this_unit()); \
     }
-GATE_UP_KERNEL(moe_gate_up_q4_0_1, 2, true, Q4_0Rows<2, 1>)
-GATE_UP_KERNEL(moe_gate_up_q4_0_2, 1, true, Q4_0Rows<1, 2>)
-GATE_UP_KERNEL(moe_gate_up_q4_k, 1, false, Q4_KRows<1, 2>)
+GATE_UP_KERNEL(moe_gate_up_q4_0_1, 2, X_BESIDE_IDS, Q4_0Rows<2, 1>)
+GATE_UP_KERNEL(moe_gate_up_q4_0_2, 1, X_BESIDE_IDS, Q4_0Rows<1, 2>)
+GATE_UP_KERNEL(moe_gate_up_q4_k, 1, X_SUM_FIRST, Q4_KRowsAux32<1, 2>)
 
 // The generic mode: row by row, any type.
 extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up(const GateUpParams p) {

@@ -56,14 +56,24 @@ struct Place {
     norm: bool,
 }
 
+/// Blocks of 32 weights a Q4_K tensor may have: moe_gate_up_q4_k takes the aux plane's
+/// offsets in 32 bits (common.cuh Q4_KPieceT: 24 bytes a super-block of 8 blocks).
+const Q4_K_AUX32_BLOCKS: usize = (u32::MAX / 24) as usize * 8;
+
 fn kernel_type(t: &QTensor) -> Result<()> {
     match t.ty {
-        GgmlType::F32
-        | GgmlType::F16
-        | GgmlType::Q4_0
-        | GgmlType::Q8_0
-        | GgmlType::Q4_K
-        | GgmlType::Q6_K => Ok(()),
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Q4_0 | GgmlType::Q8_0 | GgmlType::Q6_K => Ok(()),
+        GgmlType::Q4_K => {
+            let blocks = t.n_bytes() / t.ty.type_size() * 8;
+            if blocks > Q4_K_AUX32_BLOCKS {
+                return Err(CudaError::Unsupported(format!(
+                    "tensor {} has {blocks} Q4_K blocks of 32 weights, more than the CUDA \
+                     kernels' {Q4_K_AUX32_BLOCKS}",
+                    t.name
+                )));
+            }
+            Ok(())
+        }
         other => Err(CudaError::Unsupported(format!(
             "tensor {} has type {other:?}, which the CUDA kernels do not read",
             t.name
@@ -336,4 +346,35 @@ pub fn check_config(c: &Config) -> Result<()> {
         return bad("d_model and d_ff_expert must be multiples of 32".into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(ty: GgmlType, blocks: usize) -> QTensor {
+        let supers = blocks / (ty.block_size() / 32);
+        QTensor {
+            name: "blk.0.ffn_gate_exps.weight".into(),
+            ty,
+            dims: vec![ty.block_size(), supers],
+            range: 0..supers * ty.type_size(),
+        }
+    }
+
+    #[test]
+    fn q4_k_tensors_past_the_kernels_aux_offsets_are_refused_by_name() {
+        assert!(kernel_type(&tensor(GgmlType::Q4_K, Q4_K_AUX32_BLOCKS)).is_ok());
+        let err = kernel_type(&tensor(GgmlType::Q4_K, Q4_K_AUX32_BLOCKS + 8))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("blk.0.ffn_gate_exps.weight") && err.contains("Q4_K blocks"),
+            "{err}"
+        );
+        // The other types' offsets are 64-bit: no such limit.
+        for ty in [GgmlType::Q4_0, GgmlType::Q6_K] {
+            assert!(kernel_type(&tensor(ty, Q4_K_AUX32_BLOCKS + 8)).is_ok());
+        }
+    }
 }
