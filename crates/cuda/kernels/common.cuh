@@ -302,10 +302,9 @@ __device__ __forceinline__ bool load_x_fast(void* dst, const float* src, int n, 
 // The block-wide RMS factor in two halves around a barrier the caller has anyway: each warp's
 // partial sum of squares into red[warp], then (after that barrier) rsqrt(mean + eps) over the
 // partials in warp order.
-__device__ __forceinline__ float warp_partial(float ss, float* red) {
+__device__ __forceinline__ void warp_partial(float ss, float* red) {
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    return ss;
 }
 // The warps' partials red[0..warps) summed in warp order. STRAIGHT, at 8 warps: two 16-byte
 // loads and straight-line adds, not a loop (red is 16-byte aligned) -- for the router rows'
@@ -350,19 +349,15 @@ struct XgIn {
             if (G_EARLY) ge[G_EARLY ? j : 0] = i < nv ? ((const float4*)gs)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
-    // The warp's sum of x^2 into red[warp], returned to every lane (it waits for x's loads).
-    __device__ __forceinline__ float partial(float* red) {
+    // The lane's own sum of x^2 (it waits for x's loads).
+    __device__ __forceinline__ float own_sum() const {
         float ss = 0.f;
 #pragma unroll
         for (int j = 0; j < LOAD_V; j++) ss += dot4(v[j], v[j]);
-        return warp_partial(ss, red);
+        return ss;
     }
     __device__ __forceinline__ float quant(u32* qx, const float* gs, int n, float eps, float* red) {
-        partial(red);
-        return quant_after_partial(qx, gs, n, eps, red);
-    }
-    // quant's rest, once partial(red) has run.
-    __device__ __forceinline__ float quant_after_partial(u32* qx, const float* gs, int n, float eps, float* red) {
+        warp_partial(own_sum(), red);
         int nv = n >> 2;
 #pragma unroll
         for (int j = 0; j < LOAD_V; j++) {
@@ -571,10 +566,9 @@ struct Q4_0Piece {
 };
 // Q4_K aux: per super-block (8 blocks, 24 bytes) d | dmin << 16, then (scale, min) byte pairs.
 // AUX32: the aux offset in 32 bits (weights.rs refuses Q4_K tensors past Q4_K_AUX32_BLOCKS),
-// which shortens the address math between the expert id and the loads. Only moe_gate_up_q4_k
-// takes it, where it measured +0.8% on Q4_K_M; every 32-bit Q4_K offset, moe_down's and the
-// matvec's too, measured -3.6% when it also let ptxas reorder that kernel (NOTES.md sessions
-// 31-32).
+// which shortens the address math between the expert id and the loads. The expert kernels take
+// it: +0.8% on Q4_K_M in moe_gate_up_q4_k (its order pinned, moe.cu XOrder), +0.4% in
+// moe_down's; the matvec's measured 0 (NOTES.md session 32).
 template <bool AUX32>
 struct Q4_KPieceT {
     uint4 q;

@@ -470,11 +470,11 @@ struct GateUpUnit {
 // kernel (NOTES.md sessions 31-32):
 // X_BESIDE_IDS (the Q4_0 kernels): x's loads before the ids' barrier, their round trip beside
 // the ids' (the barrier keeps them ahead of the weights'): +0.9% on Q4_0.
-// X_SUM_FIRST (moe_gate_up_q4_k): x's loads after the barrier, the weights' after the warp's
-// sum of x^2, which waits for x -- pinned there by making the expert id depend on the sum.
-// ptxas chose that order unpinned; each change that let it issue the weights first (x before
-// the barrier, x after the weights, 32-bit aux offsets) cost Q4_K_M 4%. Pinned, the 32-bit aux
-// offsets measured +0.8%.
+// X_SUM_FIRST (moe_gate_up_q4_k): x's loads after the barrier, the weights' after x has come --
+// pinned there by making the expert id depend on the lane's sum of x^2. ptxas had chosen an
+// order like it by itself (the weights after the warp's sum); each change that let it issue the
+// weights first (x before the barrier, x after the weights, 32-bit aux offsets) cost Q4_K_M 4%.
+// Pinned on the warp's sum, the 32-bit aux offsets measured +0.8%; on the lane's, +0.4% more.
 enum XOrder { X_BESIDE_IDS, X_SUM_FIRST };
 
 // smem: red [36], then the input's quantised groups (the host gives k % 32 == 0, <= 2048);
@@ -490,14 +490,13 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* sme
     if (X_ORDER == X_SUM_FIRST) {
         in.load((const float*)p.xn, gs, p.gate.k);
         // A sum of squares is never negative (NaN compares false): e is unchanged, but the
-        // weights' addresses now wait for the sum.
-        e += in.partial(smem) < 0.f;
+        // weights' addresses now wait for x.
+        e += in.own_sum() < 0.f;
     }
     GateUpUnit<NR, Rows> unit;
     unit.load(p, e, u, lane);
     u32* qx = (u32*)(smem + 36);
-    float s = X_ORDER == X_SUM_FIRST ? in.quant_after_partial(qx, gs, p.gate.k, p.eps, smem)
-                                     : in.quant(qx, gs, p.gate.k, p.eps, smem);
+    float s = in.quant(qx, gs, p.gate.k, p.eps, smem);
     unit.finish(p, qx, s, lane);
     int rows = (blockDim.x >> 5) * NR;  // a unit's
     for (int x = u.x + gridDim.x; x * rows < p.d_ff; x += gridDim.x) {
@@ -735,9 +734,9 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const 
 DOWN_KERNEL(moe_down_q4_0_2, 2, Q4_0Piece)
 DOWN_KERNEL(moe_down_q4_0_6, 6, Q4_0Piece)
 DOWN_KERNEL(moe_down_q4_0_8, 8, Q4_0Piece)
-DOWN_KERNEL(moe_down_q4_k_2, 2, Q4_KPiece)
-DOWN_KERNEL(moe_down_q4_k_6, 6, Q4_KPiece)
-DOWN_KERNEL(moe_down_q4_k_8, 8, Q4_KPiece)
+DOWN_KERNEL(moe_down_q4_k_2, 2, Q4_KPieceT<true>)
+DOWN_KERNEL(moe_down_q4_k_6, 6, Q4_KPieceT<true>)
+DOWN_KERNEL(moe_down_q4_k_8, 8, Q4_KPieceT<true>)
 DOWN_KERNEL(moe_down_q6_k_2, 2, Q6_KPiece)
 DOWN_KERNEL(moe_down_q6_k_6, 6, Q6_KPiece)
 DOWN_KERNEL(moe_down_q6_k_8, 8, Q6_KPiece)

@@ -56,7 +56,7 @@ struct Place {
     norm: bool,
 }
 
-/// Blocks of 32 weights a Q4_K tensor may have: moe_gate_up_q4_k takes the aux plane's
+/// Blocks of 32 weights a Q4_K tensor may have: the expert kernels take the aux plane's
 /// offsets in 32 bits (common.cuh Q4_KPieceT: 24 bytes a super-block of 8 blocks).
 const Q4_K_AUX32_BLOCKS: usize = (u32::MAX / 24) as usize * 8;
 
