@@ -15,12 +15,13 @@ use q4moe_model::{Config, Model};
 use crate::device::{DevBuf, Device, Launch};
 use crate::fused::FusedStep;
 use crate::graph::Graph;
+use crate::l2::{L2Plan, L2Target};
 use crate::params::StepState;
 use crate::prefill::{self, Prefill};
 use crate::step::{self, Choice, Ending, Kv, Scratch};
 use crate::timeline::{self, Timeline};
 use crate::weights::{self, Weights};
-use crate::{CudaOptions, KernelTime, Result};
+use crate::{CudaError, CudaOptions, KernelTime, Result};
 
 /// Steps whose token can be in flight at once (pinned read-back slots, event pairs).
 const RING: usize = 8;
@@ -141,6 +142,10 @@ impl CudaBackend {
         weights::check_config(&c)?;
         opts.kv_capacity = opts.kv_capacity.min(c.context_length).max(1);
         opts.in_flight = opts.in_flight.clamp(1, RING - 1);
+        if let Ok(v) = std::env::var("Q4MOE_CUDA_L2_TARGET") {
+            opts.l2_targets = L2Target::parse_list(&v)
+                .map_err(|e| CudaError::Unsupported(format!("Q4MOE_CUDA_L2_TARGET: {e}")))?;
+        }
         let dev = Device::new(opts.kv_type)?;
         let kv_bytes = Kv::bytes(&c, opts.kv_capacity, opts.kv_type);
         // A chunk never holds more tokens than a session's positions.
@@ -160,7 +165,8 @@ impl CudaBackend {
             kv_bytes + Scratch::bytes(&c, opts.kv_capacity) + prefill_bytes,
             opts.router_fold,
         )?;
-        let scratch = Scratch::new(&dev, &c, &opts)?;
+        let l2 = L2Plan::new(&dev, &c, &w, &opts)?;
+        let scratch = Scratch::new(&dev, &c, &opts, l2)?;
         let prefill = match chunk {
             0 => None,
             n => Some(Prefill::new(&dev, &c, n, opts.prefill_part_budget)?),
@@ -660,6 +666,7 @@ impl Backend for CudaBackend {
             resident_bytes: self.w.resident_bytes() as u64,
             kv_capacity: self.opts.kv_capacity,
             kv_type: self.opts.kv_type,
+            l2_persisting_bytes: self.scratch.l2.persisting_bytes as u64,
         }
     }
 

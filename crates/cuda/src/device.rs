@@ -11,6 +11,7 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 
 use q4moe_model::backend::KvType;
 
+use crate::l2::L2Window;
 use crate::{CudaError, Result};
 
 /// Every kernel the step uses, in one place so lookups happen once at start-up. The
@@ -401,6 +402,28 @@ impl Device {
         Ok(if need <= room { need } else { 0 })
     }
 
+    /// (L2 bytes the device may set aside for persisting lines, the largest access-policy
+    /// window), 0 where it has no such L2 controls.
+    pub fn l2_persist_limits(&self) -> Result<(usize, usize)> {
+        let a = |attr| self.ctx.attribute(attr).map(|n| n.max(0) as usize);
+        Ok((
+            a(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE)?,
+            a(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE)?,
+        ))
+    }
+
+    /// Sets `bytes` of L2 aside for persisting lines; returns what the driver set.
+    pub fn set_persisting_l2(&self, bytes: usize) -> Result<usize> {
+        let limit = sys::CUlimit::CU_LIMIT_PERSISTING_L2_CACHE_SIZE;
+        let mut set = 0usize;
+        // SAFETY: plain limit calls on the bound context.
+        unsafe {
+            sys::cuCtxSetLimit(limit, bytes).result()?;
+            sys::cuCtxGetLimit(&mut set, limit).result()?;
+        }
+        Ok(set)
+    }
+
     /// A `__device__` variable of the module: its address and size.
     pub fn global(&self, name: &str) -> Result<(u64, usize)> {
         let name = std::ffi::CString::new(name).expect("no NUL in a symbol");
@@ -482,35 +505,45 @@ impl Device {
             )));
         }
         let mut args = [l.params.as_ptr() as *mut c_void];
-        // SAFETY: the params bytes mirror the kernel's struct; every pointer in them is a live
-        // device allocation owned by the backend for as long as launches may run.
+        // SAFETY: zeroed attributes are valid "ignored" entries until given an id and value.
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
         // The fused step never calls griddepcontrol.wait, so it must not start early.
-        if !self.pdl || matches!(l.kernel, Kernel::StepFused) {
-            unsafe {
-                result::launch_kernel(f, l.grid, (l.block, 1, 1), l.smem, self.stream, &mut args)?
-            };
-            return Ok(());
-        }
-        // SAFETY: as above; the attribute array outlives the call.
-        unsafe {
-            let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-            attr.id =
+        if self.pdl && !matches!(l.kernel, Kernel::StepFused) {
+            attrs[n].id =
                 sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
-            let cfg = sys::CUlaunchConfig {
-                gridDimX: l.grid.0,
-                gridDimY: l.grid.1,
-                gridDimZ: l.grid.2,
-                blockDimX: l.block,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: l.smem,
-                hStream: self.stream,
-                attrs: &mut attr,
-                numAttrs: 1,
-            };
-            sys::cuLaunchKernelEx(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()).result()?;
+            attrs[n].value.programmaticStreamSerializationAllowed = 1;
+            n += 1;
         }
+        if let Some(w) = l.l2 {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW;
+            attrs[n].value.accessPolicyWindow = sys::CUaccessPolicyWindow {
+                base_ptr: w.base as *mut c_void,
+                num_bytes: w.bytes,
+                hitRatio: w.hit_ratio,
+                hitProp: sys::CUaccessProperty::CU_ACCESS_PROPERTY_PERSISTING,
+                missProp: sys::CUaccessProperty::CU_ACCESS_PROPERTY_STREAMING,
+            };
+            n += 1;
+        }
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: l.grid.0,
+            gridDimY: l.grid.1,
+            gridDimZ: l.grid.2,
+            blockDimX: l.block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: l.smem,
+            hStream: self.stream,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: n as u32,
+        };
+        // SAFETY: the params bytes mirror the kernel's struct; every pointer in them is a live
+        // device allocation owned by the backend for as long as launches may run; the
+        // attribute array outlives the call.
+        unsafe {
+            sys::cuLaunchKernelEx(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()).result()?
+        };
         Ok(())
     }
 
@@ -555,6 +588,8 @@ pub struct Launch {
     pub params: Vec<u64>,
     /// Weight bytes the launch reads (for the per-kernel profile).
     pub bytes_read: u64,
+    /// Its access-policy window where it reads weights the set-aside L2 holds (l2.rs).
+    pub l2: Option<L2Window>,
 }
 
 impl Launch {
@@ -585,7 +620,13 @@ impl Launch {
             smem,
             params,
             bytes_read,
+            l2: None,
         }
+    }
+
+    /// The launch with its access-policy window.
+    pub fn with_l2(self, l2: Option<L2Window>) -> Launch {
+        Launch { l2, ..self }
     }
 }
 

@@ -9,6 +9,7 @@ mod backend;
 mod device;
 mod fused;
 mod graph;
+mod l2;
 mod params;
 mod prefill;
 mod repack;
@@ -23,6 +24,7 @@ use std::time::Duration;
 pub use q4moe_model::backend::KvType;
 
 pub use backend::CudaBackend;
+pub use l2::L2Target;
 
 /// Options of the CUDA backend.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +80,12 @@ pub struct CudaOptions {
     /// among the slots (no second wave of block starts); Some(0): a block a unit; Some(n): at
     /// most n. Q4MOE_CUDA_GU_COLS=<n> sets it (A/B measurements; the parity tests walk at 1).
     pub gate_up_cols: Option<u32>,
+    /// L2 set aside for weights every token reads (l2.rs), in MiB: None = as much as the
+    /// device allows, Some(0) = none. Q4MOE_CUDA_L2_PERSIST=<MiB> sets it.
+    pub l2_persist_mib: Option<usize>,
+    /// The weights the set-aside L2 holds. Default: the output head.
+    /// Q4MOE_CUDA_L2_TARGET=head,fold|none sets them (an unknown name is an error at start-up).
+    pub l2_targets: Vec<L2Target>,
 }
 
 impl Default for CudaOptions {
@@ -109,6 +117,10 @@ impl Default for CudaOptions {
             gate_up_cols: std::env::var("Q4MOE_CUDA_GU_COLS")
                 .ok()
                 .and_then(|v| v.parse().ok()),
+            l2_persist_mib: std::env::var("Q4MOE_CUDA_L2_PERSIST")
+                .ok()
+                .and_then(|v| v.parse().ok()),
+            l2_targets: vec![L2Target::Head],
         }
     }
 }

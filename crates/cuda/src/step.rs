@@ -6,6 +6,7 @@ use q4moe_model::sampling::SamplingParams;
 use q4moe_model::Config;
 
 use crate::device::{DevBuf, Device, Kernel, Launch, GATE_UP};
+use crate::l2::L2Plan;
 use crate::params::*;
 use crate::weights::Weights;
 use crate::{CudaOptions, Result};
@@ -96,10 +97,12 @@ pub struct Scratch {
     /// moe_gate_up's grid along a slot's units, by mode (CudaOptions::gate_up_cols; 0: a block
     /// a unit, as the generic mode always takes).
     pub gate_up_cols: [u32; GATE_UP.len()],
+    /// Which launches read weights the set-aside L2 holds (l2.rs).
+    pub l2: L2Plan,
 }
 
 impl Scratch {
-    pub fn new(dev: &Device, c: &Config, opts: &CudaOptions) -> Result<Scratch> {
+    pub fn new(dev: &Device, c: &Config, opts: &CudaOptions, l2: L2Plan) -> Result<Scratch> {
         let (kv_capacity, attn_max_blocks) = (opts.kv_capacity, opts.attn_max_blocks);
         let f = |n: usize| DevBuf::new(dev, n * 4);
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
@@ -156,6 +159,7 @@ impl Scratch {
                 .unwrap_or(ATT_TC_STAGE_DEFAULT)
                 .min(stage_fit),
             gate_up_cols: gate_up_cols(dev, c, opts.gate_up_cols)?,
+            l2,
         })
     }
 
@@ -210,7 +214,7 @@ fn smem_x(k: usize) -> u32 {
     (((k / 32) * 36 + 36 + 36) * 4) as u32
 }
 
-fn weight_bytes(w: &Qw, rows: usize) -> u64 {
+pub(crate) fn weight_bytes(w: &Qw, rows: usize) -> u64 {
     let ty = q4moe_gguf::GgmlType::from_id(w.ty as u32).expect("valid type");
     (crate::repack::device_row_bytes(ty, w.k as usize) * rows) as u64
 }
@@ -433,7 +437,7 @@ fn layer_o_proj_router(
         q_dim: c.q_dim() as i32,
         n_used: c.n_expert_used as i32,
     };
-    o_proj_router(lw.o, &lw.router, s.attn.ptr, x_out, r)
+    o_proj_router(lw.o, &lw.router, s.attn.ptr, x_out, r).with_l2(s.l2.fold(c, lw))
 }
 
 /// The device sampler's settings for `p`, or None when it needs the host sampler (top-k above
@@ -598,7 +602,7 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch>
         eps: c.rms_eps,
         ..Mv::new(&rows, s.x.ptr, c.d_model)
     };
-    let head = matvec("head", &head);
+    let head = matvec("head", &head).with_l2(s.l2.head(c, w));
     let mut out = vec![looped(head, s.head_blocks)];
     let p = SampleParams {
         logits: s.logits.ptr,

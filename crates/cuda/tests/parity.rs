@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use q4moe_cpu::{CpuBackend, Precision};
-use q4moe_cuda::{CudaBackend, CudaOptions, KvType};
+use q4moe_cuda::{CudaBackend, CudaOptions, KvType, L2Target};
 use q4moe_model::backend::{Backend, DecodeRequest, Flow};
 use q4moe_model::sampling::SamplingParams;
 use q4moe_model::synth::{self, SynthQuant};
@@ -304,6 +304,20 @@ fn tiny_router_unfolded() {
     for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
         let opts = CudaOptions {
             router_fold: false,
+            ..Default::default()
+        };
+        run_with(Config::tiny(), q, opts);
+    }
+}
+
+/// The set-aside L2 holding the head and the router folds (l2.rs), 1 MiB of it: the launches'
+/// access-policy windows change where lines live, never a value.
+#[test]
+fn tiny_l2_held() {
+    for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
+        let opts = CudaOptions {
+            l2_persist_mib: Some(1),
+            l2_targets: vec![L2Target::Head, L2Target::Fold],
             ..Default::default()
         };
         run_with(Config::tiny(), q, opts);

@@ -1,0 +1,161 @@
+//! L2 persistence for weights every token reads. A token streams ~1.9 GB of weights through a
+//! 50 MB L2, so no weight line survives from one token to the next. With part of the L2 set
+//! aside for persisting lines (cuCtxSetLimit) and the launches that read chosen weights given
+//! an access-policy window (its hit ratio spreading the set-aside over them), those lines stay
+//! resident and every later token reads them from L2 instead of DRAM. The output head reads
+//! at DRAM bandwidth (~3.9 TB/s), so each byte of it held saves that byte's read time.
+
+use q4moe_model::Config;
+
+use crate::device::Device;
+use crate::weights::{LayerW, Weights};
+use crate::{CudaOptions, Result};
+
+/// Weights the set-aside L2 may hold (CudaOptions::l2_targets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L2Target {
+    /// The output head's matrix (both planes where split).
+    Head,
+    /// Each layer's router fold ([n_expert, q_dim] F32, moe.cu RouterFold), which
+    /// o_proj_router's router blocks read on the way to the experts' choice.
+    Fold,
+}
+
+impl L2Target {
+    /// Parses a comma-separated list ("head,fold"); "none" or "" is the empty list.
+    pub fn parse_list(s: &str) -> std::result::Result<Vec<L2Target>, String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty() && *t != "none")
+            .map(|t| match t {
+                "head" => Ok(L2Target::Head),
+                "fold" => Ok(L2Target::Fold),
+                other => Err(format!("unknown L2 target '{other}' (head, fold)")),
+            })
+            .collect()
+    }
+}
+
+/// A launch's access-policy window: `hit_ratio` of the lines in [base, base + bytes) persist
+/// in L2, the rest stream (evicted first).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct L2Window {
+    pub base: u64,
+    pub bytes: usize,
+    pub hit_ratio: f32,
+}
+
+/// Which launches get a window, and with what hit ratio; the default holds nothing.
+#[derive(Clone, Debug, Default)]
+pub struct L2Plan {
+    targets: Vec<L2Target>,
+    hit_ratio: f32,
+    max_window: usize,
+    /// L2 bytes set aside for persisting lines (0: none).
+    pub persisting_bytes: usize,
+}
+
+impl L2Plan {
+    /// Sets aside L2 for `opts.l2_targets` (as much as the device allows, or
+    /// opts.l2_persist_mib) and spreads it over their regions by one hit ratio.
+    pub fn new(dev: &Device, c: &Config, w: &Weights, opts: &CudaOptions) -> Result<L2Plan> {
+        let (max_persist, max_window) = dev.l2_persist_limits()?;
+        let want = opts
+            .l2_persist_mib
+            .map_or(usize::MAX, |m| m.saturating_mul(1 << 20));
+        let regions: usize = regions(c, w, &opts.l2_targets)
+            .map(|(_, bytes)| bytes.min(max_window))
+            .sum();
+        if want.min(max_persist) == 0 || regions == 0 {
+            return Ok(L2Plan::default());
+        }
+        let persisting_bytes = dev.set_persisting_l2(want.min(max_persist))?;
+        let hit_ratio = hit_ratio(persisting_bytes, regions);
+        tracing::info!(
+            "L2: {persisting_bytes} bytes persisting (device max {max_persist}, window max \
+             {max_window}) over {regions} bytes of {:?}: hit ratio {hit_ratio:.3}",
+            opts.l2_targets
+        );
+        Ok(L2Plan {
+            targets: opts.l2_targets.clone(),
+            hit_ratio,
+            max_window,
+            persisting_bytes,
+        })
+    }
+
+    /// The output head's window, where the plan holds it.
+    pub fn head(&self, c: &Config, w: &Weights) -> Option<L2Window> {
+        self.window(L2Target::Head, head_region(c, w))
+    }
+
+    /// Layer `lw`'s router fold's window, where the plan holds it and the layer has one.
+    pub fn fold(&self, c: &Config, lw: &LayerW) -> Option<L2Window> {
+        self.window(L2Target::Fold, fold_region(c, lw)?)
+    }
+
+    fn window(&self, t: L2Target, (base, bytes): (u64, usize)) -> Option<L2Window> {
+        (self.hit_ratio > 0.0 && self.targets.contains(&t)).then(|| L2Window {
+            base,
+            bytes: bytes.min(self.max_window),
+            hit_ratio: self.hit_ratio,
+        })
+    }
+}
+
+/// The share of each window's lines that persist so that all of them together fill
+/// `persisting` bytes (at most every line).
+fn hit_ratio(persisting: usize, regions: usize) -> f32 {
+    (persisting as f64 / regions.max(1) as f64).min(1.0) as f32
+}
+
+/// (base, bytes) of every region `targets` name.
+fn regions<'a>(
+    c: &'a Config,
+    w: &'a Weights,
+    targets: &'a [L2Target],
+) -> impl Iterator<Item = (u64, usize)> + 'a {
+    let head = targets.contains(&L2Target::Head).then(|| head_region(c, w));
+    let folds = w
+        .layers
+        .iter()
+        .filter(|_| targets.contains(&L2Target::Fold))
+        .filter_map(|lw| fold_region(c, lw));
+    head.into_iter().chain(folds)
+}
+
+fn head_region(c: &Config, w: &Weights) -> (u64, usize) {
+    (
+        w.output.data,
+        crate::step::weight_bytes(&w.output, c.vocab_size) as usize,
+    )
+}
+
+fn fold_region(c: &Config, lw: &LayerW) -> Option<(u64, usize)> {
+    (lw.router_fold != 0).then_some((lw.router_fold, c.n_expert * c.q_dim() * 4))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hit_ratio_fills_the_set_aside_and_never_passes_one() {
+        assert_eq!(hit_ratio(30 << 20, 120 << 20), 0.25);
+        assert_eq!(hit_ratio(30 << 20, 10 << 20), 1.0);
+        assert_eq!(hit_ratio(0, 10 << 20), 0.0);
+        assert_eq!(hit_ratio(1, 0), 1.0);
+    }
+
+    #[test]
+    fn targets_parse_and_unknown_ones_are_named() {
+        assert_eq!(
+            L2Target::parse_list("head, fold").unwrap(),
+            [L2Target::Head, L2Target::Fold]
+        );
+        assert!(L2Target::parse_list("none").unwrap().is_empty());
+        assert!(L2Target::parse_list("").unwrap().is_empty());
+        let err = L2Target::parse_list("head,experts").unwrap_err();
+        assert!(err.contains("'experts'"), "{err}");
+    }
+}
