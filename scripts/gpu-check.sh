@@ -13,7 +13,7 @@
 #                 racecheck (below).
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches,
 #                 the graph with programmatic dependent launch (the default), the fused step;
-#                 AB_ENVS="A=1 B=2" times those settings instead.
+#                 AB_ENVS="A=1 B=2" times those settings instead ("A=1+B=2": both at once).
 #   parity:<V=x>  the CPU-parity tests with environment setting V=x.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"; a variant
 #                 of the kernels only is variants/<name>/cu/*.cu*, run by the carried binaries
@@ -194,7 +194,7 @@ for s in $steps; do
       q=$(step_quant "$s")
       model $q
       for env in ${AB_ENVS:-Q4MOE_CUDA_PDL=0 Q4MOE_CUDA_PDL=1 Q4MOE_CUDA_FUSED=1}; do
-        r=$(export $env; quick "$Q" $q)
+        r=$(export ${env//+/ }; quick "$Q" $q)
         say "ab $q [$env]: $r"
       done ;;
     parity:*)

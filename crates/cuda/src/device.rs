@@ -521,7 +521,10 @@ impl Device {
                 base_ptr: w.base as *mut c_void,
                 num_bytes: w.bytes,
                 hitRatio: w.hit_ratio,
-                hitProp: sys::CUaccessProperty::CU_ACCESS_PROPERTY_PERSISTING,
+                hitProp: match w.persist {
+                    true => sys::CUaccessProperty::CU_ACCESS_PROPERTY_PERSISTING,
+                    false => sys::CUaccessProperty::CU_ACCESS_PROPERTY_STREAMING,
+                },
                 missProp: sys::CUaccessProperty::CU_ACCESS_PROPERTY_STREAMING,
             };
             n += 1;

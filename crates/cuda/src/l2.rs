@@ -4,10 +4,13 @@
 //! an access-policy window (its hit ratio spreading the set-aside over them), those lines stay
 //! resident and every later token reads them from L2 instead of DRAM. The output head reads
 //! at DRAM bandwidth (~3.9 TB/s), so each byte of it held saves that byte's read time.
+//! The other way round (CudaOptions::l2_stream), the layers' weight launches mark their weights
+//! streaming (evicted first), so what is read again (activations, the KV cache) keeps the L2.
 
 use q4moe_model::Config;
 
 use crate::device::Device;
+use crate::params::Qw;
 use crate::weights::{LayerW, Weights};
 use crate::{CudaOptions, Result};
 
@@ -36,13 +39,14 @@ impl L2Target {
     }
 }
 
-/// A launch's access-policy window: `hit_ratio` of the lines in [base, base + bytes) persist
-/// in L2, the rest stream (evicted first).
+/// A launch's access-policy window: with `persist`, `hit_ratio` of the lines in
+/// [base, base + bytes) persist in L2 and the rest stream (evicted first); without, all stream.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct L2Window {
     pub base: u64,
     pub bytes: usize,
     pub hit_ratio: f32,
+    pub persist: bool,
 }
 
 /// Which launches get a window, and with what hit ratio; the default holds nothing.
@@ -51,6 +55,7 @@ pub struct L2Plan {
     targets: Vec<L2Target>,
     hit_ratio: f32,
     max_window: usize,
+    stream: bool,
     /// L2 bytes set aside for persisting lines (0: none).
     pub persisting_bytes: usize,
 }
@@ -66,8 +71,13 @@ impl L2Plan {
         let regions: usize = regions(c, w, &opts.l2_targets)
             .map(|(_, bytes)| bytes.min(max_window))
             .sum();
+        let stream = opts.l2_stream && max_window > 0;
         if want.min(max_persist) == 0 || regions == 0 {
-            return Ok(L2Plan::default());
+            return Ok(L2Plan {
+                max_window,
+                stream,
+                ..L2Plan::default()
+            });
         }
         let persisting_bytes = dev.set_persisting_l2(want.min(max_persist))?;
         let hit_ratio = hit_ratio(persisting_bytes, regions);
@@ -80,25 +90,47 @@ impl L2Plan {
             targets: opts.l2_targets.clone(),
             hit_ratio,
             max_window,
+            stream,
             persisting_bytes,
         })
     }
 
-    /// The output head's window, where the plan holds it.
+    /// The output head's window: persisting where the plan holds it, else streaming.
     pub fn head(&self, c: &Config, w: &Weights) -> Option<L2Window> {
-        self.window(L2Target::Head, head_region(c, w))
+        self.persisting(L2Target::Head, head_region(c, w))
+            .or_else(|| self.stream(&[(w.output, c.vocab_size)]))
     }
 
-    /// Layer `lw`'s router fold's window, where the plan holds it and the layer has one.
-    pub fn fold(&self, c: &Config, lw: &LayerW) -> Option<L2Window> {
-        self.window(L2Target::Fold, fold_region(c, lw)?)
+    /// o_proj_router's window: the layer's router fold persisting where the plan holds it,
+    /// else o and the router rows streaming.
+    pub fn o_proj(&self, c: &Config, lw: &LayerW) -> Option<L2Window> {
+        fold_region(c, lw)
+            .and_then(|r| self.persisting(L2Target::Fold, r))
+            .or_else(|| self.stream(&[(lw.o, c.d_model), (lw.router, c.n_expert)]))
     }
 
-    fn window(&self, t: L2Target, (base, bytes): (u64, usize)) -> Option<L2Window> {
+    /// A streaming window over matrices (Qw, rows) that lie together (the weights' plan keeps
+    /// a layer's in order), where the plan streams.
+    pub fn stream(&self, mats: &[(Qw, usize)]) -> Option<L2Window> {
+        let start = mats.iter().map(|(w, _)| w.data).min()?;
+        let end = mats
+            .iter()
+            .map(|(w, rows)| w.data + crate::step::weight_bytes(w, *rows))
+            .max()?;
+        self.stream.then(|| L2Window {
+            base: start,
+            bytes: ((end - start) as usize).min(self.max_window),
+            hit_ratio: 1.0,
+            persist: false,
+        })
+    }
+
+    fn persisting(&self, t: L2Target, (base, bytes): (u64, usize)) -> Option<L2Window> {
         (self.hit_ratio > 0.0 && self.targets.contains(&t)).then(|| L2Window {
             base,
             bytes: bytes.min(self.max_window),
             hit_ratio: self.hit_ratio,
+            persist: true,
         })
     }
 }

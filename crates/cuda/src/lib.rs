@@ -83,9 +83,13 @@ pub struct CudaOptions {
     /// L2 set aside for weights every token reads (l2.rs), in MiB: None = as much as the
     /// device allows, Some(0) = none. Q4MOE_CUDA_L2_PERSIST=<MiB> sets it.
     pub l2_persist_mib: Option<usize>,
-    /// The weights the set-aside L2 holds. Default: the output head.
+    /// The weights the set-aside L2 holds (none by default: the head measured slower, the set-
+    /// aside costing the layers more than the head gained; NOTES.md session 35).
     /// Q4MOE_CUDA_L2_TARGET=head,fold|none sets them (an unknown name is an error at start-up).
     pub l2_targets: Vec<L2Target>,
+    /// The layers' weight launches mark their weights streaming in L2 (l2.rs), so the data
+    /// read again keeps the cache. Q4MOE_CUDA_L2_STREAM=1 turns it on.
+    pub l2_stream: bool,
 }
 
 impl Default for CudaOptions {
@@ -120,7 +124,8 @@ impl Default for CudaOptions {
             l2_persist_mib: std::env::var("Q4MOE_CUDA_L2_PERSIST")
                 .ok()
                 .and_then(|v| v.parse().ok()),
-            l2_targets: vec![L2Target::Head],
+            l2_targets: Vec::new(),
+            l2_stream: std::env::var("Q4MOE_CUDA_L2_STREAM").is_ok_and(|v| v == "1"),
         }
     }
 }

@@ -437,7 +437,7 @@ fn layer_o_proj_router(
         q_dim: c.q_dim() as i32,
         n_used: c.n_expert_used as i32,
     };
-    o_proj_router(lw.o, &lw.router, s.attn.ptr, x_out, r).with_l2(s.l2.fold(c, lw))
+    o_proj_router(lw.o, &lw.router, s.attn.ptr, x_out, r).with_l2(s.l2.o_proj(c, lw))
 }
 
 /// The device sampler's settings for `p`, or None when it needs the host sampler (top-k above
@@ -680,7 +680,9 @@ fn layer(
         eps: c.rms_eps,
         ..Mv::new(&qkv, x, c.d_model)
     };
-    out.push(matvec("qkv", &qkv));
+    let stream =
+        s.l2.stream(&[(lw.q, q_dim), (lw.k, kv_dim), (lw.v, kv_dim)]);
+    out.push(matvec("qkv", &qkv).with_l2(stream));
     let (kc, vc) = kv.layer(c, l);
     let group = c.n_head / c.n_kv_head.max(1);
     let gqa = !legacy()
@@ -883,6 +885,7 @@ fn experts(
         rows_per_warp: drpw as i32,
     };
     let used = c.n_expert_used as u64;
+    let ffn_rows = c.n_expert * c.d_ff_expert;
     let down_grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
     let units = (c.d_ff_expert as u32).div_ceil(WARPS * grpw as u32);
     let cols = s.gate_up_cols[gmode as usize];
@@ -891,25 +894,31 @@ fn experts(
         c.n_expert_used as u32,
         1,
     );
-    out.push(Launch::new(
-        Kernel::MoeGateUp(gmode),
-        "moe_gate_up",
-        grid,
-        THREADS,
-        gate_up_smem(c),
-        &g,
-        used * (lw.slab[0] + lw.slab[1]),
-    ));
+    out.push(
+        Launch::new(
+            Kernel::MoeGateUp(gmode),
+            "moe_gate_up",
+            grid,
+            THREADS,
+            gate_up_smem(c),
+            &g,
+            used * (lw.slab[0] + lw.slab[1]),
+        )
+        .with_l2(s.l2.stream(&[(lw.gate, ffn_rows), (lw.up, ffn_rows)])),
+    );
     let smem = (h_floats * 4) as u32 + EXPERTS_SMEM + 32 * 4; // + fold_weights' sums
-    out.push(Launch::new(
-        Kernel::MoeDown(dmode),
-        "moe_down",
-        down_grid,
-        THREADS,
-        smem,
-        &d,
-        used * lw.slab[2],
-    ));
+    out.push(
+        Launch::new(
+            Kernel::MoeDown(dmode),
+            "moe_down",
+            down_grid,
+            THREADS,
+            smem,
+            &d,
+            used * lw.slab[2],
+        )
+        .with_l2(s.l2.stream(&[(lw.down, c.n_expert * c.d_model)])),
+    );
 }
 
 /// Shared memory of the experts' ids and weights (moe.cu Experts::scratch: 64 floats).

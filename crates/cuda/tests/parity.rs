@@ -310,14 +310,15 @@ fn tiny_router_unfolded() {
     }
 }
 
-/// The set-aside L2 holding the head and the router folds (l2.rs), 1 MiB of it: the launches'
-/// access-policy windows change where lines live, never a value.
+/// The set-aside L2 holding the head and the router folds (l2.rs), 1 MiB of it, and the other
+/// weight launches streaming: the access-policy windows change where lines live, never a value.
 #[test]
 fn tiny_l2_held() {
     for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
         let opts = CudaOptions {
             l2_persist_mib: Some(1),
             l2_targets: vec![L2Target::Head, L2Target::Fold],
+            l2_stream: true,
             ..Default::default()
         };
         run_with(Config::tiny(), q, opts);
