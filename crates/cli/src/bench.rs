@@ -316,11 +316,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let open_s = opened.elapsed().as_secs_f64();
     eprintln!("backend ready in {open_s:.2} s");
     let info = backend.get().info();
-    if info.l2_persisting_bytes > 0 {
-        eprintln!(
-            "L2 set aside for weights across tokens: {:.1} MiB",
-            info.l2_persisting_bytes as f64 / (1u64 << 20) as f64
-        );
+    if !info.cache_policy.is_empty() {
+        eprintln!("cache policy: {}", info.cache_policy);
     }
     let prompt = random_prompt(a.prompt_len, model.config.vocab_size, a.seed);
     let mut results = Vec::new();

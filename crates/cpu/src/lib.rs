@@ -165,7 +165,7 @@ impl Backend for CpuBackend {
             resident_bytes: self.model.weight_bytes(),
             kv_capacity: self.kv_capacity,
             kv_type: self.kv_type,
-            l2_persisting_bytes: 0,
+            cache_policy: String::new(),
         }
     }
 

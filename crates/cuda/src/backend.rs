@@ -666,7 +666,7 @@ impl Backend for CudaBackend {
             resident_bytes: self.w.resident_bytes() as u64,
             kv_capacity: self.opts.kv_capacity,
             kv_type: self.opts.kv_type,
-            l2_persisting_bytes: self.scratch.l2.persisting_bytes as u64,
+            cache_policy: self.scratch.l2.describe(),
         }
     }
 

@@ -57,7 +57,7 @@ pub struct L2Plan {
     max_window: usize,
     stream: bool,
     /// L2 bytes set aside for persisting lines (0: none).
-    pub persisting_bytes: usize,
+    persisting_bytes: usize,
 }
 
 impl L2Plan {
@@ -93,6 +93,18 @@ impl L2Plan {
             stream,
             persisting_bytes,
         })
+    }
+
+    /// The policy in words, for benchmark records.
+    pub fn describe(&self) -> String {
+        let stream = match self.stream {
+            true => "weight launches streaming in L2 (evict-first windows)",
+            false => "weight launches normal in L2",
+        };
+        match self.persisting_bytes {
+            0 => format!("{stream}; no L2 set aside"),
+            n => format!("{stream}; {n} bytes of L2 persisting {:?}", self.targets),
+        }
     }
 
     /// The output head's window: persisting where the plan holds it, else streaming.

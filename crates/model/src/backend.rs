@@ -148,8 +148,8 @@ pub struct BackendInfo {
     /// Positions each session may hold.
     pub kv_capacity: usize,
     pub kv_type: KvType,
-    /// Device cache bytes set aside to hold weights across tokens (0: none).
-    pub l2_persisting_bytes: u64,
+    /// How the device's cache treats the weights (empty where there is no such policy).
+    pub cache_policy: String,
 }
 
 /// One decode run: feed `first_token` at the session's current length, then keep sampling and

@@ -122,7 +122,7 @@ pub fn build(
         "quant_bytes_by_type": quant_summary(m),
         "backend": info.kind, "device": info.device,
         "resident_bytes": info.resident_bytes,
-        "l2_persisting_bytes": info.l2_persisting_bytes,
+        "cache_policy": info.cache_policy,
         "backend_open_seconds": extras.open_s,
         "kv_type": info.kv_type.name(),
         "gpu_prefill_chunk": super::prefill_chunk(a),
