@@ -551,26 +551,14 @@ __device__ __forceinline__ u32 nibble(const uint4& q, int j) {
     return j < 16 ? byte & 15 : byte >> 4;
 }
 
-// Weight loads. WEIGHT_CS (device.rs compile_options, Q4MOE_CUDA_WEIGHT_CS=1) marks them
-// evict-first in L1 and L2 (ld.global.cs): a token streams ~1.9 GB of weights read once, and
-// without the hint each line pushes out data the step reads again (activations, partials, the
-// KV cache). Plain asm, neither volatile nor clobbering memory, so ptxas keeps its schedule.
-#ifdef WEIGHT_CS
-template <class T>
-__device__ __forceinline__ T ldw(const T* p) { return __ldcs(p); }
-#else
-template <class T>
-__device__ __forceinline__ T ldw(const T* p) { return *p; }
-#endif
-
 // One 32-weight block of a split type in registers: load(w, block index), then dot(x) against
 // its 32 padded activations (weight(j): one weight, for the embedding look-up).
 struct Q4_0Piece {
     uint4 q;
     u16 d;
     __device__ __forceinline__ void load(const QW& w, u64 bi) {
-        q = ldw((const uint4*)w.data + bi);
-        d = ldw((const u16*)w.scales + bi);
+        q = ((const uint4*)w.data)[bi];
+        d = ((const u16*)w.scales)[bi];
     }
     template <class X>
     __device__ __forceinline__ float dot(const X* x) const { return q4_0_item(q, d, x); }
@@ -587,11 +575,11 @@ struct Q4_KPieceT {
     u32 dm;  // d | dmin << 16 (f16 bits)
     u32 sm;  // scale | min << 8
     __device__ __forceinline__ void load(const QW& w, u64 bi) {
-        q = ldw((const uint4*)w.data + bi);
+        q = ((const uint4*)w.data)[bi];
         u32 b32 = (u32)bi;
         const u8* a = (const u8*)w.scales + (AUX32 ? (u64)((b32 >> 3) * 24u) : (bi >> 3) * 24);
-        dm = ldw((const u32*)a);
-        sm = ldw((const u16*)(a + 4 + (AUX32 ? b32 & 7 : bi & 7) * 2));
+        dm = *(const u32*)a;
+        sm = *(const u16*)(a + 4 + (AUX32 ? b32 & 7 : bi & 7) * 2);
     }
     // d * scale and dmin * min of the block (ggml's association)
     __device__ __forceinline__ float scale() const { return h2f((u16)(dm & 0xffff)) * (float)(sm & 0xff); }
@@ -607,10 +595,10 @@ struct Q6_KPiece {
     uint2 g;
     u32 s;
     __device__ __forceinline__ void load(const QW& w, u64 bi) {
-        q = ldw((const uint4*)w.data + bi);
+        q = ((const uint4*)w.data)[bi];
         const u8* a = (const u8*)w.scales + (bi >> 3) * 96;
-        g = ldw((const uint2*)(a + (bi & 7) * 8));
-        s = ldw((const u32*)(a + 64 + (bi & 7) * 4));
+        g = *(const uint2*)(a + (bi & 7) * 8);
+        s = *(const u32*)(a + 64 + (bi & 7) * 4);
     }
     template <class X>
     __device__ __forceinline__ float dot(const X* x) const { return q6_k_item(q, g, s, x); }

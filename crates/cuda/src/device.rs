@@ -693,9 +693,6 @@ fn compile_options(maj: i32, min: i32, kv_type: KvType) -> Vec<String> {
     if crate::timeline::enabled() {
         opts.push("-DQ4MOE_TIMELINE".into()); // common.cuh's pdl_wait probe
     }
-    if std::env::var("Q4MOE_CUDA_WEIGHT_CS").is_ok_and(|v| v == "1") {
-        opts.push("-DWEIGHT_CS".into()); // common.cuh's ldw: weight loads evict-first
-    }
     opts
 }
 
