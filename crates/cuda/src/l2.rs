@@ -129,20 +129,28 @@ impl L2Plan {
             .iter()
             .map(|(w, rows)| w.data + crate::step::weight_bytes(w, *rows))
             .max()?;
-        self.stream.then(|| L2Window {
-            base: start,
-            bytes: ((end - start) as usize).min(self.max_window),
-            hit_ratio: 1.0,
-            persist: false,
-        })
+        self.stream
+            .then(|| self.window((start, (end - start) as usize), 1.0, false))?
     }
 
-    fn persisting(&self, t: L2Target, (base, bytes): (u64, usize)) -> Option<L2Window> {
-        (self.hit_ratio > 0.0 && self.targets.contains(&t)).then(|| L2Window {
+    fn persisting(&self, t: L2Target, region: (u64, usize)) -> Option<L2Window> {
+        (self.hit_ratio > 0.0 && self.targets.contains(&t))
+            .then(|| self.window(region, self.hit_ratio, true))?
+    }
+
+    /// A window over `region` as far as the device's largest reaches; none over nothing.
+    fn window(
+        &self,
+        (base, bytes): (u64, usize),
+        hit_ratio: f32,
+        persist: bool,
+    ) -> Option<L2Window> {
+        let bytes = bytes.min(self.max_window);
+        (base != 0 && bytes > 0).then_some(L2Window {
             base,
-            bytes: bytes.min(self.max_window),
-            hit_ratio: self.hit_ratio,
-            persist: true,
+            bytes,
+            hit_ratio,
+            persist,
         })
     }
 }
@@ -189,6 +197,38 @@ mod tests {
         assert_eq!(hit_ratio(30 << 20, 10 << 20), 1.0);
         assert_eq!(hit_ratio(0, 10 << 20), 0.0);
         assert_eq!(hit_ratio(1, 0), 1.0);
+    }
+
+    fn q4_0(data: u64, k: i32) -> Qw {
+        Qw {
+            data,
+            scales: 0,
+            ty: q4moe_gguf::GgmlType::Q4_0.id() as i32,
+            k,
+        }
+    }
+
+    #[test]
+    fn a_stream_window_spans_its_matrices_up_to_the_largest_window() {
+        let plan = L2Plan {
+            stream: true,
+            max_window: 1 << 20,
+            ..L2Plan::default()
+        };
+        // 64 weights a row: 2 blocks of 18 device bytes (nibbles and scale).
+        let (a, b) = (q4_0(4096, 64), q4_0(4096 + 10 * 36, 64));
+        let w = plan.stream(&[(b, 4), (a, 10)]).unwrap();
+        assert_eq!((w.base, w.bytes, w.persist), (4096, 14 * 36, false));
+        assert_eq!(w.hit_ratio, 1.0);
+        let big = plan.stream(&[(a, 1 << 20)]).unwrap();
+        assert_eq!(big.bytes, 1 << 20);
+        assert!(plan.stream(&[]).is_none());
+        assert!(plan.stream(&[(a, 0)]).is_none());
+        let off = L2Plan {
+            stream: false,
+            ..plan
+        };
+        assert!(off.stream(&[(a, 10)]).is_none());
     }
 
     #[test]
