@@ -591,7 +591,8 @@ pub struct Launch {
     pub params: Vec<u64>,
     /// Weight bytes the launch reads (for the per-kernel profile).
     pub bytes_read: u64,
-    /// Its access-policy window where it reads weights the set-aside L2 holds (l2.rs).
+    /// Its access-policy window over the weights it reads: streaming, or persisting in the
+    /// set-aside L2 (l2.rs).
     pub l2: Option<L2Window>,
 }
 

@@ -1,11 +1,13 @@
-//! L2 persistence for weights every token reads. A token streams ~1.9 GB of weights through a
-//! 50 MB L2, so no weight line survives from one token to the next. With part of the L2 set
-//! aside for persisting lines (cuCtxSetLimit) and the launches that read chosen weights given
-//! an access-policy window (its hit ratio spreading the set-aside over them), those lines stay
-//! resident and every later token reads them from L2 instead of DRAM. The output head reads
-//! at DRAM bandwidth (~3.9 TB/s), so each byte of it held saves that byte's read time.
-//! The other way round (CudaOptions::l2_stream), the layers' weight launches mark their weights
-//! streaming (evicted first), so what is read again (activations, the KV cache) keeps the L2.
+//! How the weights use the L2 cache, set by access-policy windows on the launches that read
+//! them. A token streams ~1.9 GB of weights through a 50 MB L2, each line read once, while the
+//! step's own data (the residual, partials, router slots, the new K/V rows, the flags blocks
+//! poll) is read again a few µs later. By default (CudaOptions::l2_stream) the weight launches
+//! mark their weights streaming, evicted first, so the step's own lines stay (session 35:
+//! +0.2-0.3%). The other way round, part of the L2 can be set aside (cuCtxSetLimit) for
+//! persisting lines of chosen weights (CudaOptions::l2_targets: the output head, read at DRAM
+//! bandwidth, or the router folds), the hit ratio spreading the set-aside over them, so later
+//! tokens read those from L2; off by default: on the H200 the layers lost more to the smaller
+//! normal L2 than the held weights saved (-2% to -4%, NOTES.md session 35).
 
 use q4moe_model::Config;
 
