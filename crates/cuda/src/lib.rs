@@ -80,8 +80,8 @@ pub struct CudaOptions {
     /// among the slots (no second wave of block starts); Some(0): a block a unit; Some(n): at
     /// most n. Q4MOE_CUDA_GU_COLS=<n> sets it (A/B measurements; the parity tests walk at 1).
     pub gate_up_cols: Option<u32>,
-    /// L2 set aside for weights every token reads (l2.rs), in MiB: None = as much as the
-    /// device allows, Some(0) = none. Q4MOE_CUDA_L2_PERSIST=<MiB> sets it.
+    /// L2 set aside for `l2_targets` (l2.rs), in MiB: None = as much as the device allows,
+    /// Some(0) = none. Q4MOE_CUDA_L2_PERSIST=<MiB> sets it.
     pub l2_persist_mib: Option<usize>,
     /// The weights the set-aside L2 holds (none by default: the head measured slower, the set-
     /// aside costing the layers more than the head gained; NOTES.md session 35).

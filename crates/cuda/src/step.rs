@@ -97,7 +97,7 @@ pub struct Scratch {
     /// moe_gate_up's grid along a slot's units, by mode (CudaOptions::gate_up_cols; 0: a block
     /// a unit, as the generic mode always takes).
     pub gate_up_cols: [u32; GATE_UP.len()],
-    /// Which launches read weights the set-aside L2 holds (l2.rs).
+    /// The weights' L2 policy: which launches get which access-policy window (l2.rs).
     pub l2: L2Plan,
 }
 
