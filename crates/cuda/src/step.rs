@@ -675,13 +675,12 @@ fn layer(
         (lw.k, s.qkv.ptr + 4 * q_dim as u64, kv_dim),
         (lw.v, s.qkv.ptr + 4 * (q_dim + kv_dim) as u64, kv_dim),
     ];
+    let stream = s.l2.stream(&qkv.map(|(w, _, rows)| (w, rows)));
     let qkv = Mv {
         norm: lw.attn_norm,
         eps: c.rms_eps,
         ..Mv::new(&qkv, x, c.d_model)
     };
-    let stream =
-        s.l2.stream(&[(lw.q, q_dim), (lw.k, kv_dim), (lw.v, kv_dim)]);
     out.push(matvec("qkv", &qkv).with_l2(stream));
     let (kc, vc) = kv.layer(c, l);
     let group = c.n_head / c.n_kv_head.max(1);
