@@ -32,4 +32,12 @@ fn main() {
             if ran { "" } else { "  (COUNT WRONG)" }
         );
     }
+    // A step's boundary: one graph replay per step with nothing between (bare), between the
+    // events that time it (evented), with the copy read-back's copy too (copied), two steps in
+    // one graph (joined).
+    let b = dev.step_boundary(n, 132, reps).expect("step boundary");
+    println!(
+        "  step of {n} launches: {:.2} us bare, {:.2} us with events, {:.2} us with the copy read-back, {:.2} us two steps a graph",
+        b.bare, b.evented, b.copied, b.joined
+    );
 }

@@ -32,6 +32,21 @@ struct StepState {
     u32 pos;    // position it is written at
 };
 
+// Slots of the host's step-state ring (backend.rs RING): a step at position pos is read back
+// from slot pos % STATE_RING.
+#define STATE_RING 8
+
+// The step's token choice: the next token into the state and the position advanced, and, with
+// `publish` (a host-mapped StepState ring, CudaOptions::mapped_readback), the new state into the
+// slot of the step's position as one 8-byte store, so no copy after the step has to read it
+// back. One thread calls it.
+__device__ __forceinline__ void finish_step(StepState* st, u32 token, u64 publish) {
+    u32 pos = st->pos;
+    st->token = token;
+    st->pos = pos + 1;
+    if (publish) ((volatile unsigned long long*)publish)[pos & (STATE_RING - 1)] = (unsigned long long)token | (unsigned long long)(pos + 1) << 32;
+}
+
 // A block's place in its op's grid. Standalone kernels take blockIdx/gridDim; the fused step
 // (fused.cu) runs every op of the step in one persistent grid and hands each block its units.
 struct Unit {

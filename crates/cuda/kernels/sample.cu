@@ -5,6 +5,7 @@ struct ArgmaxParams {
     u64 part_v;   // float* [n_blocks]
     u64 part_i;   // int* [n_blocks]
     u64 state;    // StepState*
+    u64 publish;  // host-mapped StepState [STATE_RING] or 0 (finish_step)
     int n;
     int n_blocks;
 };
@@ -62,11 +63,7 @@ __device__ __forceinline__ void argmax_final_unit(const ArgmaxParams& p, float* 
     for (int i = threadIdx.x; i < p.n_blocks; i += blockDim.x)
         better(bv, bi, ((const float*)p.part_v)[i], ((const int*)p.part_i)[i]);
     block_argmax(bv, bi, sv, si);
-    if (threadIdx.x == 0) {
-        StepState* st = (StepState*)p.state;
-        st->token = bi == 0x7fffffff ? 0u : (u32)bi;  // all NaN: token 0, like sampling::argmax
-        st->pos += 1;
-    }
+    if (threadIdx.x == 0) finish_step((StepState*)p.state, bi == 0x7fffffff ? 0u : (u32)bi, p.publish);  // all NaN: token 0, like sampling::argmax
 }
 
 extern "C" __global__ void argmax_final(const ArgmaxParams p) {
@@ -103,6 +100,7 @@ struct SampleConfig {
 struct SampleParams {
     u64 logits;  // const float* [n]
     u64 state;   // StepState*: token written, pos advanced
+    u64 publish; // host-mapped StepState [STATE_RING] or 0 (finish_step)
     u64 cfg;     // const SampleConfig*
     u64 rng;     // u64* SplitMix64 state (advanced once per draw)
     u64 work;    // with a cut, sample_partial's candidates: u32 [n_blocks * kc] keys, then u32
@@ -661,19 +659,13 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
         for (int i = threadIdx.x; i < p.n; i += blockDim.x)
             if (lg[i] == lg[i]) better(bv, bi, lg[i], i);
         block_argmax(bv, bi, s.pr, (int*)s.scan);
-        if (threadIdx.x == 0) {
-            st->token = bi == 0x7fffffff ? 0u : (u32)bi;
-            st->pos += 1;
-        }
+        if (threadIdx.x == 0) finish_step(st, bi == 0x7fffffff ? 0u : (u32)bi, p.publish);
         return;
     }
     SampleMode mode = sample_mode(c, n_finite);
     if (mode != MODE_TOPK) {
         u32 tok = mode == MODE_WALK ? walk_chunks(p, s) : nucleus_draw(p, c, s);
-        if (threadIdx.x == 0) {
-            st->token = tok;
-            st->pos += 1;
-        }
+        if (threadIdx.x == 0) finish_step(st, tok, p.publish);
         return;
     }
     int kc = cand_stride(c), k = min(kc, (int)n_finite);
@@ -714,8 +706,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MAX_K) sample_topk(const Sam
         r -= s.pr[i];
         if (r < 0.f) { tok = s.idx[i]; break; }
     }
-    st->token = tok;
-    st->pos += 1;
+    finish_step(st, tok, p.publish);
 }
 
 // The host sampler's penalties (q4moe_model::sampling::Sampler::apply_penalties) on the logits,

@@ -12,7 +12,7 @@ use q4moe_model::backend::{
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
 
-use crate::device::{DevBuf, Device, Launch};
+use crate::device::{DevBuf, Device, Launch, Pinned};
 use crate::fused::FusedStep;
 use crate::graph::Graph;
 use crate::l2::{L2Plan, L2Target};
@@ -23,8 +23,9 @@ use crate::timeline::{self, Timeline};
 use crate::weights::{self, Weights};
 use crate::{CudaError, CudaOptions, KernelTime, Result};
 
-/// Steps whose token can be in flight at once (pinned read-back slots, event pairs).
-const RING: usize = 8;
+/// Steps whose token can be in flight at once (pinned read-back slots, event pairs); the step
+/// at position pos uses slot pos % RING, as the kernels' finish_step publishes it.
+const RING: usize = crate::params::STATE_RING;
 /// A prompt's tokens queued on the device at once by `prefill` (pinned step states; the host
 /// waits for the queue once a round).
 const PREFILL_RING: usize = 64;
@@ -64,39 +65,6 @@ enum StepRef {
     Eager(Vec<Launch>),
     /// Index into the session's cache.
     Cached(usize),
-}
-
-/// Pinned host memory of `len` values for asynchronous read-back (the step state ring, the
-/// logits of the host sampler's steps): copies into it need no staging and no page pinning.
-struct Pinned<T> {
-    ptr: *mut T,
-    len: usize,
-}
-
-impl<T: Copy> Pinned<T> {
-    fn new(len: usize) -> Result<Self> {
-        // SAFETY: page-locked allocation of len values, freed once in Drop.
-        let ptr = unsafe { result::malloc_host(len * std::mem::size_of::<T>(), 0)? } as *mut T;
-        Ok(Pinned { ptr, len })
-    }
-    fn all(&mut self) -> &mut [T] {
-        // SAFETY: len values allocated in `new`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-    /// Ring slot i (modulo len), one value.
-    fn slot(&mut self, i: usize) -> &mut [T] {
-        let i = i % self.len;
-        &mut self.all()[i..i + 1]
-    }
-}
-
-impl<T> Drop for Pinned<T> {
-    fn drop(&mut self) {
-        // SAFETY: allocated by malloc_host in `new`; the owner keeps the context bound.
-        unsafe {
-            let _ = result::free_host(self.ptr as *mut _);
-        }
-    }
 }
 
 pub struct CudaBackend {
@@ -166,12 +134,16 @@ impl CudaBackend {
             opts.router_fold,
         )?;
         let l2 = L2Plan::new(&dev, &c, &w, &opts)?;
-        let scratch = Scratch::new(&dev, &c, &opts, l2)?;
+        let mut scratch = Scratch::new(&dev, &c, &opts, l2)?;
         let prefill = match chunk {
             0 => None,
             n => Some(Prefill::new(&dev, &c, n, opts.prefill_part_budget)?),
         };
-        let pinned = Pinned::new(RING)?;
+        let pinned = match opts.mapped_readback {
+            true => Pinned::mapped(RING)?,
+            false => Pinned::new(RING)?,
+        };
+        scratch.publish = pinned.device_ptr();
         let prompt_states = Pinned::new(PREFILL_RING)?;
         let host_logits = Pinned::new(c.vocab_size)?;
         let events = (0..RING)
@@ -351,16 +323,19 @@ impl CudaBackend {
         Ok(StepRef::Cached(sess.cache.len() - 1))
     }
 
-    /// Submits one step (graph replay or eager launches), then the state read-back into pinned
-    /// slot `slot`, bracketed by the slot's events.
-    fn submit(&mut self, id: SessionId, step: StepRef, slot: usize) -> Result<()> {
-        let (e0, e1) = self.events[slot % RING];
+    /// Submits the step at position `pos` (graph replay or eager launches), bracketed by its
+    /// slot's events; its state reaches the slot's pinned memory from the step's own token
+    /// choice (mapped read-back) or by a copy after the step.
+    fn submit(&mut self, id: SessionId, step: StepRef, pos: usize) -> Result<()> {
+        let (e0, e1) = self.events[pos % RING];
         unsafe { result::event::record(e0, self.dev.stream)? };
         self.run_step(id, step)?;
         let st = self.scratch.state.ptr;
         // SAFETY: pinned slot of one StepState; copied in stream order after the step.
         unsafe {
-            result::memcpy_dtoh_async(self.pinned.slot(slot), st, self.dev.stream)?;
+            if self.scratch.publish == 0 {
+                result::memcpy_dtoh_async(self.pinned.slot(pos), st, self.dev.stream)?;
+            }
             result::event::record(e1, self.dev.stream)?;
         }
         Ok(())
@@ -487,17 +462,29 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Waits for slot `slot`; returns the state it read back and the step's GPU time.
-    fn wait(&mut self, slot: usize) -> Result<(StepState, Duration)> {
-        let (e0, e1) = self.events[slot % RING];
+    /// Waits for the step at position `pos`; returns the state it read back and the step's GPU
+    /// time. The state must be the step's (position pos + 1): a mapped write that has not
+    /// arrived yet is waited for (briefly), anything else is an error, not a token.
+    fn wait(&mut self, pos: usize) -> Result<(StepState, Duration)> {
+        let (e0, e1) = self.events[pos % RING];
         let ms = unsafe {
             result::event::synchronize(e1)?;
             result::event::elapsed(e0, e1)?
         };
-        Ok((
-            self.pinned.slot(slot)[0],
-            Duration::from_secs_f64(ms as f64 * 1e-3),
-        ))
+        let want = pos as u32 + 1;
+        let t0 = Instant::now();
+        let mut st = self.pinned.read(pos);
+        while st.pos != want && t0.elapsed() < Duration::from_secs(1) {
+            std::hint::spin_loop();
+            st = self.pinned.read(pos);
+        }
+        if st.pos != want {
+            return Err(CudaError::ReadBack(format!(
+                "the step at position {pos} read back a state of position {} (want {want})",
+                st.pos
+            )));
+        }
+        Ok((st, Duration::from_secs_f64(ms as f64 * 1e-3)))
     }
 
     fn set_state(&mut self, st: StepState) -> Result<()> {
@@ -520,7 +507,7 @@ impl CudaBackend {
             pos: pos as u32,
         })?;
         let step = self.setup(id, Ending::Head(Choice::default()))?;
-        self.submit(id, step, 0)?;
+        self.submit(id, step, pos)?;
         if logits_to_host {
             // SAFETY: vocab_size pinned floats; copied in stream order after the step.
             unsafe {
@@ -531,7 +518,7 @@ impl CudaBackend {
                 )?
             };
         }
-        let gpu = self.wait(0)?.1;
+        let gpu = self.wait(pos)?.1;
         if logits_to_host {
             self.dev.sync()?;
         }
@@ -592,7 +579,7 @@ impl CudaBackend {
                 let t0 = Instant::now();
                 let step = self.setup(id, ending)?;
                 let t1 = Instant::now();
-                self.submit(id, step, submitted)?;
+                self.submit(id, step, len0 + submitted)?;
                 if let Some(t) = self.recording(submitted) {
                     t.end_step(&self.dev, submitted)?;
                 }
@@ -601,7 +588,7 @@ impl CudaBackend {
                 submitted += 1;
             }
             let t0 = Instant::now();
-            let (st, gpu) = self.wait(handed)?;
+            let (st, gpu) = self.wait(len0 + handed)?;
             let t1 = Instant::now();
             stopped = on_token(TokenEvent {
                 token: st.token,

@@ -634,6 +634,80 @@ impl Launch {
     }
 }
 
+/// Pinned host memory of `len` values for asynchronous read-back (the step state ring, the
+/// logits of the host sampler's steps): copies into it need no staging and no page pinning.
+/// `mapped` ones are also in the device's address space (`device_ptr`), so kernels write them
+/// directly and no copy has to follow the kernel.
+pub(crate) struct Pinned<T> {
+    ptr: *mut T,
+    len: usize,
+    device_ptr: u64,
+}
+
+impl<T: Copy> Pinned<T> {
+    pub(crate) fn new(len: usize) -> Result<Self> {
+        Self::alloc(len, false)
+    }
+    /// Zeroed and mapped into the device's address space.
+    pub(crate) fn mapped(len: usize) -> Result<Self> {
+        Self::alloc(len, true)
+    }
+    fn alloc(len: usize, mapped: bool) -> Result<Self> {
+        let bytes = len * std::mem::size_of::<T>();
+        let flags = if mapped {
+            sys::CU_MEMHOSTALLOC_DEVICEMAP
+        } else {
+            0
+        };
+        // SAFETY: page-locked allocation of len values, freed once in Drop; a mapped one's
+        // device address comes from the driver and is zeroed before any kernel sees it.
+        unsafe {
+            let ptr = result::malloc_host(bytes, flags)? as *mut T;
+            let mut device_ptr = 0;
+            if mapped {
+                let got = sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr as *mut c_void, 0);
+                if let Err(e) = got.result() {
+                    let _ = result::free_host(ptr as *mut c_void);
+                    return Err(e.into());
+                }
+                std::ptr::write_bytes(ptr as *mut u8, 0, bytes);
+            }
+            Ok(Pinned {
+                ptr,
+                len,
+                device_ptr,
+            })
+        }
+    }
+    /// The device's address of a `mapped` allocation (0 otherwise).
+    pub(crate) fn device_ptr(&self) -> u64 {
+        self.device_ptr
+    }
+    pub(crate) fn all(&mut self) -> &mut [T] {
+        // SAFETY: len values allocated in `new`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    /// Ring slot i (modulo len), one value.
+    pub(crate) fn slot(&mut self, i: usize) -> &mut [T] {
+        let i = i % self.len;
+        &mut self.all()[i..i + 1]
+    }
+    /// Slot i (modulo len) read afresh: a kernel may have written it since the last read.
+    pub(crate) fn read(&self, i: usize) -> T {
+        // SAFETY: the slot is within the allocation; a volatile read of plain old data.
+        unsafe { std::ptr::read_volatile(self.ptr.add(i % self.len)) }
+    }
+}
+
+impl<T> Drop for Pinned<T> {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_host in `alloc`; the owner keeps the context bound.
+        unsafe {
+            let _ = result::free_host(self.ptr as *mut _);
+        }
+    }
+}
+
 /// A raw device allocation, freed on drop.
 pub struct DevBuf {
     pub ptr: u64,

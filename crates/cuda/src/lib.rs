@@ -91,6 +91,10 @@ pub struct CudaOptions {
     /// in L2 (l2.rs), so the data read again keeps the cache. On by default (session 35, one
     /// binary, 3 calls: +0.2% Q4_K_M, +0.3% Q4_0); Q4MOE_CUDA_L2_STREAM=0 turns it off.
     pub l2_stream: bool,
+    /// The step's token choice writes the new step state into host-mapped memory (common.cuh
+    /// finish_step), so no device-to-host copy sits between one step and the next in the
+    /// stream. Q4MOE_CUDA_READBACK=copy turns it off (a copy after each step, as before).
+    pub mapped_readback: bool,
 }
 
 impl Default for CudaOptions {
@@ -127,6 +131,7 @@ impl Default for CudaOptions {
                 .and_then(|v| v.parse().ok()),
             l2_targets: Vec::new(),
             l2_stream: std::env::var("Q4MOE_CUDA_L2_STREAM").map_or(true, |v| v != "0"),
+            mapped_readback: std::env::var("Q4MOE_CUDA_READBACK").map_or(true, |v| v != "copy"),
         }
     }
 }
@@ -157,6 +162,8 @@ pub enum CudaError {
     OutOfMemory { need: usize, free: usize },
     #[error("unsupported by the CUDA backend: {0}")]
     Unsupported(String),
+    #[error("step state read-back: {0}")]
+    ReadBack(String),
 }
 
 pub type Result<T> = std::result::Result<T, CudaError>;

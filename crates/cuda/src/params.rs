@@ -20,6 +20,10 @@ pub struct StepState {
     pub pos: u32,
 }
 
+/// `STATE_RING` in common.cuh: slots of the host's step-state ring; the step at position `pos`
+/// is read back from slot pos % STATE_RING (finish_step).
+pub const STATE_RING: usize = 8;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MatvecParams {
@@ -237,6 +241,8 @@ pub struct ArgmaxParams {
     pub part_v: u64,
     pub part_i: u64,
     pub state: u64,
+    /// Host-mapped StepState [STATE_RING], or 0 (common.cuh finish_step).
+    pub publish: u64,
     pub n: i32,
     pub n_blocks: i32,
 }
@@ -357,6 +363,8 @@ const _: () = assert!(std::mem::size_of::<SampleConfig>() == 32);
 pub struct SampleParams {
     pub logits: u64,
     pub state: u64,
+    /// Host-mapped StepState [STATE_RING], or 0 (common.cuh finish_step).
+    pub publish: u64,
     pub cfg: u64,
     pub rng: u64,
     pub work: u64,
@@ -367,7 +375,7 @@ pub struct SampleParams {
     pub n_blocks: i32,
     pub walk_cpb: i32,
 }
-const _: () = assert!(std::mem::size_of::<SampleParams>() == 80);
+const _: () = assert!(std::mem::size_of::<SampleParams>() == 88);
 
 /// `SAMPLE_MAX_K` in sample.cu: the largest top-k the device sampler takes (its block size).
 pub const SAMPLE_MAX_K: usize = 1024;

@@ -25,6 +25,10 @@ pub const ARGMAX_BLOCKS: usize = 128;
 pub struct Scratch {
     /// StepState
     pub state: DevBuf,
+    /// The host-mapped StepState ring the step's token choice writes (CudaOptions::
+    /// mapped_readback; the backend sets it before any step is built), or 0: the host copies
+    /// `state` back after each step.
+    pub publish: u64,
     /// [d_model] residual stream
     pub x: DevBuf,
     /// [d_model] the residual's second buffer with the folded router (`residual`)
@@ -120,6 +124,7 @@ impl Scratch {
         let (sample_work, sample_finite, sample_nucleus) = sample_bytes(c.vocab_size);
         Ok(Scratch {
             state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
+            publish: 0,
             x: f(c.d_model)?,
             x2: f(c.d_model)?,
             xn: f(c.d_model)?,
@@ -607,6 +612,7 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch>
     let p = SampleParams {
         logits: s.logits.ptr,
         state: s.state.ptr,
+        publish: s.publish,
         cfg: s.sample_cfg.ptr,
         rng: s.rng.ptr,
         work: s.sample_work.ptr,
@@ -641,6 +647,7 @@ fn argmax(c: &Config, s: &Scratch) -> [Launch; 2] {
         part_v: s.am_v.ptr,
         part_i: s.am_i.ptr,
         state: s.state.ptr,
+        publish: s.publish,
         n: c.vocab_size as i32,
         n_blocks: ARGMAX_BLOCKS as i32,
     };

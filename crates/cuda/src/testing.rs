@@ -4,7 +4,10 @@
 use q4moe_gguf::GgmlType;
 use q4moe_model::backend::KvType;
 
-use crate::device::{DevBuf, Device, Kernel, Launch};
+use cudarc::driver::{result, sys};
+
+use crate::device::{DevBuf, Device, Kernel, Launch, Pinned};
+use crate::graph::Graph;
 use crate::params::*;
 use crate::prefill;
 use crate::repack::{split_aux_bytes, split_planes};
@@ -40,6 +43,14 @@ pub struct AttentionCase {
     pub min_span: usize,
     /// Tiles a warp stages in shared memory (tensor cores only; AttnGqaParams::stage).
     pub stage: usize,
+}
+
+/// What `TestDevice::step_boundary` measured: microseconds a step.
+pub struct StepBoundary {
+    pub bare: f64,
+    pub evented: f64,
+    pub copied: f64,
+    pub joined: f64,
 }
 
 /// What `TestDevice::attention` returns.
@@ -333,7 +344,65 @@ impl TestDevice {
         reps: usize,
     ) -> Result<(f64, u32)> {
         let cell = self.upload(&[0u32])?;
-        let p = ProbeParams { cell: cell.ptr };
+        let graph = self.probe_graph(n, blocks, threads, cell.ptr)?;
+        graph.launch(&self.dev)?;
+        self.dev.sync()?;
+        let ms = self
+            .dev
+            .time_ms(|| (0..reps).try_for_each(|_| graph.launch(&self.dev)))?;
+        let mut count = [0u32];
+        cell.download(&self.dev, 0, &mut count)?;
+        Ok((ms as f64 * 1e3 / (n * reps) as f64, count[0]))
+    }
+
+    /// What the stream costs between two decode steps, apart from their kernels: microseconds a
+    /// replay of a graph of `n` probe launches (a step), replayed back to back (`bare`), each
+    /// replay followed by the 8-byte device-to-host copy and the two event records the copy
+    /// read-back puts after a step (`copied`), and a graph of 2n launches per two steps
+    /// (`joined`: no boundary between them).
+    pub fn step_boundary(&self, n: usize, blocks: u32, reps: usize) -> Result<StepBoundary> {
+        let cell = self.upload(&[0u32])?;
+        let one = self.probe_graph(n, blocks, 256, cell.ptr)?;
+        let two = self.probe_graph(2 * n, blocks, 256, cell.ptr)?;
+        let state = self.upload(&[StepState::default()])?;
+        let mut host = Pinned::<StepState>::new(1)?;
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let (e0, e1) = (result::event::create(flags)?, result::event::create(flags)?);
+        let stream = self.dev.stream;
+        let mut step = |copy: bool| -> Result<()> {
+            // SAFETY: our events and one pinned StepState, copied in stream order.
+            unsafe {
+                result::event::record(e0, stream)?;
+                one.launch(&self.dev)?;
+                if copy {
+                    result::memcpy_dtoh_async(host.all(), state.ptr, stream)?;
+                }
+                result::event::record(e1, stream)?;
+            }
+            Ok(())
+        };
+        let time = |work: &mut dyn FnMut() -> Result<()>, per: usize| -> Result<f64> {
+            work()?;
+            self.dev.sync()?;
+            let ms = self.dev.time_ms(|| (0..reps).try_for_each(|_| work()))?;
+            Ok(ms as f64 * 1e3 / (reps * per) as f64)
+        };
+        let out = StepBoundary {
+            bare: time(&mut || one.launch(&self.dev), 1)?,
+            evented: time(&mut || step(false), 1)?,
+            copied: time(&mut || step(true), 1)?,
+            joined: time(&mut || two.launch(&self.dev), 2)?,
+        };
+        // SAFETY: created above, no longer recorded.
+        unsafe {
+            let _ = result::event::destroy(e0);
+            let _ = result::event::destroy(e1);
+        }
+        Ok(out)
+    }
+
+    fn probe_graph(&self, n: usize, blocks: u32, threads: u32, cell: u64) -> Result<Graph> {
+        let p = ProbeParams { cell };
         let launches: Vec<Launch> = (0..n)
             .map(|_| {
                 Launch::new(
@@ -347,15 +416,7 @@ impl TestDevice {
                 )
             })
             .collect();
-        let graph = crate::graph::Graph::capture(&self.dev, &launches)?;
-        graph.launch(&self.dev)?;
-        self.dev.sync()?;
-        let ms = self
-            .dev
-            .time_ms(|| (0..reps).try_for_each(|_| graph.launch(&self.dev)))?;
-        let mut count = [0u32];
-        cell.download(&self.dev, 0, &mut count)?;
-        Ok((ms as f64 * 1e3 / (n * reps) as f64, count[0]))
+        Graph::capture(&self.dev, &launches)
     }
 
     /// Qwen3-shape attention (head_dim 128, 8 query heads a KV head) at position `pos` over an
@@ -422,19 +483,23 @@ impl TestDevice {
         })
     }
 
-    /// Greedy choice over `logits` through both arg-max stages.
+    /// Greedy choice over `logits` through both arg-max stages, the new state published into a
+    /// host-mapped ring as the decode's mapped read-back has it (checked against the device's).
     pub fn argmax(&self, logits: &[f32]) -> Result<u32> {
         let lb = self.upload(logits)?;
         let (pv, pi) = (self.poisoned(128)?, self.poisoned(128)?);
+        let pos = STATE_RING + 5; // a slot other than the position itself
         let st = self.upload(&[StepState {
             token: 12345,
-            pos: 7,
+            pos: pos as u32,
         }])?;
+        let ring = Pinned::<StepState>::mapped(STATE_RING)?;
         let p = ArgmaxParams {
             logits: lb.ptr,
             part_v: pv.ptr,
             part_i: pi.ptr,
             state: st.ptr,
+            publish: ring.device_ptr(),
             n: logits.len() as i32,
             n_blocks: 128,
         };
@@ -458,7 +523,14 @@ impl TestDevice {
         ))?;
         let mut s = [StepState::default()];
         st.download(&self.dev, 0, &mut s)?;
-        assert_eq!(s[0].pos, 8, "arg-max advances the position");
+        assert_eq!(s[0].pos as usize, pos + 1, "arg-max advances the position");
+        for slot in 0..STATE_RING {
+            let want = match slot == pos % STATE_RING {
+                true => s[0],
+                false => StepState::default(),
+            };
+            assert_eq!(ring.read(slot), want, "published slot {slot}");
+        }
         Ok(s[0].token)
     }
 

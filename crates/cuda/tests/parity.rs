@@ -325,6 +325,17 @@ fn tiny_l2_held() {
     }
 }
 
+/// The step state read back by a copy after each step (Q4MOE_CUDA_READBACK=copy), not through
+/// the host-mapped ring the token choice writes (the default, which every other test runs).
+#[test]
+fn tiny_copy_readback() {
+    let opts = CudaOptions {
+        mapped_readback: false,
+        ..Default::default()
+    };
+    run_with(Config::tiny(), SynthQuant::Q4_0, opts);
+}
+
 /// The f32 KV cache (--kv-type f32): the kernels compiled without KV_F16.
 #[test]
 fn tiny_kv_f32() {
