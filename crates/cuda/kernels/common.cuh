@@ -125,6 +125,16 @@ __device__ __forceinline__ void pdl_launch() {
 }
 __device__ __forceinline__ void pdl_start() { pdl_wait(); pdl_launch(); }
 
+// Larger wins; on equal values the lower index wins; NaN never wins.
+__device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+}
+// A running arg-max (the head's fused choice: sample.cu head_argmax).
+struct ArgBest {
+    float v;
+    int i;
+};
+
 // Whether this block is the last of `n` to arrive at `counter` (0 between launches: the last
 // resets it). The block's writes before the call are visible to the last block's reads after
 // it: thread 0 arrives with a release-acquire add, the barriers either side carry the other

@@ -39,8 +39,10 @@ __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float
 // about as many instructions as its dots, and the head was issue-bound.
 // `resid` (accumulate only): the old outputs are read there instead of from the outputs (o_proj
 // with the folded router, whose router rows read the residual while o_proj writes the new one).
+// `best` (LOOP only: the head with the greedy choice, sample.cu head_argmax): lane 0 of each warp
+// keeps the best of the outputs it writes (better's order).
 template <int NR, class Rows, class RowsB = Rows, int TYPE_B = -1, bool LOOP = false>
-__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u, const float* resid = nullptr) {
+__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u, const float* resid = nullptr, ArgBest* best = nullptr) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
     int first = (u.x * nwarps + warp) * NR, stride = u.nx * nwarps * NR;
@@ -86,6 +88,7 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
         for (int i = 0; i < NR; i++) {
             float v = warp_sum(acc[i]) * r;
             if (lane == 0 && rows[i] >= 0) out[rows[i]] = p.accumulate ? prev[i] + v : v;
+            if (best && lane == 0 && rows[i] >= 0 && v == v) better(best->v, best->i, v, (int)rows[i]);
         }
         first += stride;
         if (!LOOP || first >= total) break;

@@ -10,10 +10,6 @@ struct ArgmaxParams {
     int n_blocks;
 };
 
-// Larger wins; on equal values the lower index wins; NaN never wins.
-__device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
-}
 
 __device__ void block_argmax(float& bv, int& bi, float* sv, int* si) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -732,3 +728,31 @@ extern "C" __global__ void sample_count(const SampleParams p) {
     pdl_start();
     if (threadIdx.x == 0) ((u32*)p.counts)[((const StepState*)p.state)->token] += 1;
 }
+
+// The output head with the greedy choice in its tail (step.rs tail: greedy without penalties):
+// the walking head (mv_staged LOOP) with each warp's lane 0 keeping the best of the logits it
+// writes, then each block's best into the partials and the last block to finish merges them as
+// argmax_final does. The same choice as argmax_partial + argmax_final over the same logits
+// (which it still writes), two dependent launches and a re-read of the logits fewer.
+struct HeadArgmaxParams {
+    MatvecParams mv;  // the head's (one matrix, walking)
+    ArgmaxParams am;  // part_v / part_i [gridDim.x], state, publish; n_blocks = gridDim.x
+    u64 counter;      // u32, 0 between launches (the last block resets it)
+};
+
+template <int NR, class Rows>
+__device__ __forceinline__ void head_argmax(const HeadArgmaxParams& p) {
+    extern __shared__ __align__(16) float head_smem[];  // as MV_KERNEL_AT's
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ int last;
+    ArgBest best{-INFINITY, 0x7fffffff};
+    mv_staged<NR, Rows, Rows, -1, true>(p.mv, head_smem + 36, head_smem, this_unit(), nullptr, &best);
+    block_argmax(best.v, best.i, sv, si);
+    if (threadIdx.x == 0) { ((float*)p.am.part_v)[blockIdx.x] = best.v; ((int*)p.am.part_i)[blockIdx.x] = best.i; }
+    if (!last_to_arrive((u32*)p.counter, gridDim.x, &last)) return;
+    argmax_final_unit(p.am, sv, si);
+}
+#define MV_HEAD_ARGMAX(sfx, NR, ...) \
+    extern "C" __global__ void __launch_bounds__(256, 2) matvec_##sfx##_loop_argmax(const HeadArgmaxParams p) { head_argmax<NR, __VA_ARGS__>(p); }
+STAGED_MODES(MV_HEAD_ARGMAX)

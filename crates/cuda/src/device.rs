@@ -35,6 +35,9 @@ pub enum Kernel {
     MoeDown(u8),
     /// o_proj with the router folded in, by o_proj's matvec mode (1..=8).
     OprojRouter(u8),
+    /// The walking output head with the greedy choice in its tail, by the head's matvec mode
+    /// (1..=8; sample.cu head_argmax).
+    HeadArgmax(u8),
     RouterFoldBuild,
     ArgmaxPartial,
     ArgmaxFinal,
@@ -114,6 +117,16 @@ const OPROJ_ROUTER: [&str; 8] = [
     "o_proj_router_q6_k_2",
     "o_proj_router_q6_k_4",
 ];
+const HEAD_ARGMAX: [&str; 8] = [
+    "matvec_q4_0_1_loop_argmax",
+    "matvec_q4_0_2_loop_argmax",
+    "matvec_q4_0_4_loop_argmax",
+    "matvec_q4_k_1_loop_argmax",
+    "matvec_q4_k_2_loop_argmax",
+    "matvec_q6_k_1_loop_argmax",
+    "matvec_q6_k_2_loop_argmax",
+    "matvec_q6_k_4_loop_argmax",
+];
 const SINGLE: [Kernel; 35] = [
     Kernel::Embed,
     Kernel::QkNormRope,
@@ -152,8 +165,12 @@ const SINGLE: [Kernel; 35] = [
     Kernel::PfAttnTcG16,
 ];
 
-const N_KERNELS: usize =
-    SINGLE.len() + MATVEC.len() + GATE_UP.len() + DOWN.len() + OPROJ_ROUTER.len();
+const N_KERNELS: usize = SINGLE.len()
+    + MATVEC.len()
+    + GATE_UP.len()
+    + DOWN.len()
+    + OPROJ_ROUTER.len()
+    + HEAD_ARGMAX.len();
 
 impl Kernel {
     pub const ALL: [Kernel; N_KERNELS] = {
@@ -164,15 +181,18 @@ impl Kernel {
             i += 1;
         }
         let mut m = 0;
+        let oproj = MATVEC.len() + GATE_UP.len() + DOWN.len();
         while i < all.len() {
             all[i] = if m < MATVEC.len() {
                 Kernel::Matvec(m as u8)
             } else if m < MATVEC.len() + GATE_UP.len() {
                 Kernel::MoeGateUp((m - MATVEC.len()) as u8)
-            } else if m < MATVEC.len() + GATE_UP.len() + DOWN.len() {
+            } else if m < oproj {
                 Kernel::MoeDown((m - MATVEC.len() - GATE_UP.len()) as u8)
+            } else if m < oproj + OPROJ_ROUTER.len() {
+                Kernel::OprojRouter((m - oproj + 1) as u8)
             } else {
-                Kernel::OprojRouter((m - MATVEC.len() - GATE_UP.len() - DOWN.len() + 1) as u8)
+                Kernel::HeadArgmax((m - oproj - OPROJ_ROUTER.len() + 1) as u8)
             };
             (i, m) = (i + 1, m + 1);
         }
@@ -184,6 +204,7 @@ impl Kernel {
             Kernel::MoeGateUp(m) => GATE_UP[m as usize],
             Kernel::MoeDown(m) => DOWN[m as usize],
             Kernel::OprojRouter(m) => OPROJ_ROUTER[m as usize - 1],
+            Kernel::HeadArgmax(m) => HEAD_ARGMAX[m as usize - 1],
             Kernel::RouterFoldBuild => "router_fold_build",
             Kernel::Embed => "embed",
             Kernel::QkNormRope => "qk_norm_rope",
@@ -321,6 +342,7 @@ impl Device {
             if matches!(
                 k,
                 Kernel::Matvec(_)
+                    | Kernel::HeadArgmax(_)
                     | Kernel::OprojRouter(_)
                     | Kernel::MoeGateUp(_)
                     | Kernel::MoeDown(_)

@@ -95,6 +95,10 @@ pub struct CudaOptions {
     /// finish_step), so no device-to-host copy sits between one step and the next in the
     /// stream. Q4MOE_CUDA_READBACK=copy turns it off (a copy after each step, as before).
     pub mapped_readback: bool,
+    /// A plain greedy step takes its token in the output head's own tail (sample.cu
+    /// head_argmax: each block's best, the last block's merge) instead of two arg-max launches
+    /// after it. Q4MOE_CUDA_HEAD_ARGMAX=0 turns it off.
+    pub head_argmax: bool,
 }
 
 impl Default for CudaOptions {
@@ -132,6 +136,7 @@ impl Default for CudaOptions {
             l2_targets: Vec::new(),
             l2_stream: std::env::var("Q4MOE_CUDA_L2_STREAM").map_or(true, |v| v != "0"),
             mapped_readback: std::env::var("Q4MOE_CUDA_READBACK").map_or(true, |v| v != "copy"),
+            head_argmax: std::env::var("Q4MOE_CUDA_HEAD_ARGMAX").map_or(true, |v| v != "0"),
         }
     }
 }

@@ -247,6 +247,17 @@ pub struct ArgmaxParams {
     pub n_blocks: i32,
 }
 
+/// `HeadArgmaxParams` in sample.cu: the walking head's params, then the arg-max's (part_v /
+/// part_i of the head's grid, n_blocks its size) and the last block's counter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HeadArgmaxParams {
+    pub mv: MatvecParams,
+    pub am: ArgmaxParams,
+    pub counter: u64,
+}
+const _: () = assert!(std::mem::size_of::<HeadArgmaxParams>() == 208);
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttnGqaParams {

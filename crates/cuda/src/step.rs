@@ -56,9 +56,14 @@ pub struct Scratch {
     pub h: DevBuf,
     /// [vocab]
     pub logits: DevBuf,
-    /// [ARGMAX_BLOCKS] f32 and i32
+    /// The arg-max's partials, f32 and i32: ARGMAX_BLOCKS, or the head's grid with the greedy
+    /// choice in its tail, whichever is larger
     pub am_v: DevBuf,
     pub am_i: DevBuf,
+    /// u32 last-block counter of the head's greedy choice (0 between launches)
+    pub head_counter: DevBuf,
+    /// The output head takes the greedy choice in its tail (CudaOptions::head_argmax).
+    pub head_argmax: bool,
     /// i32 completion counter of router_topk's last-block pattern (0 between launches)
     pub counter: DevBuf,
     /// [n_kv_head + n_head] u32: attn_gqa's chunk completion counts, then its heads' maximum
@@ -122,6 +127,13 @@ impl Scratch {
         let stage_room = dev.dynamic_smem_room(Kernel::AttnGqa128x8Tc) / ATT_TC_STAGE_BYTES;
         let stage_fit = ATT_TC_STAGE_MAX.min(stage_room as usize);
         let (sample_work, sample_finite, sample_nucleus) = sample_bytes(c.vocab_size);
+        let head_blocks = match std::env::var("Q4MOE_CUDA_HEAD_BLOCKS").map(|v| v.parse()) {
+            Ok(Ok(n)) => n,
+            _ => 2 * dev.sm_count()?,
+        };
+        let head_counter = DevBuf::new(dev, 4)?;
+        head_counter.fill(dev, 0)?;
+        let partials = ARGMAX_BLOCKS.max(head_blocks as usize);
         Ok(Scratch {
             state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
             publish: 0,
@@ -139,8 +151,10 @@ impl Scratch {
             topw: f(c.n_expert_used)?,
             h: f(c.n_expert_used * c.d_ff_expert)?,
             logits: f(c.vocab_size)?,
-            am_v: f(ARGMAX_BLOCKS)?,
-            am_i: f(ARGMAX_BLOCKS)?,
+            am_v: f(partials)?,
+            am_i: f(partials)?,
+            head_counter,
+            head_argmax: opts.head_argmax,
             counter,
             attn_done,
             sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
@@ -152,10 +166,7 @@ impl Scratch {
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
-            head_blocks: match std::env::var("Q4MOE_CUDA_HEAD_BLOCKS").map(|v| v.parse()) {
-                Ok(Ok(n)) => n,
-                _ => 2 * dev.sm_count()?,
-            },
+            head_blocks,
             att_solo_smem: dev.att_solo_smem(Kernel::AttnGqa128x8)?,
             att_tc,
             att_min_span: opts.attn_min_span.unwrap_or(ATT_TC_MIN_SPAN_DEFAULT).max(1),
@@ -596,7 +607,8 @@ pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 4] {
 }
 
 /// The output head, then the token choice as `ending` says: the penalties (rewriting the
-/// logits), the arg-max or the device sampler, the choice counted for the next penalties.
+/// logits), the arg-max or the device sampler, the choice counted for the next penalties. A
+/// plain greedy choice runs in the head's own tail where it can (`head_argmax`).
 pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch> {
     let Ending::Head(choice) = ending else {
         return Vec::new();
@@ -607,8 +619,16 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch>
         eps: c.rms_eps,
         ..Mv::new(&rows, s.x.ptr, c.d_model)
     };
-    let head = matvec("head", &head).with_l2(s.l2.head(c, w));
-    let mut out = vec![looped(head, s.head_blocks)];
+    let l2 = s.l2.head(c, w);
+    let greedy = !choice.sampled && !choice.penalized && s.head_argmax;
+    let am = argmax_params(c, s, 0);
+    if let Some(l) = greedy
+        .then(|| head_argmax(&head, s.head_blocks, am, s.head_counter.ptr))
+        .flatten()
+    {
+        return vec![l.with_l2(l2)];
+    }
+    let mut out = vec![looped(matvec("head", &head).with_l2(l2), s.head_blocks)];
     let p = SampleParams {
         logits: s.logits.ptr,
         state: s.state.ptr,
@@ -640,17 +660,56 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch>
     out
 }
 
-/// The arg-max of the logits into the step state: partial maxima, then the final one.
-fn argmax(c: &Config, s: &Scratch) -> [Launch; 2] {
-    let am = ArgmaxParams {
+/// The head (`head`, one matrix) walking its rows on at most `blocks` blocks with the greedy
+/// choice in its tail (sample.cu head_argmax): the logits as the head writes them and the
+/// state as `am`'s arg-max (its partials at least the grid's; `counter` a zeroed u32). None
+/// where the rows have no staged mode or `blocks` is 0 (a block a unit of rows: no walk).
+pub(crate) fn head_argmax(
+    head: &Mv,
+    blocks: u32,
+    am: ArgmaxParams,
+    counter: u64,
+) -> Option<Launch> {
+    let (mv, mode, rows_blocks, bytes) = matvec_params(head);
+    if !(1..=8).contains(&mode) || blocks == 0 {
+        return None;
+    }
+    let grid = rows_blocks.min(blocks);
+    let p = HeadArgmaxParams {
+        mv,
+        am: ArgmaxParams {
+            n_blocks: grid as i32,
+            ..am
+        },
+        counter,
+    };
+    Some(Launch::new(
+        Kernel::HeadArgmax(mode),
+        "head",
+        (grid, 1, 1),
+        THREADS,
+        smem_x(head.k),
+        &p,
+        bytes,
+    ))
+}
+
+/// The arg-max's params over the logits into the step state, `n_blocks` partials.
+fn argmax_params(c: &Config, s: &Scratch, n_blocks: usize) -> ArgmaxParams {
+    ArgmaxParams {
         logits: s.logits.ptr,
         part_v: s.am_v.ptr,
         part_i: s.am_i.ptr,
         state: s.state.ptr,
         publish: s.publish,
         n: c.vocab_size as i32,
-        n_blocks: ARGMAX_BLOCKS as i32,
-    };
+        n_blocks: n_blocks as i32,
+    }
+}
+
+/// The arg-max of the logits into the step state: partial maxima, then the final one.
+fn argmax(c: &Config, s: &Scratch) -> [Launch; 2] {
+    let am = argmax_params(c, s, ARGMAX_BLOCKS);
     [
         Launch::new(
             Kernel::ArgmaxPartial,

@@ -170,6 +170,55 @@ impl TestDevice {
         self.read(&out, rows)
     }
 
+    /// The output head with the greedy choice in its tail (step::head_argmax): the rows
+    /// (RMSNorm of `x` by `norm`) walked by at most `blocks` blocks; the logits it wrote and the
+    /// state it left (pos 7 -> 8), the state also published into a host-mapped ring.
+    pub fn head_argmax(
+        &self,
+        ty: GgmlType,
+        bytes: &[u8],
+        rows: usize,
+        x: &[f32],
+        norm: (&[f32], f32),
+        blocks: u32,
+    ) -> Result<(Vec<f32>, StepState)> {
+        let k = x.len();
+        let (w, _keep) = self.weight(ty, bytes, k)?;
+        let (xb, nb) = (self.upload(x)?, self.upload(norm.0)?);
+        let out = self.poisoned(rows)?;
+        let (pv, pi) = (
+            self.poisoned(blocks as usize)?,
+            self.poisoned(blocks as usize)?,
+        );
+        let st = self.upload(&[StepState { token: 3, pos: 7 }])?;
+        let counter = self.upload(&[0u32])?;
+        let ring = Pinned::<StepState>::mapped(STATE_RING)?;
+        let ws = [(w, out.ptr, rows)];
+        let m = Mv {
+            norm: nb.ptr,
+            eps: norm.1,
+            ..Mv::new(&ws, xb.ptr, k)
+        };
+        let am = ArgmaxParams {
+            part_v: pv.ptr,
+            part_i: pi.ptr,
+            state: st.ptr,
+            publish: ring.device_ptr(),
+            n: rows as i32,
+            ..Default::default()
+        };
+        let l = crate::step::head_argmax(&m, blocks, am, counter.ptr).expect("a staged type walks");
+        self.dev.launch(&l)?;
+        self.dev.sync()?;
+        let mut s = [StepState::default()];
+        st.download(&self.dev, 0, &mut s)?;
+        let mut left = [1u32];
+        counter.download(&self.dev, 0, &mut left)?;
+        assert_eq!(left[0], 0, "the last block resets the counter");
+        assert_eq!(ring.read(7), s[0], "published state");
+        Ok((self.read(&out, rows)?, s[0]))
+    }
+
     /// `n` activation rows `x` ([n, k]) through pf_quant and the batched prefill's weight rows
     /// (pf_mma, pf_f32rows or pf_rows: the kernel prefill.rs picks for the type and device):
     /// out[t * rows + r].

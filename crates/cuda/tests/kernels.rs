@@ -150,6 +150,48 @@ fn walked_matvec_matches_host() {
     }
 }
 
+/// The head with the greedy choice in its tail (sample.cu head_argmax): the same logits, bit
+/// for bit, as the walking head without it, the token their arg-max (lower index on ties: a
+/// matrix of one row repeated gives every row the same logit, so row 0 must win), the position
+/// advanced, over grids from a few blocks to more than a wave of partials.
+#[test]
+fn head_argmax_matches_walked_head() {
+    let Some(dev) = device() else { return };
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        for (rows, k, blocks, repeated) in [
+            (1001, 256, 3, false),
+            (517, 2048, 2, false),
+            (203, 4096, 5, false),
+            (9001, 256, 264, false),
+            (700, 512, 7, true),
+        ] {
+            let mut rng = Rng::new(ty.id() as u64 * 31 + (rows * k) as u64);
+            let wf = randn(&mut rng, if repeated { k } else { rows * k }, 1.0);
+            let mut bytes = Vec::new();
+            quantize_row(ty, &wf, &mut bytes).unwrap();
+            if repeated {
+                bytes = bytes.repeat(rows);
+            }
+            let (x, nw) = (randn(&mut rng, k, 1.0), randn(&mut rng, k, 1.0));
+            let norm = (&nw[..], 1e-6);
+            let want = dev
+                .matvec(ty, &bytes, rows, k, &x, Some(norm), Some(blocks))
+                .unwrap();
+            let (got, st) = dev.head_argmax(ty, &bytes, rows, &x, norm, blocks).unwrap();
+            let case = format!("{ty:?} {rows}x{k} on {blocks} blocks");
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
+                "{case}: logits differ from the walking head's"
+            );
+            assert_eq!(st.token, argmax(&want), "{case}: token");
+            assert!(!repeated || st.token == 0, "{case}: a tie goes to row 0");
+            assert_eq!(st.pos, 8, "{case}: position");
+        }
+    }
+}
+
 #[test]
 fn embedding_row_matches_host_for_every_type() {
     let Some(dev) = device() else { return };
