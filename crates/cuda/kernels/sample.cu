@@ -56,8 +56,9 @@ extern "C" __global__ void argmax_partial(const ArgmaxParams p) {
 __device__ __forceinline__ void argmax_final_unit(const ArgmaxParams& p, float* sv, int* si) {
     float bv = -INFINITY;
     int bi = 0x7fffffff;
+    // Through L2 (ld.cg): in head_argmax other blocks of the same grid wrote them.
     for (int i = threadIdx.x; i < p.n_blocks; i += blockDim.x)
-        better(bv, bi, ((const float*)p.part_v)[i], ((const int*)p.part_i)[i]);
+        better(bv, bi, __ldcg((const float*)p.part_v + i), __ldcg((const int*)p.part_i + i));
     block_argmax(bv, bi, sv, si);
     if (threadIdx.x == 0) finish_step((StepState*)p.state, bi == 0x7fffffff ? 0u : (u32)bi, p.publish);  // all NaN: token 0, like sampling::argmax
 }
