@@ -86,8 +86,8 @@ extern "C" __global__ void qk_norm_rope(const RopeParams p) {
     qk_norm_rope_head(p);
 }
 
-// Small chunks (ATT_CHUNK, common.cuh): each block's loop over positions is latency-bound, so
-// many short blocks win.
+// Small chunks: each block's loop over positions is latency-bound, so many short blocks win.
+#define ATT_CHUNK 32
 struct AttnParams {
     u64 q;        // const float* [q_dim]
     u64 k_cache;  // const kv_t* [capacity, kv_dim]
@@ -218,8 +218,6 @@ struct AttnGqaParams {
     int stage;       // tiles past its first a warp of the tensor-core kernel loads into dynamic
                      // shared memory before pdl_wait (0 elsewhere); a KV head whose positions
                      // fit one block's 8 * (1 + stage) tiles takes one block, with no merge
-    int defer;       // with 1 < blocks a KV head <= defer, the consumer merges the partials
-                     // (common.cuh AttnIn; the tensor-core kernel before o_proj_router only)
 };
 
 // RoPE angles of a lane's rotated pairs (i = lane, lane + 32) at `pos`, and its norm weights
@@ -549,13 +547,16 @@ __device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const flo
 }
 
 // Chunks a block walks (span) and the blocks a KV head that hold positions (n_act).
+struct GqaSpan {
+    int span, n_act;
+};
 __device__ __forceinline__ GqaSpan gqa_span(const AttnGqaParams& p) {
     int len = (int)__ldcg(&((const StepState*)p.state)->pos) + 1;
-    return gqa_span_at(len, p.stage, p.max_blocks, p.min_span);
+    int n_chunk = (len + ATT_CHUNK - 1) / ATT_CHUNK;
+    int fit = p.stage > 0 ? (1 + p.stage) * 8 * 16 / ATT_CHUNK : 0;  // chunks one block loads early
+    int span = n_chunk <= fit ? n_chunk : max((n_chunk + p.max_blocks - 1) / p.max_blocks, p.min_span);
+    return GqaSpan{span, (n_chunk + span - 1) / span};
 }
-// Whether the blocks' partials are merged here (the last block to finish) or, deferred, by
-// the consumer (common.cuh AttnIn).
-__device__ __forceinline__ bool merged_here(const AttnGqaParams& p, int n_act) { return n_act > 1 && n_act > p.defer; }
 
 template <int HD, int GG>
 __device__ __forceinline__ void attn_gqa_blocks(const AttnGqaParams& p) {
@@ -565,7 +566,7 @@ __device__ __forceinline__ void attn_gqa_blocks(const AttnGqaParams& p) {
     if (u.y >= w.n_act) return;  // no position here; the merge reads active blocks only
     // One block a KV head: no partial, fence, count or reload on the way to o_proj.
     attn_gqa_unit<HD, GG>(p, sm, u, true, w.span, w.n_act == 1);
-    if (merged_here(p, w.n_act)) attn_gqa_merge<HD, GG>(p, sm.ml, u.x, w.n_act);
+    if (w.n_act > 1) attn_gqa_merge<HD, GG>(p, sm.ml, u.x, w.n_act);
 }
 
 extern "C" __global__ void attn_gqa(const AttnGqaParams p) { attn_gqa_blocks<0, 0>(p); }
@@ -879,6 +880,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) attn_gqa_128_8_tc(const Att
     GqaSpan w = gqa_span(p);
     if (u.y >= w.n_act) return;
     attn_tc_unit(p, sm, tc_staged, u, w.span, w.n_act == 1);
-    if (merged_here(p, w.n_act)) attn_gqa_merge<128, 8>(p, sm.ml, u.x, w.n_act);
+    if (w.n_act > 1) attn_gqa_merge<128, 8>(p, sm.ml, u.x, w.n_act);
 #endif
 }

@@ -280,77 +280,6 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
 }
 
-// ---- Attention's partials merged by their consumer (o_proj with the folded router). The
-// tensor-core attention (attention.cu) splits a KV head's positions over n_act blocks; each
-// writes its heads' partials (running maximum m in base e, l, the P V sums), and where
-// 1 < n_act <= defer no block merges them: the consumer does as it loads its input, with
-// attn_gqa_merge's arithmetic, so attention's atomics, last-block count and re-read leave the
-// layer's chain.
-#define ATT_CHUNK 32  // positions a chunk
-struct GqaSpan {
-    int span, n_act;  // chunks a block walks; blocks a KV head that hold positions
-};
-__device__ __forceinline__ GqaSpan gqa_span_at(int len, int stage, int max_blocks, int min_span) {
-    int n_chunk = (len + ATT_CHUNK - 1) / ATT_CHUNK;
-    int fit = stage > 0 ? (1 + stage) * 8 * 16 / ATT_CHUNK : 0;  // chunks one block loads early
-    int span = n_chunk <= fit ? n_chunk : max((n_chunk + max_blocks - 1) / max_blocks, min_span);
-    return GqaSpan{span, (n_chunk + span - 1) / span};
-}
-// What the consumer needs: the attention launch's span settings and where the partials are
-// (head_dim 128: the tensor-core kernel's shape; part [n_head, n_split, 130]).
-struct AttnIn {
-    u64 part;        // 0: attention merges (or holds one block) as always
-    u64 state;       // const StepState*
-    int n_split;
-    int max_blocks;  // the attention launch's max_blocks, min_span, stage
-    int min_span;
-    int stage;
-    int defer;       // at most this many blocks a KV head are merged here
-    int pad;
-};
-#define ATT_DEFER_MAX 4  // params.rs ATT_DEFER_MAX: the merge's loads a thread stay in flight at once
-// The blocks a KV head to merge here at this step's position, or 0 (read before pdl_wait: the
-// position is the step's, written a step back).
-__device__ __forceinline__ int attn_deferred(const AttnIn& a) {
-    if (!a.part) return 0;
-    int len = (int)__ldcg(&((const StepState*)a.state)->pos) + 1;
-    int n = gqa_span_at(len, a.stage, a.max_blocks, a.min_span).n_act;
-    return n > 1 && n <= a.defer ? n : 0;
-}
-// Float4 i of the attention output (head i / 32, dims 4 (i % 32) ..) from its n partials.
-__device__ __forceinline__ float4 attn_merged(const AttnIn& a, int n, int i) {
-    const float* base = (const float*)a.part + (u64)(i >> 5) * a.n_split * 130;
-    int d = 2 + 4 * (i & 31);
-    float ms[ATT_DEFER_MAX], ls[ATT_DEFER_MAX];
-    float2 lo[ATT_DEFER_MAX], hi[ATT_DEFER_MAX];
-#pragma unroll
-    for (int s = 0; s < ATT_DEFER_MAX; s++)
-        if (s < n) {
-            const float* pt = base + s * 130;
-            ms[s] = __ldcg(pt);
-            ls[s] = __ldcg(pt + 1);
-            lo[s] = __ldcg((const float2*)(pt + d));
-            hi[s] = __ldcg((const float2*)(pt + d + 2));
-        }
-    float m = ms[0];
-#pragma unroll
-    for (int s = 1; s < ATT_DEFER_MAX; s++)
-        if (s < n) m = fmaxf(m, ms[s]);
-    float l = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int s = 0; s < ATT_DEFER_MAX; s++)
-        if (s < n) {
-            float f = expf(ms[s] - m);
-            l += f * ls[s];
-            acc.x += f * lo[s].x;
-            acc.y += f * lo[s].y;
-            acc.z += f * hi[s].x;
-            acc.w += f * hi[s].y;
-        }
-    return make_float4(acc.x / l, acc.y / l, acc.z / l, acc.w / l);
-}
-
 // Where load_x_fast / stage_slots put the values: plain floats, padded floats (pad_idx), or
 // quantised groups (quant_store).
 #define X_PLAIN 0
@@ -393,20 +322,6 @@ __device__ __forceinline__ bool load_x_fast(void* dst, const float* src, int n, 
     }
     __syncthreads();
     return true;
-}
-
-// load_x_fast<X_QUANT> of the attention output merged from its n partials (attn_merged), n_q
-// values (n_q % 32 == 0, n_q <= 16 * blockDim).
-__device__ __forceinline__ void load_attn_quant(u32* qx, const AttnIn& a, int n, int n_q) {
-    int nv = n_q >> 2;
-#pragma unroll
-    for (int j = 0; j < LOAD_V; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        if (j * (int)blockDim.x >= nv) break;  // no lane has values here
-        float4 o = i < nv ? attn_merged(a, n, i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        quant_store(qx, i, o, i < nv);
-    }
-    __syncthreads();
 }
 
 // The block-wide RMS factor in two halves around a barrier the caller has anyway: each warp's

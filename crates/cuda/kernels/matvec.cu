@@ -40,11 +40,9 @@ __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float
 // `resid` (accumulate only): the old outputs are read there instead of from the outputs (o_proj
 // with the folded router, whose router rows read the residual while o_proj writes the new one).
 // `best` (LOOP only: the head with the greedy choice, sample.cu head_argmax): lane 0 of each warp
-// keeps the best of the outputs it writes (better's order). `attn` (o_proj with the folded router,
-// no norm): the input is attention's output, merged here from its partials where attention left
-// them (common.cuh AttnIn).
+// keeps the best of the outputs it writes (better's order).
 template <int NR, class Rows, class RowsB = Rows, int TYPE_B = -1, bool LOOP = false>
-__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u, const float* resid = nullptr, ArgBest* best = nullptr, const AttnIn* attn = nullptr) {
+__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u, const float* resid = nullptr, ArgBest* best = nullptr) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
     int first = (u.x * nwarps + warp) * NR, stride = u.nx * nwarps * NR;
@@ -63,14 +61,12 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     float prev[NR];  // accumulate: the outputs' old values, loaded early (see accumulate)
 #pragma unroll
     for (int i = 0; i < NR; i++) prev[i] = p.accumulate && lane == 0 && rows[i] >= 0 ? __ldcg((resid ? resid : out) + rows[i]) : 0.f;
-    int parts = attn ? attn_deferred(*attn) : 0;
     pdl_start();
     u32* qx = (u32*)xs;
     // With a norm (qkv, the head): x * norm quantised, its RMS factor applied to the sums
     // (load_xg_quant: one barrier, not load_x_fast's three, on the chain after the wait).
     float r = 1.f;
     if (p.norm) r = load_xg_quant<true>(qx, (const float*)p.in, (const float*)p.norm, p.k, p.eps, red);
-    else if (parts) load_attn_quant(qx, *attn, parts, p.k);
     else load_x_fast<X_QUANT>(qx, (const float*)p.in, p.k, nullptr, p.eps, red);
     const u32* xp[NR];
 #pragma unroll

@@ -239,7 +239,6 @@ struct RouterFold {
 struct OprojRouterParams {
     MatvecParams mv;  // o_proj: accumulate, its residual read from RouterFold::x
     RouterFold r;
-    AttnIn a;         // attention's partials where this launch merges them (mv.in otherwise)
 };
 #define RF_X 2
 #define RF_A 4
@@ -327,7 +326,7 @@ __device__ void topk_logits(const RouterFold& r, u32 tag, float* smem) {
 // slot under tag epoch + 1, and the last row's block gathers and ranks (topk_logits). Which
 // block gathers changes no result; the last is dispatched after the others, so it spins least.
 // smem: 40 floats, then topk_logits'.
-__device__ void router_fold_row(const RouterFold& r, const float* a, const AttnIn& ai, float* smem, int row) {
+__device__ void router_fold_row(const RouterFold& r, const float* a, float* smem, int row) {
     float* red = smem;
     int t = threadIdx.x, nt = blockDim.x, nx = r.d_model >> 2, na = r.q_dim >> 2;
     const float4* w4 = (const float4*)((const float*)r.w + (u64)row * r.d_model);
@@ -344,7 +343,6 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, const AttnI
     for (int j = 0; j < RF_A; j++)
         if (t + j * nt < na) fv[j] = f4[t + j * nt];
     u32 tag = __ldcg((const u32*)r.epoch) + 1;
-    int parts = attn_deferred(ai);
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < RF_X; j++)
@@ -353,7 +351,7 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, const AttnI
 #pragma unroll
     for (int j = 0; j < RF_A; j++)
         if (t + j * nt < na) {
-            float4 v = parts ? attn_merged(ai, parts, t + j * nt) : __ldcg((const float4*)a + t + j * nt);
+            float4 v = __ldcg((const float4*)a + t + j * nt);
             acc += dot4(fv[j], v);
         }
     warp_partial(acc, red);  // thread 0 sums the partials: one barrier, not block_sum's three
@@ -373,9 +371,9 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, const AttnI
     extern "C" __global__ void __launch_bounds__(256, 3) name(const OprojRouterParams p) {       \
         extern __shared__ __align__(16) float smem[];                                             \
         Unit u = this_unit();                                                                     \
-        if (u.x < p.r.n_expert) return router_fold_row(p.r, (const float*)p.mv.in, p.a, smem, u.x); \
+        if (u.x < p.r.n_expert) return router_fold_row(p.r, (const float*)p.mv.in, smem, u.x);    \
         Unit o{u.x - p.r.n_expert, 0, u.nx - p.r.n_expert};                                       \
-        mv_staged<NR, __VA_ARGS__>(p.mv, smem + 36, smem, o, (const float*)p.r.x, nullptr, &p.a); \
+        mv_staged<NR, __VA_ARGS__>(p.mv, smem + 36, smem, o, (const float*)p.r.x);                \
     }
 #define OPROJ_ROUTER_MODE(sfx, NR, ...) OPROJ_ROUTER_KERNEL(o_proj_router_##sfx, NR, __VA_ARGS__)
 STAGED_MODES(OPROJ_ROUTER_MODE)  // matvec modes 1..8

@@ -99,11 +99,6 @@ pub struct CudaOptions {
     /// head_argmax: each block's best, the last block's merge) instead of two arg-max launches
     /// after it. Q4MOE_CUDA_HEAD_ARGMAX=0 turns it off.
     pub head_argmax: bool,
-    /// Where the tensor-core attention splits a KV head over 2..=this many blocks, o_proj with
-    /// the folded router merges their partials as it loads its input, instead of attention's
-    /// last block after an atomic count (common.cuh AttnIn); at most params::ATT_DEFER_MAX, 0
-    /// off. Q4MOE_CUDA_ATT_DEFER=<n> sets it.
-    pub attn_defer: usize,
 }
 
 impl Default for CudaOptions {
@@ -142,10 +137,6 @@ impl Default for CudaOptions {
             l2_stream: std::env::var("Q4MOE_CUDA_L2_STREAM").map_or(true, |v| v != "0"),
             mapped_readback: std::env::var("Q4MOE_CUDA_READBACK").map_or(true, |v| v != "copy"),
             head_argmax: std::env::var("Q4MOE_CUDA_HEAD_ARGMAX").map_or(true, |v| v != "0"),
-            attn_defer: std::env::var("Q4MOE_CUDA_ATT_DEFER")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(params::ATT_DEFER_MAX),
         }
     }
 }

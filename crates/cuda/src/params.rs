@@ -191,28 +191,8 @@ pub struct RouterFold {
 pub struct OprojRouterParams {
     pub mv: MatvecParams,
     pub r: RouterFold,
-    pub a: AttnIn,
 }
-const _: () = assert!(std::mem::size_of::<OprojRouterParams>() == 152 + 80 + 40);
-
-/// `AttnIn` in common.cuh: where the tensor-core attention left its partials for o_proj_router
-/// to merge (part 0: it did not), with the attention launch's span settings.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AttnIn {
-    pub part: u64,
-    pub state: u64,
-    pub n_split: i32,
-    pub max_blocks: i32,
-    pub min_span: i32,
-    pub stage: i32,
-    pub defer: i32,
-    pub pad: i32,
-}
-const _: () = assert!(std::mem::size_of::<AttnIn>() == 40);
-
-/// `ATT_DEFER_MAX` in common.cuh: the most blocks a KV head whose partials the consumer merges.
-pub const ATT_DEFER_MAX: usize = 4;
+const _: () = assert!(std::mem::size_of::<OprojRouterParams>() == 152 + 80);
 
 /// Float4s of the residual / the attention output a thread of a router row takes (RF_X, RF_A
 /// in moe.cu), at 256 threads.
@@ -300,10 +280,8 @@ pub struct AttnGqaParams {
     pub max_blocks: i32,
     pub min_span: i32,
     pub stage: i32,
-    /// With 1 < blocks a KV head <= defer, o_proj_router merges the partials (AttnIn).
-    pub defer: i32,
 }
-const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 120);
+const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 112);
 
 /// `LayerDesc` in fused.cu: one layer's weights and KV slices for the fused step.
 #[repr(C)]

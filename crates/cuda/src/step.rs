@@ -103,9 +103,6 @@ pub struct Scratch {
     /// at most what the kernel's dynamic shared memory holds and ATT_TC_STAGE_MAX. The scalar
     /// kernels take 0.
     pub att_stage: usize,
-    /// Blocks a KV head up to which o_proj_router merges the tensor-core attention's partials
-    /// (CudaOptions::attn_defer, at most ATT_DEFER_MAX; 0: attention merges them).
-    pub att_defer: usize,
     /// moe_gate_up's grid along a slot's units, by mode (CudaOptions::gate_up_cols; 0: a block
     /// a unit, as the generic mode always takes).
     pub gate_up_cols: [u32; GATE_UP.len()],
@@ -177,7 +174,6 @@ impl Scratch {
                 .attn_stage
                 .unwrap_or(ATT_TC_STAGE_DEFAULT)
                 .min(stage_fit),
-            att_defer: opts.attn_defer.min(ATT_DEFER_MAX),
             gate_up_cols: gate_up_cols(dev, c, opts.gate_up_cols)?,
             l2,
         })
@@ -412,16 +408,8 @@ fn residual(s: &Scratch, fold: bool) -> (u64, u64) {
 
 /// o_proj (`x_out = r.x + o attn`) with the router's rows as the launch's first n_expert
 /// blocks (moe.cu OPROJ_ROUTER_KERNEL): the unscaled logits, the chosen experts' ids and
-/// logits. Attention's output is at `attn`, or merged from the partials `a` names where
-/// attention left them. `router` (F32) is only for the bytes read; the caller checks o's mode
-/// is staged.
-pub(crate) fn o_proj_router(
-    o: Qw,
-    router: &Qw,
-    (attn, a): (u64, AttnIn),
-    x_out: u64,
-    r: RouterFold,
-) -> Launch {
+/// logits. `router` (F32) is only for the bytes read; the caller checks o's mode is staged.
+pub(crate) fn o_proj_router(o: Qw, router: &Qw, attn: u64, x_out: u64, r: RouterFold) -> Launch {
     let (n_expert, q_dim) = (r.n_expert as usize, r.q_dim as usize);
     let ws = [(o, x_out, r.d_model as usize)];
     let o_proj = Mv {
@@ -438,7 +426,7 @@ pub(crate) fn o_proj_router(
         smem_x(q_dim).max(
             ((40 + 2 * n_expert.next_multiple_of(4) + n_expert.max(THREADS as usize)) * 4) as u32,
         ),
-        &OprojRouterParams { mv, r, a },
+        &OprojRouterParams { mv, r },
         bytes + router_bytes,
     )
 }
@@ -448,8 +436,8 @@ fn layer_o_proj_router(
     c: &Config,
     lw: &crate::weights::LayerW,
     s: &Scratch,
-    (x_in, x_out): (u64, u64),
-    a: AttnIn,
+    x_in: u64,
+    x_out: u64,
 ) -> Launch {
     let r = RouterFold {
         w: lw.router.data,
@@ -465,7 +453,7 @@ fn layer_o_proj_router(
         q_dim: c.q_dim() as i32,
         n_used: c.n_expert_used as i32,
     };
-    o_proj_router(lw.o, &lw.router, (s.attn.ptr, a), x_out, r).with_l2(s.l2.o_proj(c, lw))
+    o_proj_router(lw.o, &lw.router, s.attn.ptr, x_out, r).with_l2(s.l2.o_proj(c, lw))
 }
 
 /// The device sampler's settings for `p`, or None when it needs the host sampler (top-k above
@@ -770,7 +758,6 @@ fn layer(
         && c.head_dim <= 128;
     let bufs = (s.q.ptr, s.part.ptr, s.attn.ptr, s.state.ptr);
     let a = attn_params(c, (kc, vc), bufs, s.n_split);
-    let mut attn_in = AttnIn::default();
     if gqa {
         // Qwen3-MoE's shape has a kernel with it as constants (attention.cu), also on tensor
         // cores; the span and staging knobs are that kernel's.
@@ -809,21 +796,7 @@ fn layer(
             max_blocks: s.att_blocks as i32,
             min_span: min_span as i32,
             stage: stage as i32,
-            // o_proj_router merges what a few blocks a KV head leave (common.cuh AttnIn).
-            defer: if tc && fold { s.att_defer as i32 } else { 0 },
         };
-        if g.defer > 0 {
-            attn_in = AttnIn {
-                part: g.part,
-                state: g.state,
-                n_split: g.n_split,
-                max_blocks: g.max_blocks,
-                min_span: g.min_span,
-                stage: g.stage,
-                defer: g.defer,
-                pad: 0,
-            };
-        }
         // The staged tiles' shared memory holds the blocks one an SM as att_solo_smem does.
         let smem = s.att_solo_smem.max(stage as u32 * ATT_TC_STAGE_BYTES);
         out.push(Launch::new(
@@ -841,7 +814,7 @@ fn layer(
         out.extend(split_attention(c, &r, &a, 1, kernels));
     }
     if fold {
-        out.push(layer_o_proj_router(c, lw, s, (x, x_mid), attn_in));
+        out.push(layer_o_proj_router(c, lw, s, x, x_mid));
     } else {
         o_proj_then_router(c, lw, s, x_mid, out);
     }

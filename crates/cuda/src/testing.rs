@@ -273,9 +273,7 @@ impl TestDevice {
     /// o_proj with the folded router on one layer's inputs: the fold of `o` (rows d_model of
     /// k = attn.len(), ggml bytes of `ty`), `router` (F32 [n_expert, d_model]) and `norm` built
     /// by router_fold_build, then the o_proj_router launch, twice (after launch n the epoch and
-    /// every slot's tag must read n). With `parts` (attention's partials [n_head, n, 130] of n
-    /// blocks a KV head, head_dim 128) the launch merges `attn` from them, its own copy of
-    /// `attn` poisoned (NaN). Returns (x + o attn, unscaled logits, ids, their logits).
+    /// every slot's tag must read n). Returns (x + o attn, unscaled logits, ids, their logits).
     #[allow(clippy::too_many_arguments)]
     pub fn o_proj_router(
         &self,
@@ -285,39 +283,13 @@ impl TestDevice {
         norm: &[f32],
         x: &[f32],
         attn: &[f32],
-        parts: Option<(&[f32], usize)>,
         n_used: usize,
     ) -> Result<FoldOut> {
         let (d_model, q_dim) = (x.len(), attn.len());
         let n_expert = router.len() / d_model;
         let (o, _keep) = self.weight(ty, o_bytes, q_dim)?;
         let (rb, nb) = (self.upload(router)?, self.upload(norm)?);
-        let xb = self.upload(x)?;
-        let ab = match parts {
-            Some(_) => self.poisoned(q_dim)?,
-            None => self.upload(attn)?,
-        };
-        // The partials at a position where the attention launch (stage 0, at least 4 chunks a
-        // block) holds n blocks a KV head.
-        let part = parts.map(|(p, _)| self.upload(p)).transpose()?;
-        let pos = parts.map_or(0, |(_, n)| 4 * ATT_CHUNK * n - 1);
-        let state = self.upload(&[StepState {
-            token: 0,
-            pos: pos as u32,
-        }])?;
-        let attn_in = match (parts, &part) {
-            (Some((_, n)), Some(pb)) => AttnIn {
-                part: pb.ptr,
-                state: state.ptr,
-                n_split: n as i32,
-                max_blocks: ATT_MAX_BLOCKS as i32,
-                min_span: 4,
-                stage: 0,
-                defer: ATT_DEFER_MAX as i32,
-                pad: 0,
-            },
-            _ => AttnIn::default(),
-        };
+        let (xb, ab) = (self.upload(x)?, self.upload(attn)?);
         let fold = self.poisoned(n_expert * q_dim)?;
         let fp = FoldBuildParams {
             o,
@@ -356,7 +328,7 @@ impl TestDevice {
             k: d_model as i32,
             ..Default::default()
         };
-        let l = crate::step::o_proj_router(o, &rq, (ab.ptr, attn_in), x_out.ptr, r);
+        let l = crate::step::o_proj_router(o, &rq, ab.ptr, x_out.ptr, r);
         let (mut tag, mut sv) = ([0u32], vec![0u64; n_expert]);
         for launch in 1..=2u32 {
             self.dev.launch(&l)?;
@@ -537,7 +509,6 @@ impl TestDevice {
             max_blocks: a.max_blocks as i32,
             min_span: a.min_span as i32,
             stage: if tensor_cores { a.stage as i32 } else { 0 },
-            defer: 0,
         };
         let k = if tensor_cores {
             Kernel::AttnGqa128x8Tc

@@ -218,40 +218,6 @@ fn embedding_row_matches_host_for_every_type() {
 /// of them (a tie to the lower index), for each staged type and the test geometries' shapes up
 /// to Qwen3-30B-A3B's, 30 experts (keys padded to a multiple of 4) and 300 (more than the
 /// block's threads rank at once).
-/// Attention's partials of `n` blocks for `heads` heads of 128 dims, as attention.cu lays them
-/// out ([head, block, 130]: the maximum score in base e, l, the P V sums): maxima apart by a
-/// few units, so the merge's factors differ.
-fn attention_partials(rng: &mut Rng, heads: usize, n: usize) -> Vec<f32> {
-    let mut p = Vec::with_capacity(heads * n * 130);
-    for _ in 0..heads * n {
-        let l = 1.0 + 40.0 * rng.next_f32();
-        p.push((rng.next_f32() - 0.5) * 6.0);
-        p.push(l);
-        p.extend(randn(rng, 128, l));
-    }
-    p
-}
-
-/// The heads' outputs the partials give: the largest maximum, then l and the sums weighted by
-/// exp(m - max), in f64.
-fn merge_partials(p: &[f32], n: usize) -> Vec<f32> {
-    let mut out = Vec::new();
-    for head in p.chunks(n * 130) {
-        let m = head.chunks(130).fold(f32::MIN, |m, b| m.max(b[0])) as f64;
-        let f: Vec<f64> = head.chunks(130).map(|b| (b[0] as f64 - m).exp()).collect();
-        let l: f64 = head.chunks(130).zip(&f).map(|(b, f)| f * b[1] as f64).sum();
-        for d in 0..128 {
-            let acc: f64 = head
-                .chunks(130)
-                .zip(&f)
-                .map(|(b, f)| f * b[2 + d] as f64)
-                .sum();
-            out.push((acc / l) as f32);
-        }
-    }
-    out
-}
-
 #[test]
 fn o_proj_with_folded_router_matches_host() {
     let Some(dev) = device() else { return };
@@ -269,16 +235,7 @@ fn o_proj_with_folded_router_matches_host() {
             let mut router = randn(&mut rng, n_expert * d_model, 0.05);
             let norm = randn(&mut rng, d_model, 1.0);
             let x = randn(&mut rng, d_model, 4.0);
-            // From q_dim 512 on, attention's output comes as 2 or 3 blocks' partials a head,
-            // which the launch merges (common.cuh AttnIn); attn is their merge on the host.
-            let parts = (q_dim >= 512).then(|| {
-                let n = 2 + q_dim / 512 % 2;
-                (attention_partials(&mut rng, q_dim / 128, n), n)
-            });
-            let attn = match &parts {
-                Some((p, n)) => merge_partials(p, *n),
-                None => randn(&mut rng, q_dim, 1.0),
-            };
+            let attn = randn(&mut rng, q_dim, 1.0);
             let rb = o_bytes.len() / d_model;
             let xo: Vec<f64> = (0..d_model)
                 .map(|r| {
@@ -308,21 +265,9 @@ fn o_proj_with_folded_router_matches_host() {
                 })
                 .collect();
             let got = dev
-                .o_proj_router(
-                    ty,
-                    &o_bytes,
-                    &router,
-                    &norm,
-                    &x,
-                    &attn,
-                    parts.as_ref().map(|(p, n)| (&p[..], *n)),
-                    n_used,
-                )
+                .o_proj_router(ty, &o_bytes, &router, &norm, &x, &attn, n_used)
                 .unwrap();
-            let what = format!(
-                "{ty:?} d_model {d_model} q_dim {q_dim} {n_expert} experts, {} partials a head",
-                parts.as_ref().map_or(0, |p| p.1)
-            );
+            let what = format!("{ty:?} d_model {d_model} q_dim {q_dim} {n_expert} experts");
             let xs = xo.iter().fold(0f64, |m, v| m.max(v.abs()));
             for (i, (g, w)) in got.x.iter().zip(&xo).enumerate() {
                 assert!(

@@ -490,9 +490,8 @@ fn tiny_long_context() {
 /// Qwen3-30B-A3B's attention shape past the bench's context (a 300-token prompt: 10 chunks),
 /// on tensor cores (the f16 cache's default: 16-position tiles, at least 4 chunks a block, the
 /// new position's rows patched in) and on the scalar kernel; with 32 blocks a KV head (tensor
-/// cores: 3 active, 8 tiles = one a warp in the first two, merged by o_proj_router or by
-/// attention's last block; scalar: 10) and with 2 (each block 5 chunks = 10 tiles: warps 0-1
-/// take 2, the rest 1).
+/// cores: 3 active, 8 tiles = one a warp in the first two, merged; scalar: 10) and with 2 (each
+/// block 5 chunks = 10 tiles: warps 0-1 take 2, the rest 1).
 #[test]
 fn mid_qwen3_attention_long_context() {
     if no_gpu() {
@@ -511,24 +510,17 @@ fn mid_qwen3_attention_long_context() {
     let first = q4moe_model::sampling::argmax(&lc);
     let want = greedy(&mut host, 1, first, 16, None);
     // Tensor cores as by default (one block a KV head with staged tiles up to 256 positions,
-    // which the prompt passes through; then 3 blocks a KV head, whose partials o_proj_router
-    // merges), the same merged by attention's last block (defer 0), without staging (two blocks
+    // which the prompt passes through; then 3 blocks a KV head) and without staging (two blocks
     // walking 5 chunks), and the scalar kernel.
-    for (tc, max_blocks, stage, defer) in [
-        (true, 32, None, 4),
-        (true, 32, None, 0),
-        (true, 2, Some(0), 4),
-        (false, 32, None, 4),
-    ] {
+    for (tc, max_blocks, stage) in [(true, 32, None), (true, 2, Some(0)), (false, 32, None)] {
         let opts = CudaOptions {
             attn_max_blocks: max_blocks,
             attn_tensor_cores: tc,
             attn_stage: stage,
-            attn_defer: defer,
             fused_step: false,
             ..Default::default()
         };
-        let what = format!("Qwen3 attention, 300-token prompt, tensor cores {tc}, {max_blocks} blocks a KV head, stage {stage:?}, merge deferred to 2..={defer} blocks");
+        let what = format!("Qwen3 attention, 300-token prompt, tensor cores {tc}, {max_blocks} blocks a KV head, stage {stage:?}");
         check_long_prompt(&mut cuda(&m, opts), &prompt, &lc, first, &want, &what);
     }
 }
