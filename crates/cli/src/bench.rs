@@ -319,6 +319,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if !info.cache_policy.is_empty() {
         eprintln!("cache policy: {}", info.cache_policy);
     }
+    if !info.step_readback.is_empty() {
+        eprintln!("step read-back: {}", info.step_readback);
+    }
     let prompt = random_prompt(a.prompt_len, model.config.vocab_size, a.seed);
     let mut results = Vec::new();
     let mut session = 1u64;

@@ -166,6 +166,7 @@ impl Backend for CpuBackend {
             kv_capacity: self.kv_capacity,
             kv_type: self.kv_type,
             cache_policy: String::new(),
+            step_readback: String::new(),
         }
     }
 

@@ -480,6 +480,19 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// How a step's token reaches the host, for the bench's conditions.
+    fn describe_readback(&self) -> String {
+        let state = match self.opts.mapped_readback {
+            true => "step state written to host-mapped memory by the token choice",
+            false => "step state copied back after each step",
+        };
+        let greedy = match self.opts.head_argmax {
+            true => "greedy choice in the output head's tail",
+            false => "greedy choice by two arg-max launches after the head",
+        };
+        format!("{state}; {greedy}")
+    }
+
     /// Waits for the step at position `pos`; returns the state it read back and the step's GPU
     /// time. The state must be the step's (position pos + 1): a mapped write that has not
     /// arrived yet is waited for (briefly), anything else is an error, not a token.
@@ -672,6 +685,7 @@ impl Backend for CudaBackend {
             kv_capacity: self.opts.kv_capacity,
             kv_type: self.opts.kv_type,
             cache_policy: self.scratch.l2.describe(),
+            step_readback: self.describe_readback(),
         }
     }
 

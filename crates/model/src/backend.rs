@@ -150,6 +150,8 @@ pub struct BackendInfo {
     pub kv_type: KvType,
     /// How the device's cache treats the weights (empty where there is no such policy).
     pub cache_policy: String,
+    /// How a decode step hands its token back (empty where there is nothing to choose).
+    pub step_readback: String,
 }
 
 /// One decode run: feed `first_token` at the session's current length, then keep sampling and

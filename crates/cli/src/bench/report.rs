@@ -123,6 +123,7 @@ pub fn build(
         "backend": info.kind, "device": info.device,
         "resident_bytes": info.resident_bytes,
         "cache_policy": info.cache_policy,
+        "step_readback": info.step_readback,
         "backend_open_seconds": extras.open_s,
         "kv_type": info.kv_type.name(),
         "gpu_prefill_chunk": super::prefill_chunk(a),
