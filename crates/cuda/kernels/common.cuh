@@ -34,7 +34,7 @@ struct StepState {
 
 // Slots of the host's step-state ring (backend.rs RING): a step at position pos is read back
 // from slot pos % STATE_RING.
-#define STATE_RING 8
+#define STATE_RING 32
 
 // The step's token choice: the next token into the state and the position advanced, and, with
 // `publish` (a host-mapped StepState ring, CudaOptions::mapped_readback), the new state into the

@@ -1,6 +1,6 @@
 //! `CudaBackend`: sessions (KV pool + setup cache), prefill, pipelined decode, profiling.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,8 @@ struct SessionKey {
     fused: bool,
     /// What the step runs after its layers.
     ending: Ending,
+    /// Steps the graph runs one after another (CudaOptions::graph_steps).
+    steps: usize,
 }
 
 /// The setup cache entry: resolved launches, their fused form (op table, barrier) and the
@@ -99,6 +101,12 @@ pub struct CudaBackend {
 
 // SAFETY: raw handles are only used through &mut self after binding the context.
 unsafe impl Send for CudaBackend {}
+
+/// A submission's GPU time shared evenly by its steps.
+fn share_gpu(steps: &mut [PhaseTimes], gpu: Duration) {
+    let each = gpu / steps.len().max(1) as u32;
+    steps.iter_mut().for_each(|p| p.gpu = Some(each));
+}
 
 fn ev() -> Result<sys::CUevent> {
     Ok(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?)
@@ -262,7 +270,7 @@ impl CudaBackend {
         Ok(2.0 * bytes as f64 * reps as f64 / (ms as f64 * 1e-3) / 1e9)
     }
 
-    fn key(&self, session: SessionId, ending: Ending) -> SessionKey {
+    fn key(&self, session: SessionId, ending: Ending, steps: usize) -> SessionKey {
         SessionKey {
             session,
             geometry: format!("{:?}", self.model.config),
@@ -270,6 +278,19 @@ impl CudaBackend {
             kv_capacity: self.opts.kv_capacity,
             fused: self.opts.fused_step,
             ending,
+            steps,
+        }
+    }
+
+    /// Steps a decode graph runs at once: CudaOptions::graph_steps where the steps' states are
+    /// published to the host as they end (mapped read-back) and the graph is plain (the setup
+    /// cache on, no fused step, no timeline recording, which keeps one step a table), else 1;
+    /// at most what the state ring holds with in_flight + 1 submissions outstanding.
+    fn graph_steps(&self) -> usize {
+        let plain = self.opts.setup_cache && !self.opts.fused_step && self.timeline.is_none();
+        match self.opts.mapped_readback && plain {
+            true => (self.opts.graph_steps).clamp(1, RING / (self.opts.in_flight + 1)),
+            false => 1,
         }
     }
 
@@ -288,10 +309,12 @@ impl CudaBackend {
         Ok(self.sessions.get_mut(&id).expect("inserted"))
     }
 
-    /// Host setup for one step: a cache hit costs a key comparison; a miss (or the cache off)
-    /// resolves every launch again from the weights' tables.
-    fn setup(&mut self, id: SessionId, ending: Ending) -> Result<StepRef> {
-        let key = self.key(id, ending);
+    /// Host setup for `steps` steps in one graph (1 where the cache is off): a cache hit costs
+    /// a key comparison; a miss (or the cache off) resolves every launch again from the
+    /// weights' tables. The steps repeat the same launches: each reads its token and position
+    /// from the device's step state, which the one before advanced.
+    fn setup(&mut self, id: SessionId, ending: Ending, steps: usize) -> Result<StepRef> {
+        let key = self.key(id, ending, steps);
         let cfg = self.model.config.clone();
         self.session(id)?;
         let (dev, w, s) = (&self.dev, &self.w, &self.scratch);
@@ -303,7 +326,8 @@ impl CudaBackend {
             return Ok(StepRef::Cached(i));
         }
         // A stale entry of the same variant (options changed) is replaced.
-        sess.cache.retain(|c| c.key.ending != ending);
+        sess.cache
+            .retain(|c| c.key.ending != ending || c.key.steps != steps);
         {
             let mut launches = step::layers(&cfg, w, s, &sess.kv);
             let tail = step::tail(&cfg, w, s, ending);
@@ -316,7 +340,10 @@ impl CudaBackend {
             };
             let graph = match &fused {
                 Some(f) => Graph::capture(dev, std::iter::once(f.launch()).chain(&tail))?,
-                None => Graph::capture(dev, launches.iter().chain(&tail))?,
+                None => {
+                    let step = launches.iter().chain(&tail);
+                    Graph::capture(dev, std::iter::repeat_n(step, steps).flatten())?
+                }
             };
             launches.extend(tail);
             sess.cache.push(StepCache {
@@ -329,30 +356,31 @@ impl CudaBackend {
         Ok(StepRef::Cached(sess.cache.len() - 1))
     }
 
-    /// Submits the step at position `pos` (graph replay or eager launches) before its slot's
-    /// end event; its state reaches the slot's pinned memory from the step's own token choice
-    /// (mapped read-back) or by a copy after the step. Its GPU time counts from the previous
-    /// step's end event where that step is still queued or running (the GPU goes from one to
-    /// the other: no start event need sit between them in the stream, ~1.3 us a step), else
-    /// from a start event of its own.
-    fn submit(&mut self, id: SessionId, step: StepRef, pos: usize) -> Result<()> {
-        let (e0, e1) = self.events[pos % RING];
-        let prev = self.events[(pos + RING - 1) % RING].1;
+    /// Submits the `steps` steps from position `first` (one graph replay, or eager launches)
+    /// before the end event of the last one's slot; each state reaches its slot's pinned
+    /// memory from the step's own token choice (mapped read-back) or by a copy after the step.
+    /// Their GPU time counts from the previous submission's end event where that is still
+    /// queued or running (the GPU goes from one to the other: no start event need sit between
+    /// them in the stream, ~1.3 us a step), else from a start event of its own.
+    fn submit(&mut self, id: SessionId, step: StepRef, first: usize, steps: usize) -> Result<()> {
+        let last = first + steps - 1;
+        let (e0, e1) = self.events[last % RING];
+        let prev = self.events[(first + RING - 1) % RING].1;
         // SAFETY: events created in `build`, recorded on our stream.
-        let busy = self.last_submitted == pos.checked_sub(1)
+        let busy = self.last_submitted == first.checked_sub(1)
             && unsafe { result::event::query(prev) }
                 .is_err_and(|e| e.0 == sys::CUresult::CUDA_ERROR_NOT_READY);
-        self.timed_from[pos % RING] = if busy { prev } else { e0 };
+        self.timed_from[last % RING] = if busy { prev } else { e0 };
         if !busy {
             unsafe { result::event::record(e0, self.dev.stream)? };
         }
-        self.last_submitted = Some(pos);
+        self.last_submitted = Some(last);
         self.run_step(id, step)?;
         let st = self.scratch.state.ptr;
         // SAFETY: pinned slot of one StepState; copied in stream order after the step.
         unsafe {
             if self.scratch.publish == 0 {
-                result::memcpy_dtoh_async(self.pinned.slot(pos), st, self.dev.stream)?;
+                result::memcpy_dtoh_async(self.pinned.slot(last), st, self.dev.stream)?;
             }
             result::event::record(e1, self.dev.stream)?;
         }
@@ -388,7 +416,7 @@ impl CudaBackend {
             self.dev.sync()?;
         }
         // Set up first: a first use captures the graph, which no copy may precede in its stream.
-        let step = self.setup(id, Ending::LayersOnly)?;
+        let step = self.setup(id, Ending::LayersOnly, 1)?;
         let slot = self.prompt_states.slot(i);
         slot[0] = StepState {
             token,
@@ -493,15 +521,24 @@ impl CudaBackend {
         format!("{state}; {greedy}")
     }
 
-    /// Waits for the step at position `pos`; returns the state it read back and the step's GPU
-    /// time. The state must be the step's (position pos + 1): a mapped write that has not
-    /// arrived yet is waited for (briefly), anything else is an error, not a token.
+    /// Waits for the submission whose last step is at position `pos`; returns that step's
+    /// state and the submission's GPU time.
     fn wait(&mut self, pos: usize) -> Result<(StepState, Duration)> {
         let (e0, e1) = (self.timed_from[pos % RING], self.events[pos % RING].1);
         let ms = unsafe {
             result::event::synchronize(e1)?;
             result::event::elapsed(e0, e1)?
         };
+        Ok((
+            self.read_state(pos)?,
+            Duration::from_secs_f64(ms as f64 * 1e-3),
+        ))
+    }
+
+    /// The state the finished step at position `pos` read back, which must be its own
+    /// (position pos + 1): a mapped write that has not arrived yet is waited for (briefly),
+    /// anything else is an error, not a token.
+    fn read_state(&self, pos: usize) -> Result<StepState> {
         let want = pos as u32 + 1;
         let t0 = Instant::now();
         let mut st = self.pinned.read(pos);
@@ -515,7 +552,34 @@ impl CudaBackend {
                 st.pos
             )));
         }
-        Ok((st, Duration::from_secs_f64(ms as f64 * 1e-3)))
+        Ok(st)
+    }
+
+    /// The state of the step at position `pos`, published by its token choice, where a later
+    /// step of the same graph (ending at `last`) holds the end event: read as it lands, the
+    /// graph's end event queried now and then so an error or a missing write is reported, not
+    /// waited for.
+    fn wait_published(&self, pos: usize, last: usize) -> Result<StepState> {
+        let end = self.events[last % RING].1;
+        let want = pos as u32 + 1;
+        let mut polls = 0u32;
+        loop {
+            let st = self.pinned.read(pos);
+            if st.pos == want {
+                return Ok(st);
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(1024) {
+                // SAFETY: an event of ours, recorded after the graph.
+                match unsafe { result::event::query(end) } {
+                    Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                    Err(e) => return Err(e.into()),
+                    // The graph is done: its write has had its time.
+                    Ok(()) => return self.read_state(pos),
+                }
+            }
+            std::hint::spin_loop();
+        }
     }
 
     fn set_state(&mut self, st: StepState) -> Result<()> {
@@ -537,8 +601,8 @@ impl CudaBackend {
             token,
             pos: pos as u32,
         })?;
-        let step = self.setup(id, Ending::Head(Choice::default()))?;
-        self.submit(id, step, pos)?;
+        let step = self.setup(id, Ending::Head(Choice::default()), 1)?;
+        self.submit(id, step, pos, 1)?;
         if logits_to_host {
             // SAFETY: vocab_size pinned floats; copied in stream order after the step.
             unsafe {
@@ -602,35 +666,61 @@ impl CudaBackend {
         }
         let mut phases = vec![PhaseTimes::default(); steps];
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
+        // Up to `f` submissions of k_max steps (one graph each) ahead of the host, oldest first
+        // as (first step, steps); a remainder shorter than k_max goes a step a graph.
+        let k_max = self.graph_steps();
+        let mut queued: VecDeque<(usize, usize)> = VecDeque::new();
         while handed < steps && !stopped {
-            while submitted < steps && submitted < handed + f {
+            while submitted < steps && submitted < handed + f * k_max {
+                let k = if steps - submitted >= k_max { k_max } else { 1 };
                 if let Some(t) = self.recording(submitted) {
                     t.begin_step(&self.dev)?;
                 }
                 let t0 = Instant::now();
-                let step = self.setup(id, ending)?;
+                let step = self.setup(id, ending, k)?;
                 let t1 = Instant::now();
-                self.submit(id, step, len0 + submitted)?;
+                self.submit(id, step, len0 + submitted, k)?;
                 if let Some(t) = self.recording(submitted) {
                     t.end_step(&self.dev, submitted)?;
                 }
                 phases[submitted].setup = t1 - t0;
                 phases[submitted].submit = t1.elapsed();
-                submitted += 1;
+                queued.push_back((submitted, k));
+                submitted += k;
             }
+            let (first, k) = *queued.front().expect("the next step was submitted");
+            let last = first + k - 1;
             let t0 = Instant::now();
-            let (st, gpu) = self.wait(len0 + handed)?;
+            let st = if handed == last {
+                let (st, gpu) = self.wait(len0 + last)?;
+                share_gpu(&mut phases[first..=last], gpu);
+                queued.pop_front();
+                st
+            } else {
+                self.wait_published(len0 + handed, len0 + last)?
+            };
             let t1 = Instant::now();
             stopped = on_token(TokenEvent {
                 token: st.token,
                 logits: None,
             }) == Flow::Stop;
             let p = &mut phases[handed];
-            (p.wait, p.gpu, p.tail) = (t1 - t0, Some(gpu), t1.elapsed());
+            (p.wait, p.tail) = (t1 - t0, t1.elapsed());
             handed += 1;
         }
         // Steps computed ahead are discarded: the KV length below ignores what they wrote.
         self.dev.sync()?;
+        // A stop inside a graph: its handed steps take their share of its time too.
+        if let Some(&(first, k)) = queued.front().filter(|q| q.0 < handed) {
+            let last = len0 + first + k - 1;
+            let gpu = unsafe {
+                result::event::elapsed(self.timed_from[last % RING], self.events[last % RING].1)?
+            };
+            share_gpu(
+                &mut phases[first..first + k],
+                Duration::from_secs_f64(gpu as f64 * 1e-3),
+            );
+        }
         if submitted > timeline::FROM_STEP {
             self.read_timeline(id, ending)?;
         }

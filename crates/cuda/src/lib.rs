@@ -99,6 +99,10 @@ pub struct CudaOptions {
     /// head_argmax: each block's best, the last block's merge) instead of two arg-max launches
     /// after it. Q4MOE_CUDA_HEAD_ARGMAX=0 turns it off.
     pub head_argmax: bool,
+    /// Decode steps one graph replay runs (mapped read-back only: each step's token reaches the
+    /// host as it ends): the stream's boundary (the end event, the graph's start without the
+    /// previous launches' overlap) comes once a graph. Q4MOE_CUDA_GRAPH_STEPS=<n> sets it.
+    pub graph_steps: usize,
 }
 
 impl Default for CudaOptions {
@@ -137,6 +141,10 @@ impl Default for CudaOptions {
             l2_stream: std::env::var("Q4MOE_CUDA_L2_STREAM").map_or(true, |v| v != "0"),
             mapped_readback: std::env::var("Q4MOE_CUDA_READBACK").map_or(true, |v| v != "copy"),
             head_argmax: std::env::var("Q4MOE_CUDA_HEAD_ARGMAX").map_or(true, |v| v != "0"),
+            graph_steps: std::env::var("Q4MOE_CUDA_GRAPH_STEPS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1),
         }
     }
 }

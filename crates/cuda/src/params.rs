@@ -22,7 +22,7 @@ pub struct StepState {
 
 /// `STATE_RING` in common.cuh: slots of the host's step-state ring; the step at position `pos`
 /// is read back from slot pos % STATE_RING (finish_step).
-pub const STATE_RING: usize = 8;
+pub const STATE_RING: usize = 32;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

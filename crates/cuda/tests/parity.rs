@@ -325,6 +325,21 @@ fn tiny_l2_held() {
     }
 }
 
+/// Three decode steps a graph replay (CudaOptions::graph_steps), each token read as its step
+/// publishes it: the CPU's greedy stream at in-flight 1 and 2 (64 tokens: a last step a graph
+/// of its own), a stop inside a graph leaving the KV as one step at a time would, the device
+/// sampler's draws.
+#[test]
+fn tiny_graph_steps() {
+    for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
+        let opts = CudaOptions {
+            graph_steps: 3,
+            ..Default::default()
+        };
+        run_with(Config::tiny(), q, opts);
+    }
+}
+
 /// The step state read back by a copy after each step (Q4MOE_CUDA_READBACK=copy), not through
 /// the host-mapped ring the token choice writes (the default, which every other test runs).
 #[test]
