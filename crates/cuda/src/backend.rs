@@ -375,6 +375,7 @@ impl CudaBackend {
             unsafe { result::event::record(e0, self.dev.stream)? };
         }
         self.last_submitted = Some(last);
+        (first..=last).for_each(|p| self.pinned.clear(p));
         self.run_step(id, step)?;
         let st = self.scratch.state.ptr;
         // SAFETY: pinned slot of one StepState; copied in stream order after the step.
@@ -518,7 +519,8 @@ impl CudaBackend {
             true => "greedy choice in the output head's tail",
             false => "greedy choice by two arg-max launches after the head",
         };
-        format!("{state}; {greedy}")
+        let steps = self.graph_steps();
+        format!("{state}; {greedy}; {steps} decode step(s) a graph replay (cache on)")
     }
 
     /// Waits for the submission whose last step is at position `pos`; returns that step's
@@ -541,10 +543,10 @@ impl CudaBackend {
     fn read_state(&self, pos: usize) -> Result<StepState> {
         let want = pos as u32 + 1;
         let t0 = Instant::now();
-        let mut st = self.pinned.read(pos);
+        let mut st = self.pinned.read_state(pos);
         while st.pos != want && t0.elapsed() < Duration::from_secs(1) {
             std::hint::spin_loop();
-            st = self.pinned.read(pos);
+            st = self.pinned.read_state(pos);
         }
         if st.pos != want {
             return Err(CudaError::ReadBack(format!(
@@ -564,7 +566,7 @@ impl CudaBackend {
         let want = pos as u32 + 1;
         let mut polls = 0u32;
         loop {
-            let st = self.pinned.read(pos);
+            let st = self.pinned.read_state(pos);
             if st.pos == want {
                 return Ok(st);
             }

@@ -12,6 +12,7 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use q4moe_model::backend::KvType;
 
 use crate::l2::L2Window;
+use crate::params::StepState;
 use crate::{CudaError, Result};
 
 /// Every kernel the step uses, in one place so lookups happen once at start-up. The
@@ -714,10 +715,25 @@ impl<T: Copy> Pinned<T> {
         let i = i % self.len;
         &mut self.all()[i..i + 1]
     }
-    /// Slot i (modulo len) read afresh: a kernel may have written it since the last read.
-    pub(crate) fn read(&self, i: usize) -> T {
-        // SAFETY: the slot is within the allocation; a volatile read of plain old data.
-        unsafe { std::ptr::read_volatile(self.ptr.add(i % self.len)) }
+}
+
+impl Pinned<StepState> {
+    /// Slot i's state read as the device writes it, one 8-byte load (finish_step's store): a
+    /// read while the write lands sees the old state or the new one, never half of each.
+    pub(crate) fn read_state(&self, i: usize) -> StepState {
+        // SAFETY: the slot is within the allocation, 8-byte aligned (page-aligned base).
+        let bits = unsafe { std::ptr::read_volatile(self.ptr.add(i % self.len) as *const u64) };
+        StepState {
+            token: bits as u32,
+            pos: (bits >> 32) as u32,
+        }
+    }
+    /// Slot i marked unwritten (position 0, which no step publishes) before the step that
+    /// writes it is submitted: a state a step of an earlier decode left there at the same
+    /// position is not taken for this one's.
+    pub(crate) fn clear(&mut self, i: usize) {
+        // SAFETY: as in read_state; no step in flight writes this slot (the ring outlasts them).
+        unsafe { std::ptr::write_volatile(self.ptr.add(i % self.len) as *mut u64, 0) };
     }
 }
 

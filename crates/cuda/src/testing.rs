@@ -215,7 +215,7 @@ impl TestDevice {
         let mut left = [1u32];
         counter.download(&self.dev, 0, &mut left)?;
         assert_eq!(left[0], 0, "the last block resets the counter");
-        assert_eq!(ring.read(7), s[0], "published state");
+        assert_eq!(ring.read_state(7), s[0], "published state");
         Ok((self.read(&out, rows)?, s[0]))
     }
 
@@ -578,7 +578,7 @@ impl TestDevice {
                 true => s[0],
                 false => StepState::default(),
             };
-            assert_eq!(ring.read(slot), want, "published slot {slot}");
+            assert_eq!(ring.read_state(slot), want, "published slot {slot}");
         }
         Ok(s[0].token)
     }

@@ -325,15 +325,19 @@ fn tiny_l2_held() {
     }
 }
 
-/// Three decode steps a graph replay (CudaOptions::graph_steps), each token read as its step
-/// publishes it: the CPU's greedy stream at in-flight 1 and 2 (64 tokens: a last step a graph
-/// of its own), a stop inside a graph leaving the KV as one step at a time would, the device
-/// sampler's draws.
+/// One and three decode steps a graph replay (CudaOptions::graph_steps; the other tests run
+/// the default, 4), each token read as its step publishes it: the CPU's greedy stream at
+/// in-flight 1 and 2 (64 tokens: with 3, a last step a graph of its own), a stop inside a graph
+/// leaving the KV as one step at a time would, the device sampler's draws.
 #[test]
 fn tiny_graph_steps() {
-    for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
+    for (q, graph_steps) in [
+        (SynthQuant::Q4_0, 3),
+        (SynthQuant::Q4_K_M, 3),
+        (SynthQuant::Q4_0, 1),
+    ] {
         let opts = CudaOptions {
-            graph_steps: 3,
+            graph_steps,
             ..Default::default()
         };
         run_with(Config::tiny(), q, opts);
