@@ -13,7 +13,9 @@
 #                 racecheck (below).
 #   ab[:<quant>]  quick A/B (cache on, in-flight 2, 3 runs; default q4_0): the graph of launches,
 #                 the graph with programmatic dependent launch (the default), the fused step;
-#                 AB_ENVS="A=1 B=2" times those settings instead ("A=1+B=2": both at once).
+#                 AB_ENVS="A=1 B=2" times those settings instead ("A=1+B=2": both at once);
+#                 QUICK_ARGS="--long-context 4096" adds bench arguments to every quick bench
+#                 (that one sizes the KV as the record does: 4,360 positions, not 392).
 #   parity:<V=x>  the CPU-parity tests with environment setting V=x.
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"; a variant
 #                 of the kernels only is variants/<name>/cu/*.cu*, run by the carried binaries
@@ -85,7 +87,7 @@ quick() {
   shift 2
   [ -n "${QUICK_ALL:-}" ] && n=9
   out=$(timeout 150 "$b" bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 --runs 3 \
-    --setup-cache on --in-flight 2 "$@" 2>&1)
+    --setup-cache on --in-flight 2 ${QUICK_ARGS:-} "$@" 2>&1)
   ready=$(grep -o "backend ready in [0-9.]* s" <<< "$out")
   grep -E "${QUICK_LINE:-median [0-9.]+ tok/s\$}" <<< "$out" | tail -$n | sed "\$s/\$/${ready:+ ($ready)}/"
 }

@@ -546,7 +546,9 @@ __device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const flo
     if (lane == 0) mk[g] = 0;
 }
 
-// Chunks a block walks (span) and the blocks a KV head that hold positions (n_act).
+// Chunks a block walks (span) and the blocks a KV head that hold positions (n_act): the grid's
+// rows past n_act exit (a launch for fewer positions than it has rows to give them would lose
+// positions silently: it traps instead).
 struct GqaSpan {
     int span, n_act;
 };
@@ -555,7 +557,9 @@ __device__ __forceinline__ GqaSpan gqa_span(const AttnGqaParams& p) {
     int n_chunk = (len + ATT_CHUNK - 1) / ATT_CHUNK;
     int fit = p.stage > 0 ? (1 + p.stage) * 8 * 16 / ATT_CHUNK : 0;  // chunks one block loads early
     int span = n_chunk <= fit ? n_chunk : max((n_chunk + p.max_blocks - 1) / p.max_blocks, p.min_span);
-    return GqaSpan{span, (n_chunk + span - 1) / span};
+    int n_act = (n_chunk + span - 1) / span;
+    if (n_act > (int)gridDim.y) __trap();  // the host sizes the grid for its positions (step.rs att_grid)
+    return GqaSpan{span, n_act};
 }
 
 template <int HD, int GG>

@@ -42,6 +42,8 @@ struct SessionKey {
     ending: Ending,
     /// Steps the graph runs one after another (CudaOptions::graph_steps).
     steps: usize,
+    /// Attention's blocks a KV head for the positions the steps reach (step::att_grid).
+    att_grid: usize,
 }
 
 /// The setup cache entry: resolved launches, their fused form (op table, barrier) and the
@@ -270,7 +272,8 @@ impl CudaBackend {
         Ok(2.0 * bytes as f64 * reps as f64 / (ms as f64 * 1e-3) / 1e9)
     }
 
-    fn key(&self, session: SessionId, ending: Ending, steps: usize) -> SessionKey {
+    /// The key of `steps` steps of `ending` whose attention lengths reach `reach` at most.
+    fn key(&self, session: SessionId, ending: Ending, steps: usize, reach: usize) -> SessionKey {
         SessionKey {
             session,
             geometry: format!("{:?}", self.model.config),
@@ -279,6 +282,7 @@ impl CudaBackend {
             fused: self.opts.fused_step,
             ending,
             steps,
+            att_grid: step::att_grid(&self.model.config, &self.scratch, reach),
         }
     }
 
@@ -309,18 +313,27 @@ impl CudaBackend {
         Ok(self.sessions.get_mut(&id).expect("inserted"))
     }
 
-    /// Host setup for `steps` steps in one graph (1 where the cache is off): a cache hit costs
-    /// a key comparison; a miss (or the cache off) resolves every launch again from the
-    /// weights' tables. The steps repeat the same launches: each reads its token and position
-    /// from the device's step state, which the one before advanced.
-    fn setup(&mut self, id: SessionId, ending: Ending, steps: usize) -> Result<StepRef> {
-        let key = self.key(id, ending, steps);
+    /// Host setup for `steps` steps in one graph (1 where the cache is off), the last at
+    /// position `last`: a cache hit costs a key comparison; a miss (or the cache off) resolves
+    /// every launch again from the weights' tables. The steps repeat the same launches: each
+    /// reads its token and position from the device's step state, which the one before
+    /// advanced.
+    fn setup(
+        &mut self,
+        id: SessionId,
+        ending: Ending,
+        steps: usize,
+        last: usize,
+    ) -> Result<StepRef> {
+        let reach = last + 1;
+        let key = self.key(id, ending, steps, reach);
         let cfg = self.model.config.clone();
         self.session(id)?;
         let (dev, w, s) = (&self.dev, &self.w, &self.scratch);
         let sess = self.sessions.get_mut(&id).expect("created");
         if !self.opts.setup_cache {
-            return Ok(StepRef::Eager(step::build(&cfg, w, s, &sess.kv, ending)));
+            let launches = step::build(&cfg, w, s, (&sess.kv, reach), ending);
+            return Ok(StepRef::Eager(launches));
         }
         if let Some(i) = sess.cache.iter().position(|c| c.key == key) {
             return Ok(StepRef::Cached(i));
@@ -329,7 +342,7 @@ impl CudaBackend {
         sess.cache
             .retain(|c| c.key.ending != ending || c.key.steps != steps);
         {
-            let mut launches = step::layers(&cfg, w, s, &sess.kv);
+            let mut launches = step::layers(&cfg, w, s, (&sess.kv, reach));
             let tail = step::tail(&cfg, w, s, ending);
             let fused = match key.fused {
                 true => {
@@ -417,7 +430,7 @@ impl CudaBackend {
             self.dev.sync()?;
         }
         // Set up first: a first use captures the graph, which no copy may precede in its stream.
-        let step = self.setup(id, Ending::LayersOnly, 1)?;
+        let step = self.setup(id, Ending::LayersOnly, 1, pos)?;
         let slot = self.prompt_states.slot(i);
         slot[0] = StepState {
             token,
@@ -470,7 +483,13 @@ impl CudaBackend {
         };
         let steps = t.read(&self.dev)?;
         let kv = &self.sessions[&id].kv;
-        let launches = step::build(&self.model.config, &self.w, &self.scratch, kv, ending);
+        let launches = step::build(
+            &self.model.config,
+            &self.w,
+            &self.scratch,
+            (kv, kv.capacity),
+            ending,
+        );
         for stamps in &steps {
             for (name, (calls, secs, _)) in timeline::summarize(stamps, &launches) {
                 let e = self.timeline_profile.entry(name).or_default();
@@ -603,7 +622,7 @@ impl CudaBackend {
             token,
             pos: pos as u32,
         })?;
-        let step = self.setup(id, Ending::Head(Choice::default()), 1)?;
+        let step = self.setup(id, Ending::Head(Choice::default()), 1, pos)?;
         self.submit(id, step, pos, 1)?;
         if logits_to_host {
             // SAFETY: vocab_size pinned floats; copied in stream order after the step.
@@ -679,7 +698,7 @@ impl CudaBackend {
                     t.begin_step(&self.dev)?;
                 }
                 let t0 = Instant::now();
-                let step = self.setup(id, ending, k)?;
+                let step = self.setup(id, ending, k, len0 + submitted + k - 1)?;
                 let t1 = Instant::now();
                 self.submit(id, step, len0 + submitted, k)?;
                 if let Some(t) = self.recording(submitted) {

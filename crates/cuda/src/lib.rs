@@ -49,6 +49,11 @@ pub struct CudaOptions {
     /// several (one wave of blocks at long context, a short merge). Q4MOE_CUDA_ATT_BLOCKS
     /// overrides the default (for measuring).
     pub attn_max_blocks: usize,
+    /// Size attention's grid for the positions a step (or a graph of steps) reaches
+    /// (step::att_grid: a power of two of blocks a KV head, a capture again when it grows)
+    /// rather than for the KV's capacity. On by default; Q4MOE_CUDA_ATT_GRID=capacity turns it
+    /// off (A/B measurements).
+    pub attn_grid_by_reach: bool,
     /// Fold the router into o_proj's launch where it applies (moe.cu RouterFold; NOTES.md
     /// session 14: +8%). On by default; Q4MOE_CUDA_ROUTER_FOLD=0 turns it off (A/B
     /// measurements; the parity tests run both).
@@ -120,6 +125,8 @@ impl Default for CudaOptions {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(params::ATT_MAX_BLOCKS),
+            attn_grid_by_reach: std::env::var("Q4MOE_CUDA_ATT_GRID")
+                .map_or(true, |v| v != "capacity"),
             router_fold: std::env::var("Q4MOE_CUDA_ROUTER_FOLD").map_or(true, |v| v != "0"),
             attn_tensor_cores: std::env::var("Q4MOE_CUDA_ATT_TC").map_or(true, |v| v != "0"),
             attn_stage: std::env::var("Q4MOE_CUDA_ATT_STAGE")

@@ -82,6 +82,8 @@ pub struct Scratch {
     pub n_split: usize,
     /// attn_gqa's blocks a KV head (CudaOptions::attn_max_blocks, at most n_split).
     pub att_blocks: usize,
+    /// Attention's grid for the positions reached, not att_blocks (CudaOptions::attn_grid_by_reach).
+    pub att_grid_by_reach: bool,
     /// The router as one thread block cluster (`router_cluster`, Device::clusters).
     pub router_cluster: bool,
     /// The output head's grid (`looped`): 2 blocks an SM, as the walking kernels' launch bounds
@@ -165,6 +167,7 @@ impl Scratch {
             sample_counts: f(c.vocab_size)?,
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
+            att_grid_by_reach: opts.attn_grid_by_reach,
             router_cluster: dev.clusters,
             head_blocks,
             att_solo_smem: dev.att_solo_smem(Kernel::AttnGqa128x8)?,
@@ -499,16 +502,24 @@ pub enum Ending {
     LayersOnly,
 }
 
-/// The whole step for a session's KV: embedding, every layer, then what `ending` says (the
-/// head and the token's choice, with the settings in `s.sample_cfg`, or nothing).
-pub fn build(c: &Config, w: &Weights, s: &Scratch, kv: &Kv, ending: Ending) -> Vec<Launch> {
-    let mut out = layers(c, w, s, kv);
+/// The whole step for a session's KV and attention lengths up to `reach`: embedding, every
+/// layer, then what `ending` says (the head and the token's choice, with the settings in
+/// `s.sample_cfg`, or nothing).
+pub fn build(
+    c: &Config,
+    w: &Weights,
+    s: &Scratch,
+    (kv, reach): (&Kv, usize),
+    ending: Ending,
+) -> Vec<Launch> {
+    let mut out = layers(c, w, s, (kv, reach));
     out.extend(tail(c, w, s, ending));
     out
 }
 
-/// The embedding and every layer (what the fused step replaces).
-pub fn layers(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
+/// The embedding and every layer (what the fused step replaces), for attention lengths up to
+/// `reach` (`att_grid`).
+pub fn layers(c: &Config, w: &Weights, s: &Scratch, (kv, reach): (&Kv, usize)) -> Vec<Launch> {
     let mut out = Vec::with_capacity(8 * c.n_layer + 1);
     let fold = router_fold(c, w);
     let e = EmbedParams {
@@ -526,7 +537,7 @@ pub fn layers(c: &Config, w: &Weights, s: &Scratch, kv: &Kv) -> Vec<Launch> {
         weight_bytes(&w.embd, 1),
     ));
     for l in 0..c.n_layer {
-        layer(c, w, s, kv, l, fold, &mut out);
+        layer(c, w, s, kv, (l, reach), fold, &mut out);
     }
     // Timing experiments only (the output is wrong): Q4MOE_CUDA_OMIT=o_proj,moe_down leaves
     // those launches out, so the step time drops by what they cost inside the graph.
@@ -729,7 +740,7 @@ fn layer(
     w: &Weights,
     s: &Scratch,
     kv: &Kv,
-    l: usize,
+    (l, reach): (usize, usize),
     fold: bool,
     out: &mut Vec<Launch>,
 ) {
@@ -749,33 +760,10 @@ fn layer(
     };
     out.push(matvec("qkv", &qkv).with_l2(stream));
     let (kc, vc) = kv.layer(c, l);
-    let group = c.n_head / c.n_kv_head.max(1);
-    let gqa = !legacy()
-        && std::env::var_os("Q4MOE_CUDA_NO_GQA").is_none()
-        && c.n_head.is_multiple_of(c.n_kv_head)
-        && group <= 8
-        && c.head_dim.is_multiple_of(64)
-        && c.head_dim <= 128;
     let bufs = (s.q.ptr, s.part.ptr, s.attn.ptr, s.state.ptr);
     let a = attn_params(c, (kc, vc), bufs, s.n_split);
-    if gqa {
-        // Qwen3-MoE's shape has a kernel with it as constants (attention.cu), also on tensor
-        // cores; the span and staging knobs are that kernel's.
-        let kernel = if c.head_dim == 128 && c.n_head == 8 * c.n_kv_head {
-            if s.att_tc {
-                Kernel::AttnGqa128x8Tc
-            } else {
-                Kernel::AttnGqa128x8
-            }
-        } else {
-            Kernel::AttnGqa
-        };
-        let tc = kernel == Kernel::AttnGqa128x8Tc;
-        let (min_span, stage) = if tc {
-            (s.att_min_span, s.att_stage)
-        } else {
-            (1, 0)
-        };
+    if let Some(g) = gqa(c, s) {
+        let (kernel, min_span, stage) = (g.kernel, g.min_span, g.stage);
         let g = AttnGqaParams {
             qkv: s.qkv.ptr,
             q_norm: lw.q_norm,
@@ -802,7 +790,7 @@ fn layer(
         out.push(Launch::new(
             kernel,
             "attn_gqa",
-            (c.n_kv_head as u32, s.att_blocks as u32, 1),
+            (c.n_kv_head as u32, att_grid(c, s, reach) as u32, 1),
             256,
             smem,
             &g,
@@ -819,6 +807,76 @@ fn layer(
         o_proj_then_router(c, lw, s, x_mid, out);
     }
     experts(c, lw, s, fold, (x_mid, x), out);
+}
+
+/// The one-launch attention's kernel and its span knobs (AttnGqaParams::min_span, stage), where
+/// the geometry has one (else the generic three launches, `split_attention`).
+struct Gqa {
+    kernel: Kernel,
+    min_span: usize,
+    stage: usize,
+}
+
+fn gqa(c: &Config, s: &Scratch) -> Option<Gqa> {
+    let group = c.n_head / c.n_kv_head.max(1);
+    let fits = !legacy()
+        && std::env::var_os("Q4MOE_CUDA_NO_GQA").is_none()
+        && c.n_head.is_multiple_of(c.n_kv_head)
+        && group <= 8
+        && c.head_dim.is_multiple_of(64)
+        && c.head_dim <= 128;
+    if !fits {
+        return None;
+    }
+    // Qwen3-MoE's shape has a kernel with it as constants (attention.cu), also on tensor cores;
+    // the span and staging knobs are that kernel's.
+    let kernel = match (c.head_dim == 128 && c.n_head == 8 * c.n_kv_head, s.att_tc) {
+        (true, true) => Kernel::AttnGqa128x8Tc,
+        (true, false) => Kernel::AttnGqa128x8,
+        (false, _) => Kernel::AttnGqa,
+    };
+    Some(match kernel {
+        Kernel::AttnGqa128x8Tc => Gqa {
+            kernel,
+            min_span: s.att_min_span,
+            stage: s.att_stage,
+        },
+        _ => Gqa {
+            kernel,
+            min_span: 1,
+            stage: 0,
+        },
+    })
+}
+
+/// attn_gqa's blocks a KV head for attention lengths up to `reach`: at least as many as
+/// gqa_span (attention.cu) makes active at any of those lengths (at most ceil(chunks /
+/// min_span), at most att_blocks), rounded up to a power of two; 0 where the geometry takes
+/// the generic attention. Why not att_blocks always (n_split or ATT_MAX_BLOCKS): the blocks past
+/// the active ones only exit, but each first waits for an SM of its own (the kernels hold one an
+/// SM), so at the default 4,096-position KV 116 of the 128 blocks of a short context cost the
+/// step that wait. A graph holds the grid of its capture: the setup cache keys on this, and the
+/// power of two bounds a session's captures to log2(att_blocks) + 1.
+pub fn att_grid(c: &Config, s: &Scratch, reach: usize) -> usize {
+    let g = gqa(c, s);
+    match s.att_grid_by_reach {
+        true => g.map_or(0, |g| att_rows(reach, (g.min_span, g.stage), s.att_blocks)),
+        false => g.map_or(0, |_| s.att_blocks),
+    }
+}
+
+/// `att_grid` for the span knobs (min_span, stage) and at most `max_blocks` blocks.
+fn att_rows(reach: usize, (min_span, stage): (usize, usize), max_blocks: usize) -> usize {
+    let chunks = reach.max(1).div_ceil(ATT_CHUNK);
+    let fit = match stage {
+        0 => 0,
+        st => (1 + st) * 8 * 16 / ATT_CHUNK, // gqa_span's chunks one block loads early
+    };
+    let active = match chunks <= fit {
+        true => 1,
+        false => chunks.div_ceil(min_span.max(1)).min(max_blocks),
+    };
+    active.next_power_of_two().min(max_blocks).max(1)
 }
 
 /// attention.cu's per-head norm and RoPE of layer `lw`: projections at `qkv`, the roped
@@ -1144,5 +1202,58 @@ fn down_mode(lw: &crate::weights::LayerW, c: &Config) -> (u8, usize) {
             }
         }
         _ => (0, 1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// gqa_span's active blocks at attention length `len` (attention.cu, as the kernel
+    /// computes them).
+    fn active(len: usize, (min_span, stage): (usize, usize), max_blocks: usize) -> usize {
+        let chunks = len.div_ceil(ATT_CHUNK);
+        let fit = if stage > 0 {
+            (1 + stage) * 8 * 16 / ATT_CHUNK
+        } else {
+            0
+        };
+        let span = match chunks <= fit {
+            true => chunks,
+            false => chunks.div_ceil(max_blocks).max(min_span),
+        };
+        chunks.div_ceil(span)
+    }
+
+    #[test]
+    fn att_rows_hold_every_active_block_up_to_the_reach() {
+        for knobs in [(4, 1), (1, 0), (4, 0), (2, 2), (8, 1)] {
+            for max_blocks in [1, 3, 13, 32] {
+                let mut most = 0;
+                let mut rows_seen = Vec::new();
+                for reach in 1..=20_000 {
+                    most = most.max(active(reach, knobs, max_blocks));
+                    let rows = att_rows(reach, knobs, max_blocks);
+                    assert!(
+                        rows >= most && rows <= max_blocks,
+                        "{knobs:?}, {max_blocks} blocks at most, reach {reach}: {rows} rows, {most} active"
+                    );
+                    assert!(rows.is_power_of_two() || rows == max_blocks);
+                    if rows_seen.last() != Some(&rows) {
+                        rows_seen.push(rows);
+                    }
+                }
+                // Only ever larger: a session's captures stay few.
+                assert!(rows_seen.windows(2).all(|w| w[0] < w[1]), "{rows_seen:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn att_rows_stay_small_at_a_short_context() {
+        // The benchmark's decode (positions 128..384) on the tensor-core defaults.
+        assert_eq!(att_rows(256, (4, 1), 32), 1);
+        assert_eq!(att_rows(384, (4, 1), 32), 4);
+        assert_eq!(att_rows(4096, (4, 1), 32), 32);
     }
 }
