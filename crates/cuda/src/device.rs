@@ -751,6 +751,8 @@ pub struct DevBuf {
     pub ptr: u64,
     pub bytes: usize,
     ctx: Arc<CudaContext>,
+    /// False for a view into another buffer (`view`), which that buffer frees.
+    owned: bool,
 }
 
 impl DevBuf {
@@ -762,7 +764,19 @@ impl DevBuf {
             ptr,
             bytes,
             ctx: dev.ctx.clone(),
+            owned: true,
         })
+    }
+    /// `bytes` at `off` of this buffer as a buffer of their own that frees nothing: its owner
+    /// must outlive it.
+    pub fn view(&self, off: usize, bytes: usize) -> DevBuf {
+        assert!(off + bytes <= self.bytes, "view past the buffer");
+        DevBuf {
+            ptr: self.ptr + off as u64,
+            bytes,
+            ctx: self.ctx.clone(),
+            owned: false,
+        }
     }
     pub fn upload<T: Copy>(&self, dev: &Device, off: usize, data: &[T]) -> Result<()> {
         assert!(
@@ -784,6 +798,9 @@ impl DevBuf {
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = self.ctx.bind_to_thread();
         // SAFETY: allocated by malloc_sync and freed once.
         unsafe {

@@ -110,21 +110,58 @@ pub struct Scratch {
     pub gate_up_cols: [u32; GATE_UP.len()],
     /// The weights' L2 policy: which launches get which access-policy window (l2.rs).
     pub l2: L2Plan,
+    /// Owns the small buffers above (`Arena`); dropped last, after their views.
+    _arena: Arena,
+}
+
+/// The step's small buffers (activations, counters, ids) in one allocation, each 256-byte
+/// aligned in a fixed order, so where they lie against each other does not follow what else is
+/// allocated (the attention partials' size followed the KV's capacity and moved every buffer
+/// after it: ~0.8% of Q4_K_M's decode, NOTES.md session 38). Q4MOE_CUDA_ARENA=0 allocates
+/// each on its own; Q4MOE_CUDA_ARENA_PAD=<bytes> leaves that gap before `attn` (measuring).
+struct Arena {
+    buf: Option<DevBuf>,
+    used: usize,
+}
+
+impl Arena {
+    const BYTES: usize = 2 << 20;
+
+    fn new(dev: &Device) -> Result<Arena> {
+        let on = std::env::var("Q4MOE_CUDA_ARENA").map_or(true, |v| v != "0");
+        let buf = on.then(|| DevBuf::new(dev, Arena::BYTES)).transpose()?;
+        Ok(Arena { buf, used: 0 })
+    }
+
+    /// `bytes` of the arena, zeroed; their own allocation past its end or with it off.
+    fn take(&mut self, dev: &Device, bytes: usize) -> Result<DevBuf> {
+        let at = self.used.next_multiple_of(256);
+        let b = match &self.buf {
+            Some(buf) if at + bytes <= Arena::BYTES => {
+                self.used = at + bytes;
+                buf.view(at, bytes)
+            }
+            _ => DevBuf::new(dev, bytes)?,
+        };
+        b.fill(dev, 0)?;
+        Ok(b)
+    }
+
+    fn skip(&mut self, bytes: usize) {
+        self.used += bytes;
+    }
 }
 
 impl Scratch {
     pub fn new(dev: &Device, c: &Config, opts: &CudaOptions, l2: L2Plan) -> Result<Scratch> {
         let (kv_capacity, attn_max_blocks) = (opts.kv_capacity, opts.attn_max_blocks);
         let f = |n: usize| DevBuf::new(dev, n * 4);
+        let mut arena = Arena::new(dev)?;
+        let mut a = |bytes: usize| arena.take(dev, bytes);
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
-        let counter = DevBuf::new(dev, 4)?;
-        counter.fill(dev, 0)?;
-        let (router_slots, router_epoch) =
-            (DevBuf::new(dev, 8 * c.n_expert)?, DevBuf::new(dev, 4)?);
-        router_slots.fill(dev, 0)?;
-        router_epoch.fill(dev, 0)?;
-        let attn_done = DevBuf::new(dev, 4 * (c.n_kv_head + c.n_head))?;
-        attn_done.fill(dev, 0)?;
+        let counter = a(4)?;
+        let (router_slots, router_epoch) = (a(8 * c.n_expert)?, a(4)?);
+        let attn_done = a(4 * (c.n_kv_head + c.n_head))?;
         let att_tc = opts.attn_tensor_cores && dev.kv_type == KvType::F16 && dev.sm_major >= 8;
         let stage_room = dev.dynamic_smem_room(Kernel::AttnGqa128x8Tc) / ATT_TC_STAGE_BYTES;
         let stage_fit = ATT_TC_STAGE_MAX.min(stage_room as usize);
@@ -133,34 +170,51 @@ impl Scratch {
             Ok(Ok(n)) => n,
             _ => 2 * dev.sm_count()?,
         };
-        let head_counter = DevBuf::new(dev, 4)?;
-        head_counter.fill(dev, 0)?;
+        let head_counter = a(4)?;
         let partials = ARGMAX_BLOCKS.max(head_blocks as usize);
+        let (state, x, x2, xn) = (
+            a(size_of::<StepState>())?,
+            a(4 * c.d_model)?,
+            a(4 * c.d_model)?,
+            a(4 * c.d_model)?,
+        );
+        let (qkv, q) = (a(4 * (c.q_dim() + 2 * c.kv_dim()))?, a(4 * c.q_dim())?);
+        if let Some(pad) = std::env::var("Q4MOE_CUDA_ARENA_PAD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            arena.skip(pad);
+        }
+        let mut a = |bytes: usize| arena.take(dev, bytes);
+        let (attn, router) = (a(4 * c.q_dim())?, a(4 * c.n_expert)?);
+        let (ids, topw) = (a(4 * c.n_expert_used)?, a(4 * c.n_expert_used)?);
+        let h = a(4 * c.n_expert_used * c.d_ff_expert)?;
+        let (am_v, am_i) = (a(4 * partials)?, a(4 * partials)?);
+        let (sample_cfg, rng) = (a(size_of::<SampleConfig>())?, a(8)?);
         Ok(Scratch {
-            state: DevBuf::new(dev, std::mem::size_of::<StepState>())?,
+            state,
             publish: 0,
-            x: f(c.d_model)?,
-            x2: f(c.d_model)?,
-            xn: f(c.d_model)?,
-            qkv: f(c.q_dim() + 2 * c.kv_dim())?,
-            q: f(c.q_dim())?,
-            part: f(c.n_head * n_split * (c.head_dim + 2))?,
-            attn: f(c.q_dim())?,
-            router: f(c.n_expert)?,
+            x,
+            x2,
+            xn,
+            qkv,
+            q,
+            attn,
+            router,
             router_slots,
             router_epoch,
-            ids: f(c.n_expert_used)?,
-            topw: f(c.n_expert_used)?,
-            h: f(c.n_expert_used * c.d_ff_expert)?,
+            ids,
+            topw,
+            h,
             logits: f(c.vocab_size)?,
-            am_v: f(partials)?,
-            am_i: f(partials)?,
+            am_v,
+            am_i,
             head_counter,
             head_argmax: opts.head_argmax,
             counter,
             attn_done,
-            sample_cfg: DevBuf::new(dev, std::mem::size_of::<SampleConfig>())?,
-            rng: DevBuf::new(dev, 8)?,
+            sample_cfg,
+            rng,
             sample_work: DevBuf::new(dev, sample_work)?,
             sample_finite: DevBuf::new(dev, sample_finite)?,
             sample_nucleus: DevBuf::new(dev, sample_nucleus)?,
@@ -178,7 +232,10 @@ impl Scratch {
                 .unwrap_or(ATT_TC_STAGE_DEFAULT)
                 .min(stage_fit),
             gate_up_cols: gate_up_cols(dev, c, opts.gate_up_cols)?,
+            // Last: its size follows the KV's capacity, and the buffers after it moved with it.
+            part: f(c.n_head * n_split * (c.head_dim + 2))?,
             l2,
+            _arena: arena,
         })
     }
 
