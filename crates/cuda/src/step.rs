@@ -118,11 +118,18 @@ pub struct Scratch {
 /// aligned in a fixed order, so where they lie against each other does not follow what else is
 /// allocated (the attention partials' size followed the KV's capacity and moved every buffer
 /// after it: ~0.8% of Q4_K_M's decode, NOTES.md session 38). Q4MOE_CUDA_ARENA=0 allocates
-/// each on its own; Q4MOE_CUDA_ARENA_PAD=<bytes> leaves that gap before `attn` (measuring).
+/// each on its own; Q4MOE_CUDA_ARENA_PAD=<bytes> sets the gap before `attn` (ARENA_GAP).
 struct Arena {
     buf: Option<DevBuf>,
     used: usize,
 }
+
+/// Bytes left free between the buffers up to `q` and those from `attn` on. Why: every fast
+/// layout measured had one (the partials between them, 216 KB at a 392-position KV, 682 KB at
+/// 1,288: Q4_K_M 797-799 tok/s), every slow one none (the partials at 2.3 MB in an allocation
+/// of their own, or allocated last: 790-794); the layout at a 392-position KV (NOTES.md
+/// session 38). Why it matters is not known.
+const ARENA_GAP: usize = 216 << 10;
 
 impl Arena {
     const BYTES: usize = 2 << 20;
@@ -179,12 +186,11 @@ impl Scratch {
             a(4 * c.d_model)?,
         );
         let (qkv, q) = (a(4 * (c.q_dim() + 2 * c.kv_dim()))?, a(4 * c.q_dim())?);
-        if let Some(pad) = std::env::var("Q4MOE_CUDA_ARENA_PAD")
+        let gap = std::env::var("Q4MOE_CUDA_ARENA_PAD")
             .ok()
             .and_then(|v| v.parse().ok())
-        {
-            arena.skip(pad);
-        }
+            .unwrap_or(ARENA_GAP);
+        arena.skip(gap);
         let mut a = |bytes: usize| arena.take(dev, bytes);
         let (attn, router) = (a(4 * c.q_dim())?, a(4 * c.n_expert)?);
         let (ids, topw) = (a(4 * c.n_expert_used)?, a(4 * c.n_expert_used)?);
