@@ -361,11 +361,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             open_s,
             copy_gbs: Some(b.measure_copy_bandwidth()),
             kernels: b.kernel_profile(),
+            graph_setups: Some(b.graph_setups()),
         },
         AnyBackend::Cpu(_) => report::Extras {
             open_s,
             copy_gbs: None,
             kernels: Vec::new(),
+            graph_setups: None,
         },
     };
     let record = report::build(&a, &label, &model, &info, &results, long.as_ref(), &extras);

@@ -21,7 +21,7 @@ use crate::prefill::{self, Prefill};
 use crate::step::{self, Choice, Ending, Kv, Scratch};
 use crate::timeline::{self, Timeline};
 use crate::weights::{self, Weights};
-use crate::{CudaError, CudaOptions, KernelTime, Result};
+use crate::{AttGrid, CudaError, CudaOptions, GraphSetups, KernelTime, Result};
 
 /// Steps whose token can be in flight at once (pinned read-back slots, event pairs); the step
 /// at position pos uses slot pos % RING, as the kernels' finish_step publishes it.
@@ -50,7 +50,7 @@ struct SessionKey {
 /// graph captured from it (one node), or from the launches when there is no fused form.
 struct StepCache {
     key: SessionKey,
-    _launches: Vec<Launch>,
+    launches: Vec<Launch>,
     fused: Option<FusedStep>,
     graph: Graph,
 }
@@ -61,6 +61,15 @@ struct Session {
     /// At most one entry per step variant (Ending): prefill and a sampled decode alternate
     /// without rebuilding.
     cache: Vec<StepCache>,
+}
+
+/// The positions a submission's attention reaches: its last step's, and the last its request (a
+/// decode's max_tokens, a prompt's length) can reach (CudaOptions::attn_grid picks which sizes
+/// the grid).
+#[derive(Debug, Clone, Copy)]
+struct Reach {
+    last: usize,
+    end: usize,
 }
 
 /// What `setup` resolved for one step.
@@ -98,6 +107,7 @@ pub struct CudaBackend {
     timeline_profile: HashMap<String, (u64, f64, u64)>,
     /// The batched prefill's buffers (CudaOptions::prefill_chunk), where the geometry allows.
     prefill: Option<Prefill>,
+    graph_setups: GraphSetups,
     dev: Device,
 }
 
@@ -185,6 +195,7 @@ impl CudaBackend {
             fused_profile: HashMap::new(),
             timeline,
             timeline_profile: HashMap::new(),
+            graph_setups: GraphSetups::default(),
             dev,
         })
     }
@@ -203,6 +214,11 @@ impl CudaBackend {
 
     pub fn options(&self) -> &CudaOptions {
         &self.opts
+    }
+
+    /// The setup cache's graph captures and in-place attention regrids since the start.
+    pub fn graph_setups(&self) -> GraphSetups {
+        self.graph_setups
     }
 
     /// Per-kernel GPU times gathered on the eager path with `profile_kernels` on, per-op
@@ -314,18 +330,15 @@ impl CudaBackend {
     }
 
     /// Host setup for `steps` steps in one graph (1 where the cache is off), the last at
-    /// position `last`: a cache hit costs a key comparison; a miss (or the cache off) resolves
-    /// every launch again from the weights' tables. The steps repeat the same launches: each
-    /// reads its token and position from the device's step state, which the one before
-    /// advanced.
-    fn setup(
-        &mut self,
-        id: SessionId,
-        ending: Ending,
-        steps: usize,
-        last: usize,
-    ) -> Result<StepRef> {
-        let reach = last + 1;
+    /// position `at.last`: a cache hit costs a key comparison; a miss (or the cache off)
+    /// resolves every launch again from the weights' tables, unless only the attention's grid
+    /// differs (regrid in place). The steps repeat the same launches: each reads its token and
+    /// position from the device's step state, which the one before advanced.
+    fn setup(&mut self, id: SessionId, ending: Ending, steps: usize, at: Reach) -> Result<StepRef> {
+        let reach = match self.opts.attn_grid {
+            AttGrid::Request => at.last.max(at.end),
+            AttGrid::Step | AttGrid::Capacity => at.last,
+        } + 1;
         let key = self.key(id, ending, steps, reach);
         let cfg = self.model.config.clone();
         self.session(id)?;
@@ -336,6 +349,24 @@ impl CudaBackend {
             return Ok(StepRef::Eager(launches));
         }
         if let Some(i) = sess.cache.iter().position(|c| c.key == key) {
+            return Ok(StepRef::Cached(i));
+        }
+        // The same step at another attention grid: its nodes take the grid in place.
+        let regrid = step::att_regrid(&cfg, s, reach).filter(|_| self.opts.regrid_in_place);
+        let same_but_grid = |c: &StepCache| {
+            SessionKey {
+                att_grid: key.att_grid,
+                ..c.key.clone()
+            } == key
+        };
+        if let (Some(i), Some((kernel, grid))) = (sess.cache.iter().position(same_but_grid), regrid)
+        {
+            let entry = &mut sess.cache[i];
+            entry.graph.regrid(dev.func(kernel), grid)?;
+            let attention = entry.launches.iter_mut().filter(|l| l.kernel == kernel);
+            attention.for_each(|l| l.grid = grid);
+            entry.key = key;
+            self.graph_setups.regrids += 1;
             return Ok(StepRef::Cached(i));
         }
         // A stale entry of the same variant (options changed) is replaced.
@@ -359,9 +390,10 @@ impl CudaBackend {
                 }
             };
             launches.extend(tail);
+            self.graph_setups.captures += 1;
             sess.cache.push(StepCache {
                 key,
-                _launches: launches,
+                launches,
                 fused,
                 graph,
             });
@@ -425,12 +457,13 @@ impl CudaBackend {
     /// step state goes up from a pinned slot in stream order, so the host neither uploads
     /// synchronously nor waits for the step; it waits for the queue once every PREFILL_RING
     /// tokens, before it reuses the slots.
-    fn queue_prompt_step(&mut self, id: SessionId, token: u32, pos: usize, i: usize) -> Result<()> {
+    fn queue_prompt_step(&mut self, id: SessionId, token: u32, at: Reach, i: usize) -> Result<()> {
+        let pos = at.last;
         if i > 0 && i.is_multiple_of(PREFILL_RING) {
             self.dev.sync()?;
         }
         // Set up first: a first use captures the graph, which no copy may precede in its stream.
-        let step = self.setup(id, Ending::LayersOnly, 1, pos)?;
+        let step = self.setup(id, Ending::LayersOnly, 1, at)?;
         let slot = self.prompt_states.slot(i);
         slot[0] = StepState {
             token,
@@ -615,14 +648,15 @@ impl CudaBackend {
         &mut self,
         id: SessionId,
         token: u32,
-        pos: usize,
+        at: Reach,
         logits_to_host: bool,
     ) -> Result<Duration> {
+        let pos = at.last;
         self.set_state(StepState {
             token,
             pos: pos as u32,
         })?;
-        let step = self.setup(id, Ending::Head(Choice::default()), 1, pos)?;
+        let step = self.setup(id, Ending::Head(Choice::default()), 1, at)?;
         self.submit(id, step, pos, 1)?;
         if logits_to_host {
             // SAFETY: vocab_size pinned floats; copied in stream order after the step.
@@ -698,7 +732,11 @@ impl CudaBackend {
                     t.begin_step(&self.dev)?;
                 }
                 let t0 = Instant::now();
-                let step = self.setup(id, ending, k, len0 + submitted + k - 1)?;
+                let at = Reach {
+                    last: len0 + submitted + k - 1,
+                    end: len0 + steps - 1,
+                };
+                let step = self.setup(id, ending, k, at)?;
                 let t1 = Instant::now();
                 self.submit(id, step, len0 + submitted, k)?;
                 if let Some(t) = self.recording(submitted) {
@@ -766,7 +804,11 @@ impl CudaBackend {
         let (mut token, mut handed) = (req.first_token, 0);
         while handed < steps {
             let t0 = Instant::now();
-            let gpu = self.step_sync(id, token, len0 + handed, true)?;
+            let at = Reach {
+                last: len0 + handed,
+                end: len0 + steps - 1,
+            };
+            let gpu = self.step_sync(id, token, at, true)?;
             let t1 = Instant::now();
             let logits = self.host_logits.all();
             let flow;
@@ -826,18 +868,22 @@ impl Backend for CudaBackend {
             vocab
         });
         let len0 = self.kv_len(session);
+        let at = |i: usize| Reach {
+            last: len0 + i,
+            end: len0 + tokens.len() - 1,
+        };
         // Without all_logits the tokens before the last need only their keys and values.
         let queued = if all_logits { 0 } else { tokens.len() - 1 };
         if self.prefill.is_some() {
             self.prefill_batched(session, &tokens[..queued], len0)?;
         } else {
             for (i, &t) in tokens[..queued].iter().enumerate() {
-                self.queue_prompt_step(session, t, len0 + i, i)?;
+                self.queue_prompt_step(session, t, at(i), i)?;
             }
         }
         self.session(session)?.len = len0 + queued;
         for (i, &t) in tokens.iter().enumerate().skip(queued) {
-            self.step_sync(session, t, len0 + i, false)?;
+            self.step_sync(session, t, at(i), false)?;
             self.session(session)?.len = len0 + i + 1;
             if all_logits || i + 1 == tokens.len() {
                 out.extend(self.logits()?);

@@ -389,7 +389,7 @@ impl Device {
         Kernel::ALL.iter().position(|x| *x == k).unwrap()
     }
 
-    fn func(&self, k: Kernel) -> sys::CUfunction {
+    pub fn func(&self, k: Kernel) -> sys::CUfunction {
         self.funcs[self.index(k)]
     }
 

@@ -26,6 +26,21 @@ pub use q4moe_model::backend::KvType;
 pub use backend::CudaBackend;
 pub use l2::L2Target;
 
+/// The attention lengths attention's grid is sized for (step::att_grid: a power of two of blocks
+/// a KV head, the setup cache keyed on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttGrid {
+    /// The KV's capacity (4 x 32 blocks at the default 4,096 positions), whatever the length.
+    Capacity,
+    /// The positions each graph of steps reaches: the grid changes as a decode goes on
+    /// (session 38: +0.15-0.2% Q4_K_M over Capacity at a 4,360-position KV, but a capture or a
+    /// regrid inside the bench's 256 tokens, ~1 ms each).
+    Step,
+    /// The positions the whole decode request can reach (its first position + max_tokens):
+    /// one grid for the request, so its steps never change graph midway.
+    Request,
+}
+
 /// Options of the CUDA backend.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CudaOptions {
@@ -49,11 +64,15 @@ pub struct CudaOptions {
     /// several (one wave of blocks at long context, a short merge). Q4MOE_CUDA_ATT_BLOCKS
     /// overrides the default (for measuring).
     pub attn_max_blocks: usize,
-    /// Size attention's grid for the positions a step (or a graph of steps) reaches
-    /// (step::att_grid: a power of two of blocks a KV head, a capture again when it grows)
-    /// rather than for the KV's capacity. On by default; Q4MOE_CUDA_ATT_GRID=capacity turns it
-    /// off (A/B measurements).
-    pub attn_grid_by_reach: bool,
+    /// What attention's grid is sized for (step::att_grid). Q4MOE_CUDA_ATT_GRID=capacity|step
+    /// sets it (A/B measurements); the default is AttGrid::Request.
+    pub attn_grid: AttGrid,
+    /// A captured step whose attention grid changes takes the new grid in place
+    /// (Graph::regrid) instead of being captured again. Off by default: it saves the host the
+    /// capture (~1 ms at the full geometry) but the GPU lost more (session 39, AttGrid::Step,
+    /// a change at position 257 of a 384-position decode: 792.2 against 794.3 tok/s Q4_K_M);
+    /// Q4MOE_CUDA_REGRID=1 turns it on.
+    pub regrid_in_place: bool,
     /// Fold the router into o_proj's launch where it applies (moe.cu RouterFold; NOTES.md
     /// session 14: +8%). On by default; Q4MOE_CUDA_ROUTER_FOLD=0 turns it off (A/B
     /// measurements; the parity tests run both).
@@ -125,8 +144,12 @@ impl Default for CudaOptions {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(params::ATT_MAX_BLOCKS),
-            attn_grid_by_reach: std::env::var("Q4MOE_CUDA_ATT_GRID")
-                .map_or(true, |v| v != "capacity"),
+            attn_grid: match std::env::var("Q4MOE_CUDA_ATT_GRID").as_deref() {
+                Ok("capacity") => AttGrid::Capacity,
+                Ok("step") => AttGrid::Step,
+                _ => AttGrid::Request,
+            },
+            regrid_in_place: std::env::var("Q4MOE_CUDA_REGRID").is_ok_and(|v| v != "0"),
             router_fold: std::env::var("Q4MOE_CUDA_ROUTER_FOLD").map_or(true, |v| v != "0"),
             attn_tensor_cores: std::env::var("Q4MOE_CUDA_ATT_TC").map_or(true, |v| v != "0"),
             attn_stage: std::env::var("Q4MOE_CUDA_ATT_STAGE")
@@ -165,6 +188,14 @@ pub struct KernelTime {
     pub calls: u64,
     pub total: Duration,
     pub bytes_read: u64,
+}
+
+/// How the setup cache came by its graphs: each capture (and instantiation) of a step, and each
+/// in-place change of a captured step's attention grid as its reach grew or shrank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphSetups {
+    pub captures: u64,
+    pub regrids: u64,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,7 @@ use crate::device::{DevBuf, Device, Kernel, Launch, GATE_UP};
 use crate::l2::L2Plan;
 use crate::params::*;
 use crate::weights::Weights;
-use crate::{CudaOptions, Result};
+use crate::{AttGrid, CudaOptions, Result};
 
 const THREADS: u32 = 256;
 const WARPS: u32 = THREADS / 32;
@@ -82,7 +82,8 @@ pub struct Scratch {
     pub n_split: usize,
     /// attn_gqa's blocks a KV head (CudaOptions::attn_max_blocks, at most n_split).
     pub att_blocks: usize,
-    /// Attention's grid for the positions reached, not att_blocks (CudaOptions::attn_grid_by_reach).
+    /// Attention's grid for the positions reached, not att_blocks (CudaOptions::attn_grid not
+    /// AttGrid::Capacity).
     pub att_grid_by_reach: bool,
     /// The router as one thread block cluster (`router_cluster`, Device::clusters).
     pub router_cluster: bool,
@@ -227,7 +228,7 @@ impl Scratch {
             sample_counts: f(c.vocab_size)?,
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
-            att_grid_by_reach: opts.attn_grid_by_reach,
+            att_grid_by_reach: opts.attn_grid != AttGrid::Capacity,
             router_cluster: dev.clusters,
             head_blocks,
             att_solo_smem: dev.att_solo_smem(Kernel::AttnGqa128x8)?,
@@ -853,7 +854,7 @@ fn layer(
         out.push(Launch::new(
             kernel,
             "attn_gqa",
-            (c.n_kv_head as u32, att_grid(c, s, reach) as u32, 1),
+            att_dims(c, s, reach),
             256,
             smem,
             &g,
@@ -926,6 +927,19 @@ pub fn att_grid(c: &Config, s: &Scratch, reach: usize) -> usize {
         true => g.map_or(0, |g| att_rows(reach, (g.min_span, g.stage), s.att_blocks)),
         false => g.map_or(0, |_| s.att_blocks),
     }
+}
+
+/// attn_gqa's launch grid for attention lengths up to `reach`: a row of `att_grid` blocks a
+/// KV head.
+fn att_dims(c: &Config, s: &Scratch, reach: usize) -> (u32, u32, u32) {
+    (c.n_kv_head as u32, att_grid(c, s, reach) as u32, 1)
+}
+
+/// The one-launch attention's kernel and its grid for lengths up to `reach`, where the
+/// geometry has it: what a captured step changes in place when its reach grows (Graph::regrid)
+/// rather than being captured again.
+pub fn att_regrid(c: &Config, s: &Scratch, reach: usize) -> Option<(Kernel, (u32, u32, u32))> {
+    gqa(c, s).map(|g| (g.kernel, att_dims(c, s, reach)))
 }
 
 /// `att_grid` for the span knobs (min_span, stage) and at most `max_blocks` blocks.

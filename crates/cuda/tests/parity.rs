@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use q4moe_cpu::{CpuBackend, Precision};
-use q4moe_cuda::{CudaBackend, CudaOptions, KvType, L2Target};
+use q4moe_cuda::{AttGrid, CudaBackend, CudaOptions, KvType, L2Target};
 use q4moe_model::backend::{Backend, DecodeRequest, Flow};
 use q4moe_model::sampling::SamplingParams;
 use q4moe_model::synth::{self, SynthQuant};
@@ -341,6 +341,61 @@ fn tiny_graph_steps() {
             ..Default::default()
         };
         run_with(Config::tiny(), q, opts);
+    }
+}
+
+/// Attention's grid follows the attention lengths (blocks a KV head: 1 to 32 positions, 2 to
+/// 64, 4 to 128). By the positions each graph of steps reaches (AttGrid::Step) with the grid
+/// changed in place (CudaOptions::regrid_in_place), a decode from position 12 to 76 changes it
+/// twice without capturing again, and a truncate shrinks it the same way. By the request's
+/// reach (the defaults), a decode keeps one grid; another reach captures the step again. Every
+/// stream is the CPU's; a grid left too small would trap in attn_gqa (an error, not a silent
+/// loss).
+#[test]
+fn tiny_attention_regrid() {
+    if no_gpu() {
+        return;
+    }
+    let cfg = Config::tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    let prompt = test_prompt(12, &cfg);
+    let mut cpu = cpu(&m, KvType::default());
+    let lc = cpu.prefill(1, &prompt, true).unwrap();
+    let first = q4moe_model::sampling::argmax(&lc[lc.len() - cfg.vocab_size..]);
+    let want = greedy(&mut cpu, 1, first, 64, None);
+    let by_step = CudaOptions {
+        attn_grid: AttGrid::Step,
+        regrid_in_place: true,
+        ..Default::default()
+    };
+    // (options, [(tokens a decode, (captures, regrids) it adds)]); Step's regrids at least.
+    let cases = [
+        (by_step, vec![(64, (1, 2)), (64, (0, 3))]),
+        (
+            CudaOptions::default(),
+            vec![(64, (1, 0)), (16, (1, 0)), (64, (1, 0))],
+        ),
+    ];
+    for (opts, decodes) in cases {
+        let by = format!("{:?}, regrid {}", opts.attn_grid, opts.regrid_in_place);
+        let by_step = opts.attn_grid == AttGrid::Step;
+        let mut gpu = cuda(&m, opts);
+        gpu.prefill(1, &prompt, true).unwrap();
+        for (round, (n, (captures, regrids))) in decodes.into_iter().enumerate() {
+            gpu.truncate(1, prompt.len());
+            let before = gpu.graph_setups();
+            let got = greedy(&mut gpu, 1, first, n, None);
+            let after = gpu.graph_setups();
+            let what = format!("{by}, round {round}, {n} tokens: {before:?} -> {after:?}");
+            eprintln!("{what}");
+            assert_eq!(got, want[..n], "{what}: not the CPU's stream");
+            assert_eq!(after.captures, before.captures + captures, "{what}");
+            match by_step {
+                true => assert!(after.regrids >= before.regrids + regrids, "{what}"),
+                false => assert_eq!(after.regrids, before.regrids + regrids, "{what}"),
+            }
+        }
     }
 }
 

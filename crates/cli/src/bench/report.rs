@@ -12,9 +12,11 @@ pub struct Extras {
     /// Seconds from the loaded model to a backend ready to decode (device start-up, kernels,
     /// the weights' repack and upload).
     pub open_s: f64,
-    /// CUDA only: the copy bandwidth measured in the run, the per-kernel profile.
+    /// CUDA only: the copy bandwidth measured in the run, the per-kernel profile, the setup
+    /// cache's graph captures and in-place regrids over the whole bench.
     pub copy_gbs: Option<f64>,
     pub kernels: Vec<q4moe_cuda::KernelTime>,
+    pub graph_setups: Option<q4moe_cuda::GraphSetups>,
 }
 
 pub fn median(v: &[f64]) -> f64 {
@@ -134,6 +136,8 @@ pub fn build(
         "parity_all_variants_identical": parity,
         "long_context": long,
         "kernel_profile": kernels,
+        "graph_captures": extras.graph_setups.map(|g| g.captures),
+        "graph_regrids": extras.graph_setups.map(|g| g.regrids),
         // Q4MOE_* settings (kernel paths, tunables) are conditions of the figures too.
         "environment": std::env::vars().filter(|(k, _)| k.starts_with("Q4MOE_")).collect::<std::collections::BTreeMap<_, _>>(),
         "note": "steady decode excludes the first decode step; tok/s from token arrival times on the host",
@@ -208,6 +212,9 @@ pub fn print_table(r: &Value) {
         "parity (greedy tokens identical across variants): {}",
         r["parity_all_variants_identical"]
     );
+    if let (Some(c), Some(g)) = (r["graph_captures"].as_u64(), r["graph_regrids"].as_u64()) {
+        println!("setup cache over the bench: {c} graph captures, {g} attention regrids in place");
+    }
     let kernels = kernel_lines(r);
     if !kernels.is_empty() {
         println!("kernel profile (largest total first; --profile kernels: the setup-cache-off runs' eager launches timed with events; the fused step's stamps and the launch timeline add their rows):");
