@@ -759,14 +759,6 @@ __device__ __forceinline__ float piece_weight(const QW& w, u64 row, int i) {
     piece.load(w, row * (u64)(w.k >> 5) + (i >> 5));
     return piece.weight(i & 31);
 }
-// Weights i..i+3 (i % 4 == 0, so one block holds them) through one load of their piece.
-template <class P>
-__device__ __forceinline__ float4 piece_weight4(const QW& w, u64 row, int i) {
-    P piece;
-    piece.load(w, row * (u64)(w.k >> 5) + (i >> 5));
-    int j = i & 31;
-    return make_float4(piece.weight(j), piece.weight(j + 1), piece.weight(j + 2), piece.weight(j + 3));
-}
 
 // One weight of a row (embedding look-up); slow but touches one row per token.
 __device__ float weight_at(const QW& w, u64 row, int i) {
@@ -781,14 +773,5 @@ __device__ float weight_at(const QW& w, u64 row, int i) {
         }
         case T_F16: return h2f(((const u16*)base)[i]);
         default: return ((const float*)base)[i];
-    }
-}
-// Weights i..i+3 of a row (i % 4 == 0), each as weight_at gives it.
-__device__ float4 weight4_at(const QW& w, u64 row, int i) {
-    switch (w.type) {
-        case T_Q4_0: return piece_weight4<Q4_0Piece>(w, row, i);
-        case T_Q4_K: return piece_weight4<Q4_KPiece>(w, row, i);
-        case T_Q6_K: return piece_weight4<Q6_KPiece>(w, row, i);
-        default: return make_float4(weight_at(w, row, i), weight_at(w, row, i + 1), weight_at(w, row, i + 2), weight_at(w, row, i + 3));
     }
 }

@@ -23,41 +23,6 @@ struct MatvecParams {
     float eps;
 };
 
-// Embedding look-up of the step's token: x = row `state.token` of the embedding matrix.
-struct EmbedParams {
-    QW w;
-    u64 state;  // StepState*
-    u64 x;      // float* [k]
-};
-
-// The first layer's qkv with the embedding look-up folded in (step.rs `layers`): the input is
-// the embedding row of the step's token, which every block reads for itself (4 weights a
-// thread, as weight_at gives them) and block `store` writes to x for the layer's residual, in
-// place of a launch of its own between the output head and this one. Why: that launch's wait
-// for the head, and this one's for it, were a link of the token's chain, and this launch's
-// weights could not load before the head had ended.
-struct MatvecEmbedParams {
-    MatvecParams mv;
-    EmbedParams e;
-};
-
-// load_xg_quant with the embedding row of the step's token as x (after pdl_wait: the head just
-// chose the token).
-__device__ __forceinline__ float load_embed_quant(u32* qx, const EmbedParams& e, const float* gs, int n, float eps, float* red, bool store) {
-    XgIn<true> in;
-    u32 tok = __ldcg(&((const StepState*)e.state)->token);
-    int nv = n >> 2;
-#pragma unroll
-    for (int j = 0; j < LOAD_V; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-        in.v[j] = i < nv ? weight4_at(e.w, (u64)tok, 4 * i) : zero;
-        in.ge[j] = i < nv ? ((const float4*)gs)[i] : zero;
-        if (store && i < nv) ((float4*)e.x)[i] = in.v[j];
-    }
-    return in.quant(qx, gs, n, eps, red);
-}
-
 __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float* red, Unit u) {
     load_x(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
     if (p.xn_out && u.x == 0)
@@ -76,10 +41,8 @@ __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float
 // with the folded router, whose router rows read the residual while o_proj writes the new one).
 // `best` (LOOP only: the head with the greedy choice, sample.cu head_argmax): lane 0 of each warp
 // keeps the best of the outputs it writes (better's order).
-// EMBED (qkv of the first layer, MatvecEmbedParams): the input is the embedding row `emb` names
-// (load_embed_quant), block 0 storing it as the residual.
-template <int NR, class Rows, class RowsB = Rows, int TYPE_B = -1, bool LOOP = false, bool EMBED = false>
-__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u, const float* resid = nullptr, ArgBest* best = nullptr, const EmbedParams* emb = nullptr) {
+template <int NR, class Rows, class RowsB = Rows, int TYPE_B = -1, bool LOOP = false>
+__device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, float* red, Unit u, const float* resid = nullptr, ArgBest* best = nullptr) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int total = p.rows[0] + p.rows[1] + p.rows[2];
     int first = (u.x * nwarps + warp) * NR, stride = u.nx * nwarps * NR;
@@ -103,8 +66,7 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     // With a norm (qkv, the head): x * norm quantised, its RMS factor applied to the sums
     // (load_xg_quant: one barrier, not load_x_fast's three, on the chain after the wait).
     float r = 1.f;
-    if (EMBED) r = load_embed_quant(qx, *emb, (const float*)p.norm, p.k, p.eps, red, u.x == 0);
-    else if (p.norm) r = load_xg_quant<true>(qx, (const float*)p.in, (const float*)p.norm, p.k, p.eps, red);
+    if (p.norm) r = load_xg_quant<true>(qx, (const float*)p.in, (const float*)p.norm, p.k, p.eps, red);
     else load_x_fast<X_QUANT>(qx, (const float*)p.in, p.k, nullptr, p.eps, red);
     const u32* xp[NR];
 #pragma unroll
@@ -194,25 +156,19 @@ MV_KERNEL(matvec_k_mixed, 2, Q4_KRows<2, 2>, Q6_KRows<2, 2>, T_Q6_K)
 #define MV_STAGED_LOOP(sfx, NR, ...) MV_LOOP_KERNEL(matvec_##sfx##_loop, NR, __VA_ARGS__)
 STAGED_MODES(MV_STAGED_LOOP)
 
-// The staged modes 1..9 with the embedding look-up folded in (MatvecEmbedParams; the first
-// layer's qkv), held to 3 blocks an SM as they are.
-#define MV_EMBED_KERNEL(name, NR, ...)                                                                \
-    extern "C" __global__ void __launch_bounds__(256, 3) name(const MatvecEmbedParams p) {           \
-        extern __shared__ __align__(16) float smem[];                                                 \
-        mv_staged<NR, __VA_ARGS__, false, true>(p.mv, smem + 36, smem, this_unit(), nullptr, nullptr, &p.e); \
-    }
-#define MV_STAGED_EMBED(sfx, NR, ...) MV_EMBED_KERNEL(matvec_##sfx##_embed, NR, __VA_ARGS__, __VA_ARGS__, -1)
-STAGED_MODES(MV_STAGED_EMBED)
-MV_EMBED_KERNEL(matvec_k_mixed_embed, 2, Q4_KRows<2, 2>, Q6_KRows<2, 2>, T_Q6_K)
-
 // The generic mode, held to 3 blocks per SM (rows of types without a staged mode, e.g. Q8_0).
 extern "C" __global__ void __launch_bounds__(256, 3) matvec_generic(const MatvecParams p) {
     extern __shared__ __align__(16) float smem[];
     mv_generic(p, smem + 36, smem, this_unit());
 }
 
-// The embedding look-up as a launch of its own (where the first qkv has no staged mode, and
-// with Q4MOE_CUDA_EMBED_FOLD=0).
+// Embedding look-up of the step's token: x = row `state.token` of the embedding matrix.
+struct EmbedParams {
+    QW w;
+    u64 state;  // StepState*
+    u64 x;      // float* [k]
+};
+
 __device__ __forceinline__ void embed_unit(const EmbedParams& p, Unit u) {
     u32 tok = ((const StepState*)p.state)->token;
     for (int i = u.x * blockDim.x + threadIdx.x; i < p.w.k; i += u.nx * blockDim.x)

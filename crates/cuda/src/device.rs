@@ -21,8 +21,6 @@ use crate::{CudaError, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
     Matvec(u8),
-    /// A staged matvec mode (1..=9) with the embedding look-up folded in (the first qkv).
-    MatvecEmbed(u8),
     Embed,
     QkNormRope,
     AttnSplit,
@@ -90,18 +88,6 @@ const MATVEC: [&str; 18] = [
     "matvec_q6_k_1_loop",
     "matvec_q6_k_2_loop",
     "matvec_q6_k_4_loop",
-];
-/// The staged modes 1..=9 with the embedding look-up folded in (matvec.cu MV_EMBED_KERNEL).
-const MATVEC_EMBED: [&str; 9] = [
-    "matvec_q4_0_1_embed",
-    "matvec_q4_0_2_embed",
-    "matvec_q4_0_4_embed",
-    "matvec_q4_k_1_embed",
-    "matvec_q4_k_2_embed",
-    "matvec_q6_k_1_embed",
-    "matvec_q6_k_2_embed",
-    "matvec_q6_k_4_embed",
-    "matvec_k_mixed_embed",
 ];
 /// moe_gate_up's kernels by mode (step.rs `gate_up_mode`): the generic one, then the staged ones.
 pub const GATE_UP: [&str; 4] = [
@@ -182,7 +168,6 @@ const SINGLE: [Kernel; 35] = [
 
 const N_KERNELS: usize = SINGLE.len()
     + MATVEC.len()
-    + MATVEC_EMBED.len()
     + GATE_UP.len()
     + DOWN.len()
     + OPROJ_ROUTER.len()
@@ -197,17 +182,14 @@ impl Kernel {
             i += 1;
         }
         let mut m = 0;
-        let (mv, embed) = (MATVEC.len(), MATVEC.len() + MATVEC_EMBED.len());
-        let oproj = embed + GATE_UP.len() + DOWN.len();
+        let oproj = MATVEC.len() + GATE_UP.len() + DOWN.len();
         while i < all.len() {
-            all[i] = if m < mv {
+            all[i] = if m < MATVEC.len() {
                 Kernel::Matvec(m as u8)
-            } else if m < embed {
-                Kernel::MatvecEmbed((m - mv + 1) as u8)
-            } else if m < embed + GATE_UP.len() {
-                Kernel::MoeGateUp((m - embed) as u8)
+            } else if m < MATVEC.len() + GATE_UP.len() {
+                Kernel::MoeGateUp((m - MATVEC.len()) as u8)
             } else if m < oproj {
-                Kernel::MoeDown((m - embed - GATE_UP.len()) as u8)
+                Kernel::MoeDown((m - MATVEC.len() - GATE_UP.len()) as u8)
             } else if m < oproj + OPROJ_ROUTER.len() {
                 Kernel::OprojRouter((m - oproj + 1) as u8)
             } else {
@@ -220,7 +202,6 @@ impl Kernel {
     pub fn symbol(self) -> &'static str {
         match self {
             Kernel::Matvec(m) => MATVEC[m as usize],
-            Kernel::MatvecEmbed(m) => MATVEC_EMBED[m as usize - 1],
             Kernel::MoeGateUp(m) => GATE_UP[m as usize],
             Kernel::MoeDown(m) => DOWN[m as usize],
             Kernel::OprojRouter(m) => OPROJ_ROUTER[m as usize - 1],
@@ -362,7 +343,6 @@ impl Device {
             if matches!(
                 k,
                 Kernel::Matvec(_)
-                    | Kernel::MatvecEmbed(_)
                     | Kernel::HeadArgmax(_)
                     | Kernel::OprojRouter(_)
                     | Kernel::MoeGateUp(_)

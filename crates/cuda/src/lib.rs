@@ -129,10 +129,6 @@ pub struct CudaOptions {
     /// 8 no better); a stop found late discards up to in_flight x 4 + 3 computed steps.
     /// Q4MOE_CUDA_GRAPH_STEPS=<n> sets it (1: a step a graph).
     pub graph_steps: usize,
-    /// The embedding look-up runs in the first layer's qkv launch (matvec.cu
-    /// MatvecEmbedParams) where that launch has a staged mode, not as a launch of its own
-    /// between the output head and it. Q4MOE_CUDA_EMBED_FOLD=0 turns it off.
-    pub embed_fold: bool,
 }
 
 impl Default for CudaOptions {
@@ -181,7 +177,6 @@ impl Default for CudaOptions {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(4),
-            embed_fold: std::env::var("Q4MOE_CUDA_EMBED_FOLD").map_or(true, |v| v != "0"),
         }
     }
 }

@@ -49,14 +49,6 @@ pub struct EmbedParams {
     pub x: u64,
 }
 
-/// The first layer's qkv with the embedding look-up folded in (matvec.cu MatvecEmbedParams).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MatvecEmbedParams {
-    pub mv: MatvecParams,
-    pub e: EmbedParams,
-}
-
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RopeParams {

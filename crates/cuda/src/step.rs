@@ -64,8 +64,6 @@ pub struct Scratch {
     pub head_counter: DevBuf,
     /// The output head takes the greedy choice in its tail (CudaOptions::head_argmax).
     pub head_argmax: bool,
-    /// The first qkv launch takes the embedding look-up (CudaOptions::embed_fold).
-    pub embed_fold: bool,
     /// i32 completion counter of router_topk's last-block pattern (0 between launches)
     pub counter: DevBuf,
     /// [n_kv_head + n_head] u32: attn_gqa's chunk completion counts, then its heads' maximum
@@ -220,7 +218,6 @@ impl Scratch {
             am_i,
             head_counter,
             head_argmax: opts.head_argmax,
-            embed_fold: opts.embed_fold,
             counter,
             attn_done,
             sample_cfg,
@@ -592,11 +589,19 @@ pub fn layers(c: &Config, w: &Weights, s: &Scratch, (kv, reach): (&Kv, usize)) -
     let e = EmbedParams {
         w: w.embd,
         state: s.state.ptr,
-        x: residual(s, fold).0, // the first layer's input
+        x: s.x.ptr, // every layer's input (residual)
     };
+    out.push(Launch::new(
+        Kernel::Embed,
+        "embed",
+        ((c.d_model as u32).div_ceil(THREADS), 1, 1),
+        THREADS,
+        0,
+        &e,
+        weight_bytes(&w.embd, 1),
+    ));
     for l in 0..c.n_layer {
-        let embed = (l == 0).then_some(e);
-        layer(c, w, s, kv, (l, reach), (fold, embed), &mut out);
+        layer(c, w, s, kv, (l, reach), fold, &mut out);
     }
     // Timing experiments only (the output is wrong): Q4MOE_CUDA_OMIT=o_proj,moe_down leaves
     // those launches out, so the step time drops by what they cost inside the graph.
@@ -794,15 +799,13 @@ fn argmax(c: &Config, s: &Scratch) -> [Launch; 2] {
     ]
 }
 
-/// Layer `l`'s launches; `embed` (the first layer): the embedding look-up before it, in its qkv
-/// launch where that can take it (`qkv_embed`).
 fn layer(
     c: &Config,
     w: &Weights,
     s: &Scratch,
     kv: &Kv,
     (l, reach): (usize, usize),
-    (fold, embed): (bool, Option<EmbedParams>),
+    fold: bool,
     out: &mut Vec<Launch>,
 ) {
     let lw = &w.layers[l];
@@ -819,12 +822,7 @@ fn layer(
         eps: c.rms_eps,
         ..Mv::new(&qkv, x, c.d_model)
     };
-    let folded = embed.and_then(|e| s.embed_fold.then(|| qkv_embed(&qkv, e)).flatten());
-    let qkv = folded.unwrap_or_else(|| {
-        out.extend(embed.map(|e| embed_launch(c, &e)));
-        matvec("qkv", &qkv)
-    });
-    out.push(qkv.with_l2(stream));
+    out.push(matvec("qkv", &qkv).with_l2(stream));
     let (kc, vc) = kv.layer(c, l);
     let bufs = (s.q.ptr, s.part.ptr, s.attn.ptr, s.state.ptr);
     let a = attn_params(c, (kc, vc), bufs, s.n_split);
@@ -873,37 +871,6 @@ fn layer(
         o_proj_then_router(c, lw, s, x_mid, out);
     }
     experts(c, lw, s, fold, (x_mid, x), out);
-}
-
-/// The embedding look-up of the step's token into `e.x`, a launch of its own.
-fn embed_launch(c: &Config, e: &EmbedParams) -> Launch {
-    Launch::new(
-        Kernel::Embed,
-        "embed",
-        ((c.d_model as u32).div_ceil(THREADS), 1, 1),
-        THREADS,
-        0,
-        e,
-        weight_bytes(&e.w, 1),
-    )
-}
-
-/// The first qkv launch with the embedding look-up folded in (matvec.cu MatvecEmbedParams):
-/// its input is the embedding row of the step's token, which it stores to `e.x` as well (`m`'s
-/// input is not read). None where `m` has no staged mode or no norm (the kernel applies one).
-fn qkv_embed(m: &Mv, e: EmbedParams) -> Option<Launch> {
-    let (mv, mode, blocks, bytes) = matvec_params(m);
-    ((1..=9).contains(&mode) && m.norm != 0).then(|| {
-        Launch::new(
-            Kernel::MatvecEmbed(mode),
-            "qkv",
-            (blocks, 1, 1),
-            THREADS,
-            smem_x(m.k),
-            &MatvecEmbedParams { mv, e },
-            bytes + weight_bytes(&e.w, 1),
-        )
-    })
 }
 
 /// The one-launch attention's kernel and its span knobs (AttnGqaParams::min_span, stage), where

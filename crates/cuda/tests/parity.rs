@@ -310,33 +310,6 @@ fn tiny_router_unfolded() {
     }
 }
 
-/// The embedding look-up as a launch of its own (CudaOptions::embed_fold off, as where the
-/// first qkv has no staged mode): the CPU's stream, and the prompt's logits bit for bit those
-/// with the look-up folded into the first qkv (the same row values, the same quantised input).
-#[test]
-fn tiny_embed_unfolded() {
-    for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
-        let unfolded = CudaOptions {
-            embed_fold: false,
-            ..Default::default()
-        };
-        run_with(Config::tiny(), q, unfolded.clone());
-        if no_gpu() {
-            return;
-        }
-        let cfg = Config::tiny();
-        let dir = tempfile::tempdir().unwrap();
-        let m = model(&cfg, q, &dir);
-        let prompt = test_prompt(12, &cfg);
-        let logits = |opts| cuda(&m, opts).prefill(1, &prompt, true).unwrap();
-        assert_eq!(
-            logits(unfolded),
-            logits(CudaOptions::default()),
-            "{q:?}: the folded look-up changed the logits"
-        );
-    }
-}
-
 /// The set-aside L2 holding the head and the router folds (l2.rs), 1 MiB of it, and the other
 /// weight launches streaming: the access-policy windows change where lines live, never a value.
 #[test]
