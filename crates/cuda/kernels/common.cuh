@@ -270,7 +270,7 @@ __device__ __forceinline__ void quant_store(u32* qx, int i4, float4 v, bool vali
     if ((k & 3) == 0) g[17 + (k >> 2)] = (u32)sq;
 }
 
-// Asynchronous copies to shared memory (sm_80+): 16 bytes (zeros where !in), or 8.
+// Asynchronous copies to shared memory (sm_80+): 16 bytes (zeros where !in), 8 or 4.
 __device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool in) {
     u32 d = (u32)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0));
@@ -278,6 +278,10 @@ __device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool in)
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
     u32 d = (u32)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
 }
 
 // Where load_x_fast / stage_slots put the values: plain floats, padded floats (pad_idx), or
@@ -429,11 +433,15 @@ __device__ __forceinline__ u64 row_bytes(int type, int k) {
     }
 }
 
+// Q4_K's aux bytes a super-block of 8 blocks (Q4_KPieceT).
+#define Q4_K_AUX 20
 // Split types (repacked at load, src/repack.rs): a nibble plane at `data`, 16 bytes a 32-weight
-// block, and an aux plane at `scales` of this many bytes a block (0: not a split type).
+// block, and an aux plane at `scales` of this many bytes 8 blocks (0: not a split type);
+// aux_bytes: of `blocks` blocks (a K-quant's in whole super-blocks).
 __device__ __forceinline__ int split_aux(int type) {
-    return type == T_Q4_0 ? 2 : type == T_Q4_K ? 3 : type == T_Q6_K ? 12 : 0;
+    return type == T_Q4_0 ? 16 : type == T_Q4_K ? Q4_K_AUX : type == T_Q6_K ? 96 : 0;
 }
+__device__ __forceinline__ u64 aux_bytes(int type, u64 blocks) { return blocks * (u64)split_aux(type) >> 3; }
 
 // ---- Register-staged row pieces: the loads of several rows (and experts) are issued first,
 // the arithmetic follows, so many 16-byte loads are in flight per lane.
@@ -589,7 +597,8 @@ struct Q4_0Piece {
     __device__ __forceinline__ float dot(const X* x) const { return q4_0_item(q, d, x); }
     __device__ __forceinline__ float weight(int j) const { return h2f(d) * (float)((int)nibble(q, j) - 8); }
 };
-// Q4_K aux: per super-block (8 blocks, 24 bytes) d | dmin << 16, then (scale, min) byte pairs.
+// Q4_K aux: per super-block (8 blocks, Q4_K_AUX bytes) d | dmin << 16, then (scale, min) byte
+// pairs.
 // AUX32: the aux offset in 32 bits (weights.rs refuses Q4_K tensors past Q4_K_AUX32_BLOCKS),
 // which shortens the address math between the expert id and the loads. The expert kernels take
 // it: +0.8% on Q4_K_M in moe_gate_up_q4_k (its order pinned, moe.cu XOrder), +0.4% in
@@ -602,7 +611,7 @@ struct Q4_KPieceT {
     __device__ __forceinline__ void load(const QW& w, u64 bi) {
         q = ((const uint4*)w.data)[bi];
         u32 b32 = (u32)bi;
-        const u8* a = (const u8*)w.scales + (AUX32 ? (u64)((b32 >> 3) * 24u) : (bi >> 3) * 24);
+        const u8* a = (const u8*)w.scales + (AUX32 ? (u64)((b32 >> 3) * (u32)Q4_K_AUX) : (bi >> 3) * Q4_K_AUX);
         dm = *(const u32*)a;
         sm = *(const u16*)(a + 4 + (AUX32 ? b32 & 7 : bi & 7) * 2);
     }
@@ -725,12 +734,12 @@ template <int NR, int NBL> using Q6_KRows = BlockRows<NR, NBL, Q6_KPiece>;
 
 // Warms L2 with one row's bytes (generic types, before pdl_wait()).
 __device__ __forceinline__ void prefetch_row(const QW& w, u64 row, int lane) {
-    if (int aux = split_aux(w.type)) {
+    if (split_aux(w.type)) {
         int nb = w.k >> 5;
         const u8* q = (const u8*)w.data + row * (u64)nb * 16;
         for (int off = lane * 128; off < nb * 16; off += 32 * 128) prefetch_l2(q + off);
-        const u8* a = (const u8*)w.scales + row * (u64)nb * aux;
-        for (int off = lane * 128; off < nb * aux; off += 32 * 128) prefetch_l2(a + off);
+        const u8* a = (const u8*)w.scales + aux_bytes(w.type, row * (u64)nb);
+        for (int off = lane * 128; off < (int)aux_bytes(w.type, nb); off += 32 * 128) prefetch_l2(a + off);
         return;
     }
     u64 rb = row_bytes(w.type, w.k);

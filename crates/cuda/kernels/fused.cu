@@ -136,12 +136,11 @@ __device__ u32 stage_rows(const QW& w, long long row0, int n, u8* dst, SegV& out
     s.n = max(n, 0);
     s.pad = 0;
     u32 used = 0;
-    int aux = split_aux(w.type);
-    if (n > 0 && aux) {
-        u64 nb = w.k >> 5, qb = (u64)n * nb * 16, sb = (u64)n * nb * aux;
+    if (n > 0 && split_aux(w.type)) {
+        u64 nb = w.k >> 5, qb = (u64)n * nb * 16, sb = aux_bytes(w.type, (u64)n * nb);
         u32 d0 = stage_bytes(dst, w.data + row0 * nb * 16, qb, m);
         used = round16(d0 + qb);
-        u32 d1 = stage_bytes(dst + used, w.scales + row0 * nb * aux, sb, m);
+        u32 d1 = stage_bytes(dst + used, w.scales + aux_bytes(w.type, row0 * nb), sb, m);
         s.v.data = (u64)(dst + d0);
         s.v.scales = (u64)(dst + used + d1);
         used += round16(d1 + sb);

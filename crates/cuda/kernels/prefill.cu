@@ -232,9 +232,8 @@ __device__ __forceinline__ void idot_k16(int (&c)[4], u32 a0, u32 a1, u32 hi, u3
 #define PFM_XENT 576                        // an entry's words 0..15 of 8 groups (64 bytes) + 64
 #define PFM_STAGE_BYTES (PFM_ROWS * (PFM_WROW + PFM_AROW) + PFM_ENTRIES * (PFM_XENT + 16 * PFM_STAGE))
 
-// Aux bytes of a super-block (8 blocks) of a row, and their staged stride (an odd number of
-// 8-byte words: distinct banks for 8 rows).
-__device__ __forceinline__ int pfm_aux(int type) { return type == T_Q4_0 ? 16 : type == T_Q4_K ? 24 : 96; }
+// The staged stride of a super-block's (8 blocks') aux bytes (split_aux) of a row: an odd number
+// of 8-byte words, so 8 rows' reads hit distinct banks.
 __device__ __forceinline__ int pfm_aux_stride(int type) { return type == T_Q4_0 ? 24 : type == T_Q4_K ? 24 : 104; }
 
 struct PfmStage {
@@ -335,17 +334,22 @@ struct PfmQ6_K {
 // The whole block's copies of super-block kb into st: its PFM_ROWS rows from r0 (rows past the
 // end read as the last) and the tile's entries' groups (activation rows `in`).
 __device__ void pfm_load(const PfRowsParams& p, int grp, int r0, const int* in, int kb, const PfmStage& st) {
-    int nb = p.w.k >> 5, aux = pfm_aux(p.w.type), as = pfm_aux_stride(p.w.type), a8 = aux >> 3;
+    // The aux copies in 8-byte words where the super-block's aux is a whole number of them,
+    // else in 4-byte ones (Q4_K's 20 bytes).
+    int nb = p.w.k >> 5, aux = split_aux(p.w.type), as = pfm_aux_stride(p.w.type);
+    int unit = aux & 7 ? 4 : 8, na = aux / unit;
     u64 base = (u64)grp * p.rows;
     for (int i = threadIdx.x; i < PFM_ROWS * PFM_STAGE; i += blockDim.x) {
         int r = i >> 3, j = i & 7;
         u64 row = base + min(r0 + r, p.rows - 1);
         cp_async16((uint4*)(st.w + r * PFM_WROW + 16 * j), (const uint4*)p.w.data + row * nb + kb * PFM_STAGE + j, true);
     }
-    for (int i = threadIdx.x; i < PFM_ROWS * a8; i += blockDim.x) {
-        int r = i / a8, c = i - r * a8;
+    for (int i = threadIdx.x; i < PFM_ROWS * na; i += blockDim.x) {
+        int r = i / na, c = i - r * na;
         u64 row = base + min(r0 + r, p.rows - 1);
-        cp_async8(st.aux + r * as + 8 * c, (const u8*)p.w.scales + (row * (nb >> 3) + kb) * aux + 8 * c);
+        const u8* src = (const u8*)p.w.scales + (row * (nb >> 3) + kb) * aux + unit * c;
+        if (unit == 8) cp_async8(st.aux + r * as + 8 * c, src);
+        else cp_async4(st.aux + r * as + 4 * c, src);
     }
     for (int i = threadIdx.x; i < PFM_ENTRIES * PFM_STAGE * 5; i += blockDim.x) {
         int e = i / (PFM_STAGE * 5), r = i - e * (PFM_STAGE * 5), j = r / 5, c = r - j * 5;

@@ -8,7 +8,7 @@ use q4moe_model::Config;
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::*;
-use crate::repack::split_aux_bytes;
+use crate::repack::aux_bytes;
 use crate::step::{Kv, Scratch};
 use crate::weights::Weights;
 use crate::Result;
@@ -39,10 +39,9 @@ fn staged_bytes(w: &Qw, row0: Option<usize>, n: usize) -> usize {
     }
     let r = row0.unwrap_or(0);
     let ty = GgmlType::from_id(w.ty as u32).expect("valid type");
-    if let Some(aux) = split_aux_bytes(ty) {
-        let nb = w.k as usize / 32;
-        return r16(delta(w.data, r * nb * 16) + n * nb * 16)
-            + r16(delta(w.scales, r * nb * aux) + n * nb * aux);
+    let nb = w.k as usize / 32;
+    if let (Some(before), Some(aux)) = (aux_bytes(ty, r * nb), aux_bytes(ty, n * nb)) {
+        return r16(delta(w.data, r * nb * 16) + n * nb * 16) + r16(delta(w.scales, before) + aux);
     }
     let rb = ty.row_bytes(w.k as usize).unwrap_or(0);
     r16(delta(w.data, r * rb) + n * rb)
@@ -313,11 +312,11 @@ mod tests {
         assert_eq!(staged_bytes(&q4, Some(3), 2), 2 * 384 + 2 * 48);
         let q6 = Qw { ty: 14, ..q4 };
         assert_eq!(staged_bytes(&q6, Some(3), 2), 2 * 384 + 2 * 288);
-        // Q4_K: 72 bytes of aux a row; row 3's start 216 bytes in, 8 into a line.
+        // Q4_K: 60 bytes of aux a row; row 3's start 180 bytes in, 4 into a line.
         let q4k = Qw { ty: 12, ..q4 };
         assert_eq!(
             staged_bytes(&q4k, Some(3), 2),
-            2 * 384 + (8 + 2 * 72usize).next_multiple_of(16)
+            2 * 384 + (4 + 2 * 60usize).next_multiple_of(16)
         );
         // 5 blocks a row: row 1's 10 bytes of scales start 10 bytes into a line.
         let q4 = Qw { k: 160, ..q4 };

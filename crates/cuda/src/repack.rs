@@ -3,10 +3,11 @@
 //! weight j in its low nibble and weight j + 16 in its high one) and an aux plane at
 //! `Qw::scales`. Q4_0's aux is the f16 scale (2 bytes a block). Q6_K's is 12 bytes a block,
 //! grouped per 256-weight super-block (96 bytes, so a row's aux is contiguous): the 8 blocks'
-//! high-bit words first (8 bytes each), then their scale words (4 bytes each). Q4_K's is 3
-//! bytes a block, grouped per super-block (24 bytes): d | dmin (f16 each), then each block's
-//! 6-bit scale and min unpacked to a byte pair, 4 bytes of padding. All mirror `split_aux` and
-//! the `*Piece` structs in kernels/common.cuh.
+//! high-bit words first (8 bytes each), then their scale words (4 bytes each). Q4_K's is 2.5
+//! bytes a block, grouped per super-block (20 bytes, unpadded: 4 bytes of padding were 2.6% of
+//! what a Q4_K weight read): d | dmin (f16 each), then each block's 6-bit scale and min
+//! unpacked to a byte pair. All mirror `split_aux` and the `*Piece` structs in
+//! kernels/common.cuh.
 
 use q4moe_gguf::quant::{blocks, BlockQ4K, BlockQ6K};
 use q4moe_gguf::GgmlType;
@@ -16,20 +17,27 @@ use rayon::prelude::*;
 /// repack ran at ~1-2 GB/s on one core, most of a full-size model's load (NOTES session 20).
 const PIECE_BLOCKS: usize = 1 << 14;
 
-/// Aux bytes a 32-weight block of a split type, or None for types kept in ggml's bytes.
-pub fn split_aux_bytes(ty: GgmlType) -> Option<usize> {
+/// Aux bytes of 8 32-weight blocks (a K-quant super-block) of a split type, or None for types
+/// kept in ggml's bytes.
+fn split_aux_bytes8(ty: GgmlType) -> Option<usize> {
     match ty {
-        GgmlType::Q4_0 => Some(2),
-        GgmlType::Q4_K => Some(3),
-        GgmlType::Q6_K => Some(12),
+        GgmlType::Q4_0 => Some(16),
+        GgmlType::Q4_K => Some(20),
+        GgmlType::Q6_K => Some(96),
         _ => None,
     }
 }
 
+/// Aux bytes of `blocks` 32-weight blocks of a split type (a K-quant's come in whole
+/// super-blocks), or None for types kept in ggml's bytes.
+pub fn aux_bytes(ty: GgmlType, blocks: usize) -> Option<usize> {
+    split_aux_bytes8(ty).map(|a| blocks * a / 8)
+}
+
 /// Device bytes of `rows` rows of `k` weights (split types: both planes).
 pub fn device_row_bytes(ty: GgmlType, k: usize) -> usize {
-    match split_aux_bytes(ty) {
-        Some(aux) => k / 32 * (16 + aux),
+    match aux_bytes(ty, k / 32) {
+        Some(aux) => k / 32 * 16 + aux,
         None => ty.row_bytes(k).unwrap_or(0),
     }
 }
@@ -37,9 +45,8 @@ pub fn device_row_bytes(ty: GgmlType, k: usize) -> usize {
 /// (nibble plane, aux plane) bytes of a split-type matrix of `src_len` ggml bytes; None for
 /// other types.
 pub fn plane_bytes(ty: GgmlType, src_len: usize) -> Option<(usize, usize)> {
-    let aux = split_aux_bytes(ty)?;
     let blocks = src_len / ty.type_size() * (ty.block_size() / 32);
-    Some((blocks * 16, blocks * aux))
+    Some((blocks * 16, aux_bytes(ty, blocks)?))
 }
 
 /// Writes a split-type matrix in ggml's bytes as its two planes (sized by `plane_bytes`), in
@@ -56,19 +63,19 @@ fn write_planes_in(
     aux: &mut [u8],
     piece: usize,
 ) -> bool {
-    let Some(aux_bytes) = split_aux_bytes(ty) else {
+    let subs = ty.block_size() / 32; // 32-weight blocks a ggml block
+    let Some(aux_piece) = aux_bytes(ty, subs * piece) else {
         return false;
     };
-    let subs = ty.block_size() / 32; // 32-weight blocks a ggml block
     let pieces = src
         .par_chunks(ty.type_size() * piece)
         .zip(nibbles.par_chunks_mut(16 * subs * piece))
-        .zip(aux.par_chunks_mut(aux_bytes * subs * piece));
+        .zip(aux.par_chunks_mut(aux_piece));
     pieces.for_each(|((s, n), a)| match ty {
         GgmlType::Q4_0 => q4_0_planes(s, n, a),
         GgmlType::Q4_K => q4_k_planes(s, n, a),
         GgmlType::Q6_K => q6_k_planes(s, n, a),
-        _ => unreachable!("split_aux_bytes names only the split types"),
+        _ => unreachable!("aux_bytes names only the split types"),
     });
     true
 }
@@ -93,7 +100,7 @@ fn q4_0_planes(src: &[u8], nibbles: &mut [u8], scales: &mut [u8]) {
 /// Q4_0's nibble order, and the super-block's aux: d, dmin, then (scale, min) of each block.
 fn q4_k_planes(src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) {
     for (s, b) in blocks::<BlockQ4K>(src).iter().enumerate() {
-        let a = &mut aux[s * 24..s * 24 + 24];
+        let a = &mut aux[s * 20..s * 20 + 20];
         a[0..2].copy_from_slice(&b.d);
         a[2..4].copy_from_slice(&b.dmin);
         for j in 0..8 {
@@ -106,7 +113,6 @@ fn q4_k_planes(src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) {
             a[4 + 2 * j] = sc;
             a[5 + 2 * j] = m;
         }
-        a[20..24].fill(0);
     }
 }
 
@@ -168,7 +174,7 @@ mod tests {
         let (bi, j) = (i / 32, i % 32);
         let byte = nibbles[bi * 16 + j % 16];
         let q = if j < 16 { byte & 15 } else { byte >> 4 };
-        let a = &aux[bi / 8 * 24..];
+        let a = &aux[bi / 8 * 20..];
         let f = |o: usize| half::f16::from_le_bytes([a[o], a[o + 1]]).to_f32();
         let (sc, m) = (a[4 + 2 * (bi % 8)], a[5 + 2 * (bi % 8)]);
         f(0) * sc as f32 * q as f32 - f(2) * m as f32

@@ -10,7 +10,7 @@ use crate::device::{DevBuf, Device, Kernel, Launch, Pinned};
 use crate::graph::Graph;
 use crate::params::*;
 use crate::prefill;
-use crate::repack::{split_aux_bytes, split_planes};
+use crate::repack::{aux_bytes, split_planes};
 use crate::step::Mv;
 use crate::Result;
 
@@ -142,9 +142,9 @@ impl TestDevice {
         let l = if walk.is_none() && rows.is_multiple_of(8) && half > 0 {
             let mut w2 = w;
             w2.data += (half * ty.row_bytes(k).unwrap()) as u64;
-            if let Some(aux) = split_aux_bytes(ty) {
+            if let Some(aux) = aux_bytes(ty, half * (k / 32)) {
                 w2.data = w.data + (half * (k / 32) * 16) as u64;
-                w2.scales = w.scales + (half * (k / 32) * aux) as u64;
+                w2.scales = w.scales + aux as u64;
             }
             let ws = [
                 (w, out.ptr, half),

@@ -10,7 +10,7 @@ use q4moe_model::{Config, Model, QTensor};
 
 use crate::device::{DevBuf, Device, Kernel, Launch};
 use crate::params::{FoldBuildParams, Qw, RF_MAX_D_MODEL, RF_MAX_EXPERTS, RF_MAX_Q_DIM};
-use crate::repack::{plane_bytes, split_aux_bytes, write_planes};
+use crate::repack::{aux_bytes, plane_bytes, write_planes};
 use crate::{CudaError, Result};
 
 const ALIGN: usize = 256;
@@ -57,8 +57,8 @@ struct Place {
 }
 
 /// Blocks of 32 weights a Q4_K tensor may have: the expert kernels take the aux plane's
-/// offsets in 32 bits (common.cuh Q4_KPieceT: 24 bytes a super-block of 8 blocks).
-const Q4_K_AUX32_BLOCKS: usize = (u32::MAX / 24) as usize * 8;
+/// offsets in 32 bits (common.cuh Q4_KPieceT: 20 bytes a super-block of 8 blocks).
+const Q4_K_AUX32_BLOCKS: usize = (u32::MAX / 20) as usize * 8;
 
 fn kernel_type(t: &QTensor) -> Result<()> {
     match t.ty {
@@ -112,14 +112,9 @@ fn plan(model: &Model) -> Result<(Vec<Place>, usize)> {
             (n_el * 4, 0)
         } else {
             kernel_type(&t)?;
-            match split_aux_bytes(t.ty) {
-                Some(aux) => {
-                    let nb = n_el / 32;
-                    (
-                        nb * 16 + (nb * aux).next_multiple_of(ALIGN) + ALIGN,
-                        off + nb * 16,
-                    )
-                }
+            let nb = n_el / 32;
+            match aux_bytes(t.ty, nb) {
+                Some(aux) => (nb * 16 + aux.next_multiple_of(ALIGN) + ALIGN, off + nb * 16),
                 None => (t.n_bytes(), 0),
             }
         };
