@@ -17,12 +17,15 @@ use rayon::prelude::*;
 /// repack ran at ~1-2 GB/s on one core, most of a full-size model's load (NOTES session 20).
 const PIECE_BLOCKS: usize = 1 << 14;
 
+/// Q4_K's aux bytes a super-block (common.cuh Q4_K_AUX).
+const Q4_K_AUX: usize = 20;
+
 /// Aux bytes of 8 32-weight blocks (a K-quant super-block) of a split type, or None for types
 /// kept in ggml's bytes.
 fn split_aux_bytes8(ty: GgmlType) -> Option<usize> {
     match ty {
         GgmlType::Q4_0 => Some(16),
-        GgmlType::Q4_K => Some(20),
+        GgmlType::Q4_K => Some(Q4_K_AUX),
         GgmlType::Q6_K => Some(96),
         _ => None,
     }
@@ -100,7 +103,7 @@ fn q4_0_planes(src: &[u8], nibbles: &mut [u8], scales: &mut [u8]) {
 /// Q4_0's nibble order, and the super-block's aux: d, dmin, then (scale, min) of each block.
 fn q4_k_planes(src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) {
     for (s, b) in blocks::<BlockQ4K>(src).iter().enumerate() {
-        let a = &mut aux[s * 20..s * 20 + 20];
+        let a = &mut aux[s * Q4_K_AUX..s * Q4_K_AUX + 20];
         a[0..2].copy_from_slice(&b.d);
         a[2..4].copy_from_slice(&b.dmin);
         for j in 0..8 {
@@ -174,7 +177,7 @@ mod tests {
         let (bi, j) = (i / 32, i % 32);
         let byte = nibbles[bi * 16 + j % 16];
         let q = if j < 16 { byte & 15 } else { byte >> 4 };
-        let a = &aux[bi / 8 * 20..];
+        let a = &aux[bi / 8 * Q4_K_AUX..];
         let f = |o: usize| half::f16::from_le_bytes([a[o], a[o + 1]]).to_f32();
         let (sc, m) = (a[4 + 2 * (bi % 8)], a[5 + 2 * (bi % 8)]);
         f(0) * sc as f32 * q as f32 - f(2) * m as f32
