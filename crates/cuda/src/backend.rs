@@ -329,16 +329,23 @@ impl CudaBackend {
         Ok(self.sessions.get_mut(&id).expect("inserted"))
     }
 
+    /// The attention lengths a step's launches are built for (step::att_grid sizes the grid):
+    /// the request's whole reach, or the step's own.
+    fn att_reach(&self, at: Reach) -> usize {
+        let last = match self.opts.attn_grid {
+            AttGrid::Request => at.last.max(at.end),
+            AttGrid::Step | AttGrid::Capacity => at.last,
+        };
+        last + 1
+    }
+
     /// Host setup for `steps` steps in one graph (1 where the cache is off), the last at
     /// position `at.last`: a cache hit costs a key comparison; a miss (or the cache off)
     /// resolves every launch again from the weights' tables, unless only the attention's grid
     /// differs (regrid in place). The steps repeat the same launches: each reads its token and
     /// position from the device's step state, which the one before advanced.
     fn setup(&mut self, id: SessionId, ending: Ending, steps: usize, at: Reach) -> Result<StepRef> {
-        let reach = match self.opts.attn_grid {
-            AttGrid::Request => at.last.max(at.end),
-            AttGrid::Step | AttGrid::Capacity => at.last,
-        } + 1;
+        let reach = self.att_reach(at);
         let key = self.key(id, ending, steps, reach);
         let cfg = self.model.config.clone();
         self.session(id)?;
@@ -509,8 +516,9 @@ impl CudaBackend {
     }
 
     /// Adds what the timeline recorded in this decode's recorded steps, launches named after
-    /// this session's step (no-op without Q4MOE_CUDA_TIMELINE=1).
-    fn read_timeline(&mut self, id: SessionId, ending: Ending) -> Result<()> {
+    /// this session's step as `setup` built it for attention lengths up to `reach` (the grids
+    /// must match the recorded ones); a no-op without Q4MOE_CUDA_TIMELINE=1.
+    fn read_timeline(&mut self, id: SessionId, ending: Ending, reach: usize) -> Result<()> {
         let Some(t) = &self.timeline else {
             return Ok(());
         };
@@ -520,7 +528,7 @@ impl CudaBackend {
             &self.model.config,
             &self.w,
             &self.scratch,
-            (kv, kv.capacity),
+            (kv, reach),
             ending,
         );
         for stamps in &steps {
@@ -781,7 +789,11 @@ impl CudaBackend {
             );
         }
         if submitted > timeline::FROM_STEP {
-            self.read_timeline(id, ending)?;
+            let first = Reach {
+                last: len0 + timeline::FROM_STEP,
+                end: len0 + steps - 1,
+            };
+            self.read_timeline(id, ending, self.att_reach(first))?;
         }
         phases.truncate(handed);
         Ok((
