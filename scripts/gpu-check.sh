@@ -48,6 +48,11 @@
 #   timeline[:<q>] per kernel inside the graph (Q4_0, or quant <q>): how early its blocks were
 #                 resident, what it costs the chain, how late its last blocks arrived
 #                 (Q4MOE_CUDA_TIMELINE=1, timeline.rs).
+#   placement     where each kernel's code lies in the module (tools/cubin_layout): each of
+#                 PLACEMENT="<variants>" (default: main, the carried binary) compiles its kernels into
+#                 a cache of its own; $OUT/placement-<name>.txt its layout, and
+#                 $OUT/placement-<name>-vs-first.txt the kernels that moved against the first named
+#                 (the build effect: NOTES.md sessions 33-34, 40).
 #   stamps        per-phase times inside the fused step (Q4MOE_CUDA_STAMPS=1), from the JSON record.
 #   profile:<q>   per-kernel GPU times (--profile kernels: eager launches, cache off; 64 tokens, one run).
 #   bench:<quant> `q4moe bench` (the benchmark of record) on a synthetic qwen3-30b-a3b model written
@@ -253,6 +258,19 @@ for s in $steps; do
       model q4_0
       say "long ${s#long:}: $(QUICK_LINE="decode at" quick "$Q" q4_0 --long-context ${s#long:}) (at ${SECONDS} s)" ;;
     racecheck) tiny_sanitize ;;
+    placement)
+      timeout 60 "$Q" synth --geometry tiny --out /tmp/tiny.gguf > /dev/null 2>&1
+      first=""
+      for n in ${PLACEMENT:-main}; do
+        XDG_CACHE_HOME=/tmp/cubins-$n vrun "$n" timeout 120 "$(vbin "$n" q4moe)" run --model /tmp/tiny.gguf \
+          --device cuda -p hi -n 1 > /dev/null 2>&1
+        c=$(ls /tmp/cubins-$n/q4moe/kernels/*.cubin 2>/dev/null | head -1)
+        [ -n "$c" ] || { say "placement $n: no cubin compiled"; continue; }
+        python3 tools/cubin_layout/cubin_layout.py "$c" > "$OUT/placement-$n.txt"
+        [ -n "$first" ] && python3 tools/cubin_layout/cubin_layout.py "$first" "$c" > "$OUT/placement-$n-vs-first.txt"
+        first=${first:-$c}
+        say "placement $n: $(head -1 "$OUT/placement-$n.txt")"
+      done ;;
     omit|omit:*)
       # Each layer kernel's cost inside the graph: the step without it (Q4MOE_CUDA_OMIT; wrong
       # output, timing only), Q4_0 (omit:<quant>: that quant), cache on, in-flight 2, 3 runs.
