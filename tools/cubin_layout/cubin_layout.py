@@ -17,7 +17,7 @@ import sys
 
 
 def sections(path):
-    """(name, type, offset, size, align, info) of every section of an ELF64 little-endian file."""
+    """(name, offset, size, align, info) of every section of an ELF64 little-endian file."""
     data = open(path, "rb").read()
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         sys.exit(f"{path}: not a 64-bit little-endian ELF file")
@@ -30,14 +30,14 @@ def sections(path):
     def name(off):
         return strtab[off:strtab.index(b"\0", off)].decode()
 
-    return [(name(h[0]), h[1], h[4], h[5], max(h[8], 1), h[7]) for h in heads]
+    return [(name(h[0]), h[4], h[5], max(h[8], 1), h[7]) for h in heads]
 
 
 def kernels(path):
     """{kernel: (order, text offset, size, registers)} of the code sections, in file order."""
     out, at = {}, 0
     code = [s for s in sections(path) if s[0].startswith(".text.")]
-    for i, (name, _, _, size, align, info) in enumerate(sorted(code, key=lambda s: s[2])):
+    for i, (name, _, size, align, info) in enumerate(sorted(code, key=lambda s: s[1])):
         at = (at + align - 1) // align * align
         out[name[len(".text."):]] = (i, at, size, info >> 24)
         at += size

@@ -103,7 +103,7 @@ fn q4_0_planes(src: &[u8], nibbles: &mut [u8], scales: &mut [u8]) {
 /// Q4_0's nibble order, and the super-block's aux: d, dmin, then (scale, min) of each block.
 fn q4_k_planes(src: &[u8], nibbles: &mut [u8], aux: &mut [u8]) {
     for (s, b) in blocks::<BlockQ4K>(src).iter().enumerate() {
-        let a = &mut aux[s * Q4_K_AUX..s * Q4_K_AUX + 20];
+        let a = &mut aux[s * Q4_K_AUX..(s + 1) * Q4_K_AUX];
         a[0..2].copy_from_slice(&b.d);
         a[2..4].copy_from_slice(&b.dmin);
         for j in 0..8 {
