@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Placement variants: HEAD's kernel sources with a pad kernel of a given code size, never
+# launched, so the kernels on one side of it move by that many bytes in the module's code while
+# their code stays the same (the build effect: NOTES.md sessions 33-34, 40-41). The module lays
+# kernels out in the reverse of their definition order, so a pad defined at the end of prefill.cu
+# comes first and moves every other kernel (`all`); one defined before a given line moves only
+# the kernels defined before it. Each goes to variants/pad-<site>-<bytes>/cu for
+# scripts/gpu-check.sh `variants` with the carried binary; check where it landed with
+# tools/cubin_layout.
+#   scripts/pad-variants.sh all 1280 5376          (bytes: 256 + 16 * n, n a multiple of 8)
+#   scripts/pad-variants.sh mv 1024                (sites: below)
+set -eu -o pipefail
+root=$(git rev-parse --show-toplevel)
+site=$1
+shift
+# site -> file and the line the pad goes before (empty: the file's end)
+case $site in
+  all) file=prefill.cu; before="" ;;                                   # every kernel
+  mv)  file=matvec.cu; before='void embed(' ;;                         # the matvec kernels (qkv)
+  att) file=attention.cu; before="" ;;                                 # attention, embed, matvec
+  opr) file=moe.cu; before='void router_fold_build(' ;;                # o_proj_router, routers, and those
+  *) echo "unknown site $site (all, mv, att, opr)" >&2; exit 1 ;;
+esac
+for bytes in "$@"; do
+  n=$(( (bytes - 256) / 16 ))
+  if (( n < 8 || n % 8 != 0 )); then echo "pad $bytes: not 256 + 16 * n with n a multiple of 8" >&2; exit 1; fi
+  dir="$root/variants/pad-$site-$bytes/cu"
+  rm -rf "$dir" && mkdir -p "$dir"
+  git -C "$root" archive HEAD crates/cuda/kernels | tar x -C "$dir" --strip-components=3
+  pad=$(printf '%s\n' "" "// Placement pad: $n NANOSLEEPs (~$bytes bytes of SASS), never launched." \
+    'extern "C" __global__ void placement_pad() {' '#pragma unroll' \
+    "  for (int i = 0; i < $n; ++i) asm volatile(\"nanosleep.u32 1;\");" '}' "")
+  if [ -z "$before" ]; then
+    printf '%s\n' "$pad" >> "$dir/$file"
+  else
+    line=$(grep -n -F "$before" "$dir/$file" | head -1 | cut -d: -f1)
+    [ -n "$line" ] || { echo "$file: no line with '$before'" >&2; exit 1; }
+    # the pad goes above the comment block that heads that line
+    while (( line > 1 )) && sed -n "$((line - 1))p" "$dir/$file" | grep -q '^//'; do line=$((line - 1)); done
+    { head -n $((line - 1)) "$dir/$file"; printf '%s\n' "$pad"; tail -n +"$line" "$dir/$file"; } > "$dir/$file.new"
+    mv "$dir/$file.new" "$dir/$file"
+  fi
+  echo "variants/pad-$site-$bytes/cu"
+done
