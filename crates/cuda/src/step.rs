@@ -119,10 +119,16 @@ pub struct Scratch {
 /// aligned in a fixed order, so where they lie against each other does not follow what else is
 /// allocated (the attention partials' size followed the KV's capacity and moved every buffer
 /// after it: ~0.8% of Q4_K_M's decode, NOTES.md session 38). Q4MOE_CUDA_ARENA=0 allocates
-/// each on its own; Q4MOE_CUDA_ARENA_PAD=<bytes> sets the gap before `attn` (ARENA_GAP).
+/// each on its own; Q4MOE_CUDA_ARENA_PAD=<bytes> sets the gap before `attn` (ARENA_GAP),
+/// Q4MOE_CUDA_ARENA_LEAD=<bytes> the free bytes before the first buffer (0), which moves them all.
 struct Arena {
     buf: Option<DevBuf>,
     used: usize,
+}
+
+/// A byte count from the environment (the arena's A/B knobs), if set and a number.
+fn env_bytes(key: &str) -> Option<usize> {
+    std::env::var(key).ok().and_then(|v| v.parse().ok())
 }
 
 /// Bytes left free between the buffers up to `q` and those from `attn` on. Why: every fast
@@ -157,7 +163,8 @@ impl Arena {
     }
 
     fn skip(&mut self, bytes: usize) {
-        self.used += bytes;
+        // past the end every later buffer takes an allocation of its own (no overflow)
+        self.used = (self.used + bytes.min(Arena::BYTES)).min(Arena::BYTES);
     }
 }
 
@@ -166,6 +173,7 @@ impl Scratch {
         let (kv_capacity, attn_max_blocks) = (opts.kv_capacity, opts.attn_max_blocks);
         let f = |n: usize| DevBuf::new(dev, n * 4);
         let mut arena = Arena::new(dev)?;
+        arena.skip(env_bytes("Q4MOE_CUDA_ARENA_LEAD").unwrap_or(0));
         let mut a = |bytes: usize| arena.take(dev, bytes);
         let n_split = kv_capacity.div_ceil(ATT_CHUNK);
         let counter = a(4)?;
@@ -188,11 +196,7 @@ impl Scratch {
             a(4 * c.d_model)?,
         );
         let (qkv, q) = (a(4 * (c.q_dim() + 2 * c.kv_dim()))?, a(4 * c.q_dim())?);
-        let gap = std::env::var("Q4MOE_CUDA_ARENA_PAD")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(ARENA_GAP);
-        arena.skip(gap);
+        arena.skip(env_bytes("Q4MOE_CUDA_ARENA_PAD").unwrap_or(ARENA_GAP));
         let mut a = |bytes: usize| arena.take(dev, bytes);
         let (attn, router) = (a(4 * c.q_dim())?, a(4 * c.n_expert)?);
         let (ids, topw) = (a(4 * c.n_expert_used)?, a(4 * c.n_expert_used)?);
