@@ -18,11 +18,6 @@ import sys
 import zlib
 
 
-def sections(path):
-    """(name, offset, size, align, info) of every section of an ELF64 little-endian file."""
-    return elf(path)[1]
-
-
 def elf(path):
     """The file's bytes and (name, offset, size, align, info) of each of its sections."""
     data = open(path, "rb").read()
