@@ -17,6 +17,8 @@
 #                 QUICK_ARGS="--long-context 4096" adds bench arguments to every quick bench
 #                 (that one sizes the KV as the record does: 4,360 positions, not 392).
 #   parity:<V=x>  the CPU-parity tests with environment setting V=x.
+#   addrs[:<q>]   the device addresses the backend logs (lead allocation, weights, step state) under
+#                 each AB_ENVS setting (default q4_0): do kernel directories move the buffers?
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"; a variant
 #                 of the kernels only is variants/<name>/cu/*.cu*, run by the carried binaries
 #                 with Q4MOE_CUDA_KERNEL_DIR, scripts/kernel-variants.sh): its CPU
@@ -203,6 +205,16 @@ for s in $steps; do
       for env in ${AB_ENVS:-Q4MOE_CUDA_PDL=0 Q4MOE_CUDA_PDL=1 Q4MOE_CUDA_FUSED=1}; do
         r=$(export ${env//+/ }; quick "$Q" $q)
         say "ab $q [$env]: $r"
+      done ;;
+    addrs|addrs:*)
+      # Where the backend's buffers land (Q4MOE_LOG=q4moe_cuda=debug) under each AB_ENVS setting,
+      # e.g. kernel directories or Q4MOE_CUDA_LEAD_ALLOC (NOTES.md session 42): one short decode.
+      q=$(step_quant "$s")
+      model $q
+      for env in ${AB_ENVS:-Q4MOE_DUMMY=0}; do
+        r=$(export ${env//+/ }; Q4MOE_LOG=q4moe_cuda=debug timeout 120 "$Q" bench --model /tmp/$q.gguf --device cuda \
+          --prompt-len 4 --decode-len 4 --runs 1 2>&1 | grep -o "device addresses.*" | head -1)
+        say "addrs $q [$env]: ${r:-no address line}"
       done ;;
     parity:*)
       # The CPU-parity tests under one setting, e.g. parity:Q4MOE_CUDA_TOPK=experts.
