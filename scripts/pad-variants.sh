@@ -9,7 +9,7 @@
 # does not unroll a longer one). Each goes to variants/pad-<site>-<bytes>/cu for
 # scripts/gpu-check.sh `variants` (or `ab` with Q4MOE_CUDA_KERNEL_DIR) with the carried binary;
 # check where it landed with tools/cubin_layout.
-#   scripts/pad-variants.sh all 1280 5376          (bytes: 256 + 16 * n, n a multiple of 8)
+#   scripts/pad-variants.sh all 1280 5376          (each pad: 256 + 16 * n bytes, n a multiple of 8)
 #   scripts/pad-variants.sh top 294912             (18 pads of 16 KB)
 #   scripts/pad-variants.sh mv 1024                (sites: below)
 set -eu -o pipefail
@@ -23,7 +23,7 @@ case $site in
   mv)  file=matvec.cu; before='void embed(' ;;                         # the matvec kernels (qkv)
   att) file=attention.cu; before="" ;;                                 # attention, embed, matvec
   opr) file=moe.cu; before='void router_fold_build(' ;;                # o_proj_router, routers, and those
-  *) echo "unknown site $site (all, mv, att, opr)" >&2; exit 1 ;;
+  *) echo "unknown site $site (all, top, mv, att, opr)" >&2; exit 1 ;;
 esac
 for bytes in "$@"; do
   dir="$root/variants/pad-$site-$bytes/cu"
