@@ -287,7 +287,9 @@ for s in $steps; do
       # Each layer kernel's cost inside the graph: the step without it (Q4MOE_CUDA_OMIT; wrong
       # output, timing only), Q4_0 (omit:<quant>: that quant), cache on, in-flight 2, 3 runs.
       # o_proj includes the folded router (router_topk is a launch of its own only with
-      # Q4MOE_CUDA_ROUTER_FOLD=0).
+      # Q4MOE_CUDA_ROUTER_FOLD=0). The head's cost: AB_ENVS="Q4MOE_CUDA_HEAD_ARGMAX=0
+      # Q4MOE_CUDA_HEAD_ARGMAX=0+Q4MOE_CUDA_OMIT=head" with `ab` (the arg-max launches after the
+      # head still publish the token; the head's own greedy tail, left out, would not).
       q=$(step_quant "$s")
       model $q
       for k in none qkv attn_gqa o_proj moe_gate_up moe_down; do

@@ -609,8 +609,13 @@ pub fn layers(c: &Config, w: &Weights, s: &Scratch, (kv, reach): (&Kv, usize)) -
     for l in 0..c.n_layer {
         layer(c, w, s, kv, (l, reach), fold, &mut out);
     }
-    // Timing experiments only (the output is wrong): Q4MOE_CUDA_OMIT=o_proj,moe_down leaves
-    // those launches out, so the step time drops by what they cost inside the graph.
+    omit(out)
+}
+
+/// Timing experiments only (the output is wrong): Q4MOE_CUDA_OMIT=o_proj,moe_down leaves those
+/// launches out (layers' or the tail's, e.g. head), so the step time drops by what they cost
+/// inside the graph.
+fn omit(mut out: Vec<Launch>) -> Vec<Launch> {
     if let Ok(omit) = std::env::var("Q4MOE_CUDA_OMIT") {
         out.retain(|l| !omit.split(',').any(|n| n == l.name));
     }
@@ -691,6 +696,10 @@ pub(crate) fn sample(mut p: SampleParams, n: usize) -> [Launch; 4] {
 /// logits), the arg-max or the device sampler, the choice counted for the next penalties. A
 /// plain greedy choice runs in the head's own tail where it can (`head_argmax`).
 pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch> {
+    omit(tail_launches(c, w, s, ending))
+}
+
+fn tail_launches(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch> {
     let Ending::Head(choice) = ending else {
         return Vec::new();
     };
