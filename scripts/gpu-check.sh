@@ -17,7 +17,7 @@
 #                 QUICK_ARGS="--long-context 4096" adds bench arguments to every quick bench
 #                 (that one sizes the KV as the record does: 4,360 positions, not 392).
 #   parity:<V=x>  the CPU-parity tests with environment setting V=x.
-#   addrs[:<q>]   the device addresses the backend logs (lead allocation, weights, step state) under
+#   addrs[:<q>]   the device addresses the backend logs (weights, step state) under
 #                 each AB_ENVS setting (default q4_0): do kernel directories move the buffers?
 #   variants      for each variants/<name>/ (scripts/build-variants.sh; carry "variants"; a variant
 #                 of the kernels only is variants/<name>/cu/*.cu*, run by the carried binaries
@@ -208,7 +208,7 @@ for s in $steps; do
       done ;;
     addrs|addrs:*)
       # Where the backend's buffers land (Q4MOE_LOG=q4moe_cuda=debug) under each AB_ENVS setting,
-      # e.g. kernel directories or Q4MOE_CUDA_LEAD_ALLOC (NOTES.md session 42): one short decode.
+      # e.g. kernel directories (NOTES.md sessions 42-43): one short decode.
       q=$(step_quant "$s")
       model $q
       for env in ${AB_ENVS:-Q4MOE_DUMMY=0}; do

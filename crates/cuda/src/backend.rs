@@ -18,7 +18,7 @@ use crate::graph::Graph;
 use crate::l2::{L2Plan, L2Target};
 use crate::params::StepState;
 use crate::prefill::{self, Prefill};
-use crate::step::{self, env_bytes, Choice, Ending, Kv, Scratch};
+use crate::step::{self, Choice, Ending, Kv, Scratch};
 use crate::timeline::{self, Timeline};
 use crate::weights::{self, Weights};
 use crate::{AttGrid, CudaError, CudaOptions, GraphSetups, KernelTime, Result};
@@ -108,8 +108,6 @@ pub struct CudaBackend {
     /// The batched prefill's buffers (CudaOptions::prefill_chunk), where the geometry allows.
     prefill: Option<Prefill>,
     graph_setups: GraphSetups,
-    /// Q4MOE_CUDA_LEAD_ALLOC's allocation, held for where it puts the others.
-    _lead_alloc: Option<DevBuf>,
     dev: Device,
 }
 
@@ -141,12 +139,6 @@ impl CudaBackend {
                 .map_err(|e| CudaError::Unsupported(format!("Q4MOE_CUDA_L2_TARGET: {e}")))?;
         }
         let dev = Device::new(opts.kv_type)?;
-        // A/B measurements of where the buffers land (NOTES.md session 42): device memory held
-        // ahead of every other allocation, so the weights, scratch and KV move while the kernels
-        // do not. Q4MOE_CUDA_LEAD_ALLOC=<bytes>.
-        let lead_alloc = env_bytes("Q4MOE_CUDA_LEAD_ALLOC")
-            .map(|n| DevBuf::new(&dev, n))
-            .transpose()?;
         let kv_bytes = Kv::bytes(&c, opts.kv_capacity, opts.kv_type);
         // A chunk never holds more tokens than a session's positions.
         let chunk = if prefill::supports(&c) {
@@ -168,8 +160,7 @@ impl CudaBackend {
         let l2 = L2Plan::new(&dev, &c, &w, &opts)?;
         let mut scratch = Scratch::new(&dev, &c, &opts, l2)?;
         tracing::debug!(
-            "device addresses: lead {:#x}, weights {:#x} ({} bytes), step state {:#x}",
-            lead_alloc.as_ref().map_or(0, |b| b.ptr),
+            "device addresses: weights {:#x} ({} bytes), step state {:#x}",
             w.buf.ptr,
             w.buf.bytes,
             scratch.state.ptr
@@ -211,7 +202,6 @@ impl CudaBackend {
             timeline,
             timeline_profile: HashMap::new(),
             graph_setups: GraphSetups::default(),
-            _lead_alloc: lead_alloc,
             dev,
         })
     }

@@ -128,7 +128,7 @@ struct Arena {
 
 /// A byte count from the environment (the layout A/B knobs: the arena's, the lead allocation), if
 /// set and a number.
-pub(crate) fn env_bytes(key: &str) -> Option<usize> {
+fn env_bytes(key: &str) -> Option<usize> {
     std::env::var(key).ok().and_then(|v| v.parse().ok())
 }
 
