@@ -126,8 +126,7 @@ struct Arena {
     used: usize,
 }
 
-/// A byte count from the environment (the layout A/B knobs: the arena's, the lead allocation), if
-/// set and a number.
+/// A byte count from the environment (the arena's layout A/B knobs), if set and a number.
 fn env_bytes(key: &str) -> Option<usize> {
     std::env::var(key).ok().and_then(|v| v.parse().ok())
 }
