@@ -63,7 +63,12 @@ fn decode(b: &mut dyn Backend, req: &DecodeRequest, stop_after: Option<usize>) -
     out
 }
 
+/// Largest |a - b| over the largest |b|; infinite where `a` holds a NaN or an infinity (f32::max
+/// would skip a NaN: it must never pass).
 fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    if a.iter().any(|v| !v.is_finite()) {
+        return f32::INFINITY;
+    }
     let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
@@ -130,7 +135,11 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let m = model(&cfg, q, &dir);
+    run_model(&cfg, q, &model(&cfg, q, &dir), opts);
+}
+
+/// The parity checks on model `m` (geometry `cfg`, quant `q`).
+fn run_model(cfg: &Config, q: SynthQuant, m: &Arc<Model>, opts: CudaOptions) {
     let prompt = test_prompt(12, &cfg);
     let (mut cpu, mut gpu) = backends_with(&m, opts);
     let lc = cpu.prefill(1, &prompt, true).unwrap();
@@ -284,6 +293,48 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
         "second session's prefill: relative logit error {e}"
     );
     assert_eq!(gpu.prefill(3, &prompt, false).unwrap(), l2);
+}
+
+/// Activations past f16's range (the f16 KV cache, h, the quantised groups' scales): layer 0's
+/// FFN norm scaled by 1e4, so silu(gate) * up reaches ~1e6 and the residual after it ~1e6 on the
+/// tiny geometry. Real models' activations reach 1e3-1e4; no f16 step on the path may clip them.
+#[test]
+fn tiny_activations_past_f16_range() {
+    if no_gpu() {
+        return;
+    }
+    let cfg = Config::tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big-h.gguf");
+    synth::write(&path, &cfg, SynthQuant::Q4_0, 42, false).unwrap();
+    scale_f32_tensor(&path, "blk.0.ffn_norm.weight", 1e4);
+    let m = Arc::new(Model::load(&path).unwrap());
+    run_model(&cfg, SynthQuant::Q4_0, &m, CudaOptions::default());
+}
+
+/// Multiplies an F32 tensor of the GGUF file at `path` by `by`, in place.
+fn scale_f32_tensor(path: &std::path::Path, name: &str, by: f32) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let (start, len) = {
+        let f = q4moe_gguf::GgufFile::open(path).unwrap();
+        let t = f.tensor(name).unwrap();
+        assert_eq!(t.info.ggml_type, q4moe_gguf::GgmlType::F32, "{name}");
+        (f.header.data_offset + t.info.offset, t.data.len())
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut bytes = vec![0u8; len];
+    file.seek(SeekFrom::Start(start)).unwrap();
+    file.read_exact(&mut bytes).unwrap();
+    for v in bytes.chunks_exact_mut(4) {
+        let x = f32::from_le_bytes(v.try_into().unwrap()) * by;
+        v.copy_from_slice(&x.to_le_bytes());
+    }
+    file.seek(SeekFrom::Start(start)).unwrap();
+    file.write_all(&bytes).unwrap();
 }
 
 #[test]
