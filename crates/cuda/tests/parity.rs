@@ -140,8 +140,8 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
 
 /// The parity checks on model `m` (geometry `cfg`, quant `q`).
 fn run_model(cfg: &Config, q: SynthQuant, m: &Arc<Model>, opts: CudaOptions) {
-    let prompt = test_prompt(12, &cfg);
-    let (mut cpu, mut gpu) = backends_with(&m, opts);
+    let prompt = test_prompt(12, cfg);
+    let (mut cpu, mut gpu) = backends_with(m, opts);
     let lc = cpu.prefill(1, &prompt, true).unwrap();
     let lg = gpu.prefill(1, &prompt, true).unwrap();
     assert_eq!(lc.len(), lg.len());
