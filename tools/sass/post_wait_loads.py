@@ -51,7 +51,7 @@ def waits(body):
                 break
             if "SHFL" in op:
                 shuffled = True
-            elif re.search(r"\bLDG(STS)?\b|\bLDG\.", op):
+            elif re.search(r"\bLDG(STS)?\.", op):
                 if shuffled:
                     after += 1
                 else:
