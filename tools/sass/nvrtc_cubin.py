@@ -5,7 +5,7 @@ The sources are crates/cuda/kernels/* joined in device.rs SOURCES order with the
 "// ---- <name>" separators and the same options, so the cubin matches the one the engine
 builds on a device with the same libnvrtc. Usage:
 
-    nvrtc_cubin.py --nvrtc <libnvrtc.so> [--kernels DIR] [--arch 90] [--timeline] OUT.cubin
+    nvrtc_cubin.py --nvrtc <libnvrtc.so> [--kernels DIR] [--arch 90] [--timeline] [--define NAME] OUT.cubin
 """
 import argparse
 import ctypes
@@ -56,6 +56,7 @@ def main():
     ap.add_argument("--arch", default="90")
     ap.add_argument("--kv-f32", action="store_true", help="compile for the f32 KV cache")
     ap.add_argument("--timeline", action="store_true", help="-DQ4MOE_TIMELINE (the probe build)")
+    ap.add_argument("--define", action="append", default=[], help="-D<this>, e.g. Q4MOE_PDL_TRIGGER_STAGED")
     ap.add_argument("out")
     a = ap.parse_args()
     kdir = pathlib.Path(a.kernels)
@@ -66,6 +67,7 @@ def main():
         opts.append("-DKV_F16")
     if a.timeline:
         opts.append("-DQ4MOE_TIMELINE")
+    opts += [f"-D{d}" for d in a.define]
     pathlib.Path(a.out).write_bytes(compile_cubin(a.nvrtc, src, opts))
 
 

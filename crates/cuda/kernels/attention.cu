@@ -412,6 +412,7 @@ __device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs
     float qv[4], nv[4];
     if (warp < G) lane_head(qkv + (kvh * G + warp) * hd, hd, qv);
     if (has_new && warp < 2) lane_head(qkv + q_dim + warp * kv_dim + kvh * hd, hd, nv);
+    tl_mark_after(TL_IN, qv[0]);
     if (warp == 1 && has_new) {  // the new V first: it waits for no reduction
 #pragma unroll
         for (int j = 0; j < 4; j++)
@@ -843,6 +844,7 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
     // The scale goes in with the queries' RMS factor, before the barrier, not on each packed pair.
     gqa_stage_new<128, 8>(p, sm.qs, sm.knew, sm.vnew, kvh, pos, has_new, rp, qn, kn, p.scale * 1.44269504f);
     __syncthreads();
+    tl_mark(TL_X);
     u32 qa[8][2];  // k-step k: this thread's dims 32 (k / 2) + 8c + 4 (k % 2) + {0, 1} and {2, 3}
 #pragma unroll
     for (int k = 0; k < 8; k++) {
@@ -885,5 +887,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) attn_gqa_128_8_tc(const Att
     if (u.y >= w.n_act) return;
     attn_tc_unit(p, sm, tc_staged, u, w.span, w.n_act == 1);
     if (w.n_act > 1) attn_gqa_merge<128, 8>(p, sm.ml, u.x, w.n_act);
+    tl_mark(TL_END);
 #endif
 }

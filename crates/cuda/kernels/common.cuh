@@ -72,49 +72,77 @@ __device__ __forceinline__ u64 global_ns() {
     return t;
 }
 #ifdef Q4MOE_TIMELINE
-// The launch timeline (Q4MOE_CUDA_TIMELINE=1, timeline.rs): a slot a launch, at its %gridid less
-// the first one recorded since the host zeroed the table (tl_base; before each recorded step:
-// a graph's replays repeat its launches' %gridid), where thread 0 of a block
-// records reaching and passing pdl_wait. Only the first and the last 64 blocks of a grid record
+// The launch timeline (Q4MOE_CUDA_TIMELINE=1, timeline.rs): a slot a launch, emptied by the host
+// before each recorded step (a graph's replays repeat its launches' %gridid), where thread 0 of
+// a block records reaching and passing pdl_wait. Only the first and the last 64 blocks of a grid record
 // (the blocks dispatched first and last, whose times the summary uses): every block's atomics on
 // one slot would queue at one L2 slice and perturb what is measured. Minima are kept as the
 // maximum of the complement, so zeroed memory is the empty table; the atomics return nothing.
+// A launch's slot is its %gridid modulo the table (a step's ~245 launches have consecutive
+// ids), so finding it takes no load: a round trip on a late block's way to pdl_wait delayed its
+// pass and everything after it (the slot was once found through a shared base id). The block
+// keeps it in shared memory (tl_at) for the marks.
+// Marks inside the hot kernels (tl_mark) keep the latest recorder block's time at a point:
+// TL_IN once thread 0 has its first input values (tl_mark_after), TL_X once the block's input
+// is staged (its barrier passed), TL_END after its last store, so a launch's step splits into
+// the input's round trip, its staging, its work and the release of the next launch.
 #define TL_SLOTS 1024
-__device__ unsigned long long tl_base;                // first recorded %gridid + 1; 0: none yet
-__device__ unsigned long long tl_val[TL_SLOTS][5];    // gridid + 1, !first ready, last ready, !first pass, shape
+__device__ unsigned long long tl_val[TL_SLOTS][9];    // gridid + 1, !first ready, last ready, !first pass, shape, x, end, last pass, in
+__shared__ unsigned long long* tl_at;                 // the block's slot (recorders: thread 0 sets it)
 __device__ __forceinline__ bool tl_recorder() {
     unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     unsigned n = gridDim.x * gridDim.y * gridDim.z;
     return threadIdx.x + threadIdx.y + threadIdx.z == 0 && (b < 64 || b + 64 >= n);
 }
-__device__ __forceinline__ void tl_record(unsigned long long ready, unsigned long long pass) {
+// This launch's slot; `key` its %gridid + 1.
+__device__ __forceinline__ unsigned long long* tl_slot(unsigned long long& key) {
     unsigned long long g;
     asm("mov.u64 %0, %%gridid;" : "=l"(g));
-    unsigned long long key = g + 1, base = *(volatile unsigned long long*)&tl_base;
-    if (base == 0) {
-        unsigned long long old = atomicCAS(&tl_base, 0ull, key);
-        base = old == 0 ? key : old;
-    }
-    if (key < base || key - base >= TL_SLOTS) return;  // before the window, or past the table
-    unsigned long long* v = tl_val[key - base];
+    key = g + 1;
+    return tl_val[g & (TL_SLOTS - 1)];
+}
+__device__ __forceinline__ void tl_record(unsigned long long* v, unsigned long long key, unsigned long long ready, unsigned long long pass) {
+    tl_at = v;
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     v[0] = key;
     atomicMax(v + 1, ~ready);
     atomicMax(v + 2, ready);
     atomicMax(v + 3, ~pass);
+    atomicMax(v + 7, pass);
     // timeline.rs `shape`: grid blocks, block threads, dynamic shared memory.
     v[4] = (unsigned long long)(gridDim.x * gridDim.y * gridDim.z) << 40 | (unsigned long long)(blockDim.x * blockDim.y * blockDim.z) << 24 | dyn;
 }
 #endif
+// The launch timeline's mark `field` (TL_IN, TL_X, TL_END: tl_val's fields) by this block's thread 0;
+// nothing without the probe.
+#define TL_X 5
+#define TL_END 6
+#define TL_IN 8
+__device__ __forceinline__ void tl_mark(int field) {
+#if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
+    if (!tl_recorder()) return;
+    unsigned long long* v = tl_at;  // a global address: a red the warp need not wait for
+    asm volatile("red.relaxed.gpu.global.max.u64 [%0], %1;" ::"l"(v + field), "l"(global_ns()) : "memory");
+#endif
+}
+// tl_mark once `dep` (a loaded value) has arrived: a branch on it comes first, so the clock is
+// read after the load's wait.
+__device__ __forceinline__ void tl_mark_after(int field, float dep) {
+#if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
+    if (!tl_recorder()) return;
+    if (__float_as_uint(dep) == 0x7fc0dead) asm volatile("trap;");
+    tl_mark(field);
+#endif
+}
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
 #ifdef Q4MOE_TIMELINE
-    unsigned long long ready = global_ns();
+    unsigned long long ready = global_ns(), key = 0, *slot = tl_recorder() ? tl_slot(key) : nullptr;
 #endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #ifdef Q4MOE_TIMELINE
-    if (tl_recorder()) tl_record(ready, global_ns());
+    if (tl_recorder()) tl_record(slot, key, ready, global_ns());
 #endif
 #endif
 }
@@ -307,6 +335,7 @@ __device__ __forceinline__ bool load_x_fast(void* dst, const float* src, int n, 
             if (norm) w[j] = ((const float4*)norm)[i];
         }
     }
+    tl_mark_after(TL_IN, v[0].x);
     float r = 1.f;
     if (norm) {
         float ss = 0.f;
@@ -386,6 +415,7 @@ struct XgIn {
         return ss;
     }
     __device__ __forceinline__ float quant(u32* qx, const float* gs, int n, float eps, float* red) {
+        tl_mark_after(TL_IN, v[0].x);
         warp_partial(own_sum(), red);
         int nv = n >> 2;
 #pragma unroll

@@ -68,6 +68,7 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     float r = 1.f;
     if (p.norm) r = load_xg_quant<true>(qx, (const float*)p.in, (const float*)p.norm, p.k, p.eps, red);
     else load_x_fast<X_QUANT>(qx, (const float*)p.in, p.k, nullptr, p.eps, red);
+    tl_mark(TL_X);
     const u32* xp[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) xp[i] = qx;
@@ -96,6 +97,7 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
 #pragma unroll
         for (int i = 0; i < NR; i++) rows[i] = next_rows[i];
     }
+    tl_mark(TL_END);
 }
 
 // Row by row (any type), L2 prefetch of the rows before pdl_wait.

@@ -360,7 +360,9 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
         u64 v = (u64)tag << 32 | __float_as_uint(partials_sum<true>(red));
         asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"((u64*)r.slots + row), "l"(v) : "memory");
     }
+    tl_mark(TL_X);
     if (row == r.n_expert - 1) topk_logits(r, tag, smem + 40);
+    tl_mark(TL_END);
 }
 
 // o_proj with the router folded in: blocks [0, n_expert) are router rows, the rest o_proj's
@@ -497,6 +499,7 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* sme
     unit.load(p, e, u, lane);
     u32* qx = (u32*)(smem + 36);
     float s = in.quant(qx, gs, p.gate.k, p.eps, smem);
+    tl_mark(TL_X);
     unit.finish(p, qx, s, lane);
     int rows = (blockDim.x >> 5) * NR;  // a unit's
     for (int x = u.x + gridDim.x; x * rows < p.d_ff; x += gridDim.x) {
@@ -504,6 +507,7 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* sme
         next.load(p, e, Unit{x, u.y, u.nx}, lane);
         next.finish(p, qx, s, lane);
     }
+    tl_mark(TL_END);
 }
 
 // The expert of the block's slot (grid (ceil(d_ff / rows per block) or fewer, n_used)).
@@ -633,6 +637,7 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
             v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (i < nv) v[j] = h4[i];
         }
+        if (base == 0) tl_mark_after(TL_IN, v[0].x);
 #pragma unroll
         for (int j = 0; j < 2 * LOAD_V; j++) {
             int i = base + threadIdx.x + j * blockDim.x;
@@ -714,7 +719,9 @@ __device__ __forceinline__ void down_blocks(const DownParams& p, u32* hq, const 
     rows.load(p, ids, u, lane);
     if (p.slots) fold_weights(p, x, sw, sw + 64);  // the loads above in flight meanwhile
     stage_h(p, hq);
+    tl_mark(TL_X);
     rows.finish(p, hq, sw, lane);
+    tl_mark(TL_END);
 }
 
 // grid ceil(d_model / rows per block); dynamic smem n_used * plen floats of h, then the

@@ -4,7 +4,10 @@
 //! resident before its predecessor finished (lead: its early weight loads' head start), the
 //! time from one launch's first pass to the next one's (step: what the launch costs the chain),
 //! and how long its blocks kept arriving after the first passed (spread: waves, or blocks that
-//! found no room beside the predecessor). Recorded for `STEPS` steady decode steps from
+//! found no room beside the predecessor). The hot kernels also mark (common.cuh `tl_mark`) when
+//! their last recorded block had its input staged (x) and when it made its last store (end), so
+//! a step splits into the input chain, the work, and the release: from the last end to the next
+//! launch's first pass, what a launch boundary costs. Recorded for `STEPS` steady decode steps from
 //! `FROM_STEP`: a graph's replays repeat its launches' %gridid, so the table holds one step; it
 //! is emptied before each recorded step and copied to a device ring after it, read after the
 //! decode.
@@ -16,10 +19,13 @@ use cudarc::driver::result;
 use crate::device::{DevBuf, Device, Launch};
 use crate::Result;
 
-/// Slots of the device table (`TL_SLOTS` in common.cuh): one step's ~245 launches.
+/// Slots of the device table (`TL_SLOTS` in common.cuh, a launch at its %gridid modulo it): one
+/// step's ~245 launches.
 const SLOTS: usize = 1024;
-/// Fields a slot (`tl_val`): %gridid + 1, !first ready, last ready, !first pass, shape.
-const FIELDS: usize = 5;
+/// Fields a slot (`tl_val`): %gridid + 1, !first ready, last ready, !first pass, shape, the
+/// marks x and end (common.cuh TL_X, TL_END; 0 where the kernel has none), last pass, the mark
+/// in (TL_IN).
+const FIELDS: usize = 9;
 /// The decode step of a call from which launches are recorded (earlier ones warm up).
 pub const FROM_STEP: usize = 32;
 /// Steps recorded from `FROM_STEP`.
@@ -40,6 +46,12 @@ pub struct LaunchStamp {
     pub first_pass: u64,
     /// (blocks in the grid, threads a block, dynamic shared memory), as `shape` packs them.
     pub shape: u64,
+    /// The last recorded block's input staged, and its last store (0: not marked).
+    pub x: u64,
+    pub end: u64,
+    /// The last recorded block's pass, and its thread 0's first input values (0: not marked).
+    pub last_pass: u64,
+    pub input: u64,
 }
 
 /// The key a launch is recognised by on both sides (common.cuh packs the same).
@@ -47,21 +59,19 @@ pub fn shape(grid: (u32, u32, u32), block: u32, smem: u32) -> u64 {
     ((grid.0 * grid.1 * grid.2) as u64) << 40 | (block as u64) << 24 | smem as u64
 }
 
-/// The device table (the module's `tl_base`, `tl_val`) and the ring of recorded steps.
+/// The device table (the module's `tl_val`) and the ring of recorded steps.
 pub struct Timeline {
-    base: u64,
     vals: u64,
     ring: DevBuf,
 }
 
 impl Timeline {
     pub fn new(dev: &Device) -> Result<Timeline> {
-        let (base, bb) = dev.global("tl_base")?;
-        let (vals, vb) = dev.global("tl_val")?;
-        assert_eq!((bb, vb), (8, TABLE_BYTES), "tl_* sizes");
+        let (vals, bytes) = dev.global("tl_val")?;
+        assert_eq!(bytes, TABLE_BYTES, "tl_val's size");
         let ring = DevBuf::new(dev, STEPS * TABLE_BYTES)?;
         ring.fill(dev, 0)?;
-        Ok(Timeline { base, vals, ring })
+        Ok(Timeline { vals, ring })
     }
 
     /// Whether decode step `step` of a call is recorded.
@@ -71,7 +81,6 @@ impl Timeline {
 
     /// Empties the table in stream order: launches after this are recorded.
     pub fn begin_step(&self, dev: &Device) -> Result<()> {
-        dev.memset_async(self.base, 0, 8)?;
         dev.memset_async(self.vals, 0, TABLE_BYTES)
     }
 
@@ -103,6 +112,10 @@ fn stamps(table: &[u64]) -> Vec<LaunchStamp> {
             last_ready: f[2],
             first_pass: !f[3],
             shape: f[4],
+            x: f[5],
+            end: f[6],
+            last_pass: f[7],
+            input: f[8],
         })
         .collect();
     v.sort_by_key(|s| s.first_pass);
@@ -111,7 +124,9 @@ fn stamps(table: &[u64]) -> Vec<LaunchStamp> {
 
 /// Per kernel name (launches told apart by shape; names sharing one are joined by "|"): the
 /// mean lead, step and spread over one step's launches as profile entries "timeline <name>
-/// <what>" of (calls, seconds, 0). The last launch has no step (nothing recorded after it).
+/// <what>" of (calls, seconds, 0), and where the kernel marks them, x and end (from its first
+/// pass) and release (from its end to the next launch's first pass). The last launch has no
+/// step or release (nothing recorded after it).
 pub fn summarize(stamps: &[LaunchStamp], launches: &[Launch]) -> HashMap<String, (u64, f64, u64)> {
     let mut names: HashMap<u64, Vec<&str>> = HashMap::new();
     for l in launches {
@@ -132,8 +147,22 @@ pub fn summarize(stamps: &[LaunchStamp], launches: &[Launch]) -> HashMap<String,
             .map_or_else(|| "(other)".to_string(), |n| n.join("|"));
         add(&name, "lead", s.first_pass.saturating_sub(s.first_ready));
         add(&name, "spread", s.last_ready.saturating_sub(s.first_pass));
+        let marks = [
+            ("pass", s.last_pass),
+            ("in", s.input),
+            ("x", s.x),
+            ("end", s.end),
+        ];
+        for (what, at) in marks {
+            if at != 0 {
+                add(&name, what, at.saturating_sub(s.first_pass));
+            }
+        }
         if let Some(next) = stamps.get(i + 1) {
             add(&name, "step", next.first_pass.saturating_sub(s.first_pass));
+            if s.end != 0 {
+                add(&name, "release", next.first_pass.saturating_sub(s.end));
+            }
         }
     }
     out
@@ -154,6 +183,10 @@ mod tests {
             last_ready,
             first_pass: pass,
             shape: shape((blocks, 1, 1), 256, 0),
+            x: 0,
+            end: 0,
+            last_pass: 0,
+            input: 0,
         }
     }
 
@@ -194,6 +227,30 @@ mod tests {
             !s.contains_key("timeline (other) step"),
             "the last launch has no step"
         );
+        assert!(
+            !s.contains_key("timeline qkv release"),
+            "no marks, no release"
+        );
+    }
+
+    #[test]
+    fn marks_split_a_step_into_input_work_and_release() {
+        let ls = [launch("qkv", 320), launch("attn", 128)];
+        let marked = |blocks, pass, x, end| LaunchStamp {
+            x,
+            end,
+            ..stamp(blocks, pass, pass, pass)
+        };
+        // qkv passes at 1000, stages its input by 1600, ends at 2500; attention passes at 3100
+        // and ends at 5000 with nothing after it.
+        let st = [marked(320, 1000, 1600, 2500), marked(128, 3100, 3500, 5000)];
+        let s = summarize(&st, &ls);
+        let ns = |k: &str| s[k].1 * 1e9;
+        assert!((ns("timeline qkv x") - 600.0).abs() < 1e-6);
+        assert!((ns("timeline qkv end") - 1500.0).abs() < 1e-6);
+        assert!((ns("timeline qkv release") - 600.0).abs() < 1e-6);
+        assert!((ns("timeline attn end") - 1900.0).abs() < 1e-6);
+        assert!(!s.contains_key("timeline attn release"), "the last launch");
     }
 
     #[test]
