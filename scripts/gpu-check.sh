@@ -48,7 +48,9 @@
 #   chain         what one dependent launch costs in a graph without work (benches/launch_chain.rs),
 #                 PDL on and off.
 #   timeline[:<q>] per kernel inside the graph (Q4_0, or quant <q>): how early its blocks were
-#                 resident, what it costs the chain, how late its last blocks arrived
+#                 resident, what it costs the chain, how late its last blocks arrived, and in the
+#                 hot kernels when their input's first value came, when it was staged, when
+#                 their last store was made and how long the next launch took to pass after it
 #                 (Q4MOE_CUDA_TIMELINE=1, timeline.rs).
 #   placement     where each kernel's code lies in the module (tools/cubin_layout): each of
 #                 PLACEMENT="<variants>" (default: main, the carried binary) compiles its kernels into
