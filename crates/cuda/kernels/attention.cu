@@ -412,7 +412,7 @@ __device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs
     float qv[4], nv[4];
     if (warp < G) lane_head(qkv + (kvh * G + warp) * hd, hd, qv);
     if (has_new && warp < 2) lane_head(qkv + q_dim + warp * kv_dim + kvh * hd, hd, nv);
-    tl_mark_after(TL_IN, qv[0]);
+    if (warp < G) tl_mark_after(TL_IN, qv[0]);
     if (warp == 1 && has_new) {  // the new V first: it waits for no reduction
 #pragma unroll
         for (int j = 0; j < 4; j++)
@@ -874,6 +874,7 @@ __device__ __forceinline__ void attn_tc_unit(const AttnGqaParams& p, TcSmem& sm,
         tc_tile(kt, vs, qa, t0, last, r);
         __syncwarp();  // vs is rewritten by the next tile
     }
+    tl_mark_warps(TL_MID);
     tc_block_merge(p, sm, r, kvh, s, direct);
 }
 #endif

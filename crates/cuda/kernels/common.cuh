@@ -80,20 +80,21 @@ __device__ __forceinline__ u64 global_ns() {
 // maximum of the complement, so zeroed memory is the empty table; the atomics return nothing.
 // A launch's slot is its %gridid modulo the table (a step's ~245 launches have consecutive
 // ids), so finding it takes no load: a round trip on a late block's way to pdl_wait delayed its
-// pass and everything after it (the slot was once found through a shared base id). The block
-// keeps it in shared memory (tl_at) for the marks.
+// pass and everything after it (the slot was once found through a shared base id).
 // Marks inside the hot kernels (tl_mark) keep the latest recorder block's time at a point:
-// TL_IN once thread 0 has its first input values (tl_mark_after), TL_X once the block's input
-// is staged (its barrier passed), TL_END after its last store, so a launch's step splits into
-// the input's round trip, its staging, its work and the release of the next launch.
+// TL_IN once every warp has its first input values (tl_mark_after, by each warp's lane 0: the
+// slowest warp's), TL_X once the block's input is staged (its barrier passed), TL_MID at a
+// kernel's own midpoint (attention: its warps' tiles done, tl_mark_warps; moe_gate_up: its
+// first unit done), TL_END after its last store, so a launch's step splits into the input's
+// round trip, its staging, its work and the release of the next launch.
 #define TL_SLOTS 1024
-__device__ unsigned long long tl_val[TL_SLOTS][9];    // gridid + 1, !first ready, last ready, !first pass, shape, x, end, last pass, in
-__shared__ unsigned long long* tl_at;                 // the block's slot (recorders: thread 0 sets it)
-__device__ __forceinline__ bool tl_recorder() {
+__device__ unsigned long long tl_val[TL_SLOTS][10];   // gridid + 1, !first ready, last ready, !first pass, shape, x, end, last pass, in, mid
+__device__ __forceinline__ bool tl_recorder_block() {
     unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     unsigned n = gridDim.x * gridDim.y * gridDim.z;
-    return threadIdx.x + threadIdx.y + threadIdx.z == 0 && (b < 64 || b + 64 >= n);
+    return b < 64 || b + 64 >= n;
 }
+__device__ __forceinline__ bool tl_recorder() { return threadIdx.x + threadIdx.y + threadIdx.z == 0 && tl_recorder_block(); }
 // This launch's slot; `key` its %gridid + 1.
 __device__ __forceinline__ unsigned long long* tl_slot(unsigned long long& key) {
     unsigned long long g;
@@ -102,7 +103,6 @@ __device__ __forceinline__ unsigned long long* tl_slot(unsigned long long& key) 
     return tl_val[g & (TL_SLOTS - 1)];
 }
 __device__ __forceinline__ void tl_record(unsigned long long* v, unsigned long long key, unsigned long long ready, unsigned long long pass) {
-    tl_at = v;
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     v[0] = key;
@@ -114,25 +114,36 @@ __device__ __forceinline__ void tl_record(unsigned long long* v, unsigned long l
     v[4] = (unsigned long long)(gridDim.x * gridDim.y * gridDim.z) << 40 | (unsigned long long)(blockDim.x * blockDim.y * blockDim.z) << 24 | dyn;
 }
 #endif
-// The launch timeline's mark `field` (TL_IN, TL_X, TL_END: tl_val's fields) by this block's thread 0;
-// nothing without the probe.
+// The launch timeline's mark `field` (TL_IN, TL_X, TL_MID, TL_END: tl_val's fields); nothing
+// without the probe. tl_mark: by the recorder blocks' thread 0; tl_mark_warps: by each of their
+// warps' lane 0 (the slowest warp's time).
 #define TL_X 5
 #define TL_END 6
 #define TL_IN 8
-__device__ __forceinline__ void tl_mark(int field) {
+#define TL_MID 9
+__device__ __forceinline__ void tl_put(int field) {
 #if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
-    if (!tl_recorder()) return;
-    unsigned long long* v = tl_at;  // a global address: a red the warp need not wait for
+    unsigned long long key, *v = tl_slot(key);  // a global address: a red the warp need not wait for
     asm volatile("red.relaxed.gpu.global.max.u64 [%0], %1;" ::"l"(v + field), "l"(global_ns()) : "memory");
 #endif
 }
-// tl_mark once `dep` (a loaded value) has arrived: a branch on it comes first, so the clock is
-// read after the load's wait.
+__device__ __forceinline__ void tl_mark(int field) {
+#if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
+    if (tl_recorder()) tl_put(field);
+#endif
+}
+__device__ __forceinline__ void tl_mark_warps(int field) {
+#if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
+    if ((threadIdx.x & 31) == 0 && tl_recorder_block()) tl_put(field);
+#endif
+}
+// tl_mark_warps once `dep` (a loaded value) has arrived: a branch on it comes first, so the
+// clock is read after the load's wait.
 __device__ __forceinline__ void tl_mark_after(int field, float dep) {
 #if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
-    if (!tl_recorder()) return;
+    if ((threadIdx.x & 31) != 0 || !tl_recorder_block()) return;
     if (__float_as_uint(dep) == 0x7fc0dead) asm volatile("trap;");
-    tl_mark(field);
+    tl_put(field);
 #endif
 }
 __device__ __forceinline__ void pdl_wait() {

@@ -501,6 +501,7 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* sme
     float s = in.quant(qx, gs, p.gate.k, p.eps, smem);
     tl_mark(TL_X);
     unit.finish(p, qx, s, lane);
+    tl_mark(TL_MID);
     int rows = (blockDim.x >> 5) * NR;  // a unit's
     for (int x = u.x + gridDim.x; x * rows < p.d_ff; x += gridDim.x) {
         GateUpUnit<NR, Rows> next;

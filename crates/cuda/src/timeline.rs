@@ -5,9 +5,11 @@
 //! time from one launch's first pass to the next one's (step: what the launch costs the chain),
 //! and how long its blocks kept arriving after the first passed (spread: waves, or blocks that
 //! found no room beside the predecessor). The hot kernels also mark (common.cuh `tl_mark`) when
-//! their last recorded block had its input staged (x) and when it made its last store (end), so
-//! a step splits into the input chain, the work, and the release: from the last end to the next
-//! launch's first pass, what a launch boundary costs. Recorded for `STEPS` steady decode steps from
+//! the slowest recorded warp had its first input value (in), the last recorded block had its
+//! input staged (x), reached the kernel's midpoint (mid: attention's tiles done, moe_gate_up's
+//! first unit) and made its last store (end), so a step splits into the input chain, the work,
+//! and the release: from the last end to the next launch's first pass, what a launch boundary
+//! costs. Recorded for `STEPS` steady decode steps from
 //! `FROM_STEP`: a graph's replays repeat its launches' %gridid, so the table holds one step; it
 //! is emptied before each recorded step and copied to a device ring after it, read after the
 //! decode.
@@ -23,9 +25,9 @@ use crate::Result;
 /// step's ~245 launches.
 const SLOTS: usize = 1024;
 /// Fields a slot (`tl_val`): %gridid + 1, !first ready, last ready, !first pass, shape, the
-/// marks x and end (common.cuh TL_X, TL_END; 0 where the kernel has none), last pass, the mark
-/// in (TL_IN).
-const FIELDS: usize = 9;
+/// marks x and end (common.cuh TL_X, TL_END; 0 where the kernel has none), last pass, the marks
+/// in and mid (TL_IN, TL_MID).
+const FIELDS: usize = 10;
 /// The decode step of a call from which launches are recorded (earlier ones warm up).
 pub const FROM_STEP: usize = 32;
 /// Steps recorded from `FROM_STEP`.
@@ -49,9 +51,12 @@ pub struct LaunchStamp {
     /// The last recorded block's input staged, and its last store (0: not marked).
     pub x: u64,
     pub end: u64,
-    /// The last recorded block's pass, and its thread 0's first input values (0: not marked).
+    /// The last recorded block's pass, its slowest warp's first input values, and the kernel's
+    /// midpoint (attention: its warps' tiles done; moe_gate_up: its first unit done) (0: not
+    /// marked).
     pub last_pass: u64,
     pub input: u64,
+    pub mid: u64,
 }
 
 /// The key a launch is recognised by on both sides (common.cuh packs the same).
@@ -116,6 +121,7 @@ fn stamps(table: &[u64]) -> Vec<LaunchStamp> {
             end: f[6],
             last_pass: f[7],
             input: f[8],
+            mid: f[9],
         })
         .collect();
     v.sort_by_key(|s| s.first_pass);
@@ -151,6 +157,7 @@ pub fn summarize(stamps: &[LaunchStamp], launches: &[Launch]) -> HashMap<String,
             ("pass", s.last_pass),
             ("in", s.input),
             ("x", s.x),
+            ("mid", s.mid),
             ("end", s.end),
         ];
         for (what, at) in marks {
@@ -187,6 +194,7 @@ mod tests {
             end: 0,
             last_pass: 0,
             input: 0,
+            mid: 0,
         }
     }
 
@@ -243,9 +251,13 @@ mod tests {
         };
         // qkv passes at 1000, stages its input by 1600, ends at 2500; attention passes at 3100
         // and ends at 5000 with nothing after it.
-        let st = [marked(320, 1000, 1600, 2500), marked(128, 3100, 3500, 5000)];
+        let mut attn = marked(128, 3100, 3500, 5000);
+        attn.mid = 4200;
+        let st = [marked(320, 1000, 1600, 2500), attn];
         let s = summarize(&st, &ls);
         let ns = |k: &str| s[k].1 * 1e9;
+        assert!((ns("timeline attn mid") - 1100.0).abs() < 1e-6);
+        assert!(!s.contains_key("timeline qkv mid"), "no mid mark");
         assert!((ns("timeline qkv x") - 600.0).abs() < 1e-6);
         assert!((ns("timeline qkv end") - 1500.0).abs() < 1e-6);
         assert!((ns("timeline qkv release") - 600.0).abs() < 1e-6);
