@@ -359,14 +359,16 @@ for s in $steps; do
       # per kernel: lead (its first block resident before the predecessor finished), step (its
       # first pass to the next launch's), spread (its blocks arriving after the first passed).
       # Q4_0 (timeline:<quant>: that quant), cache on, in-flight 2, 3 runs of 256 tokens, ~33
-      # steps a run recorded. The probe perturbs what it measures a little (a slot lookup before
-      # each wait): the tok/s says how much.
+      # steps a run recorded. The probe perturbs what it measures (its atomics; ~8% of the tok/s
+      # in session 45): compare marks within probe builds only. tools/timeline/table.py prints
+      # the marks a kernel a row (lead, pass, in, x, mid, end, release, step, spread).
       q=$(step_quant "$s")
       model $q
       Q4MOE_CUDA_TIMELINE=1 timeout 150 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 \
         --runs 3 --setup-cache on --in-flight 2 --long-context 0 --json-out "$OUT/timeline-$q.json" > "$OUT/timeline-$q.log" 2>&1
       say "timeline $q: $(grep -E "median [0-9.]+ tok/s\$" "$OUT/timeline-$q.log" | tail -1)"  # decode, not the prefill
-      kernel_table "$OUT/timeline-$q.log" 40 ;;
+      kernel_table "$OUT/timeline-$q.log" 40
+      say "$(python3 tools/timeline/table.py "$OUT/timeline-$q.json" 2>&1)" ;;
     stamps)
       # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).
       [ $ok = 1 ] || continue
