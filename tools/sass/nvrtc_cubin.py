@@ -56,7 +56,7 @@ def main():
     ap.add_argument("--arch", default="90")
     ap.add_argument("--kv-f32", action="store_true", help="compile for the f32 KV cache")
     ap.add_argument("--timeline", action="store_true", help="-DQ4MOE_TIMELINE (the probe build)")
-    ap.add_argument("--define", action="append", default=[], help="-D<this>, e.g. Q4MOE_PDL_TRIGGER_STAGED")
+    ap.add_argument("--define", action="append", default=[], help="-D<this> (NAME or NAME=VALUE), a compile-time switch to compare in SASS")
     ap.add_argument("out")
     a = ap.parse_args()
     kdir = pathlib.Path(a.kernels)

@@ -95,6 +95,8 @@ __device__ __forceinline__ bool tl_recorder_block() {
     return b < 64 || b + 64 >= n;
 }
 __device__ __forceinline__ bool tl_recorder() { return threadIdx.x + threadIdx.y + threadIdx.z == 0 && tl_recorder_block(); }
+// Lane 0 of each warp of a recorder block (tl_mark_warps, tl_mark_after).
+__device__ __forceinline__ bool tl_warp_recorder() { return (threadIdx.x & 31) == 0 && tl_recorder_block(); }
 // This launch's slot; `key` its %gridid + 1.
 __device__ __forceinline__ unsigned long long* tl_slot(unsigned long long& key) {
     unsigned long long g;
@@ -102,7 +104,8 @@ __device__ __forceinline__ unsigned long long* tl_slot(unsigned long long& key) 
     key = g + 1;
     return tl_val[g & (TL_SLOTS - 1)];
 }
-__device__ __forceinline__ void tl_record(unsigned long long* v, unsigned long long key, unsigned long long ready, unsigned long long pass) {
+__device__ __forceinline__ void tl_record(unsigned long long ready, unsigned long long pass) {
+    unsigned long long key, *v = tl_slot(key);
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     v[0] = key;
@@ -134,14 +137,14 @@ __device__ __forceinline__ void tl_mark(int field) {
 }
 __device__ __forceinline__ void tl_mark_warps(int field) {
 #if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
-    if ((threadIdx.x & 31) == 0 && tl_recorder_block()) tl_put(field);
+    if (tl_warp_recorder()) tl_put(field);
 #endif
 }
 // tl_mark_warps once `dep` (a loaded value) has arrived: a branch on it comes first, so the
 // clock is read after the load's wait.
 __device__ __forceinline__ void tl_mark_after(int field, float dep) {
 #if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
-    if ((threadIdx.x & 31) != 0 || !tl_recorder_block()) return;
+    if (!tl_warp_recorder()) return;
     if (__float_as_uint(dep) == 0x7fc0dead) asm volatile("trap;");
     tl_put(field);
 #endif
@@ -149,11 +152,11 @@ __device__ __forceinline__ void tl_mark_after(int field, float dep) {
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
 #ifdef Q4MOE_TIMELINE
-    unsigned long long ready = global_ns(), key = 0, *slot = tl_recorder() ? tl_slot(key) : nullptr;
+    unsigned long long ready = global_ns();
 #endif
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #ifdef Q4MOE_TIMELINE
-    if (tl_recorder()) tl_record(slot, key, ready, global_ns());
+    if (tl_recorder()) tl_record(ready, global_ns());
 #endif
 #endif
 }

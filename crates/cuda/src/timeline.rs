@@ -130,8 +130,8 @@ fn stamps(table: &[u64]) -> Vec<LaunchStamp> {
 
 /// Per kernel name (launches told apart by shape; names sharing one are joined by "|"): the
 /// mean lead, step and spread over one step's launches as profile entries "timeline <name>
-/// <what>" of (calls, seconds, 0), and where the kernel marks them, x and end (from its first
-/// pass) and release (from its end to the next launch's first pass). The last launch has no
+/// <what>" of (calls, seconds, 0), and where the kernel marks them, pass, in, x, mid and end
+/// (from its first pass) and release (from its end to the next launch's first pass). The last launch has no
 /// step or release (nothing recorded after it).
 pub fn summarize(stamps: &[LaunchStamp], launches: &[Launch]) -> HashMap<String, (u64, f64, u64)> {
     let mut names: HashMap<u64, Vec<&str>> = HashMap::new();
