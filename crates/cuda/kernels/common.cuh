@@ -409,7 +409,11 @@ __device__ __forceinline__ float rms_factor(const float* red, int n, float eps) 
 // the quantisation loop (g in shared memory: moe_gate_up's staged copy).
 // XgIn: the loads (x's, and g's with G_EARLY) apart from the quantisation, so a kernel can
 // issue them ahead of its weight loads (moe_gate_up: the chain input before the bulk loads).
-template <bool G_EARLY = false>
+// PIN_G (with G_EARLY): the sum of x^2 also waits for g, adding +0 exactly (the mask keeps the
+// factor finite), so ptxas cannot sink g's loads below the sum's shuffles, where they were a
+// second L2 round trip on the chain (matvec_k_mixed: Q4_K_M's QKV with a Q6_K v). Only where
+// ptxas sank them: elsewhere the pin costs registers (matvec_q4_0_2 72 -> 78).
+template <bool G_EARLY = false, bool PIN_G = false>
 struct XgIn {
     float4 v[LOAD_V], ge[G_EARLY ? LOAD_V : 1];
     __device__ __forceinline__ void load(const float* x, const float* gs, int n) {
@@ -426,6 +430,12 @@ struct XgIn {
         float ss = 0.f;
 #pragma unroll
         for (int j = 0; j < LOAD_V; j++) ss += dot4(v[j], v[j]);
+        if (G_EARLY && PIN_G) {
+            u32 any = 0;
+#pragma unroll
+            for (int j = 0; j < LOAD_V; j++) any |= __float_as_uint(ge[G_EARLY ? j : 0].x);
+            ss = fmaf(0.f, __uint_as_float(any & 0x3f800000u), ss);
+        }
         return ss;
     }
     __device__ __forceinline__ float quant(u32* qx, const float* gs, int n, float eps, float* red) {
@@ -443,9 +453,9 @@ struct XgIn {
         return rms_factor(red, n, eps);
     }
 };
-template <bool G_EARLY = false>
+template <bool G_EARLY = false, bool PIN_G = false>
 __device__ __forceinline__ float load_xg_quant(u32* qx, const float* x, const float* gs, int n, float eps, float* red) {
-    XgIn<G_EARLY> in;
+    XgIn<G_EARLY, PIN_G> in;
     in.load(x, gs, n);
     return in.quant(qx, gs, n, eps, red);
 }
