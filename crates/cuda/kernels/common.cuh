@@ -85,7 +85,8 @@ __device__ __forceinline__ u64 global_ns() {
 // TL_IN once every warp has its first input values (tl_mark_after, by each warp's lane 0: the
 // slowest warp's), TL_X once the block's input is staged (its barrier passed), TL_MID at a
 // kernel's own midpoint (attention: its warps' tiles done, tl_mark_warps; moe_gate_up: its
-// first unit done), TL_END after its last store, so a launch's step splits into the input's
+// first unit done; the matvecs with a norm: the slowest warp's preloaded weights landed),
+// TL_END after its last store, so a launch's step splits into the input's
 // round trip, its staging, its work and the release of the next launch.
 #define TL_SLOTS 1024
 __device__ unsigned long long tl_val[TL_SLOTS][10];   // gridid + 1, !first ready, last ready, !first pass, shape, x, end, last pass, in, mid
@@ -124,6 +125,12 @@ __device__ __forceinline__ void tl_record(unsigned long long ready, unsigned lon
 #define TL_END 6
 #define TL_IN 8
 #define TL_MID 9
+// A probe mark's dependency, not computed without the probe (its expression moved registers).
+#ifdef Q4MOE_TIMELINE
+#define TL_DEP(x) (x)
+#else
+#define TL_DEP(x) 0.f
+#endif
 __device__ __forceinline__ void tl_put(int field) {
 #if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
     unsigned long long key, *v = tl_slot(key);  // a global address: a red the warp need not wait for
@@ -453,10 +460,12 @@ struct XgIn {
         return rms_factor(red, n, eps);
     }
 };
+// x * g quantised (XgIn); the probe marks TL_MID once `dep` has arrived, after x's loads issue.
 template <bool G_EARLY = false, bool PIN_G = false>
-__device__ __forceinline__ float load_xg_quant(u32* qx, const float* x, const float* gs, int n, float eps, float* red) {
+__device__ __forceinline__ float load_xg_quant(u32* qx, const float* x, const float* gs, int n, float eps, float* red, float dep) {
     XgIn<G_EARLY, PIN_G> in;
     in.load(x, gs, n);
+    tl_mark_after(TL_MID, dep);
     return in.quant(qx, gs, n, eps, red);
 }
 
@@ -757,6 +766,9 @@ __device__ __forceinline__ int group_stride(const u32*) { return QXW; }
 template <int NR, int NBL, class P>
 struct BlockRows {
     P piece[NR][NBL];
+    // The last piece's last data word, the warp's last weight load (the timeline probe's mark
+    // of when the preloaded weights have landed).
+    __device__ __forceinline__ float last_word() const { return __uint_as_float(piece[NR - 1][NBL - 1].q.w); }
     __device__ __forceinline__ void load(const QW& w, const long long* rows, int lane) {
         int nb = w.k >> 5;
 #pragma unroll

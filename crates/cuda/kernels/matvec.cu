@@ -66,7 +66,8 @@ __device__ __forceinline__ void mv_staged(const MatvecParams& p, float* xs, floa
     // With a norm (qkv, the head): x * norm quantised, its RMS factor applied to the sums
     // (load_xg_quant: one barrier, not load_x_fast's three, on the chain after the wait).
     float r = 1.f;
-    if (p.norm) r = load_xg_quant<true, (TYPE_B >= 0)>(qx, (const float*)p.in, (const float*)p.norm, p.k, p.eps, red);
+    // The probe's mid: the slowest warp's preloaded weights landed (marked after x's loads issue).
+    if (p.norm) r = load_xg_quant<true, (TYPE_B >= 0)>(qx, (const float*)p.in, (const float*)p.norm, p.k, p.eps, red, TL_DEP(as_b ? RB.last_word() : R.last_word()));
     else load_x_fast<X_QUANT>(qx, (const float*)p.in, p.k, nullptr, p.eps, red);
     tl_mark(TL_X);
     const u32* xp[NR];

@@ -7,7 +7,7 @@
 //! found no room beside the predecessor). The hot kernels also mark (common.cuh `tl_mark`) when
 //! the slowest recorded warp had its first input value (in), the last recorded block had its
 //! input staged (x), reached the kernel's midpoint (mid: attention's tiles done, moe_gate_up's
-//! first unit) and made its last store (end), so a step splits into the input chain, the work,
+//! first unit, the matvecs with a norm their slowest warp's preloaded weights landed) and made its last store (end), so a step splits into the input chain, the work,
 //! and the release: from the last end to the next launch's first pass, what a launch boundary
 //! costs. Recorded for `STEPS` steady decode steps from
 //! `FROM_STEP`: a graph's replays repeat its launches' %gridid, so the table holds one step; it
@@ -52,8 +52,8 @@ pub struct LaunchStamp {
     pub x: u64,
     pub end: u64,
     /// The last recorded block's pass, its slowest warp's first input values, and the kernel's
-    /// midpoint (attention: its warps' tiles done; moe_gate_up: its first unit done) (0: not
-    /// marked).
+    /// midpoint (attention: its warps' tiles done; moe_gate_up: its first unit done; qkv and
+    /// the head: the slowest warp's preloaded weights landed) (0: not marked).
     pub last_pass: u64,
     pub input: u64,
     pub mid: u64,
