@@ -52,6 +52,8 @@
 #                 hot kernels when their input's first value came, when it was staged, when
 #                 their last store was made and how long the next launch took to pass after it
 #                 (Q4MOE_CUDA_TIMELINE=1, timeline.rs).
+#   vtimeline[:<q>] the timeline of each variant (VARIANTS="<names>", default all of variants/;
+#                 carry "variants"): $OUT/timeline-<name>-<q>.json, its table printed.
 #   placement     where each kernel's code lies in the module (tools/cubin_layout): each of
 #                 PLACEMENT="<variants>" (default: main, the carried binary) compiles its kernels into
 #                 a cache of its own; $OUT/placement-<name>.txt its layout, and
@@ -127,6 +129,15 @@ vrun() {
   local n=$1
   shift
   if [ -d "variants/$n/cu" ]; then Q4MOE_CUDA_KERNEL_DIR="variants/$n/cu" "$@"; else "$@"; fi
+}
+# timeline <q4moe> <quant> <name> <kernel rows>: the probe bench ($OUT/<name>.{json,log}), its
+# kernel table's first rows, and tools/timeline/table.py's marks a kernel a row.
+timeline() {
+  Q4MOE_CUDA_TIMELINE=1 timeout 150 "$1" bench --model /tmp/$2.gguf --device cuda --prompt-len 128 --decode-len 256 \
+    --runs 3 --setup-cache on --in-flight 2 --long-context 0 --json-out "$OUT/$3.json" > "$OUT/$3.log" 2>&1
+  say "$3: $(grep -E "median [0-9.]+ tok/s\$" "$OUT/$3.log" | tail -1)"  # decode, not the prefill
+  [ "$4" = 0 ] || kernel_table "$OUT/$3.log" "$4"
+  say "$(python3 tools/timeline/table.py "$OUT/$3.json" 2>&1)"
 }
 named() {  # named "<names>" <name>: the list is empty or "all" or holds the name
   [ -z "$1" ] || [ "$1" = all ] || [[ " $1 " == *" $2 "* ]]
@@ -359,16 +370,22 @@ for s in $steps; do
       # per kernel: lead (its first block resident before the predecessor finished), step (its
       # first pass to the next launch's), spread (its blocks arriving after the first passed).
       # Q4_0 (timeline:<quant>: that quant), cache on, in-flight 2, 3 runs of 256 tokens, ~33
-      # steps a run recorded. The probe perturbs what it measures (its atomics; ~8% of the tok/s
-      # in session 45): compare marks within probe builds only. tools/timeline/table.py prints
+      # steps a run recorded. The probe perturbs what it measures (its atomics; ~12% of the tok/s
+      # in session 46): compare marks within probe builds only. tools/timeline/table.py prints
       # the marks a kernel a row (lead, pass, in, x, mid, end, release, step, spread).
       q=$(step_quant "$s")
       model $q
-      Q4MOE_CUDA_TIMELINE=1 timeout 150 $Q bench --model /tmp/$q.gguf --device cuda --prompt-len 128 --decode-len 256 \
-        --runs 3 --setup-cache on --in-flight 2 --long-context 0 --json-out "$OUT/timeline-$q.json" > "$OUT/timeline-$q.log" 2>&1
-      say "timeline $q: $(grep -E "median [0-9.]+ tok/s\$" "$OUT/timeline-$q.log" | tail -1)"  # decode, not the prefill
-      kernel_table "$OUT/timeline-$q.log" 40
-      say "$(python3 tools/timeline/table.py "$OUT/timeline-$q.json" 2>&1)" ;;
+      timeline "$Q" "$q" "timeline-$q" 40 ;;
+    vtimeline|vtimeline:*)
+      # The timeline (above) of each variant (VARIANTS="<names>", default all of variants/),
+      # its binary or its kernel sources: a change to a chain should move its marks (NOTES.md
+      # session 46); ~40 s a variant warm, with its probe build's compile.
+      q=$(step_quant "$s")
+      model $q
+      for n in ${VARIANTS:-$(ls variants)}; do
+        b=$(vbin "$n" q4moe)
+        [ -n "$b" ] && vrun "$n" timeline "$b" "$q" "timeline-$n-$q" 0
+      done ;;
     stamps)
       # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).
       [ $ok = 1 ] || continue
