@@ -49,8 +49,9 @@
 #                 PDL on and off.
 #   timeline[:<q>] per kernel inside the graph (Q4_0, or quant <q>): how early its blocks were
 #                 resident, what it costs the chain, how late its last blocks arrived, and in the
-#                 hot kernels when their input's first value came, when it was staged, when
-#                 their last store was made and how long the next launch took to pass after it
+#                 hot kernels when their input's first value came, when it was staged, a
+#                 midpoint (qkv and the head: their weights landed), when their last store was
+#                 made and how long the next launch took to pass after it
 #                 (Q4MOE_CUDA_TIMELINE=1, timeline.rs).
 #   vtimeline[:<q>] the timeline of each variant (VARIANTS="<names>", default all of variants/;
 #                 carry "variants"): $OUT/timeline-<name>-<q>.json, its table printed.
@@ -384,7 +385,8 @@ for s in $steps; do
       model $q
       for n in ${VARIANTS:-$(ls variants)}; do
         b=$(vbin "$n" q4moe)
-        [ -n "$b" ] && vrun "$n" timeline "$b" "$q" "timeline-$n-$q" 0
+        if [ -n "$b" ]; then vrun "$n" timeline "$b" "$q" "timeline-$n-$q" 0
+        else say "vtimeline $n: no q4moe (a build of its own without it)"; fi
       done ;;
     stamps)
       # Per-phase time inside the fused step (block 0's %globaltimer at each phase start).

@@ -7,9 +7,10 @@
 //! found no room beside the predecessor). The hot kernels also mark (common.cuh `tl_mark`) when
 //! the slowest recorded warp had its first input value (in), the last recorded block had its
 //! input staged (x), reached the kernel's midpoint (mid: attention's tiles done, moe_gate_up's
-//! first unit, the matvecs with a norm their slowest warp's preloaded weights landed) and made its last store (end), so a step splits into the input chain, the work,
-//! and the release: from the last end to the next launch's first pass, what a launch boundary
-//! costs. Recorded for `STEPS` steady decode steps from
+//! first unit, the matvecs with a norm their slowest warp's preloaded weights landed) and made
+//! its last store (end), so a step splits into the input chain, the work, and the release: from
+//! the last end to the next launch's first pass, what a launch boundary costs. Recorded for
+//! `STEPS` steady decode steps from
 //! `FROM_STEP`: a graph's replays repeat its launches' %gridid, so the table holds one step; it
 //! is emptied before each recorded step and copied to a device ring after it, read after the
 //! decode.
@@ -131,8 +132,8 @@ fn stamps(table: &[u64]) -> Vec<LaunchStamp> {
 /// Per kernel name (launches told apart by shape; names sharing one are joined by "|"): the
 /// mean lead, step and spread over one step's launches as profile entries "timeline <name>
 /// <what>" of (calls, seconds, 0), and where the kernel marks them, pass, in, x, mid and end
-/// (from its first pass) and release (from its end to the next launch's first pass). The last launch has no
-/// step or release (nothing recorded after it).
+/// (from its first pass) and release (from its end to the next launch's first pass). The last
+/// launch has no step or release (nothing recorded after it).
 pub fn summarize(stamps: &[LaunchStamp], launches: &[Launch]) -> HashMap<String, (u64, f64, u64)> {
     let mut names: HashMap<u64, Vec<&str>> = HashMap::new();
     for l in launches {
