@@ -656,6 +656,10 @@ struct Q4_0Piece {
         q = ((const uint4*)w.data)[bi];
         d = ((const u16*)w.scales)[bi];
     }
+    __device__ __forceinline__ static void prefetch(const QW& w, u64 bi) {
+        prefetch_l2((const uint4*)w.data + bi);
+        prefetch_l2((const u16*)w.scales + bi);
+    }
     template <class X>
     __device__ __forceinline__ float dot(const X* x) const { return q4_0_item(q, d, x); }
     __device__ __forceinline__ float weight(int j) const { return h2f(d) * (float)((int)nibble(q, j) - 8); }
@@ -677,6 +681,10 @@ struct Q4_KPieceT {
         const u8* a = (const u8*)w.scales + (AUX32 ? (u64)((b32 >> 3) * (u32)Q4_K_AUX) : (bi >> 3) * Q4_K_AUX);
         dm = *(const u32*)a;
         sm = *(const u16*)(a + 4 + (AUX32 ? b32 & 7 : bi & 7) * 2);
+    }
+    __device__ __forceinline__ static void prefetch(const QW& w, u64 bi) {
+        prefetch_l2((const uint4*)w.data + bi);
+        prefetch_l2((const u8*)w.scales + (AUX32 ? (u64)(((u32)bi >> 3) * (u32)Q4_K_AUX) : (bi >> 3) * Q4_K_AUX));
     }
     // d * scale and dmin * min of the block (ggml's association)
     __device__ __forceinline__ float scale() const { return h2f((u16)(dm & 0xffff)) * (float)(sm & 0xff); }
@@ -777,6 +785,19 @@ struct BlockRows {
             for (int j = 0; j < NBL; j++) {
                 int b = lane + 32 * j;
                 if (rows[i] >= 0 && b < nb) piece[i][j].load(w, (u64)rows[i] * (u64)nb + b);
+            }
+    }
+    // The rows' lines into L2 (prefetch.global.L2), no registers kept: one lane in 8 (a
+    // 128-byte line holds 8 blocks' 16-byte data) prefetches its pieces' data and aux lines.
+    // P::prefetch(w, block index): the lines P::load reads.
+    __device__ __forceinline__ static void prefetch(const QW& w, const long long* rows, int lane) {
+        int nb = w.k >> 5;
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+#pragma unroll
+            for (int j = 0; j < NBL; j++) {
+                int b = lane + 32 * j;
+                if ((lane & 7) == 0 && rows[i] >= 0 && b < nb) P::prefetch(w, (u64)rows[i] * (u64)nb + b);
             }
     }
     // acc[i] += lane's partial of row i against xs[i] (one activation vector per row): padded

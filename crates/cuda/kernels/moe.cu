@@ -445,13 +445,25 @@ struct GateUpUnit {
     Rows G, U;
     long long rows[NR];
     int slot, first;
+    // The warp's rows of unit u of expert e (-1 past d_ff); returns the first's index in the expert.
+    __device__ __forceinline__ static int unit_rows(const GateUpParams& p, int e, Unit u, long long* r) {
+        int f = (u.x * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5)) * NR;
+#pragma unroll
+        for (int i = 0; i < NR; i++) r[i] = e >= 0 && f + i < p.d_ff ? (long long)e * p.d_ff + f + i : -1;
+        return f;
+    }
     __device__ __forceinline__ void load(const GateUpParams& p, int e, Unit u, int lane) {
         slot = u.y;
-        first = (u.x * (int)(blockDim.x >> 5) + (int)(threadIdx.x >> 5)) * NR;
-#pragma unroll
-        for (int i = 0; i < NR; i++) rows[i] = e >= 0 && first + i < p.d_ff ? (long long)e * p.d_ff + first + i : -1;
+        first = unit_rows(p, e, u, rows);
         G.load(p.gate, rows, lane);
         U.load(p.up, rows, lane);
+    }
+    // Unit u's rows into L2 (a walker's next unit), nothing kept in registers.
+    __device__ __forceinline__ static void prefetch(const GateUpParams& p, int e, Unit u, int lane) {
+        long long r[NR];
+        unit_rows(p, e, u, r);
+        Rows::prefetch(p.gate, r, lane);
+        Rows::prefetch(p.up, r, lane);
     }
     __device__ __forceinline__ void finish(const GateUpParams& p, const u32* qx, float s, int lane) {
         float ag[NR], au[NR];
@@ -497,12 +509,16 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* sme
     }
     GateUpUnit<NR, Rows> unit;
     unit.load(p, e, u, lane);
+    int rows = (blockDim.x >> 5) * NR;  // a unit's
     u32* qx = (u32*)(smem + 36);
     float s = in.quant(qx, gs, p.gate.k, p.eps, smem);
     tl_mark(TL_X);
+    // A walker's second unit into L2 once the input is staged: its loads then cost an L2 round
+    // trip after this unit's dots, not a DRAM one (+0.3% Q4_K_M, Q4_0 level). Issued beside
+    // this unit's own loads instead (the same burst) it cost 2.3% / 6.2% (NOTES.md session 47).
+    if ((u.x + (int)gridDim.x) * rows < p.d_ff) GateUpUnit<NR, Rows>::prefetch(p, e, Unit{u.x + (int)gridDim.x, u.y, u.nx}, lane);
     unit.finish(p, qx, s, lane);
     tl_mark(TL_MID);
-    int rows = (blockDim.x >> 5) * NR;  // a unit's
     for (int x = u.x + gridDim.x; x * rows < p.d_ff; x += gridDim.x) {
         GateUpUnit<NR, Rows> next;
         next.load(p, e, Unit{x, u.y, u.nx}, lane);
