@@ -100,8 +100,9 @@ pub struct CudaOptions {
     /// Default 64 MiB.
     pub prefill_part_budget: usize,
     /// Blocks along a slot's units of moe_gate_up's staged kernels, each walking the units past
-    /// the grid (moe.cu gate_up_staged). None: the blocks the device keeps resident, shared
-    /// among the slots (no second wave of block starts); Some(0): a block a unit; Some(n): at
+    /// the grid (moe.cu gate_up_staged). None: the mode's share (step.rs GATE_UP_SHARE) of the
+    /// blocks the device keeps resident, shared among the slots (no second wave of block
+    /// starts); Some(0): a block a unit; Some(n): at
     /// most n. Q4MOE_CUDA_GU_COLS=<n> sets it (A/B measurements; the parity tests walk at 1).
     pub gate_up_cols: Option<u32>,
     /// L2 set aside for `l2_targets` (l2.rs), in MiB: None = as much as the device allows,

@@ -1138,8 +1138,17 @@ fn experts(
 /// Shared memory of the experts' ids and weights (moe.cu Experts::scratch: 64 floats).
 const EXPERTS_SMEM: u32 = 64 * 4;
 
-/// Scratch::gate_up_cols: for each staged mode the option's, or by default the blocks the
-/// device keeps resident at once divided among the slots (at least 1); 0 for the generic mode.
+/// The share (numerator, denominator) of the resident grid moe_gate_up's staged modes take by
+/// default (GATE_UP's order). moe_gate_up_q4_k at 7/8: since its walkers prefetch their second
+/// unit into L2 once their input is staged (moe.cu gate_up_staged), fewer columns (more
+/// walkers) measured faster on the H200 (Q4_K_M, 66 resident columns): 56-58 columns +1.7-1.8%
+/// over 66, 50 +0.4%, 62 +0.8%. The Q4_0 kernels lose at every share below the whole grid
+/// (58 columns -1.1%, 50 -2.3%): not explained (NOTES.md session 47).
+const GATE_UP_SHARE: [(u32, u32); GATE_UP.len()] = [(1, 1), (1, 1), (1, 1), (7, 8)];
+
+/// Scratch::gate_up_cols: for each staged mode the option's, or by default its share
+/// (GATE_UP_SHARE, rounded) of the blocks the device keeps resident at once divided among the
+/// slots (at least 1); 0 for the generic mode.
 fn gate_up_cols(dev: &Device, c: &Config, opt: Option<u32>) -> Result<[u32; GATE_UP.len()]> {
     let mut cols = [0; GATE_UP.len()];
     for (m, col) in cols.iter_mut().enumerate().skip(1) {
@@ -1148,7 +1157,9 @@ fn gate_up_cols(dev: &Device, c: &Config, opt: Option<u32>) -> Result<[u32; GATE
             None => {
                 let k = Kernel::MoeGateUp(m as u8);
                 let resident = dev.resident_blocks(k, THREADS, gate_up_smem(c))?;
-                (resident / c.n_expert_used.max(1) as u32).max(1)
+                let (num, den) = GATE_UP_SHARE[m];
+                let whole = resident / c.n_expert_used.max(1) as u32;
+                ((whole * num + den / 2) / den).max(1)
             }
         };
     }
