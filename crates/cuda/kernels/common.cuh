@@ -777,28 +777,27 @@ struct BlockRows {
     // The last piece's last data word, the warp's last weight load (the timeline probe's mark
     // of when the preloaded weights have landed).
     __device__ __forceinline__ float last_word() const { return __uint_as_float(piece[NR - 1][NBL - 1].q.w); }
-    __device__ __forceinline__ void load(const QW& w, const long long* rows, int lane) {
+    // f(i, j, block index) for each piece (i, j) of a row in range (the lane's blocks of the
+    // rows, lane + 32 j) where `on`.
+    template <class F>
+    __device__ __forceinline__ static void each_piece(const QW& w, const long long* rows, int lane, bool on, F f) {
         int nb = w.k >> 5;
 #pragma unroll
         for (int i = 0; i < NR; i++)
 #pragma unroll
             for (int j = 0; j < NBL; j++) {
                 int b = lane + 32 * j;
-                if (rows[i] >= 0 && b < nb) piece[i][j].load(w, (u64)rows[i] * (u64)nb + b);
+                if (on && rows[i] >= 0 && b < nb) f(i, j, (u64)rows[i] * (u64)nb + b);
             }
+    }
+    __device__ __forceinline__ void load(const QW& w, const long long* rows, int lane) {
+        each_piece(w, rows, lane, true, [&](int i, int j, u64 bi) { piece[i][j].load(w, bi); });
     }
     // The rows' lines into L2 (prefetch.global.L2), no registers kept: one lane in 8 (a
     // 128-byte line holds 8 blocks' 16-byte data) prefetches its pieces' data and aux lines.
     // P::prefetch(w, block index): the lines P::load reads.
     __device__ __forceinline__ static void prefetch(const QW& w, const long long* rows, int lane) {
-        int nb = w.k >> 5;
-#pragma unroll
-        for (int i = 0; i < NR; i++)
-#pragma unroll
-            for (int j = 0; j < NBL; j++) {
-                int b = lane + 32 * j;
-                if ((lane & 7) == 0 && rows[i] >= 0 && b < nb) P::prefetch(w, (u64)rows[i] * (u64)nb + b);
-            }
+        each_piece(w, rows, lane, (lane & 7) == 0, [&](int, int, u64 bi) { P::prefetch(w, bi); });
     }
     // acc[i] += lane's partial of row i against xs[i] (one activation vector per row): padded
     // floats or quantised groups (group_stride).
