@@ -494,9 +494,9 @@ enum XOrder { X_BESIDE_IDS, X_SUM_FIRST };
 // smem: red [36], then the input's quantised groups (the host gives k % 32 == 0, <= 2048);
 // `gs`: the norm weights (stage_norm); `in`: x's loads, issued already with X_BESIDE_IDS. A grid
 // narrower than the slot's units (step.rs gate_up_cols: the blocks the device keeps resident,
-// or a share of them) walks them: the block's later units reuse its expert and quantised input, so they cost their
-// weights' round trip and dots, not a block's start, the norm weights', the ids' and the
-// input's round trips again.
+// or a share of them) walks them: the block's later units reuse its expert and quantised
+// input, so they cost their weights' round trip and dots, not a block's start, the norm
+// weights', the ids' and the input's round trips again.
 template <int NR, XOrder X_ORDER, class Rows>
 __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* smem, const float* gs, XgIn<>& in, int e,
                                                Unit u) {
@@ -543,7 +543,8 @@ __device__ __forceinline__ void stage_norm(float* gs, const float* g, int n) {
 
 // One kernel per staged mode, as matvec's. 4 blocks per SM (<= 64 registers, no more spills
 // than at 3): one staged row a warp gives 768 units for Qwen3-30B-A3B, on the 528 blocks the
-// H200 keeps resident (Q4_0) or 7/8 of them (Q4_K: step.rs GATE_UP_SHARE; gate_up_staged's walk).
+// H200 keeps resident (Q4_0) or 7/8 of them (Q4_K: step.rs GATE_UP_SHARE), walked by
+// gate_up_staged.
 // X_ORDER: where x's loads go (gate_up_staged).
 // Dynamic smem: smem_x(k), the experts (64 floats at experts.scratch), then the norm weights.
 #define GATE_UP_KERNEL(name, NR, X_ORDER, ...)                                                  \

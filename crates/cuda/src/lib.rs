@@ -102,8 +102,8 @@ pub struct CudaOptions {
     /// Blocks along a slot's units of moe_gate_up's staged kernels, each walking the units past
     /// the grid (moe.cu gate_up_staged). None: the mode's share (step.rs GATE_UP_SHARE) of the
     /// blocks the device keeps resident, shared among the slots (no second wave of block
-    /// starts); Some(0): a block a unit; Some(n): at
-    /// most n. Q4MOE_CUDA_GU_COLS=<n> sets it (A/B measurements; the parity tests walk at 1).
+    /// starts); Some(0): a block a unit; Some(n): at most n. Q4MOE_CUDA_GU_COLS=<n> sets it
+    /// (A/B measurements; the parity tests walk at 1).
     pub gate_up_cols: Option<u32>,
     /// L2 set aside for `l2_targets` (l2.rs), in MiB: None = as much as the device allows,
     /// Some(0) = none. Q4MOE_CUDA_L2_PERSIST=<MiB> sets it.

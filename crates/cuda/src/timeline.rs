@@ -10,10 +10,9 @@
 //! first unit, the matvecs with a norm their slowest warp's preloaded weights landed) and made
 //! its last store (end), so a step splits into the input chain, the work, and the release: from
 //! the last end to the next launch's first pass, what a launch boundary costs. Recorded for
-//! `STEPS` steady decode steps from
-//! `FROM_STEP`: a graph's replays repeat its launches' %gridid, so the table holds one step; it
-//! is emptied before each recorded step and copied to a device ring after it, read after the
-//! decode.
+//! `STEPS` steady decode steps from `FROM_STEP`: a graph's replays repeat its launches'
+//! %gridid, so the table holds one step; it is emptied before each recorded step and copied to
+//! a device ring after it, read after the decode.
 
 use std::collections::HashMap;
 
