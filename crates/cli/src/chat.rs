@@ -8,7 +8,7 @@ use std::sync::Arc;
 use q4moe_engine::{
     ChatMessage, Engine, EngineError, Finish, Flow, GenerateRequest, SamplingParams,
 };
-use q4moe_server::reasoning::ReasoningSplitter;
+use q4moe_tokenizer::{thinking_switch, ReasoningSplitter};
 
 #[derive(Debug, Clone)]
 pub struct ChatOptions {
@@ -94,7 +94,7 @@ fn answer(
     irq: &Interrupt,
     style: &Style,
 ) -> Result<ChatMessage, EngineError> {
-    let thinking = q4moe_server::openai::thinking_switch(messages, opts.enable_thinking);
+    let thinking = thinking_switch(messages, opts.enable_thinking);
     let rendered = engine.render_chat(messages, thinking)?;
     let think_open = rendered.trim_end_matches('\n').ends_with("<think>");
     let prompt = engine.encode_prompt(&rendered)?;

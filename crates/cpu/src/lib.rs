@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use q4moe_model::backend::{
-    check_prompt, check_room, check_token, sample_and_emit, Backend, BackendInfo, BackendResult,
-    DecodeRequest, DecodeStats, Flow, KvType, PhaseTimes, SessionId, TokenEvent,
+    check_span, sample_and_emit, Backend, BackendInfo, BackendResult, DecodeRequest, DecodeStats,
+    Flow, KvType, Logits, PhaseTimes, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
@@ -61,12 +61,10 @@ impl CpuBackend {
         self
     }
 
-    fn check_room(&self, session: SessionId, extra: usize) -> BackendResult<()> {
-        check_room(session, self.kv_len(session), extra, self.kv_capacity)
-    }
-
-    fn check_token(&self, token: u32) -> BackendResult<()> {
-        check_token(&self.model.config, token)
+    /// `tokens` may go into `session` next (backend::check_span).
+    fn check_span(&self, session: SessionId, tokens: &[u32]) -> BackendResult<()> {
+        let held = self.kv_len(session);
+        check_span(&self.model.config, session, held, self.kv_capacity, tokens)
     }
 
     /// Runs one token and leaves the logits in the scratch.
@@ -178,28 +176,33 @@ impl Backend for CpuBackend {
         &mut self,
         session: SessionId,
         tokens: &[u32],
-        all_logits: bool,
+        logits: Logits,
     ) -> BackendResult<Vec<f32>> {
-        let held = self.kv_len(session);
-        check_prompt(&self.model.config, session, held, self.kv_capacity, tokens)?;
+        self.check_span(session, tokens)?;
+        logits.check(tokens)?;
         let vocab = self.model.config.vocab_size;
-        let mut out = Vec::with_capacity(if all_logits {
-            tokens.len() * vocab
-        } else {
-            vocab
-        });
-        if all_logits {
-            for &t in tokens {
-                out.extend_from_slice(self.step(session, t));
+        match logits {
+            Logits::None => {
+                if !tokens.is_empty() {
+                    self.advance_batched(session, tokens);
+                }
+                Ok(Vec::new())
             }
-            return Ok(out);
+            Logits::All => {
+                let mut out = Vec::with_capacity(tokens.len() * vocab);
+                for &t in tokens {
+                    out.extend_from_slice(self.step(session, t));
+                }
+                Ok(out)
+            }
+            Logits::Last => {
+                let (last, before) = tokens.split_last().expect("checked: not empty");
+                if !before.is_empty() {
+                    self.advance_batched(session, before);
+                }
+                Ok(self.step(session, *last).to_vec())
+            }
         }
-        let (last, before) = tokens.split_last().expect("not empty");
-        if !before.is_empty() {
-            self.advance_batched(session, before);
-        }
-        out.extend_from_slice(self.step(session, *last));
-        Ok(out)
     }
 
     fn decode(
@@ -207,13 +210,12 @@ impl Backend for CpuBackend {
         req: &DecodeRequest<'_>,
         on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
     ) -> BackendResult<DecodeStats> {
-        self.check_token(req.first_token)?;
-        let mut sampler = Sampler::continuing(req.sampling.clone(), req.history);
+        let mut sampler = Sampler::new(req.sampling.clone(), req.history);
         let mut stats = DecodeStats::default();
         let mut token = req.first_token;
         let mut logits = Vec::new();
         for _ in 0..req.max_tokens {
-            self.check_room(req.session, 1)?;
+            self.check_span(req.session, &[token])?;
             let t0 = Instant::now();
             logits.clear();
             logits.extend_from_slice(self.step(req.session, token));

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use q4moe_cpu::{CpuBackend, Precision};
-use q4moe_model::backend::Backend;
+use q4moe_model::backend::{Backend, Logits};
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
 
@@ -24,8 +24,8 @@ fn check(cfg: Config, q: SynthQuant, precision: Precision, len: u32) {
     let prompt: Vec<u32> = (0..len)
         .map(|i| (i * 53 + 7) % cfg.vocab_size as u32)
         .collect();
-    let batched = b.prefill(1, &prompt, false).unwrap();
-    let one_by_one = b.prefill(2, &prompt, true).unwrap();
+    let batched = b.prefill(1, &prompt, Logits::Last).unwrap();
+    let one_by_one = b.prefill(2, &prompt, Logits::All).unwrap();
     let last = &one_by_one[one_by_one.len() - cfg.vocab_size..];
     assert!(
         batched.iter().all(|v| v.is_finite()),
@@ -33,8 +33,8 @@ fn check(cfg: Config, q: SynthQuant, precision: Precision, len: u32) {
     );
     assert_eq!(batched, last, "{tag}: the prompt's last logits differ");
     for (i, t) in [5u32, 17, 99].into_iter().enumerate() {
-        let a = b.prefill(1, &[t], false).unwrap();
-        let c = b.prefill(2, &[t], false).unwrap();
+        let a = b.prefill(1, &[t], Logits::Last).unwrap();
+        let c = b.prefill(2, &[t], Logits::Last).unwrap();
         assert_eq!(a, c, "{tag}: step {i} after the prompt differs");
     }
     assert_eq!(b.kv_len(1), b.kv_len(2));
@@ -58,14 +58,17 @@ fn refused_prompts_leave_the_session_as_it_was() {
     let (_dir, m) = model(&cfg, SynthQuant::Q4_0, "refused");
     let mut b = CpuBackend::with_precision(m.clone(), 32, Precision::Q8);
     let good = [3u32, 9, 27];
-    b.prefill(1, &good, false).unwrap();
+    b.prefill(1, &good, Logits::Last).unwrap();
     let vocab = cfg.vocab_size as u32;
     for bad in [vec![], vec![1; 30], vec![4, vocab, 5]] {
-        assert!(b.prefill(1, &bad, false).is_err(), "{bad:?} was accepted");
+        assert!(
+            b.prefill(1, &bad, Logits::Last).is_err(),
+            "{bad:?} was accepted"
+        );
         assert_eq!(b.kv_len(1), good.len(), "{bad:?} changed the session");
     }
-    let after = b.prefill(1, &[11], false).unwrap();
+    let after = b.prefill(1, &[11], Logits::Last).unwrap();
     let mut fresh = CpuBackend::with_precision(m, 32, Precision::Q8);
-    fresh.prefill(1, &good, false).unwrap();
-    assert_eq!(after, fresh.prefill(1, &[11], false).unwrap());
+    fresh.prefill(1, &good, Logits::Last).unwrap();
+    assert_eq!(after, fresh.prefill(1, &[11], Logits::Last).unwrap());
 }

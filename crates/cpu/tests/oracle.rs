@@ -13,7 +13,7 @@ mod support;
 use std::sync::Arc;
 
 use q4moe_cpu::{CpuBackend, Precision};
-use q4moe_model::backend::{Backend, DecodeRequest, Flow, KvType};
+use q4moe_model::backend::{Backend, DecodeRequest, Flow, KvType, Logits};
 use q4moe_model::sampling::{argmax, SamplingParams};
 use q4moe_model::{synth, Model};
 use support::Fixture;
@@ -110,13 +110,15 @@ impl Worst {
 /// Prompt in one prefill, then the reference's tokens one at a time (teacher-forced).
 fn teacher_forced(fx: &Fixture, b: &mut CpuBackend) -> (Worst, Worst) {
     let (np, vocab) = (fx.n_prompt, fx.vocab);
-    let all = b.prefill(0, &fx.tokens[..np], true).expect("prefill");
+    let all = b
+        .prefill(0, &fx.tokens[..np], Logits::All)
+        .expect("prefill");
     let mut prefill = Worst::default();
     (0..np).for_each(|i| prefill.see(fx, i, &all[i * vocab..(i + 1) * vocab]));
     let mut decode = Worst::default();
     for i in np..fx.tokens.len() {
         let row = b
-            .prefill(0, &fx.tokens[i..=i], false)
+            .prefill(0, &fx.tokens[i..=i], Logits::Last)
             .expect("one-token prefill");
         decode.see(fx, i, &row);
     }
@@ -126,7 +128,9 @@ fn teacher_forced(fx: &Fixture, b: &mut CpuBackend) -> (Worst, Worst) {
 /// Our own greedy generation from the prompt; returns the generated tokens and the logits error.
 fn greedy(fx: &Fixture, b: &mut CpuBackend) -> (Vec<u32>, Worst) {
     let np = fx.n_prompt;
-    let last = b.prefill(1, &fx.tokens[..np], false).expect("prefill");
+    let last = b
+        .prefill(1, &fx.tokens[..np], Logits::Last)
+        .expect("prefill");
     let mut out = vec![argmax(&last)];
     let mut worst = Worst::default();
     let greedy = SamplingParams::greedy();

@@ -695,14 +695,6 @@ impl CudaBackend {
         Ok(v)
     }
 
-    fn check_token(&self, token: u32) -> BackendResult<()> {
-        backend::check_token(&self.model.config, token)
-    }
-
-    fn room(&self, id: SessionId, extra: usize) -> BackendResult<()> {
-        backend::check_room(id, self.kv_len(id), extra, self.opts.kv_capacity)
-    }
-
     fn decode_device(
         &mut self,
         req: &DecodeRequest<'_>,
@@ -723,9 +715,9 @@ impl CudaBackend {
             s.sample_cfg
                 .upload(&self.dev, 0, std::slice::from_ref(&cfg))?;
         }
-        // The draw sequence and the penalties' counts continue where the host sampler's would
+        // The draw sequence and the penalties' counts start where the host sampler's would
         // (DecodeRequest).
-        let host = Sampler::continuing(req.sampling.clone(), req.history);
+        let host = Sampler::new(req.sampling.clone(), req.history);
         if choice.sampled {
             s.rng.upload(&self.dev, 0, &[host.rng_state()])?;
         }
@@ -817,7 +809,7 @@ impl CudaBackend {
         let id = req.session;
         let len0 = self.kv_len(id);
         let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
-        let mut sampler = Sampler::continuing(req.sampling.clone(), req.history);
+        let mut sampler = Sampler::new(req.sampling.clone(), req.history);
         let mut stats = DecodeStats::default();
         let (mut token, mut handed) = (req.first_token, 0);
         while handed < steps {
@@ -868,18 +860,23 @@ impl Backend for CudaBackend {
         &mut self,
         session: SessionId,
         tokens: &[u32],
-        all_logits: bool,
+        logits: backend::Logits,
     ) -> BackendResult<Vec<f32>> {
         let held = self.kv_len(session);
-        backend::check_prompt(
+        backend::check_span(
             &self.model.config,
             session,
             held,
             self.opts.kv_capacity,
             tokens,
         )?;
+        logits.check(tokens)?;
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
         self.dev.bind()?;
         let vocab = self.model.config.vocab_size;
+        let all_logits = logits == backend::Logits::All;
         let mut out = Vec::with_capacity(if all_logits {
             tokens.len() * vocab
         } else {
@@ -890,13 +887,22 @@ impl Backend for CudaBackend {
             last: len0 + i,
             end: len0 + tokens.len() - 1,
         };
-        // Without all_logits the tokens before the last need only their keys and values.
-        let queued = if all_logits { 0 } else { tokens.len() - 1 };
+        // Only the positions whose logits are asked for go through the head.
+        let queued = match logits {
+            backend::Logits::None => tokens.len(),
+            backend::Logits::Last => tokens.len() - 1,
+            backend::Logits::All => 0,
+        };
         if self.prefill.is_some() {
             self.prefill_batched(session, &tokens[..queued], len0)?;
         } else {
             for (i, &t) in tokens[..queued].iter().enumerate() {
                 self.queue_prompt_step(session, t, at(i), i)?;
+            }
+            if queued == tokens.len() {
+                // No step_sync follows to drain the queue, and the next prefill rewrites the
+                // queued steps' pinned states.
+                self.dev.sync()?;
             }
         }
         self.session(session)?.len = len0 + queued;
@@ -915,12 +921,17 @@ impl Backend for CudaBackend {
         req: &DecodeRequest<'_>,
         on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
     ) -> BackendResult<DecodeStats> {
-        self.check_token(req.first_token)?;
-        req.sampling.validate().map_err(BackendError::Invalid)?;
         if req.max_tokens == 0 {
             return Ok(DecodeStats::default());
         }
-        self.room(req.session, 1)?;
+        let held = self.kv_len(req.session);
+        backend::check_span(
+            &self.model.config,
+            req.session,
+            held,
+            self.opts.kv_capacity,
+            &[req.first_token],
+        )?;
         self.dev.bind()?;
         let len0 = self.kv_len(req.session);
         self.session(req.session)?;

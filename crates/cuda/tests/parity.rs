@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use q4moe_cpu::{CpuBackend, Precision};
 use q4moe_cuda::{AttGrid, CudaBackend, CudaOptions, KvType, L2Target};
-use q4moe_model::backend::{Backend, DecodeRequest, Flow};
+use q4moe_model::backend::{Backend, DecodeRequest, Flow, Logits};
 use q4moe_model::sampling::SamplingParams;
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
@@ -142,8 +142,8 @@ fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
 fn run_model(cfg: &Config, q: SynthQuant, m: &Arc<Model>, opts: CudaOptions) {
     let prompt = test_prompt(12, cfg);
     let (mut cpu, mut gpu) = backends_with(m, opts);
-    let lc = cpu.prefill(1, &prompt, true).unwrap();
-    let lg = gpu.prefill(1, &prompt, true).unwrap();
+    let lc = cpu.prefill(1, &prompt, Logits::All).unwrap();
+    let lg = gpu.prefill(1, &prompt, Logits::All).unwrap();
     assert_eq!(lc.len(), lg.len());
     for (i, (a, b)) in lg
         .chunks(cfg.vocab_size)
@@ -286,13 +286,13 @@ fn run_model(cfg: &Config, q: SynthQuant, m: &Arc<Model>, opts: CudaOptions) {
     // A second session's prefill (batched by default: only the last token's logits) is within
     // the bound of the first's (a decode step a token), and a third's is the second's, bit for
     // bit: sessions share nothing.
-    let l2 = gpu.prefill(2, &prompt, false).unwrap();
+    let l2 = gpu.prefill(2, &prompt, Logits::Last).unwrap();
     let e = rel_err(&l2, &lg[lg.len() - cfg.vocab_size..]);
     assert!(
         e <= 2e-3,
         "second session's prefill: relative logit error {e}"
     );
-    assert_eq!(gpu.prefill(3, &prompt, false).unwrap(), l2);
+    assert_eq!(gpu.prefill(3, &prompt, Logits::Last).unwrap(), l2);
 }
 
 /// Activations past f16's range: layer 0's FFN norm scaled by 1e4, so on the tiny geometry
@@ -413,7 +413,7 @@ fn tiny_attention_regrid() {
     let m = model(&cfg, SynthQuant::Q4_0, &dir);
     let prompt = test_prompt(12, &cfg);
     let mut cpu = cpu(&m, KvType::default());
-    let lc = cpu.prefill(1, &prompt, true).unwrap();
+    let lc = cpu.prefill(1, &prompt, Logits::All).unwrap();
     let first = q4moe_model::sampling::argmax(&lc[lc.len() - cfg.vocab_size..]);
     let want = greedy(&mut cpu, 1, first, 64, None);
     let by_step = CudaOptions {
@@ -433,7 +433,7 @@ fn tiny_attention_regrid() {
         let by = format!("{:?}, regrid {}", opts.attn_grid, opts.regrid_in_place);
         let by_step = opts.attn_grid == AttGrid::Step;
         let mut gpu = cuda(&m, opts);
-        gpu.prefill(1, &prompt, true).unwrap();
+        gpu.prefill(1, &prompt, Logits::All).unwrap();
         for (round, (n, (captures, regrids))) in decodes.into_iter().enumerate() {
             gpu.truncate(1, prompt.len());
             let before = gpu.graph_setups();
@@ -564,7 +564,7 @@ fn check_long_prompt(
     want: &[u32],
     what: &str,
 ) {
-    let lg = gpu.prefill(1, prompt, false).unwrap();
+    let lg = gpu.prefill(1, prompt, Logits::Last).unwrap();
     let e = rel_err(&lg, lc);
     eprintln!("{what}: relative logit error {e:.2e}");
     assert!(e <= 2e-3, "{what}: relative logit error {e}");
@@ -586,8 +586,8 @@ fn tiny_long_context() {
     let prompt = test_prompt(300, &cfg);
     let (mut cpu, mut gpu) = backends(&m);
     gpu.set_fused_step(fused_under_test());
-    let lc = cpu.prefill(1, &prompt, false).unwrap();
-    let lg = gpu.prefill(1, &prompt, false).unwrap();
+    let lc = cpu.prefill(1, &prompt, Logits::Last).unwrap();
+    let lg = gpu.prefill(1, &prompt, Logits::Last).unwrap();
     let e = rel_err(&lg, &lc);
     eprintln!("300-token prompt: relative logit error {e:.2e}");
     assert!(e <= 2e-3, "relative logit error {e}");
@@ -632,7 +632,7 @@ fn mid_qwen3_attention_long_context() {
     let m = model(&cfg, SynthQuant::Q4_0, &dir);
     let prompt = test_prompt(300, &cfg);
     let mut host = cpu(&m, KvType::default());
-    let lc = host.prefill(1, &prompt, false).unwrap();
+    let lc = host.prefill(1, &prompt, Logits::Last).unwrap();
     let first = q4moe_model::sampling::argmax(&lc);
     let want = greedy(&mut host, 1, first, 16, None);
     // Tensor cores as by default (one block a KV head with staged tiles up to 256 positions,
@@ -675,8 +675,8 @@ fn run_prefill(cfg: Config, q: SynthQuant, opts: CudaOptions, len: u32) {
     let more: Vec<u32> = test_prompt(41, &cfg)[17..].to_vec();
     let mut last = Vec::new();
     for (i, part) in [&prompt[..], &more[..]].into_iter().enumerate() {
-        let lc = cpu.prefill(1, part, false).unwrap();
-        let lg = gpu.prefill(1, part, false).unwrap();
+        let lc = cpu.prefill(1, part, Logits::Last).unwrap();
+        let lg = gpu.prefill(1, part, Logits::Last).unwrap();
         let e = rel_err(&lg, &lc);
         eprintln!(
             "batched prefill, chunk {chunk}, {q:?} d_model {} prompt {i}: relative logit error {e:.2e}",
@@ -741,12 +741,12 @@ fn refused_prompts_leave_the_session_as_it_was() {
     };
     let mut gpu = cuda(&m, CudaOptions::default());
     let good = test_prompt(3, &cfg);
-    gpu.prefill(1, &good, false).unwrap();
+    gpu.prefill(1, &good, Logits::Last).unwrap();
     let vocab = cfg.vocab_size as u32;
     for bad in [vec![], vec![1; CAP], vec![4, vocab, 5]] {
         let n = bad.len();
         assert!(
-            gpu.prefill(1, &bad, false).is_err(),
+            gpu.prefill(1, &bad, Logits::Last).is_err(),
             "a {n}-token prompt was accepted"
         );
         assert_eq!(
@@ -755,10 +755,10 @@ fn refused_prompts_leave_the_session_as_it_was() {
             "a refused {n}-token prompt changed the session"
         );
     }
-    let after = gpu.prefill(1, &[11], false).unwrap();
+    let after = gpu.prefill(1, &[11], Logits::Last).unwrap();
     let mut fresh = cuda(&m, CudaOptions::default());
-    fresh.prefill(1, &good, false).unwrap();
-    let want = fresh.prefill(1, &[11], false).unwrap();
+    fresh.prefill(1, &good, Logits::Last).unwrap();
+    let want = fresh.prefill(1, &[11], Logits::Last).unwrap();
     assert!(after.iter().all(|v| v.is_finite()), "non-finite logits");
     let e = rel_err(&after, &want);
     assert!(

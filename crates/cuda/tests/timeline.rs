@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use q4moe_cuda::{CudaBackend, CudaOptions};
-use q4moe_model::backend::{Backend, DecodeRequest, Flow};
+use q4moe_model::backend::{Backend, DecodeRequest, Flow, Logits};
 use q4moe_model::sampling::SamplingParams;
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
@@ -30,7 +30,7 @@ fn timeline_names_each_layer_launch() {
         ..Default::default()
     };
     let mut gpu = CudaBackend::new(m, opts).unwrap();
-    gpu.prefill(1, &[1, 2, 3, 4], false).unwrap();
+    gpu.prefill(1, &[1, 2, 3, 4], Logits::Last).unwrap();
     let req = DecodeRequest {
         session: 1,
         first_token: 5,

@@ -1,10 +1,12 @@
-//! The generation loop: prefill (reusing a cached prefix), first token on the host, then the
-//! backend's decode loop with stop ids, stop strings and streaming text.
+//! The generation loop, gpt-fast's shape: checks the request once, prefills the prompt but its
+//! last token (keys and values only, reusing a cached prefix), then hands the last prompt token
+//! to the backend's decode-n, which produces every generated token, the first included; stop
+//! ids, stop strings and streaming text are handled here.
 
 use std::time::{Duration, Instant};
 
-use q4moe_model::backend::{DecodeRequest, DecodeStats, Flow, TokenEvent};
-use q4moe_model::sampling::{Sampler, SamplingParams};
+use q4moe_model::backend::{DecodeRequest, DecodeStats, Flow, Logits, TokenEvent};
+use q4moe_model::sampling::SamplingParams;
 
 use crate::stop::StopMatcher;
 use crate::{Engine, EngineError, Result};
@@ -64,15 +66,17 @@ pub struct GenerateOutput {
     pub prompt_tokens: usize,
     /// Prompt tokens whose KV was reused rather than recomputed.
     pub cached_tokens: usize,
+    /// From the start to the first generated token (the prefill and the decode step that
+    /// produces it): the time to first token.
     pub prefill_time: Duration,
-    /// From the first decode step to the end (the first token comes from prefill).
+    /// From the first generated token to the end.
     pub decode_time: Duration,
     pub stats: DecodeStats,
     /// With `want_logits`: the logits each generated token was chosen from, `[steps][vocab]`.
     pub logits: Vec<Vec<f32>>,
 }
 
-/// Per-token bookkeeping shared by the first (host-sampled) token and the decode loop.
+/// Per-token bookkeeping of the decode loop.
 struct Collector<'a, 't> {
     stop_ids: Vec<u32>,
     stop_at_eos: bool,
@@ -83,10 +87,13 @@ struct Collector<'a, 't> {
     text: String,
     logits: Vec<Vec<f32>>,
     finish: Option<crate::Finish>,
+    /// When the first token arrived.
+    first_at: Option<Instant>,
 }
 
 impl Collector<'_, '_> {
     fn accept(&mut self, token: u32, logits: Option<&[f32]>) -> Flow {
+        self.first_at.get_or_insert_with(Instant::now);
         self.tokens.push(token);
         if let Some(l) = logits {
             self.logits.push(l.to_vec());
@@ -136,6 +143,28 @@ impl Engine {
         req: &GenerateRequest,
         on_text: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<GenerateOutput> {
+        let max_tokens = self.check_request(req)?;
+        let (session, cached) =
+            self.sessions
+                .acquire(self.backend.as_mut(), &req.prompt, req.reuse_prefix);
+        let result = self.run_session(req, session, cached, max_tokens, on_text);
+        match &result {
+            Ok(out) => {
+                // The KV holds a prefix of what was fed: the prompt, then the generated tokens.
+                let held = self.backend.kv_len(session);
+                let mut in_kv = req.prompt.clone();
+                in_kv.extend_from_slice(&out.tokens);
+                in_kv.truncate(held);
+                self.sessions.release(self.backend.as_mut(), session, in_kv);
+            }
+            Err(_) => self.sessions.discard(self.backend.as_mut(), session),
+        }
+        result
+    }
+
+    /// The request's checks, once, before any backend work: a non-empty prompt inside the
+    /// vocabulary with room after it, valid sampling. Returns `max_tokens` clamped to the room.
+    fn check_request(&self, req: &GenerateRequest) -> Result<usize> {
         let capacity = self.context_capacity();
         if req.prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt is empty".into()));
@@ -146,21 +175,19 @@ impl Engine {
                 context: capacity,
             });
         }
-        req.sampling.validate().map_err(EngineError::Invalid)?;
-        let max_tokens = req.max_tokens.min(capacity - req.prompt.len());
-        let (session, cached) =
-            self.sessions
-                .acquire(self.backend.as_mut(), &req.prompt, req.reuse_prefix);
-        let result = self.run_session(req, session, cached, max_tokens, on_text);
-        match &result {
-            Ok(out) => {
-                let mut in_kv = req.prompt.clone();
-                in_kv.extend_from_slice(&out.tokens[..out.tokens.len().saturating_sub(1)]);
-                self.sessions.release(self.backend.as_mut(), session, in_kv);
-            }
-            Err(_) => self.sessions.discard(self.backend.as_mut(), session),
+        let vocab = self.model.config.vocab_size;
+        if let Some((i, t)) = req
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= vocab)
+        {
+            return Err(EngineError::Invalid(format!(
+                "prompt token {i} (id {t}) is outside the vocabulary of {vocab}"
+            )));
         }
-        result
+        req.sampling.validate().map_err(EngineError::Invalid)?;
+        Ok(req.max_tokens.min(capacity - req.prompt.len()))
     }
 
     fn run_session(
@@ -172,10 +199,10 @@ impl Engine {
         on_text: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<GenerateOutput> {
         let t0 = Instant::now();
-        let mut logits = self
-            .backend
-            .prefill(session, &req.prompt[cached..], false)?;
-        let prefill_time = t0.elapsed();
+        // The session store leaves at least the last prompt token uncached: decode runs it.
+        let (&last, before) = req.prompt.split_last().expect("checked: not empty");
+        self.backend
+            .prefill(session, &before[cached..], Logits::None)?;
         let mut c = Collector {
             stop_ids: self.tokenizer.stop_ids(),
             stop_at_eos: req.stop_at_eos,
@@ -186,29 +213,24 @@ impl Engine {
             text: String::new(),
             logits: Vec::new(),
             finish: None,
+            first_at: None,
         };
         let mut stats = DecodeStats::default();
-        let t1 = Instant::now();
         if max_tokens > 0 {
-            let want = req.want_logits.then(|| logits.clone());
-            let first = Sampler::new(req.sampling.clone(), &req.prompt).sample(&mut logits);
-            if c.accept(first, want.as_deref()) == Flow::Continue && max_tokens > 1 {
-                let mut history = req.prompt.clone();
-                history.push(first);
-                let dreq = DecodeRequest {
-                    session,
-                    first_token: first,
-                    max_tokens: max_tokens - 1,
-                    sampling: &req.sampling,
-                    history: &history,
-                    want_logits: req.want_logits,
-                };
-                stats = self.backend.decode(&dreq, &mut |ev: TokenEvent<'_>| {
-                    c.accept(ev.token, ev.logits)
-                })?;
-            }
+            let dreq = DecodeRequest {
+                session,
+                first_token: last,
+                max_tokens,
+                sampling: &req.sampling,
+                history: &req.prompt,
+                want_logits: req.want_logits,
+            };
+            stats = self.backend.decode(&dreq, &mut |ev: TokenEvent<'_>| {
+                c.accept(ev.token, ev.logits)
+            })?;
         }
-        let decode_time = t1.elapsed();
+        let end = Instant::now();
+        let first_at = c.first_at.unwrap_or(end);
         c.flush();
         Ok(GenerateOutput {
             finish: c.finish.unwrap_or(Finish::Length),
@@ -216,8 +238,8 @@ impl Engine {
             text: c.text,
             prompt_tokens: req.prompt.len(),
             cached_tokens: cached,
-            prefill_time,
-            decode_time,
+            prefill_time: first_at - t0,
+            decode_time: end - first_at,
             stats,
             logits: c.logits,
         })

@@ -33,8 +33,9 @@ impl SessionStore {
     }
 
     /// Takes the session to run `prompt` in: with `reuse`, the cached one sharing the longest
-    /// prefix, truncated to it (always leaving one prompt token to run, for its logits); else a
-    /// new one. Returns the session and how many prompt tokens its KV already holds.
+    /// prefix, truncated to it (at most all but the last prompt token: decode feeds that one to
+    /// produce the first generated token); else a new one. Returns the session and how many
+    /// prompt tokens its KV already holds.
     pub fn acquire(
         &mut self,
         backend: &mut dyn Backend,

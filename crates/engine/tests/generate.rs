@@ -209,3 +209,101 @@ fn stop_strings_cut_the_text() {
     assert!(!out.text.contains(&stop));
     assert!(text.starts_with(&out.text));
 }
+
+/// The engine's loop (prefill all but the last prompt token, decode every generated token from
+/// it) against a direct backend run in the other shape (prefill the whole prompt for its last
+/// logits, argmax on the host, decode the rest): greedy tokens and the logits each was chosen
+/// from are the same, for a long prompt and a 1-token one (which prefills nothing).
+#[test]
+fn greedy_generation_matches_a_direct_backend_run() {
+    use q4moe_cpu::CpuBackend;
+    use q4moe_model::backend::{Backend, DecodeRequest, Logits};
+    use q4moe_model::sampling::argmax;
+
+    let dir = tempfile::tempdir().unwrap();
+    for quant in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
+        let mut e = tiny_engine(&dir, quant);
+        let long: Vec<u32> = (0..37).map(|i| (i * 7919 % 400) as u32 + 3).collect();
+        for prompt in [long, vec![42]] {
+            let n = 12;
+            let mut req = GenerateRequest::new(prompt.clone(), n);
+            req.stop_at_eos = false;
+            req.want_logits = true;
+            let out = e.generate(&req, &mut |_| Flow::Continue).unwrap();
+
+            let mut b = CpuBackend::new(e.model.clone(), 256);
+            let mut logits = vec![b.prefill(1, &prompt, Logits::Last).unwrap()];
+            let mut tokens = vec![argmax(&logits[0])];
+            let greedy = SamplingParams::greedy();
+            let dreq = DecodeRequest {
+                session: 1,
+                first_token: tokens[0],
+                max_tokens: n - 1,
+                sampling: &greedy,
+                history: &prompt,
+                want_logits: true,
+            };
+            b.decode(&dreq, &mut |ev| {
+                tokens.push(ev.token);
+                logits.push(ev.logits.unwrap().to_vec());
+                Flow::Continue
+            })
+            .unwrap();
+            let len = prompt.len();
+            assert_eq!(out.tokens, tokens, "{quant:?}, prompt of {len}: tokens");
+            assert!(out.logits == logits, "{quant:?}, prompt of {len}: logits");
+            assert_eq!(out.finish, Finish::Length);
+        }
+    }
+}
+
+/// A prompt the cache holds whole (the same prompt again) still runs its last token: the
+/// session store reuses all but it, and the tokens are a fresh run's.
+#[test]
+fn a_fully_cached_prompt_reuses_all_but_its_last_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = tiny_engine(&dir, SynthQuant::Q4_0);
+    let ids = e.encode_prompt("Foxes and dogs, again and again.").unwrap();
+    let mut req = GenerateRequest::new(ids.clone(), 6);
+    req.stop_at_eos = false;
+    req.reuse_prefix = true;
+    let first = e.generate(&req, &mut |_| Flow::Continue).unwrap();
+    let again = e.generate(&req, &mut |_| Flow::Continue).unwrap();
+    assert_eq!(first.cached_tokens, 0);
+    assert_eq!(again.cached_tokens, ids.len() - 1);
+    assert_eq!(again.tokens, first.tokens);
+}
+
+#[test]
+fn bad_requests_are_refused_before_the_backend_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = tiny_engine(&dir, SynthQuant::Q4_0);
+    let vocab = e.model.config.vocab_size as u32;
+    let err = e
+        .generate(&GenerateRequest::new(vec![1, vocab, 2], 4), &mut |_| {
+            Flow::Continue
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("prompt token 1") && err.contains("outside the vocabulary"),
+        "{err}"
+    );
+    let err = e
+        .generate(&GenerateRequest::new(Vec::new(), 4), &mut |_| {
+            Flow::Continue
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("empty"), "{err}");
+    let mut req = GenerateRequest::new(vec![1, 2], 4);
+    req.sampling.top_p = 0.0;
+    let err = e
+        .generate(&req, &mut |_| Flow::Continue)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("top_p"), "{err}");
+    // Nothing was left behind: a good request runs as on a fresh engine.
+    let mut fresh = tiny_engine(&dir, SynthQuant::Q4_0);
+    assert_eq!(greedy(&mut e, "hello", 4), greedy(&mut fresh, "hello", 4));
+}

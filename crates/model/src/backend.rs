@@ -47,23 +47,18 @@ pub fn sample_and_emit(
     (token, flow)
 }
 
-/// A token id every backend accepts: inside the model's vocabulary.
-pub fn check_token(config: &Config, token: u32) -> BackendResult<()> {
-    let vocab = config.vocab_size;
-    if token as usize >= vocab {
-        return Err(BackendError::BadToken { token, vocab });
-    }
-    Ok(())
-}
-
-/// Whether a session holding `held` positions has room for `extra` more within `capacity`.
-pub fn check_room(
+/// The invariant every backend checks before it writes keys and values, whoever called it:
+/// `tokens` at positions `held..` of `session` stay inside the KV's `capacity` and every id
+/// inside the embedding table, so bad input is an error, never an out-of-bounds write or read.
+/// The engine checks a request up front with user-facing errors; this is the backstop.
+pub fn check_span(
+    config: &Config,
     session: SessionId,
     held: usize,
-    extra: usize,
     capacity: usize,
+    tokens: &[u32],
 ) -> BackendResult<()> {
-    let needed = held + extra;
+    let needed = held + tokens.len();
     if needed > capacity {
         return Err(BackendError::ContextFull {
             session,
@@ -71,25 +66,36 @@ pub fn check_room(
             capacity,
         });
     }
-    Ok(())
+    let vocab = config.vocab_size;
+    match tokens.iter().find(|&&t| t as usize >= vocab) {
+        Some(&token) => Err(BackendError::BadToken { token, vocab }),
+        None => Ok(()),
+    }
 }
 
-/// A prompt's checks, the same on every backend: at least one token, room for all of them in
-/// a session holding `held` positions of `capacity`, every token inside the vocabulary.
-pub fn check_prompt(
-    config: &Config,
-    session: SessionId,
-    held: usize,
-    capacity: usize,
-    tokens: &[u32],
-) -> BackendResult<()> {
-    if tokens.is_empty() {
-        return Err(BackendError::Invalid(
-            "prefill needs at least one token".into(),
-        ));
+/// Which logits a prefill returns. Generation passes `None` (the prompt's keys and values only:
+/// the first generated token comes from decode, like every other); `Last` and `All` serve
+/// evaluation (`--logits-out`, oracle and parity tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Nothing: the output head is skipped.
+    None,
+    /// The last position's logits `[vocab]`.
+    Last,
+    /// Every position's logits `[tokens.len(), vocab]`.
+    All,
+}
+
+impl Logits {
+    /// Logits need a position to come from: only `None` accepts an empty prefill.
+    pub fn check(self, tokens: &[u32]) -> BackendResult<()> {
+        if tokens.is_empty() && self != Logits::None {
+            return Err(BackendError::Invalid(
+                "a prefill of no tokens has no logits to return".into(),
+            ));
+        }
+        Ok(())
     }
-    check_room(session, held, tokens.len(), capacity)?;
-    tokens.iter().try_for_each(|&t| check_token(config, t))
 }
 
 /// How a backend stores the KV cache's keys and values. F16 halves the bytes attention reads
@@ -154,17 +160,18 @@ pub struct BackendInfo {
     pub step_readback: String,
 }
 
-/// One decode run: feed `first_token` at the session's current length, then keep sampling and
-/// feeding back until `on_token` says stop or `max_tokens` tokens were produced.
+/// One decode-n run: feed `first_token` at the session's current length, sample the next token
+/// from its logits, feed that back, and so on until `on_token` says stop or `max_tokens` tokens
+/// were produced. The engine passes the prompt's last token as `first_token`, so every
+/// generated token, the first included, comes out of the same step.
 pub struct DecodeRequest<'a> {
     pub session: SessionId,
     pub first_token: u32,
     pub max_tokens: usize,
-    /// One draw sequence per generation: `first_token` took the seed's first draw (the engine
-    /// samples it from the prefill logits with `Sampler::new`), so decode continues at the
-    /// second (`Sampler::continuing`).
+    /// One draw sequence per generation, starting at the seed (`Sampler::new`).
     pub sampling: &'a SamplingParams,
-    /// Tokens already in the context, for repetition/presence/frequency penalties.
+    /// Tokens already in the context, `first_token` included, for repetition/presence/frequency
+    /// penalties.
     pub history: &'a [u32],
     /// Hand each step's logits to `on_token` (slower on devices: they are copied back).
     pub want_logits: bool,
@@ -209,17 +216,19 @@ pub trait Backend: Send {
     fn config(&self) -> &Config;
 
     /// Runs `tokens` at positions `kv_len(session)..`, appending to the session's KV (creating
-    /// the session if new). Returns the last position's logits `[vocab]`, or every position's
-    /// `[tokens.len(), vocab]` when `all_logits`.
+    /// the session if new), and returns the logits asked for (empty for `Logits::None`). An
+    /// empty `tokens` is a no-op with `Logits::None` and an error otherwise.
     fn prefill(
         &mut self,
         session: SessionId,
         tokens: &[u32],
-        all_logits: bool,
+        logits: Logits,
     ) -> BackendResult<Vec<f32>>;
 
-    /// Generates tokens (see `DecodeRequest`). On return the session's KV holds `first_token`
-    /// and every token handed to `on_token` except the last, whatever was computed ahead.
+    /// Decode-n (see `DecodeRequest`): every step's token is chosen where the backend likes
+    /// (on a GPU, on the device) and handed to `on_token`. On return the session's KV holds
+    /// `first_token` and every token handed to `on_token` except the last, whatever was
+    /// computed ahead.
     fn decode(
         &mut self,
         req: &DecodeRequest<'_>,
@@ -239,12 +248,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn check_prompt_names_what_is_wrong_with_a_prompt() {
+    fn check_span_names_what_would_overrun() {
         let c = Config::tiny();
         let vocab = c.vocab_size as u32;
-        let err = check_prompt(&c, 3, 0, 16, &[]).unwrap_err().to_string();
-        assert!(err.contains("at least one token"), "{err}");
-        let err = check_prompt(&c, 3, 10, 16, &[1; 7]).unwrap_err();
+        let err = check_span(&c, 3, 10, 16, &[1; 7]).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -256,12 +263,19 @@ mod tests {
             ),
             "{err}"
         );
-        let err = check_prompt(&c, 3, 0, 16, &[1, vocab, 2]).unwrap_err();
+        let err = check_span(&c, 3, 0, 16, &[1, vocab, 2]).unwrap_err();
         assert!(
             matches!(err, BackendError::BadToken { token, .. } if token == vocab),
             "{err}"
         );
-        check_prompt(&c, 3, 10, 16, &[0, 1, vocab - 1, 5, 6, 7]).unwrap();
+        check_span(&c, 3, 10, 16, &[0, 1, vocab - 1, 5, 6, 7]).unwrap();
+        check_span(&c, 3, 16, 16, &[]).unwrap();
+        Logits::None.check(&[]).unwrap();
+        Logits::Last.check(&[4]).unwrap();
+        for l in [Logits::Last, Logits::All] {
+            let err = l.check(&[]).unwrap_err().to_string();
+            assert!(err.contains("no tokens"), "{err}");
+        }
     }
 
     #[test]

@@ -130,16 +130,6 @@ impl Sampler {
         s
     }
 
-    /// The sampler of a decode whose first token came from `Sampler::new(params, ..)`: a
-    /// stochastic one is one draw past the seed, so a generation never reuses a draw.
-    pub fn continuing(params: SamplingParams, history: &[u32]) -> Self {
-        let mut s = Sampler::new(params, history);
-        if !s.params.is_greedy() {
-            s.rng.next_u64();
-        }
-        s
-    }
-
     /// The RNG state (a device sampler continues from it).
     pub fn rng_state(&self) -> u64 {
         self.rng.0
@@ -465,25 +455,6 @@ mod tests {
         let mut s = Sampler::new(SamplingParams::greedy(), &[3, 1, 3, 9, 3]);
         s.observe(1);
         assert_eq!(s.counts(5), [0, 2, 0, 3, 0]); // id 9 is past the vocabulary
-    }
-
-    #[test]
-    fn continuing_sampler_is_one_draw_past_the_seed() {
-        let logits: Vec<f32> = (0..64).map(|i| ((i * 29) % 67) as f32 * 0.05).collect();
-        let p = SamplingParams {
-            temperature: 1.0,
-            seed: 9,
-            ..Default::default()
-        };
-        let mut one = Sampler::new(p.clone(), &[]);
-        let all: Vec<u32> = (0..12).map(|_| one.sample(&mut logits.clone())).collect();
-        let mut first = Sampler::new(p.clone(), &[]);
-        let mut rest = Sampler::continuing(p, &[]);
-        let mut split = vec![first.sample(&mut logits.clone())];
-        split.extend((1..12).map(|_| rest.sample(&mut logits.clone())));
-        assert_eq!(split, all);
-        let greedy = Sampler::continuing(SamplingParams::greedy(), &[]);
-        assert_eq!(greedy.rng_state(), 0, "greedy first tokens draw nothing");
     }
 
     /// top-k selects and then sorts only k candidates: it must order them exactly as the full

@@ -5,7 +5,6 @@
 pub mod errors;
 pub mod metrics;
 pub mod openai;
-pub mod reasoning;
 mod routes;
 pub mod scheduler;
 mod sse;

@@ -1,7 +1,7 @@
 //! OpenAI request parsing and response shapes. Requests are read field by field from a JSON value
 //! (not derived with serde) so that every rejection names the field the client got wrong.
 
-use q4moe_engine::{ChatMessage, SamplingParams};
+use q4moe_engine::{ChatMessage, Finish, SamplingParams};
 use serde_json::{json, Map, Value};
 
 use crate::errors::ApiError;
@@ -293,32 +293,18 @@ pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
     let explicit = opt_bool(o, "enable_thinking")?.or(kwargs_thinking);
     Ok(ChatRequest {
         model: opt_str(o, "model")?,
-        enable_thinking: thinking_switch(&messages, explicit),
+        enable_thinking: q4moe_tokenizer::thinking_switch(&messages, explicit),
         messages,
         gen: gen_params(o)?,
     })
 }
 
-/// Qwen3's thinking switch: an explicit `enable_thinking=false` always wins (the soft switches
-/// have no effect then, as in Qwen's docs); otherwise the latest `/think` or `/no_think` in a user
-/// or system message decides.
-pub fn thinking_switch(messages: &[ChatMessage], explicit: Option<bool>) -> Option<bool> {
-    if explicit == Some(false) {
-        return explicit;
+/// OpenAI's `finish_reason` for how a generation ended (a cancelled one reads as a stop).
+pub fn finish_reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop | Finish::Cancelled => "stop",
+        Finish::Length => "length",
     }
-    let soft = messages
-        .iter()
-        .rev()
-        .filter(|m| m.role == "user" || m.role == "system")
-        .find_map(|m| {
-            let (t, n) = (m.content.rfind("/think"), m.content.rfind("/no_think"));
-            match (t, n) {
-                (None, None) => None,
-                (Some(t), Some(n)) => Some(t > n),
-                (t, _) => Some(t.is_some()),
-            }
-        });
-    soft.or(explicit)
 }
 
 pub fn completion_request(o: &Obj) -> Result<CompletionRequest, ApiError> {

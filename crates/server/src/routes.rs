@@ -10,11 +10,10 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use q4moe_engine::Finish;
 use serde_json::json;
 
 use crate::errors::ApiError;
-use crate::openai::{self, GenParams, Meta};
+use crate::openai::{self, finish_reason, GenParams, Meta};
 use crate::scheduler::{EngineHandle, JobPrompt, Started};
 use crate::sse;
 
@@ -26,13 +25,6 @@ pub struct AppState {
 }
 
 pub type App = Arc<AppState>;
-
-pub fn finish_reason(f: Finish) -> &'static str {
-    match f {
-        Finish::Stop | Finish::Cancelled => "stop",
-        Finish::Length => "length",
-    }
-}
 
 /// The body, or the extractor's complaint in OpenAI's shape (413 when over the size limit).
 fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
@@ -115,7 +107,7 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
         ));
     }
     let (text, finish, usage) = ticket.collect().await?;
-    let (reasoning, content) = crate::reasoning::split_whole(&text, started.think_open);
+    let (reasoning, content) = q4moe_tokenizer::split_whole(&text, started.think_open);
     let body = openai::chat_completion(
         &meta,
         &content,

@@ -9,8 +9,9 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
+use q4moe_tokenizer::{ReasoningSplitter, Split};
+
 use crate::openai::{self, Meta, Usage};
-use crate::reasoning::{ReasoningSplitter, Split};
 use crate::scheduler::{Event, Started, Ticket};
 
 /// What differs between the chat and completion streams.
@@ -93,7 +94,7 @@ impl StreamState {
             Some(Event::Text(t)) => self.text_chunks(&t, &mut out),
             Some(Event::Started(_)) => {}
             Some(Event::Done { finish, usage }) => {
-                self.finish_chunks(crate::routes::finish_reason(finish), usage, &mut out);
+                self.finish_chunks(openai::finish_reason(finish), usage, &mut out);
                 self.done = true;
             }
             Some(Event::Error(e)) => {

@@ -199,25 +199,3 @@ fn python_str_methods(
         _ => return Err(Error::from(ErrorKind::UnknownMethod)),
     })
 }
-
-/// Splits generated text into `(reasoning, content)` at `</think>`. Handles a leading `<think>` in
-/// the text and a `<think>` already opened by the generation prompt (text starts inside the block).
-/// Without `</think>`: a text starting with `<think>` is all (unfinished) reasoning, anything else
-/// is all content. Empty reasoning (`enable_thinking=false`'s empty block) gives `None`.
-pub fn split_reasoning(text: &str) -> (Option<String>, String) {
-    let nonempty = |r: &str| {
-        let r = r.trim_matches('\n');
-        (!r.trim().is_empty()).then(|| r.to_string())
-    };
-    if let Some((before, after)) = text.split_once("</think>") {
-        let reasoning = before.rsplit_once("<think>").map_or(before, |(_, r)| r);
-        return (
-            nonempty(reasoning),
-            after.trim_start_matches('\n').to_string(),
-        );
-    }
-    match text.trim_start().strip_prefix("<think>") {
-        Some(reasoning) => (nonempty(reasoning), String::new()),
-        None => (None, text.to_string()),
-    }
-}

@@ -7,14 +7,16 @@
 mod bytes;
 mod chat;
 mod error;
+mod reasoning;
 mod spec;
 mod stream;
 mod synthetic;
 mod tokenizer;
 
 pub use bytes::{byte_to_unicode, unicode_to_byte};
-pub use chat::{split_reasoning, ChatMessage, ChatTemplate, QWEN3_CHAT_TEMPLATE};
+pub use chat::{ChatMessage, ChatTemplate, QWEN3_CHAT_TEMPLATE};
 pub use error::TokenizerError;
+pub use reasoning::{split_reasoning, split_whole, thinking_switch, ReasoningSplitter, Split};
 pub use spec::{TokenType, TokenizerSpec};
 pub use stream::StreamDecoder;
 pub use synthetic::{synthetic_spec, QWEN3_ADDED_TOKENS, QWEN3_BPE_TOKENS, QWEN3_VOCAB_SIZE};

@@ -188,7 +188,7 @@ pub fn print_table(r: &Value) {
     if let Some(v) = r["variants"].as_array().and_then(|v| v.first()) {
         let p = &v["prefill_tok_s"];
         println!(
-            "prefill of the {}-token prompt ({}): median {:.0} tok/s ({:.0}-{:.0})",
+            "prefill of the {}-token prompt but its last token ({}): median {:.0} tok/s ({:.0}-{:.0})",
             r["prompt_len"],
             v["name"].as_str().unwrap_or(""),
             f(&p["median"]),

@@ -1,7 +1,55 @@
-//! Incremental `<think>` splitting for streams, also used on whole texts so streamed and
-//! non-streamed answers agree. Where a block is opened (by the text or the prompt) the result
-//! equals `split_reasoning`'s; a stray `</think>` in text that never opened a block stays content,
-//! since a stream cannot take back text it has already sent as content.
+//! Qwen3's reasoning split: the thinking switch a conversation asks for, and the generated
+//! `<think>` block taken apart from the answer, whole (`split_reasoning`) or incrementally for
+//! streams (`ReasoningSplitter`, also used on whole texts so streamed and non-streamed answers
+//! agree). Where a block is opened (by the text or the prompt) the splitter's result equals
+//! `split_reasoning`'s; a stray `</think>` in text that never opened a block stays content, since a
+//! stream cannot take back text it has already sent as content.
+
+use crate::chat::ChatMessage;
+
+/// Qwen3's thinking switch: an explicit `enable_thinking=false` always wins (the soft switches
+/// have no effect then, as in Qwen's docs); otherwise the latest `/think` or `/no_think` in a user
+/// or system message decides.
+pub fn thinking_switch(messages: &[ChatMessage], explicit: Option<bool>) -> Option<bool> {
+    if explicit == Some(false) {
+        return explicit;
+    }
+    let soft = messages
+        .iter()
+        .rev()
+        .filter(|m| m.role == "user" || m.role == "system")
+        .find_map(|m| {
+            let (t, n) = (m.content.rfind("/think"), m.content.rfind("/no_think"));
+            match (t, n) {
+                (None, None) => None,
+                (Some(t), Some(n)) => Some(t > n),
+                (t, _) => Some(t.is_some()),
+            }
+        });
+    soft.or(explicit)
+}
+
+/// Splits generated text into `(reasoning, content)` at `</think>`. Handles a leading `<think>` in
+/// the text and a `<think>` already opened by the generation prompt (text starts inside the block).
+/// Without `</think>`: a text starting with `<think>` is all (unfinished) reasoning, anything else
+/// is all content. Empty reasoning (`enable_thinking=false`'s empty block) gives `None`.
+pub fn split_reasoning(text: &str) -> (Option<String>, String) {
+    let nonempty = |r: &str| {
+        let r = r.trim_matches('\n');
+        (!r.trim().is_empty()).then(|| r.to_string())
+    };
+    if let Some((before, after)) = text.split_once("</think>") {
+        let reasoning = before.rsplit_once("<think>").map_or(before, |(_, r)| r);
+        return (
+            nonempty(reasoning),
+            after.trim_start_matches('\n').to_string(),
+        );
+    }
+    match text.trim_start().strip_prefix("<think>") {
+        Some(reasoning) => (nonempty(reasoning), String::new()),
+        None => (None, text.to_string()),
+    }
+}
 
 /// `(reasoning, content)` of a whole generation; reasoning `None` when empty.
 pub fn split_whole(text: &str, think_open: bool) -> (Option<String>, String) {
@@ -151,7 +199,6 @@ fn held_tail(s: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use q4moe_tokenizer::split_reasoning;
 
     fn streamed(text: &str, think_open: bool, chunk: usize) -> (Option<String>, String) {
         let mut s = ReasoningSplitter::new(think_open);
@@ -205,5 +252,27 @@ mod tests {
                 "open {chunk}"
             );
         }
+    }
+
+    #[test]
+    fn thinking_switch_lets_explicit_false_win_then_the_latest_soft_switch() {
+        let msgs = |texts: &[(&str, &str)]| -> Vec<ChatMessage> {
+            texts
+                .iter()
+                .map(|(role, text)| match *role {
+                    "system" => ChatMessage::system(*text),
+                    "assistant" => ChatMessage::assistant(*text),
+                    _ => ChatMessage::user(*text),
+                })
+                .collect()
+        };
+        let m = msgs(&[("system", "be brief /no_think"), ("user", "hi /think")]);
+        assert_eq!(thinking_switch(&m, None), Some(true));
+        assert_eq!(thinking_switch(&m, Some(false)), Some(false));
+        let m = msgs(&[("user", "a /think then /no_think"), ("assistant", "/think")]);
+        assert_eq!(thinking_switch(&m, Some(true)), Some(false));
+        let m = msgs(&[("user", "no switch here")]);
+        assert_eq!(thinking_switch(&m, None), None);
+        assert_eq!(thinking_switch(&m, Some(true)), Some(true));
     }
 }
