@@ -214,24 +214,25 @@ fn stop_strings_cut_the_text() {
 /// it) against a direct backend run in the other shape (prefill the whole prompt for its last
 /// logits, argmax on the host, decode the rest): greedy tokens and the logits each was chosen
 /// from are the same, for a long prompt and a 1-token one (which prefills nothing).
-#[test]
-fn greedy_generation_matches_a_direct_backend_run() {
-    use q4moe_cpu::CpuBackend;
-    use q4moe_model::backend::{Backend, DecodeRequest, Logits};
+fn matches_a_direct_backend_run(opts: &EngineOptions) {
+    use q4moe_model::backend::{DecodeRequest, Logits};
     use q4moe_model::sampling::argmax;
 
     let dir = tempfile::tempdir().unwrap();
     for quant in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
-        let mut e = tiny_engine(&dir, quant);
+        let path = dir.path().join("tiny.gguf");
+        synth::write(&path, &Config::tiny(), quant, 7, false).unwrap();
+        let model = Arc::new(Model::load(&path).unwrap());
+        let mut e = Engine::from_model(model.clone(), opts).unwrap();
         let long: Vec<u32> = (0..37).map(|i| (i * 7919 % 400) as u32 + 3).collect();
-        for prompt in [long, vec![42]] {
+        for (prompt, want_logits) in [(long.clone(), true), (long, false), (vec![42], true)] {
             let n = 12;
             let mut req = GenerateRequest::new(prompt.clone(), n);
             req.stop_at_eos = false;
-            req.want_logits = true;
+            req.want_logits = want_logits;
             let out = e.generate(&req, &mut |_| Flow::Continue).unwrap();
 
-            let mut b = CpuBackend::new(e.model.clone(), 256);
+            let mut b = q4moe_engine::open_backend(model.clone(), opts).unwrap();
             let mut logits = vec![b.prefill(1, &prompt, Logits::Last).unwrap()];
             let mut tokens = vec![argmax(&logits[0])];
             let greedy = SamplingParams::greedy();
@@ -241,19 +242,45 @@ fn greedy_generation_matches_a_direct_backend_run() {
                 max_tokens: n - 1,
                 sampling: &greedy,
                 history: &prompt,
-                want_logits: true,
+                want_logits,
             };
             b.decode(&dreq, &mut |ev| {
                 tokens.push(ev.token);
-                logits.push(ev.logits.unwrap().to_vec());
+                logits.extend(ev.logits.map(<[f32]>::to_vec));
                 Flow::Continue
             })
             .unwrap();
-            let len = prompt.len();
-            assert_eq!(out.tokens, tokens, "{quant:?}, prompt of {len}: tokens");
-            assert!(out.logits == logits, "{quant:?}, prompt of {len}: logits");
+            let what = format!("{quant:?}, prompt of {}", prompt.len());
+            assert_eq!(out.tokens, tokens, "{what}: tokens");
+            if want_logits {
+                assert!(out.logits == logits, "{what}: logits");
+            }
             assert_eq!(out.finish, Finish::Length);
         }
+    }
+}
+
+#[test]
+fn greedy_generation_matches_a_direct_backend_run() {
+    matches_a_direct_backend_run(&EngineOptions {
+        device: Device::Cpu,
+        kv_capacity: 256,
+        ..Default::default()
+    });
+}
+
+/// The same on the GPU, where decode chooses every token on the device, with the batched
+/// prefill and with a decode step a prompt token.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn greedy_generation_matches_a_direct_backend_run_on_cuda() {
+    for prefill_chunk in [EngineOptions::default().prefill_chunk, 0] {
+        matches_a_direct_backend_run(&EngineOptions {
+            device: Device::Cuda,
+            kv_capacity: 256,
+            prefill_chunk,
+            ..Default::default()
+        });
     }
 }
 
