@@ -3,9 +3,11 @@
 
 mod batch;
 mod forward;
+mod group;
 mod kv;
 mod ops;
 mod par;
+mod step_batch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +15,7 @@ use std::time::Instant;
 
 use q4moe_model::backend::{
     check_prompt, check_room, check_token, sample_and_emit, Backend, BackendInfo, BackendResult,
-    DecodeRequest, DecodeStats, Flow, KvType, PhaseTimes, SessionId, TokenEvent,
+    BatchOut, BatchRow, DecodeRequest, DecodeStats, Flow, KvType, PhaseTimes, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
@@ -230,6 +232,10 @@ impl Backend for CpuBackend {
             }
         }
         Ok(stats)
+    }
+
+    fn step_batch(&mut self, rows: &mut [BatchRow<'_>], out: &mut BatchOut) -> BackendResult<()> {
+        self.run_batch(rows, out)
     }
 
     fn kv_len(&self, session: SessionId) -> usize {
