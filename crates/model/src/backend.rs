@@ -337,6 +337,29 @@ mod tests {
     }
 
     #[test]
+    fn check_batch_names_a_bad_token_a_repeated_session_and_a_full_one() {
+        let c = Config::tiny();
+        let row = |session, token| BatchRow {
+            session,
+            token,
+            sampler: None,
+        };
+        let held = |s: SessionId| if s == 2 { 16 } else { 3 };
+        check_batch(&c, &[], 16, held).unwrap();
+        check_batch(&c, &[row(1, 0), row(3, 7), row(4, 9)], 16, held).unwrap();
+        let vocab = c.vocab_size as u32;
+        let err = check_batch(&c, &[row(1, 0), row(3, vocab)], 16, held).unwrap_err();
+        assert!(matches!(err, BackendError::BadToken { token, .. } if token == vocab), "{err}");
+        let err = check_batch(&c, &[row(1, 0), row(3, 1), row(1, 2)], 16, held).unwrap_err();
+        assert!(err.to_string().contains("session 1 appears twice"), "{err}");
+        let err = check_batch(&c, &[row(1, 0), row(2, 1)], 16, held).unwrap_err();
+        assert!(
+            matches!(err, BackendError::ContextFull { session: 2, needed: 17, capacity: 16 }),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn kv_type_parses_its_names_and_names_a_bad_one() {
         for t in [KvType::F16, KvType::F32] {
             assert_eq!(KvType::parse(t.name()).unwrap(), t);
