@@ -1,10 +1,13 @@
-//! A prompt's tokens through every layer a chunk at a time (the tokens before its last: they
-//! need only their keys and values). A run of a matrix's rows is read from memory once for the
+//! Several tokens through every layer at once: a prompt's tokens a chunk at a time (the tokens
+//! before its last: they need only their keys and values), or one token of each of several
+//! sessions (the batched decode step, step_batch.rs). A run of a matrix's rows is read from memory once for the
 //! chunk and dotted with every token's activations while it sits in cache; a token at a time,
 //! each token read every active row again (the prefill was bound by those reads). Every output
 //! is the same `rows_dot` of the same rows and activations as `forward::token_layers` computes,
 //! and sums run in the same order, so the cache and residuals are bit-identical to running the
-//! tokens one at a time.
+//! tokens one at a time. Nothing a token computes depends on the other tokens of its batch
+//! (thread splits cut between rows, never inside one row's dot product), which is what makes
+//! the batched step batch-invariant.
 
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
@@ -13,6 +16,7 @@ use crate::forward::{
     attend_token, choose, prepare, rows_dot, up_shares_act, Act, HostWeights, LayerNorms, Scratch,
     MIN_ROWS, RUN_ROWS,
 };
+use crate::group::ExpertGroups;
 use crate::kv::KvCache;
 use crate::ops::{rmsnorm, silu};
 use crate::par;
@@ -36,6 +40,39 @@ pub struct Batch {
     hidden_t: Vec<f32>,
     /// Quantised activations of the chunk's vectors.
     xq: Vec<u8>,
+    /// [t] each token's position in its cache
+    pos: Vec<usize>,
+    /// [t] each token's experts and their weights, in its own top-k order
+    picks: Vec<(Vec<usize>, Vec<f32>)>,
+    groups: ExpertGroups,
+}
+
+/// Where a batch's tokens sit: the caches they append to, and so their positions.
+pub(crate) enum Seats<'a> {
+    /// A prompt's chunk: token i at position `kv.len() + i` of one cache.
+    Chunk(&'a mut KvCache),
+    /// One token a session: token i at the next position of `kvs[i]`.
+    Sessions(&'a mut [KvCache]),
+}
+
+impl Seats<'_> {
+    fn positions(&self, t: usize, out: &mut Vec<usize>) {
+        out.clear();
+        match self {
+            Seats::Chunk(kv) => out.extend((0..t).map(|i| kv.len() + i)),
+            Seats::Sessions(kvs) => {
+                assert_eq!(kvs.len(), t, "one cache a token");
+                out.extend(kvs.iter().map(KvCache::len));
+            }
+        }
+    }
+
+    fn kv(&mut self, i: usize) -> &mut KvCache {
+        match self {
+            Seats::Chunk(kv) => kv,
+            Seats::Sessions(kvs) => &mut kvs[i],
+        }
+    }
 }
 
 /// `out[r * acts.len() + t]` = row r . acts[t] for every row of a matrix (raw bytes): the rows
@@ -110,6 +147,20 @@ impl Batch {
         tokens: &[u32],
         s: &mut Scratch,
     ) {
+        self.run(m, w, &mut Seats::Chunk(kv), tokens, s);
+        let d = m.config.d_model;
+        s.x.copy_from_slice(&self.x[self.x.len() - d..]);
+    }
+
+    /// `tokens` through every layer at their `seats`, the residuals left in `self.x`.
+    pub(crate) fn run(
+        &mut self,
+        m: &Model,
+        w: &HostWeights,
+        seats: &mut Seats<'_>,
+        tokens: &[u32],
+        s: &mut Scratch,
+    ) {
         let (c, t) = (&m.config, tokens.len());
         self.x.resize(t * c.d_model, 0.0);
         self.n.resize(t * c.d_model, 0.0);
@@ -118,12 +169,28 @@ impl Batch {
             q4moe_gguf::quant::dequantize_row(m.token_embd.ty, row, x)
                 .expect("embedding type validated at load");
         }
-        let pos0 = kv.len();
+        let mut pos = std::mem::take(&mut self.pos);
+        seats.positions(t, &mut pos);
         for (li, l) in m.layers.iter().enumerate() {
-            self.attention(m, l, &w.layers[li], kv, li, pos0, s);
+            self.attention(m, l, &w.layers[li], seats, li, &pos, s);
             self.experts(m, l, &w.layers[li], s);
         }
-        s.x.copy_from_slice(&self.x[(t - 1) * c.d_model..]);
+        self.pos = pos;
+    }
+
+    /// The logits of every residual `run` left, `[t, vocab]` into `logits`: the output head's
+    /// rows read once for all of them.
+    pub(crate) fn head(&mut self, m: &Model, w: &HostWeights, s: &Scratch, logits: &mut Vec<f32>) {
+        let c = &m.config;
+        let t = self.x.len() / c.d_model;
+        self.norm(c, w.output_norm());
+        let n = std::mem::take(&mut self.n);
+        self.project(m, s, &m.output, &n, c.d_model);
+        self.n = n;
+        logits.resize(t * c.vocab_size, 0.0);
+        for (i, row) in logits.chunks_mut(c.vocab_size).enumerate() {
+            column(&self.out, t, i, row);
+        }
     }
 
     /// RMSNorm of every residual into `n`.
@@ -153,9 +220,9 @@ impl Batch {
         m: &Model,
         l: &LayerTensors,
         w: &LayerNorms,
-        kv: &mut KvCache,
+        seats: &mut Seats<'_>,
         li: usize,
-        pos0: usize,
+        pos: &[usize],
         s: &mut Scratch,
     ) {
         let c = &m.config;
@@ -173,7 +240,7 @@ impl Batch {
             column(&qkv[0], t, i, &mut s.q);
             column(&qkv[1], t, i, &mut s.k);
             column(&qkv[2], t, i, &mut s.v);
-            attend_token(c, w, kv, li, pos0 + i, s);
+            attend_token(c, w, seats.kv(i), li, pos[i], s);
             self.attn[i * c.q_dim()..(i + 1) * c.q_dim()].copy_from_slice(&s.attn);
         }
         let attn = std::mem::take(&mut self.attn);
@@ -199,22 +266,19 @@ impl Batch {
         self.norm(c, &w.ffn_norm);
         let n = std::mem::take(&mut self.n);
         self.project(m, s, &l.ffn_gate_inp, &n, c.d_model);
-        let mut picks = Vec::with_capacity(t);
+        let mut picks = std::mem::take(&mut self.picks);
+        picks.clear();
         for i in 0..t {
             column(&self.out, t, i, &mut s.router);
             picks.push(choose(c, &mut s.router));
         }
-        // Each expert's slots (token i's k-th choice is slot i * nu + k), in slot order.
-        let mut slots: Vec<Vec<usize>> = vec![Vec::new(); c.n_expert];
-        for (i, (chosen, _)) in picks.iter().enumerate() {
-            chosen
-                .iter()
-                .enumerate()
-                .for_each(|(k, &e)| slots[e].push(i * nu + k));
-        }
-        self.gate_up(m, l, s, &n, &slots, t * nu);
+        // Token i's k-th choice is slot i * nu + k.
+        let mut groups = std::mem::take(&mut self.groups);
+        groups.build(c.n_expert, picks.iter().flat_map(|(e, _)| e.iter().copied()));
+        self.gate_up(m, l, s, &n, &groups, t * nu);
         self.n = n;
-        self.down(m, l, s, &slots, t * nu);
+        self.down(m, l, s, &groups, t * nu);
+        self.groups = groups;
         // out: [d_model, slots]; each token's experts summed in its order, as moe_block does.
         let mut proj = vec![0f32; c.d_model];
         for (i, (_, weights)) in picks.iter().enumerate() {
@@ -228,6 +292,7 @@ impl Batch {
             let x = &mut self.x[i * c.d_model..(i + 1) * c.d_model];
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
         }
+        self.picks = picks;
     }
 
     /// silu(gate) * up of every slot into `self.hidden_t` ([slots, d_ff]).
@@ -237,7 +302,7 @@ impl Batch {
         l: &LayerTensors,
         s: &Scratch,
         n: &[f32],
-        slots: &[Vec<usize>],
+        groups: &ExpertGroups,
         total: usize,
     ) {
         let c = &m.config;
@@ -258,7 +323,7 @@ impl Batch {
             let (mut g, mut u) = ([0f32; RUN_ROWS], [0f32; RUN_ROWS]);
             for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
                 let (r, len) = (r0 + j * RUN_ROWS, run.len());
-                for (e, list) in slots.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+                for (e, list) in groups.iter() {
                     for &slot in list {
                         let tok = slot / nu;
                         rows_dot(gate.ty, m.expert(gate, e), grb, r, a[tok], &mut g[..len]);
@@ -287,7 +352,7 @@ impl Batch {
         m: &Model,
         l: &LayerTensors,
         s: &Scratch,
-        slots: &[Vec<usize>],
+        groups: &ExpertGroups,
         total: usize,
     ) {
         let c = &m.config;
@@ -300,7 +365,7 @@ impl Batch {
             let mut buf = [0f32; RUN_ROWS];
             for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
                 let r = r0 + j * RUN_ROWS;
-                for (e, list) in slots.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+                for (e, list) in groups.iter() {
                     let data = m.expert(down, e);
                     for &slot in list {
                         dot_column(down.ty, data, drb, r, h[slot], slot, run, &mut buf);

@@ -112,6 +112,10 @@ pub(crate) struct LayerNorms {
 }
 
 impl HostWeights {
+    pub(crate) fn output_norm(&self) -> &[f32] {
+        &self.output_norm
+    }
+
     pub fn new(m: &Model) -> Self {
         let layers = m
             .layers

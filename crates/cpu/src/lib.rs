@@ -3,17 +3,19 @@
 
 mod batch;
 mod forward;
+mod group;
 mod kv;
 mod ops;
 mod par;
+mod step_batch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use q4moe_model::backend::{
-    check_span, sample_and_emit, Backend, BackendInfo, BackendResult, DecodeRequest, DecodeStats,
-    Flow, KvType, Logits, PhaseTimes, SessionId, TokenEvent,
+    check_span, sample_and_emit, Backend, BackendInfo, BackendResult, BatchOut, BatchRow,
+    DecodeRequest, DecodeStats, Flow, KvType, Logits, PhaseTimes, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
@@ -232,6 +234,10 @@ impl Backend for CpuBackend {
             }
         }
         Ok(stats)
+    }
+
+    fn step_batch(&mut self, rows: &mut [BatchRow<'_>], out: &mut BatchOut) -> BackendResult<()> {
+        self.run_batch(rows, out)
     }
 
     fn kv_len(&self, session: SessionId) -> usize {

@@ -956,6 +956,18 @@ impl Backend for CudaBackend {
         Ok(stats)
     }
 
+    /// The CUDA batched step is issue 54's next part (slot tables on the device, the MoE
+    /// grouped by expert on the device); until then a batched step is refused, changing nothing.
+    fn step_batch(
+        &mut self,
+        _rows: &mut [backend::BatchRow<'_>],
+        _out: &mut backend::BatchOut,
+    ) -> BackendResult<()> {
+        Err(BackendError::Unsupported(
+            "the batched decode step on CUDA (issue 54)".into(),
+        ))
+    }
+
     fn kv_len(&self, session: SessionId) -> usize {
         self.sessions.get(&session).map_or(0, |s| s.len)
     }

@@ -25,6 +25,9 @@ pub enum BackendError {
     Device(String),
     #[error("{0}")]
     Invalid(String),
+    /// The backend does not implement this operation (yet); the message names it.
+    #[error("not supported by this backend: {0}")]
+    Unsupported(String),
 }
 
 pub type BackendResult<T> = std::result::Result<T, BackendError>;
@@ -211,6 +214,56 @@ pub struct DecodeStats {
     pub phases: Vec<PhaseTimes>,
 }
 
+/// One sequence's row of a batched decode step (`Backend::step_batch`).
+pub struct BatchRow<'a> {
+    pub session: SessionId,
+    /// Fed at the session's next position (`kv_len(session)`), appended to its KV.
+    pub token: u32,
+    /// When set, the step chooses this row's next token with it (penalties, temperature,
+    /// seed's draw sequence, all as in `decode`) and its state advances; when `None`, the
+    /// caller chooses from the row's logits. See `step_batch` for why the choice can travel
+    /// with the row.
+    pub sampler: Option<&'a mut Sampler>,
+}
+
+/// What a batched step hands back; the caller keeps one and reuses its buffers every step.
+#[derive(Debug, Clone, Default)]
+pub struct BatchOut {
+    /// [rows, vocab]: row i's logits for `rows[i]`, before any penalties.
+    pub logits: Vec<f32>,
+    /// [rows]: the token chosen for `rows[i]` where it carried a sampler, else `None`.
+    pub tokens: Vec<Option<u32>>,
+}
+
+impl BatchOut {
+    /// Row `i`'s logits.
+    pub fn row(&self, i: usize) -> &[f32] {
+        let vocab = self.logits.len() / self.tokens.len().max(1);
+        &self.logits[i * vocab..(i + 1) * vocab]
+    }
+}
+
+/// A batched step's checks, the same on every backend, before anything runs: every row's
+/// token inside the vocabulary, no session twice (a session advances one token a step), room
+/// for one more position in each (`held(session)` positions of `capacity`).
+pub fn check_batch(
+    config: &Config,
+    rows: &[BatchRow<'_>],
+    capacity: usize,
+    held: impl Fn(SessionId) -> usize,
+) -> BackendResult<()> {
+    for (i, row) in rows.iter().enumerate() {
+        check_span(config, row.session, held(row.session), capacity, &[row.token])?;
+        if rows[..i].iter().any(|r| r.session == row.session) {
+            return Err(BackendError::Invalid(format!(
+                "session {} appears twice in one batched step",
+                row.session
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub trait Backend: Send {
     fn info(&self) -> BackendInfo;
     fn config(&self) -> &Config;
@@ -234,6 +287,24 @@ pub trait Backend: Send {
         req: &DecodeRequest<'_>,
         on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
     ) -> BackendResult<DecodeStats>;
+
+    /// One decode step for a batch of sequences (continuous batching): each row's token runs at
+    /// its own session's next position over its own KV (sessions of different lengths; a new
+    /// session starts at 0), and `out` gets every row's logits, row i for `rows[i]`. Sessions
+    /// join and leave between steps freely: nothing is kept per batch, only per session.
+    ///
+    /// Batch invariance: a row's logits are bit-identical to the same session run alone
+    /// (`decode`, or this step with one row), whatever the batch's size, order and companions.
+    ///
+    /// Why the token choice may travel with the row: sampling state (seed's draw sequence,
+    /// penalty counts) is per sequence and lives with the caller's `Sampler`, so the engine
+    /// keeps one sampler per sequence on every backend; a row without one hands the choice to
+    /// the caller (logits only). A device backend samples on the device from the sampler's
+    /// state (`rng_state`, `counts`) and reads back B tokens, not B x vocab logits. Stop
+    /// conditions stay with the caller, who drops a finished row from the next step.
+    ///
+    /// A refused step (bad token, a session twice, a full context) changes no session.
+    fn step_batch(&mut self, rows: &mut [BatchRow<'_>], out: &mut BatchOut) -> BackendResult<()>;
 
     /// Positions the session's KV holds (0 for an unknown session).
     fn kv_len(&self, session: SessionId) -> usize;
@@ -276,6 +347,29 @@ mod tests {
             let err = l.check(&[]).unwrap_err().to_string();
             assert!(err.contains("no tokens"), "{err}");
         }
+    }
+
+    #[test]
+    fn check_batch_names_a_bad_token_a_repeated_session_and_a_full_one() {
+        let c = Config::tiny();
+        let row = |session, token| BatchRow {
+            session,
+            token,
+            sampler: None,
+        };
+        let held = |s: SessionId| if s == 2 { 16 } else { 3 };
+        check_batch(&c, &[], 16, held).unwrap();
+        check_batch(&c, &[row(1, 0), row(3, 7), row(4, 9)], 16, held).unwrap();
+        let vocab = c.vocab_size as u32;
+        let err = check_batch(&c, &[row(1, 0), row(3, vocab)], 16, held).unwrap_err();
+        assert!(matches!(err, BackendError::BadToken { token, .. } if token == vocab), "{err}");
+        let err = check_batch(&c, &[row(1, 0), row(3, 1), row(1, 2)], 16, held).unwrap_err();
+        assert!(err.to_string().contains("session 1 appears twice"), "{err}");
+        let err = check_batch(&c, &[row(1, 0), row(2, 1)], 16, held).unwrap_err();
+        assert!(
+            matches!(err, BackendError::ContextFull { session: 2, needed: 17, capacity: 16 }),
+            "{err}"
+        );
     }
 
     #[test]

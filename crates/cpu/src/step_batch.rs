@@ -1,0 +1,68 @@
+//! The batched decode step (`Backend::step_batch`): one token of each of B sessions through
+//! every layer together (batch.rs), each weight row read once for all B, then the output head
+//! for all B. Each token attends over its own session's cache at its own position; its logits
+//! are bit-identical to running it alone (batch.rs says why).
+
+use q4moe_model::backend::{check_batch, BackendResult, BatchOut, BatchRow};
+
+use crate::batch::Seats;
+use crate::kv::KvCache;
+use crate::CpuBackend;
+
+impl CpuBackend {
+    pub(crate) fn run_batch(
+        &mut self,
+        rows: &mut [BatchRow<'_>],
+        out: &mut BatchOut,
+    ) -> BackendResult<()> {
+        let c = &self.model.config;
+        check_batch(c, rows, self.kv_capacity, |s| {
+            self.sessions.get(&s).map_or(0, KvCache::len)
+        })?;
+        out.logits.clear();
+        out.tokens.clear();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // The rows' caches, moved out of the map for the step (sessions are distinct: checked)
+        // and back after; a new session starts empty.
+        let mut kvs: Vec<KvCache> = rows
+            .iter()
+            .map(|r| {
+                self.sessions
+                    .remove(&r.session)
+                    .unwrap_or_else(|| KvCache::new(c, self.kv_type))
+            })
+            .collect();
+        let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
+        let (model, weights) = (&self.model, &self.weights);
+        self.batch.run(
+            model,
+            weights,
+            &mut Seats::Sessions(&mut kvs),
+            &tokens,
+            &mut self.scratch,
+        );
+        self.batch
+            .head(model, weights, &self.scratch, &mut out.logits);
+        for (row, kv) in rows.iter().zip(kvs) {
+            self.sessions.insert(row.session, kv);
+        }
+        choose_tokens(rows, out, &mut self.scratch.logits);
+        Ok(())
+    }
+}
+
+/// Each row with a sampler samples from a copy of its logits (the penalties change them in
+/// place; `out.logits` keeps them as computed), as `decode` samples a token.
+fn choose_tokens(rows: &mut [BatchRow<'_>], out: &mut BatchOut, tmp: &mut Vec<f32>) {
+    let vocab = out.logits.len() / rows.len();
+    for (row, logits) in rows.iter_mut().zip(out.logits.chunks(vocab)) {
+        let token = row.sampler.as_deref_mut().map(|sampler| {
+            tmp.clear();
+            tmp.extend_from_slice(logits);
+            sampler.sample(tmp)
+        });
+        out.tokens.push(token);
+    }
+}
