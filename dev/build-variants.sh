@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds the release binary and the CUDA parity test of each git ref into variants/<name>/, so
-# one device call can check and time several kernel variants side by side:
-#   scripts/build-variants.sh main next/gate-up-one-row next/att-chunk-32
+# Builds the release binary and the CUDA test binaries of each git ref into variants/<name>/, so
+# one device call can time a ref against another (dev/gpu-check.sh ab):
+#   dev/build-variants.sh main next/gate-up-one-row
 #   tar czf variants.tar.gz variants
-#   run(command="tar xzf variants.tar.gz; Q=variants/main/q4moe bash scripts/gpu-check.sh variants",
-#       carry=["variants.tar.gz"])
+#   run(command="tar xzf variants.tar.gz; BASE=variants/main/q4moe Q=variants/next-gate-up-one-row/q4moe
+#       bash dev/gpu-check.sh ab:q4_0 ab:q4_k_m", carry=["variants.tar.gz"])
 # Each ref builds in its own worktree and target directory (kernels are embedded at build time).
 # About 15 MB a variant (stripped: the binary, the parity and the kernel tests, the launch-chain
 # bench where the build has it), ~5.5 MB

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Copies the kernel sources of each git ref into variants/<name>/cu/, so one device call can
-# time kernel variants with one binary (the carried target/release/q4moe and test binaries, run
-# with Q4MOE_CUDA_KERNEL_DIR: scripts/gpu-check.sh `variants`). Only for refs whose Rust code
-# matches the carried build; a ref that changes Rust needs scripts/build-variants.sh.
-#   scripts/kernel-variants.sh next/att-walk next/att-exp2
+# time kernel variants with one binary (the carried target/release/q4moe, reading its kernels
+# from that directory: the CUDA option kernel_dir):
+#   dev/kernel-variants.sh next/att-walk
+#   BASE=target/release/q4moe Q_ARGS="--cuda-opt kernel_dir=variants/next-att-walk/cu" \
+#     bash dev/gpu-check.sh ab:q4_0          (carry "variants" and target/release/q4moe)
+# Only for refs whose Rust code matches the carried build; a ref that changes Rust needs
+# dev/build-variants.sh.
 set -eu -o pipefail
 root=$(git rev-parse --show-toplevel)
 for ref in "$@"; do

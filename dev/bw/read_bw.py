@@ -2,7 +2,7 @@
 a read-only reduction against a device-to-device copy, over buffers much larger than L2.
 q4moe's bench reports its `copy_bandwidth_gb_s` as a copy's read + write bytes; this says how
 much a kernel that only reads can get, i.e. the ceiling for the weight-streaming kernels.
-    python3 tools/bw/read_bw.py [MiB, default 1024]"""
+    python3 dev/bw/read_bw.py [MiB, default 1024]"""
 import sys
 import torch
 

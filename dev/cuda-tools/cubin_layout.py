@@ -2,7 +2,7 @@
 """Where each kernel's code sits in a cubin (the ELF file NVRTC writes, cached by q4moe under
 ~/.cache/q4moe/kernels), and how two cubins' placements differ.
 
-Why: builds whose executed kernels are unchanged have read 0.5-1.6% apart (NOTES.md sessions
+Why: builds whose executed kernels are unchanged have read 0.5-1.6% apart (docs/performance.md, sessions
 33-34, 40: "the build effect"); this shows which kernels moved, by how much, and which grew.
 
   cubin_layout.py A.cubin              each kernel's code section: order, offset, size, registers

@@ -4,7 +4,7 @@ crossing bucket, a weighted radix select over the edge's weight bits in any orde
 count select by id) against the host's rule (q4moe_model::sampling: the first token, best first
 and ties by id, where the running fixed-point sum reaches nucleus_target) on random, flat and
 tied weights. Logic only (no CUDA): run with numpy, prints ok.
-usage: python3 crates/cuda/tools/nucleus_emu.py"""
+usage: python3 dev/cuda-tools/nucleus_emu.py"""
 import numpy as np, struct, random
 def bits(x): return struct.unpack('<I', struct.pack('<f', np.float32(x)))[0]
 def f32(b): return struct.unpack('<f', struct.pack('<I', b))[0]

@@ -3,7 +3,7 @@
 
 Why: a launch's time in the step is its dependent chain after griddepcontrol.wait (ACQBULK in
 SASS). A load issued there only after a shuffle has waited for an earlier load adds a second
-round trip to that chain; session 44 measured such orders at -1.5 to -6% (crates/cuda/NOTES.md).
+round trip to that chain; session 44 measured such orders at -1.5 to -6% (docs/performance.md).
 For each function and each ACQBULK, this walks the instructions in address order up to the
 first BAR.SYNC or EXIT (branches are not followed: both sides of a branch are read in turn,
 so a flag in code a launch does not take at run time is possible) and counts the global loads

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SASS instruction counts and registers per kernel of two git refs' kernels, compiled here like
 # the runtime does (nvrtc_check.py, sm_90, f16 KV cache), the kernels that differ listed: the
-# check after any change to a weight kernel (NOTES.md session 25: read its first loads' order
-# too, `cuobjdump -sass -fun <kernel>` on the cubins it leaves in $SASS_DIFF_OUT).
-#   crates/cuda/tools/sass_diff.sh main next/q4k-addr32 [kernel name regex]
+# check after any change to a weight kernel (read its first loads' order too, `cuobjdump -sass
+# -fun <kernel>` on the cubins it leaves in $SASS_DIFF_OUT: docs/performance.md, session 25).
+#   dev/cuda-tools/sass_diff.sh main next/q4k-addr32 [kernel name regex]
 # Needs the pip NVRTC and cuobjdump (PYTHON, default /work/pyenv/bin/python, and its
 # nvidia/cu13/bin on PATH).
 set -eu -o pipefail
@@ -17,7 +17,7 @@ for side in a b; do
   ref=$([ $side = a ] && echo "$1" || echo "$2")
   mkdir -p "$out/$side"
   git -C "$root" archive "$ref" crates/cuda/kernels | tar x -C "$out/$side" --strip-components=3
-  Q4MOE_CUDA_KERNEL_DIR="$out/$side" "$py" "$root/crates/cuda/tools/nvrtc_check.py" sm_90 "$out/$side.cubin" \
+  "$py" "$root/dev/cuda-tools/nvrtc_check.py" --kernels "$out/$side" sm_90 "$out/$side.cubin" \
     -DKV_F16 --ptxas-options=-v > "$out/$side.log" 2>&1 || { tail -20 "$out/$side.log"; exit 1; }
   # name instructions registers, a kernel a line
   cuobjdump -sass "$out/$side.cubin" | awk '/Function :/ {f=$3} /^ +\/\*[0-9a-f]+\*\// {n[f]++} END {for (k in n) print k, n[k]}' \

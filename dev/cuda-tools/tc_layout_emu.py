@@ -3,7 +3,7 @@
 PTX ISA's fragment layouts of mma.m16n8k16 (f16) and ldmatrix.x4.trans, against direct attention:
 the dims' permutation inside each 16-dim step, K's B operands from a thread's 16-byte loads, P
 taken from the S^T accumulators as they stand, V's B operands through ldmatrix.trans. Runs
-without a GPU (needs numpy): python3 crates/cuda/tools/tc_layout_emu.py"""
+without a GPU (needs numpy): python3 dev/cuda-tools/tc_layout_emu.py"""
 import numpy as np
 rng = np.random.default_rng(1)
 Q = rng.standard_normal((8, 128)).astype(np.float32)

@@ -2,7 +2,7 @@
 # Cross-check with llama.cpp: synthetic GGUFs written by `q4moe synth` must load in llama.cpp as a
 # real Qwen3-MoE file does, and greedy text should match q4moe's. Not run in CI (it builds
 # llama.cpp from the llama-cpp-python sdist, whose vendor/ folder holds llama.cpp's source).
-#   tools/llamacpp_check/check.sh [WORKDIR]        (needs cmake, a C++ compiler, network to PyPI)
+#   dev/llamacpp_check/check.sh [WORKDIR]        (needs cmake, a C++ compiler, network to PyPI)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-/tmp/q4moe-llamacpp}

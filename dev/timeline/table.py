@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The launch timeline of a `q4moe bench --json-out` record as one row per kernel.
 
-The bench writes the timeline (Q4MOE_CUDA_TIMELINE=1, crates/cuda/src/timeline.rs) as profile
+A build with q4moe-cuda's cargo feature `timeline` (crates/cuda/src/timeline.rs; the probe
+perturbs what it measures, so compare marks between probe builds only) writes the timeline as profile
 entries "timeline <kernel> <what>", µs a call: lead, pass, in, x, mid, end, release, step,
 spread. This prints them side by side, in the layer's launch order, so a launch's step reads as
 its parts: the pass skew, the input's first value (in), the input staged (x), the midpoint
