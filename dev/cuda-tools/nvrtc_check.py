@@ -9,6 +9,7 @@ usage: python3 dev/cuda-tools/nvrtc_check.py [sm_90] [out.cubin] [extra NVRTC op
   -DQ4MOE_TIMELINE (the `timeline` feature's probe build).
   --kernels DIR   compile the same file names from DIR (another ref's kernels:
                   `git archive <ref> crates/cuda/kernels | tar x -C DIR --strip-components=3`)
+  --src DIR       read the source list from DIR (another ref's crates/cuda/src) instead
   --nvrtc LIB     the libnvrtc to load (default: the pip wheel under /work/pyenv, else the system's)
 The cubin goes to out.cubin (default /tmp/q4moe_kernels.cubin) for `cuobjdump -res-usage` /
 `-sass` (dev/cuda-tools/README.md)."""
@@ -22,13 +23,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENTRY = re.compile(r'include_str!\("(?:\.\./)+kernels/([\w.]+)"\)')
 
 
-def source_order():
+def source_order(src_dir):
     """The kernel files in the runtime's order: the Rust file that embeds common.cuh lists them."""
-    for rs in sorted((ROOT / "crates/cuda/src").rglob("*.rs")):
+    for rs in sorted(pathlib.Path(src_dir).rglob("*.rs")):
         names = ENTRY.findall(rs.read_text())
         if "common.cuh" in names:
             return names
-    sys.exit("no NVRTC source list (include_str! of kernels/common.cuh) under crates/cuda/src")
+    sys.exit(f"no NVRTC source list (include_str! of kernels/common.cuh) under {src_dir}")
 
 
 def load_nvrtc(path):
@@ -59,10 +60,14 @@ def take(args, flag):
 def main():
     args = sys.argv[1:]
     kdir = pathlib.Path(take(args, "--kernels") or ROOT / "crates/cuda/kernels")
+    order = source_order(take(args, "--src") or ROOT / "crates/cuda/src")
     lib = load_nvrtc(take(args, "--nvrtc"))
     arch = args[0] if args else "sm_90"
     out = args[1] if len(args) > 1 else "/tmp/q4moe_kernels.cubin"
-    src = "".join(f"// ---- {n}\n{(kdir / n).read_text()}\n" for n in source_order())
+    missing = [n for n in order if not (kdir / n).is_file()]
+    if missing:
+        sys.exit(f"{kdir} lacks {missing}, which the source list names ({' '.join(order)})")
+    src = "".join(f"// ---- {n}\n{(kdir / n).read_text()}\n" for n in order)
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"q4moe_kernels.cu", 0, None, None):
         sys.exit("nvrtcCreateProgram failed")
@@ -82,7 +87,7 @@ def main():
     buf = ctypes.create_string_buffer(n.value)
     lib.nvrtcGetCUBIN(prog, buf)
     pathlib.Path(out).write_bytes(buf.raw)
-    print("ok", out, n.value, "bytes;", " ".join(source_order()))
+    print("ok", out, n.value, "bytes;", " ".join(order))
 
 
 if __name__ == "__main__":

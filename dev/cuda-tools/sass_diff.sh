@@ -16,8 +16,10 @@ out=${SASS_DIFF_OUT:-$(mktemp -d)}
 for side in a b; do
   ref=$([ $side = a ] && echo "$1" || echo "$2")
   mkdir -p "$out/$side"
-  git -C "$root" archive "$ref" crates/cuda/kernels | tar x -C "$out/$side" --strip-components=3
-  "$py" "$root/dev/cuda-tools/nvrtc_check.py" --kernels "$out/$side" sm_90 "$out/$side.cubin" \
+  # The ref's kernels and its source list (crates/cuda/src), which may name other files.
+  git -C "$root" archive "$ref" crates/cuda/kernels crates/cuda/src | tar x -C "$out/$side"
+  "$py" "$root/dev/cuda-tools/nvrtc_check.py" --kernels "$out/$side/crates/cuda/kernels" \
+    --src "$out/$side/crates/cuda/src" sm_90 "$out/$side.cubin" \
     -DKV_F16 --ptxas-options=-v > "$out/$side.log" 2>&1 || { tail -20 "$out/$side.log"; exit 1; }
   # name instructions registers, a kernel a line
   cuobjdump -sass "$out/$side.cubin" | awk '/Function :/ {f=$3} /^ +\/\*[0-9a-f]+\*\// {n[f]++} END {for (k in n) print k, n[k]}' \
