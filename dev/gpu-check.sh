@@ -7,7 +7,8 @@
 #              "target/release/deps/parity-<hash>"])
 # Steps (default: tests bench:q4_0 bench:q4_k_m):
 #   tests          every carried CUDA test binary (TEST_BINS, default "kernels parity": the newest
-#                  target/release/deps/<name>-*) with --include-ignored; pass/fail counts.
+#                  target/release/deps/<name>-*) with --include-ignored; pass/fail counts. The
+#                  probe's test: TEST_BINS="timeline", built with `--features q4moe-cuda/timeline`.
 #   sanitize       compute-sanitizer memcheck on the tiny parity tests and on the kernel tests.
 #   bench:<quant>  `q4moe bench` of record (q4_0, q4_k_m) on a synthetic Qwen3-30B-A3B written
 #                  once per quant to /tmp; JSON to $OUT/bench-<quant>.json.
@@ -25,6 +26,7 @@ mkdir -p "$OUT"
 Q=${Q:-target/release/q4moe}
 BASE=${BASE:-target/baseline/q4moe}
 ROUNDS=${ROUNDS:-5}
+export Q4MOE_NO_PROGRESS=1  # no progress bars in the logs (the records were made so)
 steps=${*:-tests bench:q4_0 bench:q4_k_m}
 failed=0
 
