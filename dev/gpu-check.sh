@@ -8,7 +8,7 @@
 # Steps (default: tests bench:q4_0 bench:q4_k_m):
 #   tests          every carried CUDA test binary (TEST_BINS, default "kernels parity": the newest
 #                  target/release/deps/<name>-*) with --include-ignored; pass/fail counts. The
-#                  probe's test: TEST_BINS="timeline", built with `--features q4moe-cuda/timeline`.
+#                  probe's test: TEST_BINS="timeline" (`cargo test --release -p q4moe-cuda --features timeline --no-run`).
 #   sanitize       compute-sanitizer memcheck on the tiny parity tests and on the kernel tests.
 #   bench:<quant>  `q4moe bench` of record (q4_0, q4_k_m) on a synthetic Qwen3-30B-A3B written
 #                  once per quant to /tmp; JSON to $OUT/bench-<quant>.json.
