@@ -1,5 +1,5 @@
 //! Serves a GGUF (or a synthetic tiny model written to a temp dir) until Ctrl-C, for driving the
-//! server by hand or with tools/openai_e2e before the CLI's `serve` exists.
+//! server by hand or with dev/openai_e2e before the CLI's `serve` exists.
 //!
 //! cargo run -p q4moe-server --example serve_tiny -- [--model F.gguf] [--port 8080] [--api-key K] [--device cpu]
 
