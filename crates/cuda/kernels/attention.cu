@@ -46,6 +46,11 @@ struct RopeParams {
     float eps;
     float theta;
 };
+SIZE_IS(RopeParams, 80); FIELD_AT(RopeParams, qkv, 0); FIELD_AT(RopeParams, q_out, 8);
+FIELD_AT(RopeParams, q_norm, 16); FIELD_AT(RopeParams, k_norm, 24); FIELD_AT(RopeParams, k_cache, 32);
+FIELD_AT(RopeParams, v_cache, 40); FIELD_AT(RopeParams, state, 48); FIELD_AT(RopeParams, n_head, 56);
+FIELD_AT(RopeParams, n_kv_head, 60); FIELD_AT(RopeParams, head_dim, 64); FIELD_AT(RopeParams, eps, 68);
+FIELD_AT(RopeParams, theta, 72);
 
 // A head's RMS factor from its whole sum of squares (Qwen3's per-head q / k norm).
 __device__ __forceinline__ float head_rms(float ss, int hd, float eps) { return rsqrtf(ss / (float)hd + eps); }
@@ -101,6 +106,10 @@ struct AttnParams {
     int n_split;
     float scale;
 };
+SIZE_IS(AttnParams, 72); FIELD_AT(AttnParams, q, 0); FIELD_AT(AttnParams, k_cache, 8);
+FIELD_AT(AttnParams, v_cache, 16); FIELD_AT(AttnParams, part, 24); FIELD_AT(AttnParams, out, 32);
+FIELD_AT(AttnParams, state, 40); FIELD_AT(AttnParams, n_head, 48); FIELD_AT(AttnParams, n_kv_head, 52);
+FIELD_AT(AttnParams, head_dim, 56); FIELD_AT(AttnParams, n_split, 60); FIELD_AT(AttnParams, scale, 64);
 
 // Chunk blockIdx.y of head blockIdx.x; 128 threads. Chunks past the sequence write an empty
 // partial.
@@ -219,6 +228,14 @@ struct AttnGqaParams {
                      // shared memory before pdl_wait (0 elsewhere); a KV head whose positions
                      // fit one block's 8 * (1 + stage) tiles takes one block, with no merge
 };
+SIZE_IS(AttnGqaParams, 112); FIELD_AT(AttnGqaParams, qkv, 0); FIELD_AT(AttnGqaParams, q_norm, 8);
+FIELD_AT(AttnGqaParams, k_norm, 16); FIELD_AT(AttnGqaParams, k_cache, 24);
+FIELD_AT(AttnGqaParams, v_cache, 32); FIELD_AT(AttnGqaParams, part, 40); FIELD_AT(AttnGqaParams, state, 48);
+FIELD_AT(AttnGqaParams, out, 56); FIELD_AT(AttnGqaParams, done, 64); FIELD_AT(AttnGqaParams, n_head, 72);
+FIELD_AT(AttnGqaParams, n_kv_head, 76); FIELD_AT(AttnGqaParams, head_dim, 80);
+FIELD_AT(AttnGqaParams, n_split, 84); FIELD_AT(AttnGqaParams, scale, 88); FIELD_AT(AttnGqaParams, eps, 92);
+FIELD_AT(AttnGqaParams, theta, 96); FIELD_AT(AttnGqaParams, max_blocks, 100);
+FIELD_AT(AttnGqaParams, min_span, 104); FIELD_AT(AttnGqaParams, stage, 108);
 
 // RoPE angles of a lane's rotated pairs (i = lane, lane + 32) at `pos`, and its norm weights
 // (dims lane, lane + 32, ..): they depend on pos and weights only, so attn_gqa takes them before

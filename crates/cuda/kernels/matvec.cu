@@ -22,6 +22,11 @@ struct MatvecParams {
     int rows_per_warp;
     float eps;
 };
+SIZE_IS(MatvecParams, 152); FIELD_AT(MatvecParams, w, 0); FIELD_AT(MatvecParams, out, 72);
+FIELD_AT(MatvecParams, in, 96); FIELD_AT(MatvecParams, norm, 104); FIELD_AT(MatvecParams, xn_out, 112);
+FIELD_AT(MatvecParams, rows, 120); FIELD_AT(MatvecParams, n_w, 132); FIELD_AT(MatvecParams, k, 136);
+FIELD_AT(MatvecParams, accumulate, 140); FIELD_AT(MatvecParams, rows_per_warp, 144);
+FIELD_AT(MatvecParams, eps, 148);
 
 __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float* red, Unit u) {
     load_x(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
@@ -171,6 +176,8 @@ struct EmbedParams {
     u64 state;  // StepState*
     u64 x;      // float* [k]
 };
+SIZE_IS(EmbedParams, 40); FIELD_AT(EmbedParams, w, 0); FIELD_AT(EmbedParams, state, 24);
+FIELD_AT(EmbedParams, x, 32);
 
 __device__ __forceinline__ void embed_unit(const EmbedParams& p, Unit u) {
     u32 tok = ((const StepState*)p.state)->token;

@@ -8,6 +8,9 @@ struct TopkParams {
     int n_used;
     int norm_topk;
 };
+SIZE_IS(TopkParams, 40); FIELD_AT(TopkParams, logits, 0); FIELD_AT(TopkParams, ids, 8);
+FIELD_AT(TopkParams, weights, 16); FIELD_AT(TopkParams, n_expert, 24); FIELD_AT(TopkParams, n_used, 28);
+FIELD_AT(TopkParams, norm_topk, 32);
 
 // Logits a lane of topk_block's first warp holds in registers (n_expert <= 256).
 #define TOPK_REG 8
@@ -122,6 +125,11 @@ struct RouterParams {
     int norm_topk;
     float eps;
 };
+SIZE_IS(RouterParams, 88); FIELD_AT(RouterParams, w, 0); FIELD_AT(RouterParams, in, 8);
+FIELD_AT(RouterParams, norm, 16); FIELD_AT(RouterParams, xn_out, 24); FIELD_AT(RouterParams, logits, 32);
+FIELD_AT(RouterParams, ids, 40); FIELD_AT(RouterParams, weights, 48); FIELD_AT(RouterParams, counter, 56);
+FIELD_AT(RouterParams, n_expert, 64); FIELD_AT(RouterParams, k, 68); FIELD_AT(RouterParams, n_used, 72);
+FIELD_AT(RouterParams, norm_topk, 76); FIELD_AT(RouterParams, eps, 80);
 
 // The logit of router row `row` (this warp's; every lane gets it): the row's F32 weights load
 // before pdl_wait, then the normalised input into xs (unpadded; k % 128 == 0, <= 2048), which
@@ -236,10 +244,16 @@ struct RouterFold {
     int q_dim;    // <= 4 * RF_A * blockDim
     int n_used;
 };
+SIZE_IS(RouterFold, 80); FIELD_AT(RouterFold, w, 0); FIELD_AT(RouterFold, fold, 8);
+FIELD_AT(RouterFold, norm, 16); FIELD_AT(RouterFold, x, 24); FIELD_AT(RouterFold, slots, 32);
+FIELD_AT(RouterFold, ids, 40); FIELD_AT(RouterFold, sel, 48); FIELD_AT(RouterFold, epoch, 56);
+FIELD_AT(RouterFold, n_expert, 64); FIELD_AT(RouterFold, d_model, 68); FIELD_AT(RouterFold, q_dim, 72);
+FIELD_AT(RouterFold, n_used, 76);
 struct OprojRouterParams {
     MatvecParams mv;  // o_proj: accumulate, its residual read from RouterFold::x
     RouterFold r;
 };
+SIZE_IS(OprojRouterParams, 232); FIELD_AT(OprojRouterParams, mv, 0); FIELD_AT(OprojRouterParams, r, 152);
 #define RF_X 2
 #define RF_A 4
 
@@ -390,6 +404,9 @@ struct FoldBuildParams {
     int d_model;
     int q_dim;
 };
+SIZE_IS(FoldBuildParams, 56); FIELD_AT(FoldBuildParams, o, 0); FIELD_AT(FoldBuildParams, router, 24);
+FIELD_AT(FoldBuildParams, norm, 32); FIELD_AT(FoldBuildParams, out, 40);
+FIELD_AT(FoldBuildParams, d_model, 48); FIELD_AT(FoldBuildParams, q_dim, 52);
 extern "C" __global__ void router_fold_build(const FoldBuildParams p) {
     int j = blockIdx.x * blockDim.x + threadIdx.x, e = blockIdx.y;
     if (j >= p.q_dim) return;
@@ -407,6 +424,8 @@ struct Experts {
     int n_used;   // <= 32
     int scratch;  // float offset of 64 floats of the block's dynamic shared memory for them
 };
+SIZE_IS(Experts, 24); FIELD_AT(Experts, ids, 0); FIELD_AT(Experts, weights, 8); FIELD_AT(Experts, n_used, 16);
+FIELD_AT(Experts, scratch, 20);
 
 // The experts' ids and weights into shared memory (weights at `ws`, ids at `ids`), through L2:
 // moe_down reads them before pdl_wait (the router ran two launches before it), so it can issue
@@ -433,6 +452,10 @@ struct GateUpParams {
     int rows_per_warp;
     float eps;
 };
+SIZE_IS(GateUpParams, 112); FIELD_AT(GateUpParams, gate, 0); FIELD_AT(GateUpParams, up, 24);
+FIELD_AT(GateUpParams, xn, 48); FIELD_AT(GateUpParams, h, 56); FIELD_AT(GateUpParams, norm, 64);
+FIELD_AT(GateUpParams, experts, 72); FIELD_AT(GateUpParams, d_ff, 96);
+FIELD_AT(GateUpParams, rows_per_warp, 100); FIELD_AT(GateUpParams, eps, 104);
 
 // One unit of the staged gate/up modes: NR rows a warp of the gate and up of the slot's expert
 // e, their weights loaded first, then h = silu(gate) * up against the quantised input, whose
@@ -594,6 +617,11 @@ struct DownParams {
     int norm_topk;
     float eps;
 };
+SIZE_IS(DownParams, 104); FIELD_AT(DownParams, down, 0); FIELD_AT(DownParams, h, 24);
+FIELD_AT(DownParams, x, 32); FIELD_AT(DownParams, out, 40); FIELD_AT(DownParams, slots, 48);
+FIELD_AT(DownParams, experts, 56); FIELD_AT(DownParams, d_model, 80); FIELD_AT(DownParams, n_used, 84);
+FIELD_AT(DownParams, rows_per_warp, 88); FIELD_AT(DownParams, n_expert, 92);
+FIELD_AT(DownParams, norm_topk, 96); FIELD_AT(DownParams, eps, 100);
 
 // softmax(s * logits) at the chosen experts, whose unscaled logits `ws` holds in rank order,
 // renormalised over them with norm_topk, in place (warp 0; ends with a barrier). Without
@@ -642,7 +670,7 @@ __device__ __forceinline__ void fold_weights(const DownParams& p, const FoldX& x
 // Stages h [n_used, dff] in shared memory at `dst`, float4 loads issued LOAD_V * 2 at a time per
 // thread (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
 // or X_QUANT as quantised groups, slot after slot (group f = slot * dff / 32 + block; plen
-// unused). Shared by moe_down and the fused step's down phase.
+// unused).
 template <int OUT>
 __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff, void* dst, int plen) {
     int nv = n_used * dff >> 2;

@@ -6,7 +6,7 @@ Q4MOE_CUDA_KERNEL_DIR=<dir> compiles the same file names from that directory (as
 import ctypes, glob, os, sys
 here = os.path.dirname(os.path.abspath(__file__))
 kdir = os.environ.get("Q4MOE_CUDA_KERNEL_DIR") or os.path.join(here, "..", "kernels")
-order = ["common.cuh", "matvec.cu", "attention.cu", "moe.cu", "sample.cu", "probe.cu", "prefill.cu"]
+order = ["common.cuh", "quant.cuh", "matvec.cu", "attention.cu", "moe.cu", "sample.cu", "probe.cu", "prefill.cu", "prefill_attn.cu"]
 src = "".join(f"// ---- {n}\n{open(os.path.join(kdir, n)).read()}\n" for n in order)
 lib = None
 for p in glob.glob("/work/pyenv/lib/python3.11/site-packages/nvidia/cu13/lib/libnvrtc.so*") + ["libnvrtc.so"]:
