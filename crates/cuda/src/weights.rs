@@ -8,12 +8,21 @@ use std::ops::Range;
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, Model, QTensor};
 
-use crate::device::{DevBuf, Device, Kernel, Launch};
+use crate::device::Device;
+use crate::kernel::Kernel;
+use crate::launch::Launch;
+use crate::memory::DevBuf;
 use crate::params::{FoldBuildParams, Qw, RF_MAX_D_MODEL, RF_MAX_EXPERTS, RF_MAX_Q_DIM};
-use crate::repack::{aux_bytes, plane_bytes, write_planes};
-use crate::{CudaError, Result};
+use crate::repack::{aux_bytes, device_row_bytes, plane_bytes, write_planes};
+use crate::{CudaError, CudaOptions, Result};
 
 const ALIGN: usize = 256;
+
+/// Device bytes of `rows` rows of `w` as repacked (for the kernel profile and L2 windows).
+pub(crate) fn weight_bytes(w: &Qw, rows: usize) -> u64 {
+    let ty = GgmlType::from_id(w.ty as u32).expect("a type the weights were uploaded as");
+    (device_row_bytes(ty, w.k as usize) * rows) as u64
+}
 
 /// One layer's weights as kernel descriptors and norm pointers.
 #[derive(Clone, Debug)]
@@ -155,12 +164,11 @@ fn device_bytes(model: &Model, p: &Place) -> Vec<u8> {
 
 /// Whether o_proj's launch takes the router (moe.cu RouterFold), when `wanted`
 /// (CudaOptions::router_fold): an F32 router whose rows fit the router blocks' registers, whose
-/// top-k fits in shared memory, and not with Q4MOE_CUDA_LEGACY. step.rs folds the layers only
-/// where o_proj and the experts have staged modes as well.
+/// top-k fits in shared memory. step.rs folds the layers only where o_proj and the experts have
+/// staged modes as well.
 fn router_fold_applies(model: &Model, wanted: bool) -> bool {
     let c = &model.config;
     wanted
-        && std::env::var_os("Q4MOE_CUDA_LEGACY").is_none()
         && c.d_model <= RF_MAX_D_MODEL
         && c.q_dim() <= RF_MAX_Q_DIM
         && c.n_expert <= RF_MAX_EXPERTS
@@ -210,14 +218,15 @@ fn build_folds(dev: &Device, c: &Config, layers: &mut [LayerW]) -> Result<DevBuf
     Ok(buf)
 }
 
-/// Checks that weights, KV and scratch fit, then uploads every tensor with a progress bar, and
-/// builds the router folds when `router_fold` (CudaOptions) and they apply.
+/// Checks that weights, KV and scratch fit, then uploads every tensor (with a progress bar
+/// where `opts.progress`), and builds the router folds when `opts.router_fold` and they apply.
 pub fn upload(
     dev: &Device,
     model: &Model,
     extra_bytes: usize,
-    router_fold: bool,
+    opts: &CudaOptions,
 ) -> Result<Weights> {
+    let router_fold = opts.router_fold;
     let (places, total) = plan(model)?;
     let fold = router_fold_applies(model, router_fold);
     let (free, _) = dev.free_mem()?;
@@ -226,7 +235,7 @@ pub fn upload(
         return Err(CudaError::OutOfMemory { need, free });
     }
     let buf = DevBuf::new(dev, total)?;
-    let bar = if std::env::var_os("Q4MOE_NO_PROGRESS").is_none() && total > (64 << 20) {
+    let bar = if opts.progress && total > (64 << 20) {
         indicatif::ProgressBar::new(total as u64)
     } else {
         indicatif::ProgressBar::hidden()
