@@ -463,14 +463,14 @@ __device__ __forceinline__ void gqa_stage_new(const AttnGqaParams& p, float (&qs
 // grid (n_kv_head, blocks), 256 threads; block u.y holds the `span` chunks from chunk u.y * span
 // (callers skip blocks past the positions: the merges read active blocks only). A chunk's
 // scores and P V are folded into running per-head sums (maximum, l, acc rescaled when the
-// maximum rises), so span 1 computes exactly the one-chunk partial. With `pdl` the first chunk's
-// K/V rows (written by earlier steps, so immutable now) load before pdl_wait; each later
+// maximum rises), so span 1 computes exactly the one-chunk partial. The first chunk's K/V rows
+// (written by earlier steps, so immutable now) load before pdl_wait; each later
 // chunk's load is issued before the chunk ahead of it is computed. HD / GG: head_dim and the
 // group size as constants (0: read from p). `direct`: the block holds all of the KV head's
 // positions, so it writes the heads' outputs (acc / l, what the merge of one partial gives bit
 // for bit) instead of a partial.
 template <int HD = 0, int GG = 0>
-__device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u, bool pdl, int span, bool direct = false) {
+__device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& sm, Unit u, int span, bool direct = false) {
     float (&qs)[8][128] = sm.qs;
     float* knew = sm.knew;
     float* vnew = sm.vnew;
@@ -495,7 +495,7 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
     float qn[4], kn[4];
     lane_norm((const float*)p.q_norm, hd, qn);
     lane_norm((const float*)p.k_norm, hd, kn);
-    if (pdl) pdl_start();
+    pdl_start();
     bool has_new = (int)pos >= first && (int)pos < last;
     gqa_stage_new<HD, GG>(p, qs, knew, vnew, kvh, pos, has_new, rp, qn, kn);
 #pragma unroll
@@ -587,7 +587,7 @@ __device__ __forceinline__ void attn_gqa_blocks(const AttnGqaParams& p) {
     GqaSpan w = gqa_span(p);
     if (u.y >= w.n_act) return;  // no position here; the merge reads active blocks only
     // One block a KV head: no partial, fence, count or reload on the way to o_proj.
-    attn_gqa_unit<HD, GG>(p, sm, u, true, w.span, w.n_act == 1);
+    attn_gqa_unit<HD, GG>(p, sm, u, w.span, w.n_act == 1);
     if (w.n_act > 1) attn_gqa_merge<HD, GG>(p, sm.ml, u.x, w.n_act);
 }
 

@@ -124,44 +124,44 @@ __device__ __forceinline__ void tl_record(unsigned long long ready, unsigned lon
     v[4] = (unsigned long long)(gridDim.x * gridDim.y * gridDim.z) << 40 | (unsigned long long)(blockDim.x * blockDim.y * blockDim.z) << 24 | dyn;
 }
 #endif
-// The launch timeline's mark `field` (TL_IN, TL_X, TL_MID, TL_END: tl_val's fields); nothing
-// without the probe. tl_mark: by the recorder blocks' thread 0; tl_mark_warps: by each of their
-// warps' lane 0 (the slowest warp's time).
+// The launch timeline's marks `field` (TL_IN, TL_X, TL_MID, TL_END: tl_val's fields).
+// tl_mark: by the recorder blocks' thread 0; tl_mark_warps: by each of their warps' lane 0 (the
+// slowest warp's time); tl_mark_after: tl_mark_warps once `dep` (a loaded value) has arrived.
+// Without the probe they are macros of nothing, their arguments not even evaluated, so the
+// product's kernels hold no trace of them.
 #define TL_X 5
 #define TL_END 6
 #define TL_IN 8
 #define TL_MID 9
-// A probe mark's dependency, not computed without the probe (its expression moved registers).
 #ifdef Q4MOE_TIMELINE
+// A probe mark's dependency, not computed without the probe (its expression moved registers).
 #define TL_DEP(x) (x)
-#else
-#define TL_DEP(x) 0.f
-#endif
 __device__ __forceinline__ void tl_put(int field) {
-#if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
+#if __CUDA_ARCH__ >= 900
     unsigned long long key, *v = tl_slot(key);  // a global address: a red the warp need not wait for
     asm volatile("red.relaxed.gpu.global.max.u64 [%0], %1;" ::"l"(v + field), "l"(global_ns()) : "memory");
 #endif
 }
 __device__ __forceinline__ void tl_mark(int field) {
-#if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
     if (tl_recorder()) tl_put(field);
-#endif
 }
 __device__ __forceinline__ void tl_mark_warps(int field) {
-#if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
     if (tl_warp_recorder()) tl_put(field);
-#endif
 }
-// tl_mark_warps once `dep` (a loaded value) has arrived: a branch on it comes first, so the
-// clock is read after the load's wait.
+// A branch on `dep` comes first, so the clock is read after the load's wait.
 __device__ __forceinline__ void tl_mark_after(int field, float dep) {
-#if defined(Q4MOE_TIMELINE) && __CUDA_ARCH__ >= 900
+#if __CUDA_ARCH__ >= 900
     if (!tl_warp_recorder()) return;
     if (__float_as_uint(dep) == 0x7fc0dead) asm volatile("trap;");
     tl_put(field);
 #endif
 }
+#else
+#define TL_DEP(x) 0.f
+#define tl_mark(field) ((void)0)
+#define tl_mark_warps(field) ((void)0)
+#define tl_mark_after(field, dep) ((void)0)
+#endif
 // Programmatic dependent launch (sm_90+): the step's kernels are launched with programmatic
 // stream serialisation, so a kernel may start while its predecessor finishes. Everything before
 // pdl_wait() may only read immutable data (weights); pdl_wait() returns once every predecessor

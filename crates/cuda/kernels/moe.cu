@@ -667,12 +667,10 @@ __device__ __forceinline__ void fold_weights(const DownParams& p, const FoldX& x
     chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const u64*)p.slots, p.n_used, p.n_expert, p.norm_topk);
 }
 
-// Stages h [n_used, dff] in shared memory at `dst`, float4 loads issued LOAD_V * 2 at a time per
-// thread (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
-// or X_QUANT as quantised groups, slot after slot (group f = slot * dff / 32 + block; plen
-// unused).
-template <int OUT>
-__device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff, void* dst, int plen) {
+// Stages h [n_used, dff] in shared memory at `dst` as quantised groups, slot after slot (group
+// f = slot * dff / 32 + block), float4 loads issued LOAD_V * 2 at a time per thread (dff is a
+// multiple of 32).
+__device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff, u32* dst) {
     int nv = n_used * dff >> 2;
     const float4* h4 = (const float4*)h;
     for (int base = 0; base < nv; base += 2 * LOAD_V * blockDim.x) {
@@ -686,15 +684,9 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
         if (base == 0) tl_mark_after(TL_IN, v[0].x);
 #pragma unroll
         for (int j = 0; j < 2 * LOAD_V; j++) {
+            if (base + j * (int)blockDim.x >= nv) break;  // no lane has values here
             int i = base + threadIdx.x + j * blockDim.x;
-            if (OUT == X_QUANT) {
-                if (base + j * (int)blockDim.x >= nv) break;  // no lane has values here
-                quant_store((u32*)dst, i, v[j], i < nv);
-                continue;
-            }
-            if (i >= nv) continue;
-            int s = 4 * i / dff, e = 4 * i - s * dff;
-            *(float4*)((float*)dst + s * plen + pad_idx(e)) = v[j];
+            quant_store(dst, i, v[j], i < nv);
         }
     }
     __syncthreads();
@@ -705,7 +697,7 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
 // experts and the staged paths issue their weight loads before this.
 __device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
     pdl_start();
-    stage_slots<X_QUANT>((const float*)p.h, p.n_used, p.down.k, hq, 0);
+    stage_slots((const float*)p.h, p.n_used, p.down.k, hq);
 }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and

@@ -62,7 +62,7 @@ __device__ __forceinline__ void quant_store(u32* qx, int i4, float4 v, bool vali
     if ((k & 3) == 0) g[17 + (k >> 2)] = (u32)sq;
 }
 
-// Where load_x_fast / stage_slots put the values: plain floats, padded floats (pad_idx), or
+// Where load_x_fast puts the values: plain floats, padded floats (pad_idx), or
 // quantised groups (quant_store).
 #define X_PLAIN 0
 #define X_PAD 1

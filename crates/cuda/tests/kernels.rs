@@ -760,7 +760,7 @@ fn check_down(
     n_used: usize,
     fold: Option<bool>,
 ) {
-    let n_expert = n_used + 3;
+    let n_expert = n_used + 4;
     let mut rng = Rng::new(ty.id() as u64 * 13 + (d_model * 3 + d_ff * 5 + n_used) as u64);
     let down = quantized(ty, &mut rng, n_expert * d_model * d_ff);
     let h = randn(&mut rng, n_used * d_ff, 3.0);

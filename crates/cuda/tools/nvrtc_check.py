@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Compiles crates/cuda/kernels like device.rs does (one NVRTC program, common.cuh first) on a
+"""Compiles crates/cuda/kernels like src/nvrtc.rs does (one NVRTC program, its SOURCES order) on a
 machine without a GPU, prints the log, and writes the cubin (for cuobjdump/nvdisasm -res-usage).
 usage: python3 crates/cuda/tools/nvrtc_check.py [sm_90] [out.cubin] [extra NVRTC options, e.g. -DKV_F16]
-Q4MOE_CUDA_KERNEL_DIR=<dir> compiles the same file names from that directory (as the runtime does)."""
-import ctypes, glob, os, sys
+Q4MOE_CUDA_KERNEL_DIR=<dir> compiles the same file names from that directory (as
+CudaOptions::kernel_dir has the runtime do)."""
+import ctypes, glob, os, re, sys
 here = os.path.dirname(os.path.abspath(__file__))
 kdir = os.environ.get("Q4MOE_CUDA_KERNEL_DIR") or os.path.join(here, "..", "kernels")
-order = ["common.cuh", "quant.cuh", "matvec.cu", "attention.cu", "moe.cu", "sample.cu", "probe.cu", "prefill.cu", "prefill_attn.cu"]
+# The files and their order: src/nvrtc.rs SOURCES, the list the runtime compiles.
+order = re.findall(r'\("([\w.]+)", include_str!', open(os.path.join(here, "..", "src", "nvrtc.rs")).read())
+assert order and order[0] == "common.cuh", "no SOURCES list found in src/nvrtc.rs"
 src = "".join(f"// ---- {n}\n{open(os.path.join(kdir, n)).read()}\n" for n in order)
 lib = None
 for p in glob.glob("/work/pyenv/lib/python3.11/site-packages/nvidia/cu13/lib/libnvrtc.so*") + ["libnvrtc.so"]:
