@@ -10,11 +10,12 @@ use crate::{CudaError, Result};
 
 /// Kernel sources, one file per op family; compiled as one program behind `common.cuh` (the
 /// shared plumbing) and `quant.cuh` (the quantised dots).
-pub(crate) const SOURCES: [(&str, &str); 9] = [
+pub(crate) const SOURCES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
+    ("attention_tc.cu", include_str!("../kernels/attention_tc.cu")),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
     ("probe.cu", include_str!("../kernels/probe.cu")),

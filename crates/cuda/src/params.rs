@@ -73,7 +73,7 @@ pub const ATT_CHUNK: usize = 32;
 pub const ATT_MAX_BLOCKS: usize = 32;
 
 /// Tiles a warp of the tensor-core attention stages in shared memory at most (`TC_STAGE_MAX`
-/// in attention.cu), and the bytes each costs the block (8 warps x 16 uint4 x 32 lanes).
+/// in attention_tc.cu), and the bytes each costs the block (8 warps x 16 uint4 x 32 lanes).
 pub const ATT_TC_STAGE_MAX: usize = 2;
 pub const ATT_TC_STAGE_BYTES: u32 = 8 * 16 * 32 * 16;
 /// ... and by default: one (256 positions in one block). H200, quick bench, session 16: Q4_0
