@@ -677,7 +677,7 @@ fn check_gate_up(
     let up = quantized(ty, &mut rng, n_expert * d_ff * k);
     let (x, norm) = (randn(&mut rng, k, 2.0), randn(&mut rng, k, 1.0));
     let xn = rmsnorm(&x, &norm, 1e-6);
-    // distinct experts, the last one among them and never in order
+    // distinct experts, not in order
     let ids: Vec<i32> = (0..n_used)
         .map(|s| ((s * 5 + 2) % n_expert) as i32)
         .collect();
