@@ -104,7 +104,12 @@ impl CudaBackend {
             n => Prefill::bytes(&c, n),
         };
         let scratch_bytes = Scratch::bytes(&c, opts.kv_capacity);
-        let w = weights::upload(&dev, &model, kv_bytes + scratch_bytes + prefill_bytes, &opts)?;
+        let w = weights::upload(
+            &dev,
+            &model,
+            kv_bytes + scratch_bytes + prefill_bytes,
+            &opts,
+        )?;
         let l2 = L2Plan::new(dev.max_l2_window()?);
         let mut scratch = Scratch::new(&dev, &c, &opts, l2)?;
         tracing::debug!(
@@ -408,21 +413,14 @@ impl CudaBackend {
         backend::check_room(id, self.kv_len(id), extra, self.opts.kv_capacity)
     }
 
-    fn decode_device(
-        &mut self,
-        req: &DecodeRequest<'_>,
-        on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
-    ) -> Result<(DecodeStats, usize, bool)> {
-        let id = req.session;
-        let len0 = self.kv_len(id);
-        let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
-        let f = self.opts.in_flight;
+    /// The device's state for a decode of `req` from position `len0`: the step state, and the
+    /// sampler's settings, draw sequence and penalty counts where the choice uses them.
+    fn start_device_decode(&mut self, req: &DecodeRequest<'_>, len0: usize) -> Result<Choice> {
         self.set_state(StepState {
             token: req.first_token,
             pos: len0 as u32,
         })?;
         let choice = Choice::of(req.sampling);
-        let ending = Ending::Head(choice);
         let s = &self.scratch;
         if let Some(cfg) = step::sample_config(req.sampling) {
             s.sample_cfg
@@ -438,6 +436,19 @@ impl CudaBackend {
             let counts = host.counts(self.model.config.vocab_size);
             s.sample_counts.upload(&self.dev, 0, &counts)?;
         }
+        Ok(choice)
+    }
+
+    fn decode_device(
+        &mut self,
+        req: &DecodeRequest<'_>,
+        on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
+    ) -> Result<(DecodeStats, usize, bool)> {
+        let id = req.session;
+        let len0 = self.kv_len(id);
+        let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
+        let f = self.opts.in_flight;
+        let ending = Ending::Head(self.start_device_decode(req, len0)?);
         let mut phases = vec![PhaseTimes::default(); steps];
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
         // Up to `f` submissions of k_max steps (one graph each) ahead of the host, oldest first

@@ -79,6 +79,9 @@ mod tests {
         assert_eq!(big.bytes, 1 << 20);
         assert!(plan.stream(&[]).is_none());
         assert!(plan.stream(&[(a, 0)]).is_none());
-        assert!(L2Plan::new(0).stream(&[(a, 10)]).is_none(), "no L2 controls");
+        assert!(
+            L2Plan::new(0).stream(&[(a, 10)]).is_none(),
+            "no L2 controls"
+        );
     }
 }

@@ -15,13 +15,19 @@ pub(crate) const SOURCES: [(&str, &str); 10] = [
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),
-    ("attention_tc.cu", include_str!("../kernels/attention_tc.cu")),
+    (
+        "attention_tc.cu",
+        include_str!("../kernels/attention_tc.cu"),
+    ),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
     ("probe.cu", include_str!("../kernels/probe.cu")),
     // Last, so the decode kernels' code keeps its place in the module.
     ("prefill.cu", include_str!("../kernels/prefill.cu")),
-    ("prefill_attn.cu", include_str!("../kernels/prefill_attn.cu")),
+    (
+        "prefill_attn.cu",
+        include_str!("../kernels/prefill_attn.cu"),
+    ),
 ];
 
 /// What a compile depends on besides the sources.
@@ -156,7 +162,10 @@ mod tests {
         assert_ne!(source_hash(&variant, &[]), source_hash(&embedded, &[]));
         std::fs::remove_file(dir.path().join("moe.cu")).unwrap();
         let err = kernel_sources(Some(dir.path())).unwrap_err().to_string();
-        assert!(err.contains("moe.cu") && err.contains("kernel_dir"), "{err}");
+        assert!(
+            err.contains("moe.cu") && err.contains("kernel_dir"),
+            "{err}"
+        );
     }
 
     #[test]

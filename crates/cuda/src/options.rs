@@ -49,7 +49,7 @@ pub struct CudaOptions {
     /// fit. The parity tests set it small to reach the sub-batches.
     pub prefill_part_budget: usize,
     /// Blocks along a slot's units of moe_gate_up's staged kernels, each walking the units past
-    /// the grid (moe.cu gate_up_staged). None: the mode's share (step::moe GATE_UP_SHARE) of
+    /// the grid (moe.cu gate_up_staged). None: the mode's share (step::modes gate_up_share) of
     /// the blocks the device keeps resident, shared among the slots; Some(0): a block a unit;
     /// Some(n): at most n. The parity tests walk at 1.
     pub gate_up_cols: Option<u32>,
@@ -93,22 +93,70 @@ impl Default for CudaOptions {
 impl CudaOptions {
     /// Every key `set` takes, with its values and default (for `--cuda-opt help`).
     pub const KEYS: &'static [(&'static str, &'static str)] = &[
-        ("setup_cache", "on|off: keep each session's launches and graph (default on)"),
-        ("in_flight", "<n> 1..31: decode steps queued ahead of the host (default 2)"),
-        ("kv_capacity", "<n> >= 1: positions a session's KV cache holds (default 4096)"),
-        ("kv_type", "f32|f16: the KV cache's element type (default f16)"),
-        ("profile_kernels", "on|off: time every kernel, eager path (default off)"),
-        ("attn_max_blocks", "<n> >= 1: attention blocks a KV head at most (default 32)"),
-        ("router_fold", "on|off: the router inside o_proj's launch (default on)"),
-        ("attn_tensor_cores", "on|off: tensor-core attention on an f16 cache (default on)"),
-        ("attn_stage", "default|0|1|2: attention tiles staged before the wait (default 1)"),
-        ("prefill_chunk", "<n>: prompt tokens a batched prefill chunk, 0 = off (default 1024)"),
-        ("prefill_part_budget", "<bytes>: prefill attention partials at once (default 64 MiB)"),
-        ("gate_up_cols", "default|<n>: moe_gate_up blocks a slot, 0 = one a unit (default: by occupancy)"),
-        ("graph_steps", "<n> >= 1: decode steps a graph replay (default 4)"),
-        ("kernel_dir", "<dir>|none: read kernel sources from <dir> (default: embedded)"),
-        ("cache_dir", "<dir>|default: the compiled-kernel cache (default $XDG_CACHE_HOME/q4moe/kernels)"),
-        ("progress", "on|off: weight upload progress bar (default on)"),
+        (
+            "setup_cache",
+            "on|off: keep each session's launches and graph (default on)",
+        ),
+        (
+            "in_flight",
+            "<n> 1..31: decode steps queued ahead of the host (default 2)",
+        ),
+        (
+            "kv_capacity",
+            "<n> >= 1: positions a session's KV cache holds (default 4096)",
+        ),
+        (
+            "kv_type",
+            "f32|f16: the KV cache's element type (default f16)",
+        ),
+        (
+            "profile_kernels",
+            "on|off: time every kernel, eager path (default off)",
+        ),
+        (
+            "attn_max_blocks",
+            "<n> >= 1: attention blocks a KV head at most (default 32)",
+        ),
+        (
+            "router_fold",
+            "on|off: the router inside o_proj's launch (default on)",
+        ),
+        (
+            "attn_tensor_cores",
+            "on|off: tensor-core attention on an f16 cache (default on)",
+        ),
+        (
+            "attn_stage",
+            "default|0|1|2: attention tiles staged before the wait (default 1)",
+        ),
+        (
+            "prefill_chunk",
+            "<n>: prompt tokens a batched prefill chunk, 0 = off (default 1024)",
+        ),
+        (
+            "prefill_part_budget",
+            "<bytes>: prefill attention partials at once (default 64 MiB)",
+        ),
+        (
+            "gate_up_cols",
+            "default|<n>: moe_gate_up blocks a slot, 0 = one a unit (default: by occupancy)",
+        ),
+        (
+            "graph_steps",
+            "<n> >= 1: decode steps a graph replay (default 4)",
+        ),
+        (
+            "kernel_dir",
+            "<dir>|none: read kernel sources from <dir> (default: embedded)",
+        ),
+        (
+            "cache_dir",
+            "<dir>|default: the compiled-kernel cache (default $XDG_CACHE_HOME/q4moe/kernels)",
+        ),
+        (
+            "progress",
+            "on|off: weight upload progress bar (default on)",
+        ),
     ];
 
     /// Sets option `key` from its text form (`KEYS` lists them); the error names the key and
@@ -252,7 +300,10 @@ mod tests {
     #[test]
     fn set_names_an_unknown_key_and_the_keys_it_takes() {
         let err = CudaOptions::default().set("fused_step", "on").unwrap_err();
-        assert!(err.contains("'fused_step'") && err.contains("graph_steps"), "{err}");
+        assert!(
+            err.contains("'fused_step'") && err.contains("graph_steps"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::step::{attn_params, rope_params, split_attention, topk, Kv};
 use crate::weights::{LayerW, Weights};
 use crate::{KvType, Result};
 
-/// Words of one quantised group of 32 activations (common.cuh QXW) and floats of a padded one
+/// Words of one quantised group of 32 activations (quant.cuh QXW) and floats of a padded one
 /// (XS).
 const QXW: usize = 20;
 const XS: usize = 36;

@@ -6,10 +6,10 @@ use q4moe_gguf::GgmlType;
 use cudarc::driver::{result, sys};
 
 use crate::device::Device;
+use crate::graph::Graph;
 use crate::kernel::Kernel;
 use crate::launch::Launch;
 use crate::memory::{DevBuf, Pinned};
-use crate::graph::Graph;
 use crate::params::*;
 use crate::prefill;
 use crate::repack::{aux_bytes, split_planes};
@@ -735,7 +735,15 @@ impl TestDevice {
         let grid = (cols.map_or(units, |n| units.min(n)), n_used as u32, 1);
         // the input, the experts (64 floats), the norm weights
         let smem = (4 * (scratch + 64 + k)) as u32;
-        let l = Launch::new(Kernel::MoeGateUp(mode), "moe_gate_up", grid, 256, smem, &p, 0);
+        let l = Launch::new(
+            Kernel::MoeGateUp(mode),
+            "moe_gate_up",
+            grid,
+            256,
+            smem,
+            &p,
+            0,
+        );
         self.dev.launch(&l)?;
         self.dev.sync()?;
         self.read(&h, n_used * c.d_ff)

@@ -1,7 +1,7 @@
 //! The launch timeline (cargo feature `timeline`, kernels built with -DQ4MOE_TIMELINE;
 //! common.cuh `tl_*`; a probe: the product never builds it): for each launch, when its
 //! blocks reached pdl_wait and when they passed it (%globaltimer), so the step's overlap can be
-//! read directly instead of inferred from the omit table: how long a kernel's first block was
+//! read directly instead of inferred by leaving launches out: how long a kernel's first block was
 //! resident before its predecessor finished (lead: its early weight loads' head start), the
 //! time from one launch's first pass to the next one's (step: what the launch costs the chain),
 //! and how long its blocks kept arriving after the first passed (spread: waves, or blocks that

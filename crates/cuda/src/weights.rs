@@ -66,7 +66,7 @@ struct Place {
 }
 
 /// Blocks of 32 weights a Q4_K tensor may have: the expert kernels take the aux plane's
-/// offsets in 32 bits (common.cuh Q4_KPieceT: 20 bytes a super-block of 8 blocks).
+/// offsets in 32 bits (quant.cuh Q4_KPieceT: 20 bytes a super-block of 8 blocks).
 const Q4_K_AUX32_BLOCKS: usize = (u32::MAX / 20) as usize * 8;
 
 fn kernel_type(t: &QTensor) -> Result<()> {
@@ -226,44 +226,21 @@ pub fn upload(
     extra_bytes: usize,
     opts: &CudaOptions,
 ) -> Result<Weights> {
-    let router_fold = opts.router_fold;
     let (places, total) = plan(model)?;
-    let fold = router_fold_applies(model, router_fold);
+    let fold = router_fold_applies(model, opts.router_fold);
     let (free, _) = dev.free_mem()?;
     let need = total + extra_bytes + (256 << 20) + if fold { fold_bytes(&model.config) } else { 0 };
     if need > free {
         return Err(CudaError::OutOfMemory { need, free });
     }
     let buf = DevBuf::new(dev, total)?;
-    let bar = if opts.progress && total > (64 << 20) {
-        indicatif::ProgressBar::new(total as u64)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "uploading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    // The next tensor repacks (in parallel pieces) while this one uploads.
-    std::thread::scope(|scope| -> Result<()> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let places = &places;
-        scope.spawn(move || {
-            for p in places {
-                if tx.send(device_bytes(model, p)).is_err() {
-                    return; // the upload stopped at an error
-                }
-            }
-        });
-        for (p, img) in places.iter().zip(rx) {
-            buf.upload(dev, p.at.start, &img)?;
-            bar.inc(p.at.len() as u64);
-        }
-        Ok(())
-    })?;
-    bar.finish_and_clear();
+    upload_places(
+        dev,
+        model,
+        &buf,
+        &places,
+        opts.progress && total > (64 << 20),
+    )?;
     let find = |t: &QTensor| {
         places
             .iter()
@@ -349,6 +326,44 @@ pub fn check_config(c: &Config) -> Result<()> {
     if !c.d_model.is_multiple_of(32) || !c.d_ff_expert.is_multiple_of(32) {
         return bad("d_model and d_ff_expert must be multiples of 32".into());
     }
+    Ok(())
+}
+
+/// Repacks and uploads every planned tensor into `buf` (the next tensor repacks, in parallel
+/// pieces, while this one uploads), with a progress bar where `progress`.
+fn upload_places(
+    dev: &Device,
+    model: &Model,
+    buf: &DevBuf,
+    places: &[Place],
+    progress: bool,
+) -> Result<()> {
+    let bar = match progress {
+        true => indicatif::ProgressBar::new(places.iter().map(|p| p.at.len() as u64).sum()),
+        false => indicatif::ProgressBar::hidden(),
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "uploading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    std::thread::scope(|scope| -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        scope.spawn(move || {
+            for p in places {
+                if tx.send(device_bytes(model, p)).is_err() {
+                    return; // the upload stopped at an error
+                }
+            }
+        });
+        for (p, img) in places.iter().zip(rx) {
+            buf.upload(dev, p.at.start, &img)?;
+            bar.inc(p.at.len() as u64);
+        }
+        Ok(())
+    })?;
+    bar.finish_and_clear();
     Ok(())
 }
 

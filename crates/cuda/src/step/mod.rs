@@ -18,12 +18,12 @@ use crate::params::EmbedParams;
 use crate::weights::{weight_bytes, Weights};
 
 pub use attention::att_grid;
-pub(crate) use attention::{attn_params, rope_params, split_attention};
 use attention::attention;
+pub(crate) use attention::{attn_params, rope_params, split_attention};
 pub(crate) use matvec::{looped, matvec, Mv};
 use modes::THREADS;
-pub(crate) use moe::{o_proj_router, topk};
 use moe::{experts, layer_o_proj_router, o_proj_then_router, residual, router_fold};
+pub(crate) use moe::{o_proj_router, topk};
 pub(crate) use sample::{head_argmax, sample};
 pub use sample::{sample_config, tail, Choice, Ending};
 pub(crate) use scratch::sample_bytes;

@@ -115,12 +115,24 @@ pub(crate) fn experts(
     (x_mid, x_next): (u64, u64),
     out: &mut Vec<Launch>,
 ) {
-    let experts = Experts {
+    out.push(gate_up(c, lw, s, x_mid));
+    out.push(down(c, lw, s, fold, (x_mid, x_next)));
+}
+
+/// The chosen experts' ids and weights as the experts' launches read them; `scratch` (where a
+/// block keeps them in shared memory, in floats) set by each launch.
+fn chosen(c: &Config, s: &Scratch) -> Experts {
+    Experts {
         ids: s.ids.ptr,
         weights: s.topw.ptr,
         n_used: c.n_expert_used as i32,
         scratch: 0,
-    };
+    }
+}
+
+/// moe_gate_up: h = silu(gate x) * (up x) for each chosen expert, x the FFN-normalised
+/// residual at `x_mid`.
+fn gate_up(c: &Config, lw: &LayerW, s: &Scratch, x_mid: u64) -> Launch {
     // The staged modes normalise the residual themselves (moe.cu load_xg_quant): with the fold
     // no router writes xn.
     let (gmode, grpw) = gate_up_mode(lw, c.d_model);
@@ -136,11 +148,34 @@ pub(crate) fn experts(
         eps: c.rms_eps,
         experts: Experts {
             scratch: (smem_x(c.d_model) / 4) as i32,
-            ..experts
+            ..chosen(c, s)
         },
         d_ff: c.d_ff_expert as i32,
         rows_per_warp: grpw as i32,
     };
+    let units = (c.d_ff_expert as u32).div_ceil(WARPS * grpw as u32);
+    let cols = s.gate_up_cols[gmode as usize];
+    let grid = (
+        if cols == 0 { units } else { units.min(cols) },
+        c.n_expert_used as u32,
+        1,
+    );
+    let ffn_rows = c.n_expert * c.d_ff_expert;
+    Launch::new(
+        Kernel::MoeGateUp(gmode),
+        "moe_gate_up",
+        grid,
+        THREADS,
+        gate_up_smem(c),
+        &g,
+        c.n_expert_used as u64 * (lw.slab[0] + lw.slab[1]),
+    )
+    .with_l2(s.l2.stream(&[(lw.gate, ffn_rows), (lw.up, ffn_rows)]))
+}
+
+/// moe_down: x_next = x_mid + the chosen experts' down h, weighted (by the folded router's
+/// logits where `fold`).
+fn down(c: &Config, lw: &LayerW, s: &Scratch, fold: bool, (x_mid, x_next): (u64, u64)) -> Launch {
     let (dmode, drpw) = down_mode(lw, c);
     // room for h staged per slot as padded floats (the staged modes keep quantised groups, which
     // take less), then the experts
@@ -156,47 +191,24 @@ pub(crate) fn experts(
         eps: c.rms_eps,
         experts: Experts {
             scratch: h_floats as i32,
-            ..experts
+            ..chosen(c, s)
         },
         d_model: c.d_model as i32,
         n_used: c.n_expert_used as i32,
         rows_per_warp: drpw as i32,
     };
-    let used = c.n_expert_used as u64;
-    let ffn_rows = c.n_expert * c.d_ff_expert;
-    let down_grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
-    let units = (c.d_ff_expert as u32).div_ceil(WARPS * grpw as u32);
-    let cols = s.gate_up_cols[gmode as usize];
-    let grid = (
-        if cols == 0 { units } else { units.min(cols) },
-        c.n_expert_used as u32,
-        1,
-    );
-    out.push(
-        Launch::new(
-            Kernel::MoeGateUp(gmode),
-            "moe_gate_up",
-            grid,
-            THREADS,
-            gate_up_smem(c),
-            &g,
-            used * (lw.slab[0] + lw.slab[1]),
-        )
-        .with_l2(s.l2.stream(&[(lw.gate, ffn_rows), (lw.up, ffn_rows)])),
-    );
+    let grid = ((c.d_model as u32).div_ceil(WARPS * drpw as u32), 1, 1);
     let smem = (h_floats * 4) as u32 + EXPERTS_SMEM + 32 * 4; // + fold_weights' sums
-    out.push(
-        Launch::new(
-            Kernel::MoeDown(dmode),
-            "moe_down",
-            down_grid,
-            THREADS,
-            smem,
-            &d,
-            used * lw.slab[2],
-        )
-        .with_l2(s.l2.stream(&[(lw.down, c.n_expert * c.d_model)])),
-    );
+    Launch::new(
+        Kernel::MoeDown(dmode),
+        "moe_down",
+        grid,
+        THREADS,
+        smem,
+        &d,
+        c.n_expert_used as u64 * lw.slab[2],
+    )
+    .with_l2(s.l2.stream(&[(lw.down, c.n_expert * c.d_model)]))
 }
 
 /// o_proj (`x += W_o attn`) and the router as a launch of its own (without the fold): the
