@@ -576,7 +576,7 @@ __device__ __forceinline__ GqaSpan gqa_span(const AttnGqaParams& p) {
     int fit = p.stage > 0 ? (1 + p.stage) * 8 * 16 / ATT_CHUNK : 0;  // chunks one block loads early
     int span = n_chunk <= fit ? n_chunk : max((n_chunk + p.max_blocks - 1) / p.max_blocks, p.min_span);
     int n_act = (n_chunk + span - 1) / span;
-    if (n_act > (int)gridDim.y) __trap();  // the host sizes the grid for its positions (step.rs att_grid)
+    if (n_act > (int)gridDim.y) __trap();  // the host sizes the grid for its positions (step/attention.rs att_grid)
     return GqaSpan{span, n_act};
 }
 

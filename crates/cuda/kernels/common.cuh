@@ -42,12 +42,12 @@ struct StepState {
 };
 SIZE_IS(StepState, 8); FIELD_AT(StepState, token, 0); FIELD_AT(StepState, pos, 4);
 
-// Slots of the host's step-state ring (backend.rs RING): a step at position pos is read back
+// Slots of the host's step-state ring (pipeline.rs): a step at position pos is read back
 // from slot pos % STATE_RING.
 #define STATE_RING 32
 
 // The step's token choice: the next token into the state and the position advanced, and, with
-// `publish` (a host-mapped StepState ring, CudaOptions::mapped_readback), the new state into the
+// `publish` (the host-mapped StepState ring of pipeline.rs; 0: none), the new state into the
 // slot of the step's position as one 8-byte store, so no copy after the step has to read it
 // back. One thread calls it.
 __device__ __forceinline__ void finish_step(StepState* st, u32 token, u64 publish) {

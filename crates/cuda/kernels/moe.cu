@@ -218,7 +218,7 @@ extern "C" __global__ void __cluster_dims__(RC_BLOCKS, 1, 1) __launch_bounds__(R
 extern "C" __global__ void router_cluster(const RouterParams p) {}  // clusters need sm_90: never launched
 #endif
 
-// ---- The router folded into o_proj's launch (step.rs `router_fold`). The router's logits are
+// ---- The router folded into o_proj's launch (step/moe.rs `router_fold`). The router's logits are
 // linear in the residual before RMSNorm: with x' = x + W_o a (o_proj's output) and the norm's
 // factor s = rsqrt(mean(x'^2) + eps) > 0,
 //     R (s x' * g) = s ((R * g) x + ((R * g) W_o) a),
@@ -392,7 +392,7 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
         mv_staged<NR, __VA_ARGS__>(p.mv, smem + 36, smem, o, (const float*)p.r.x);                \
     }
 #define OPROJ_ROUTER_MODE(sfx, NR, ...) OPROJ_ROUTER_KERNEL(o_proj_router_##sfx, NR, __VA_ARGS__)
-STAGED_MODES(OPROJ_ROUTER_MODE)  // matvec modes 1..8
+STAGED_MODES(OPROJ_ROUTER_MODE)  // matvec.cu's staged kernels
 
 // F = (R * g) W_o at load, in double: grid (ceil(q_dim / 256), n_expert), 256 threads, one
 // element a thread (W_o's rows are o_proj's outputs, its k = q_dim).
@@ -516,7 +516,7 @@ enum XOrder { X_BESIDE_IDS, X_SUM_FIRST };
 
 // smem: red [36], then the input's quantised groups (the host gives k % 32 == 0, <= 2048);
 // `gs`: the norm weights (stage_norm); `in`: x's loads, issued already with X_BESIDE_IDS. A grid
-// narrower than the slot's units (step.rs gate_up_cols: the blocks the device keeps resident,
+// narrower than the slot's units (step/modes.rs gate_up_cols: the blocks the device keeps resident,
 // or a share of them) walks them: the block's later units reuse its expert and quantised
 // input, so they cost their weights' round trip and dots, not a block's start, the norm
 // weights', the ids' and the input's round trips again.
@@ -566,7 +566,7 @@ __device__ __forceinline__ void stage_norm(float* gs, const float* g, int n) {
 
 // One kernel per staged mode, as matvec's. 4 blocks per SM (<= 64 registers, no more spills
 // than at 3): one staged row a warp gives 768 units for Qwen3-30B-A3B, on the 528 blocks the
-// H200 keeps resident (Q4_0) or 7/8 of them (Q4_K: step.rs GATE_UP_SHARE), walked by
+// H200 keeps resident (Q4_0) or 7/8 of them (Q4_K: step/modes.rs gate_up_share), walked by
 // gate_up_staged.
 // X_ORDER: where x's loads go (gate_up_staged).
 // Dynamic smem: smem_x(k), the experts (64 floats at experts.scratch), then the norm weights.
@@ -605,7 +605,7 @@ struct DownParams {
     u64 h;       // const float* [n_used, d_ff]
     u64 x;       // const float* [d_model], the residual after attention (the staged modes read
                  // it before pdl_wait)
-    u64 out;     // float* [d_model]: x + the experts' sums; x itself without the fold (step.rs
+    u64 out;     // float* [d_model]: x + the experts' sums; x itself without the fold (step/moe.rs
                  // residual: fold_weights reads all of x before the wait)
     u64 slots;   // the folded router's slots [n_expert] (RouterFold; experts.weights then holds
                  // the chosen ones', fold_weights), or 0: experts.weights are the weights

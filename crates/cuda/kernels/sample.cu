@@ -741,7 +741,7 @@ extern "C" __global__ void sample_count(const SampleParams p) {
     if (threadIdx.x == 0) ((u32*)p.counts)[((const StepState*)p.state)->token] += 1;
 }
 
-// The output head with the greedy choice in its tail (step.rs tail: greedy without penalties):
+// The output head with the greedy choice in its tail (step/sample.rs tail: greedy without penalties):
 // the walking head (mv_staged LOOP) with each warp's lane 0 keeping the best of the logits it
 // writes, then each block's best into the partials and the last block to finish merges them as
 // argmax_final does. The same choice as argmax_partial + argmax_final over the same logits
