@@ -8,7 +8,7 @@ import ctypes, glob, os, re, sys
 here = os.path.dirname(os.path.abspath(__file__))
 kdir = os.environ.get("Q4MOE_CUDA_KERNEL_DIR") or os.path.join(here, "..", "kernels")
 # The files and their order: src/nvrtc.rs SOURCES, the list the runtime compiles.
-order = re.findall(r'\("([\w.]+)", include_str!', open(os.path.join(here, "..", "src", "nvrtc.rs")).read())
+order = re.findall(r'\(\s*"([\w.]+)",\s*include_str!', open(os.path.join(here, "..", "src", "nvrtc.rs")).read())
 assert order and order[0] == "common.cuh", "no SOURCES list found in src/nvrtc.rs"
 src = "".join(f"// ---- {n}\n{open(os.path.join(kdir, n)).read()}\n" for n in order)
 lib = None
