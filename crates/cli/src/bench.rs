@@ -43,8 +43,7 @@ pub struct BenchArgs {
     /// GPU: in-flight depths to measure with the cache on.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     in_flight: Vec<usize>,
-    /// GPU: prompt tokens prefilled at once (0: a decode step a token). Default 1,024, or
-    /// Q4MOE_CUDA_PREFILL_CHUNK.
+    /// GPU: prompt tokens prefilled at once (0: a decode step a token). Default 1,024.
     #[arg(long)]
     prefill_chunk: Option<usize>,
     /// Also decode after this many positions of context (0 = skip).

@@ -62,7 +62,7 @@ pub struct DeviceArgs {
     #[arg(long, default_value = "f16", value_parser = KvType::parse)]
     pub kv_type: KvType,
     /// Prompt tokens the GPU prefills at once (each weight row read once a chunk); 0 runs the
-    /// decode step once a prompt token. Default 1,024, or Q4MOE_CUDA_PREFILL_CHUNK.
+    /// decode step once a prompt token. Default 1,024.
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
 }

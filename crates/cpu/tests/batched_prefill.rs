@@ -2,6 +2,8 @@
 //! last logits and the following steps' logits bit for bit (the keys and values it cached are
 //! the ones a token at a time caches), over several chunks, both precisions and quants.
 
+mod shared;
+
 use std::sync::Arc;
 
 use q4moe_cpu::{CpuBackend, Precision};
@@ -50,25 +52,16 @@ fn batched_prefill_is_the_token_by_token_prefill() {
     check(Config::mid(), SynthQuant::Q4_0, Precision::Q8, 70);
 }
 
-/// A prompt the backend refuses (empty, past the context, a token outside the vocabulary)
-/// leaves the session as it was: the next good prompt's logits are those of a fresh backend.
+/// A refused prompt leaves the session as it was (the shared body; the CUDA backend runs it in
+/// crates/cuda/tests/parity.rs): bit for bit, at either precision.
 #[test]
 fn refused_prompts_leave_the_session_as_it_was() {
     let cfg = Config::tiny();
     let (_dir, m) = model(&cfg, SynthQuant::Q4_0, "refused");
-    let mut b = CpuBackend::with_precision(m.clone(), 32, Precision::Q8);
-    let good = [3u32, 9, 27];
-    b.prefill(1, &good, Logits::Last).unwrap();
-    let vocab = cfg.vocab_size as u32;
-    for bad in [vec![], vec![1; 30], vec![4, vocab, 5]] {
-        assert!(
-            b.prefill(1, &bad, Logits::Last).is_err(),
-            "{bad:?} was accepted"
-        );
-        assert_eq!(b.kv_len(1), good.len(), "{bad:?} changed the session");
+    for precision in [Precision::Q8, Precision::Exact] {
+        let mut make = || -> Box<dyn Backend> {
+            Box::new(CpuBackend::with_precision(m.clone(), 32, precision))
+        };
+        shared::refused_prompts_leave_the_session(&mut make, 32, 0.0);
     }
-    let after = b.prefill(1, &[11], Logits::Last).unwrap();
-    let mut fresh = CpuBackend::with_precision(m, 32, Precision::Q8);
-    fresh.prefill(1, &good, Logits::Last).unwrap();
-    assert_eq!(after, fresh.prefill(1, &[11], Logits::Last).unwrap());
 }

@@ -1,7 +1,7 @@
 //! What one dependent launch costs inside a captured graph (the decode step is 244 of them a
 //! token), apart from any kernel's work: chains of empty `pdl_probe` launches (probe.cu) at the
-//! grid sizes the step uses, with programmatic dependent launch as the device is set
-//! (Q4MOE_CUDA_PDL=0 turns it off). Prints one line a grid; skips where no GPU is usable.
+//! grid sizes the step uses, with programmatic dependent launch where the device has it (sm_90+).
+//! Prints one line a grid; skips where no GPU is usable.
 //!   cargo bench -p q4moe-cuda --bench launch_chain
 
 use q4moe_cuda::testing::TestDevice;
@@ -13,8 +13,7 @@ fn main() {
     }
     let dev = TestDevice::new().expect("CUDA is available but the device did not start");
     let (n, reps) = (240, 50);
-    let pdl = std::env::var("Q4MOE_CUDA_PDL").map_or(true, |v| v != "0");
-    println!("launch_chain: {n} dependent launches a graph, {reps} replays, PDL {pdl}");
+    println!("launch_chain: {n} dependent launches a graph, {reps} replays, PDL on sm_90+");
     for (blocks, threads) in [
         (1, 32),
         (32, 256),

@@ -1,7 +1,7 @@
 // Matrix-vector products over quantised rows: QKV (3 matrices, one launch), o_proj with the
 // residual add, the router and the output head. A warp owns whole rows, so each output is
 // reduced in one fixed order (deterministic, no atomics).
-// Modes (chosen on the host, step.rs mv_mode; a kernel each): matvec_generic goes row by row
+// Modes (chosen on the host, step/modes.rs mv_mode; a kernel each): matvec_generic goes row by row
 // (L2 prefetch before pdl_wait); the others stage NR rows' weights in registers before
 // pdl_wait (weights are immutable), so the loads overlap the predecessor kernel; groups of NR
 // rows never span two matrices (host checks). At most 4 staged pieces per lane (rows x
@@ -22,6 +22,11 @@ struct MatvecParams {
     int rows_per_warp;
     float eps;
 };
+SIZE_IS(MatvecParams, 152); FIELD_AT(MatvecParams, w, 0); FIELD_AT(MatvecParams, out, 72);
+FIELD_AT(MatvecParams, in, 96); FIELD_AT(MatvecParams, norm, 104); FIELD_AT(MatvecParams, xn_out, 112);
+FIELD_AT(MatvecParams, rows, 120); FIELD_AT(MatvecParams, n_w, 132); FIELD_AT(MatvecParams, k, 136);
+FIELD_AT(MatvecParams, accumulate, 140); FIELD_AT(MatvecParams, rows_per_warp, 144);
+FIELD_AT(MatvecParams, eps, 148);
 
 __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float* red, Unit u) {
     load_x(xs, (const float*)p.in, p.k, (const float*)p.norm, p.eps, red);
@@ -32,7 +37,7 @@ __device__ __forceinline__ void mv_input(const MatvecParams& p, float* xs, float
 // NR rows a warp staged as `Rows`; with TYPE_B >= 0, warps whose matrix has type TYPE_B stage
 // theirs as `RowsB` (QKV of mixed types), the choice uniform per warp and the barriers of
 // the input's load outside it. The input is quantised (QXW groups: integer dots); the host
-// gives these modes k % 32 == 0, k <= 4096 and no xn_out (step.rs mv_mode).
+// gives these modes k % 32 == 0, k <= 4096 and no xn_out (step/modes.rs mv_mode).
 // LOOP (one matrix, no accumulate: the output head): the grid is what the SMs hold at once and a
 // warp walks units of NR rows grid-wide, the next unit's weights in flight during this one's dot.
 // Why: a block a unit (9,496 blocks for Qwen3's head) quantised the same input in every block,
@@ -124,7 +129,7 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
     }
 }
 
-// One kernel per staged mode (the host picks it by mode, step.rs), so a kernel holds only the
+// One kernel per staged mode (kernel.rs MatvecMode names it), so a kernel holds only the
 // code it runs: the layer kernels' warps waited on instruction fetch (Nsight Compute), and
 // splitting the kernels by weight type measured +4% / +8% (Q4_0 / Q4_K_M). Shared memory: red
 // [33], then the input's quantised groups, 16-byte aligned (sized by the host as the padded
@@ -135,11 +140,13 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
         mv_staged<NR, __VA_ARGS__>(p, smem + 36, smem, this_unit());                            \
     }
 #define MV_KERNEL(name, NR, ...) MV_KERNEL_AT(3, name, NR, __VA_ARGS__)
-// The staged modes 1..8 (a kernel each, step.rs mv_mode): name, rows a warp, their pieces.
-// 1: Q4_0, k <= 1024, 4 rows a warp; 2: Q4_0, k <= 2048, 2 rows; 3: Q4_0, k <= 4096, 1 row;
-// 4: Q4_K (as repacked), k <= 2048, 2 rows; 5: Q4_K, k <= 4096, 1 row; 6: Q6_K (as repacked),
-// k <= 1024, 4 rows; 7: Q6_K, k <= 2048, 2 rows; 8: Q6_K, k <= 4096, 1 row. The walking
-// kernels (modes 10..17) and o_proj with the folded router (moe.cu) take the same list.
+// The staged kernels (kernel.rs Staged::ALL, in this order; step/modes.rs mv_mode picks one):
+// name, rows a warp, their pieces. q4_0_1: Q4_0, k <= 1024, 4 rows a warp; q4_0_2: Q4_0,
+// k <= 2048, 2 rows; q4_0_4: Q4_0, k <= 4096, 1 row; q4_k_1: Q4_K (as repacked), k <= 2048,
+// 2 rows; q4_k_2: Q4_K, k <= 4096, 1 row; q6_k_1: Q6_K (as repacked), k <= 1024, 4 rows;
+// q6_k_2: Q6_K, k <= 2048, 2 rows; q6_k_4: Q6_K, k <= 4096, 1 row. The walking kernels (_loop),
+// the head with the greedy choice (sample.cu) and o_proj with the folded router (moe.cu) take
+// the same list.
 #define STAGED_MODES(X)          \
     X(q4_0_1, 4, Q4_0Rows<4, 1>) \
     X(q4_0_2, 2, Q4_0Rows<2, 2>) \
@@ -151,9 +158,9 @@ __device__ __forceinline__ void mv_generic(const MatvecParams& p, float* xs, flo
     X(q6_k_4, 1, Q6_KRows<1, 4>)
 #define MV_STAGED(sfx, NR, ...) MV_KERNEL(matvec_##sfx, NR, __VA_ARGS__)
 STAGED_MODES(MV_STAGED)
-// 9: Q4_K and Q6_K matrices (Q4_K_M's QKV), k <= 2048, 2 rows
+// MatvecMode::KMixed: Q4_K and Q6_K matrices (Q4_K_M's QKV), k <= 2048, 2 rows
 MV_KERNEL(matvec_k_mixed, 2, Q4_KRows<2, 2>, Q6_KRows<2, 2>, T_Q6_K)
-// 10..17: modes 1..8 walking rows grid-wide (LOOP: the output head, step.rs looped), 2 blocks
+// The staged kernels walking rows grid-wide (_loop: the output head, step/matvec.rs looped), 2 blocks
 // an SM: two units' weights a warp need more than 3 blocks' 85 registers (spills).
 #define MV_LOOP_KERNEL(name, NR, ...) MV_KERNEL_AT(2, name, NR, __VA_ARGS__, __VA_ARGS__, -1, true)
 #define MV_STAGED_LOOP(sfx, NR, ...) MV_LOOP_KERNEL(matvec_##sfx##_loop, NR, __VA_ARGS__)
@@ -171,6 +178,8 @@ struct EmbedParams {
     u64 state;  // StepState*
     u64 x;      // float* [k]
 };
+SIZE_IS(EmbedParams, 40); FIELD_AT(EmbedParams, w, 0); FIELD_AT(EmbedParams, state, 24);
+FIELD_AT(EmbedParams, x, 32);
 
 __device__ __forceinline__ void embed_unit(const EmbedParams& p, Unit u) {
     u32 tok = ((const StepState*)p.state)->token;

@@ -8,6 +8,9 @@ struct TopkParams {
     int n_used;
     int norm_topk;
 };
+SIZE_IS(TopkParams, 40); FIELD_AT(TopkParams, logits, 0); FIELD_AT(TopkParams, ids, 8);
+FIELD_AT(TopkParams, weights, 16); FIELD_AT(TopkParams, n_expert, 24); FIELD_AT(TopkParams, n_used, 28);
+FIELD_AT(TopkParams, norm_topk, 32);
 
 // Logits a lane of topk_block's first warp holds in registers (n_expert <= 256).
 #define TOPK_REG 8
@@ -122,6 +125,11 @@ struct RouterParams {
     int norm_topk;
     float eps;
 };
+SIZE_IS(RouterParams, 88); FIELD_AT(RouterParams, w, 0); FIELD_AT(RouterParams, in, 8);
+FIELD_AT(RouterParams, norm, 16); FIELD_AT(RouterParams, xn_out, 24); FIELD_AT(RouterParams, logits, 32);
+FIELD_AT(RouterParams, ids, 40); FIELD_AT(RouterParams, weights, 48); FIELD_AT(RouterParams, counter, 56);
+FIELD_AT(RouterParams, n_expert, 64); FIELD_AT(RouterParams, k, 68); FIELD_AT(RouterParams, n_used, 72);
+FIELD_AT(RouterParams, norm_topk, 76); FIELD_AT(RouterParams, eps, 80);
 
 // The logit of router row `row` (this warp's; every lane gets it): the row's F32 weights load
 // before pdl_wait, then the normalised input into xs (unpadded; k % 128 == 0, <= 2048), which
@@ -210,7 +218,7 @@ extern "C" __global__ void __cluster_dims__(RC_BLOCKS, 1, 1) __launch_bounds__(R
 extern "C" __global__ void router_cluster(const RouterParams p) {}  // clusters need sm_90: never launched
 #endif
 
-// ---- The router folded into o_proj's launch (step.rs `router_fold`). The router's logits are
+// ---- The router folded into o_proj's launch (step/moe.rs `router_fold`). The router's logits are
 // linear in the residual before RMSNorm: with x' = x + W_o a (o_proj's output) and the norm's
 // factor s = rsqrt(mean(x'^2) + eps) > 0,
 //     R (s x' * g) = s ((R * g) x + ((R * g) W_o) a),
@@ -218,7 +226,7 @@ extern "C" __global__ void router_cluster(const RouterParams p) {}  // clusters 
 // they are computed by extra blocks of o_proj's launch, with F = (R * g) W_o built at load
 // (router_fold_build). s changes no ranking, so the top-k runs at once; moe_down, which reads
 // x' anyway, applies s when it turns the chosen logits into weights (fold_weights). Why: the
-// router was a launch of its own, 5.9 us of the ~35 a layer (NOTES.md session 13) -- a launch
+// router was a launch of its own, 5.9 us of the ~35 a layer (docs/performance.md) -- a launch
 // boundary and a chain of L2 round trips between o_proj and the experts.
 struct RouterFold {
     u64 w;        // const float* [n_expert, d_model] router rows, as stored
@@ -236,10 +244,16 @@ struct RouterFold {
     int q_dim;    // <= 4 * RF_A * blockDim
     int n_used;
 };
+SIZE_IS(RouterFold, 80); FIELD_AT(RouterFold, w, 0); FIELD_AT(RouterFold, fold, 8);
+FIELD_AT(RouterFold, norm, 16); FIELD_AT(RouterFold, x, 24); FIELD_AT(RouterFold, slots, 32);
+FIELD_AT(RouterFold, ids, 40); FIELD_AT(RouterFold, sel, 48); FIELD_AT(RouterFold, epoch, 56);
+FIELD_AT(RouterFold, n_expert, 64); FIELD_AT(RouterFold, d_model, 68); FIELD_AT(RouterFold, q_dim, 72);
+FIELD_AT(RouterFold, n_used, 76);
 struct OprojRouterParams {
     MatvecParams mv;  // o_proj: accumulate, its residual read from RouterFold::x
     RouterFold r;
 };
+SIZE_IS(OprojRouterParams, 232); FIELD_AT(OprojRouterParams, mv, 0); FIELD_AT(OprojRouterParams, r, 152);
 #define RF_X 2
 #define RF_A 4
 
@@ -260,7 +274,7 @@ __device__ __forceinline__ void count_above(int& c, u32 key, u32 thr) {
 // store's acknowledgement under the release, the count's atomic, the reload); a poll in flight
 // sees the store about as it lands. A spin past 2^26 polls traps (a launch error, not a hang).
 // Why not rank_in: one block ranks on the step's critical path, a thread an entry over all n --
-// 128 dependent compares with one warp a scheduler, ~2 us a layer (NOTES.md session 24). Here
+// 128 dependent compares with one warp a scheduler, ~2 us a layer (docs/performance.md). Here
 // every entry's count is split over `parts` threads, four keys a 16-byte load with one threshold
 // (before i, key - 1: the lower index wins a tie) and a compare a key. The select a key it
 // replaced (j < i per key) made ~7 instructions a key, ~0.5 us a layer at 128 experts. The keys
@@ -378,7 +392,7 @@ __device__ void router_fold_row(const RouterFold& r, const float* a, float* smem
         mv_staged<NR, __VA_ARGS__>(p.mv, smem + 36, smem, o, (const float*)p.r.x);                \
     }
 #define OPROJ_ROUTER_MODE(sfx, NR, ...) OPROJ_ROUTER_KERNEL(o_proj_router_##sfx, NR, __VA_ARGS__)
-STAGED_MODES(OPROJ_ROUTER_MODE)  // matvec modes 1..8
+STAGED_MODES(OPROJ_ROUTER_MODE)  // matvec.cu's staged kernels
 
 // F = (R * g) W_o at load, in double: grid (ceil(q_dim / 256), n_expert), 256 threads, one
 // element a thread (W_o's rows are o_proj's outputs, its k = q_dim).
@@ -390,6 +404,9 @@ struct FoldBuildParams {
     int d_model;
     int q_dim;
 };
+SIZE_IS(FoldBuildParams, 56); FIELD_AT(FoldBuildParams, o, 0); FIELD_AT(FoldBuildParams, router, 24);
+FIELD_AT(FoldBuildParams, norm, 32); FIELD_AT(FoldBuildParams, out, 40);
+FIELD_AT(FoldBuildParams, d_model, 48); FIELD_AT(FoldBuildParams, q_dim, 52);
 extern "C" __global__ void router_fold_build(const FoldBuildParams p) {
     int j = blockIdx.x * blockDim.x + threadIdx.x, e = blockIdx.y;
     if (j >= p.q_dim) return;
@@ -407,6 +424,8 @@ struct Experts {
     int n_used;   // <= 32
     int scratch;  // float offset of 64 floats of the block's dynamic shared memory for them
 };
+SIZE_IS(Experts, 24); FIELD_AT(Experts, ids, 0); FIELD_AT(Experts, weights, 8); FIELD_AT(Experts, n_used, 16);
+FIELD_AT(Experts, scratch, 20);
 
 // The experts' ids and weights into shared memory (weights at `ws`, ids at `ids`), through L2:
 // moe_down reads them before pdl_wait (the router ran two launches before it), so it can issue
@@ -433,13 +452,17 @@ struct GateUpParams {
     int rows_per_warp;
     float eps;
 };
+SIZE_IS(GateUpParams, 112); FIELD_AT(GateUpParams, gate, 0); FIELD_AT(GateUpParams, up, 24);
+FIELD_AT(GateUpParams, xn, 48); FIELD_AT(GateUpParams, h, 56); FIELD_AT(GateUpParams, norm, 64);
+FIELD_AT(GateUpParams, experts, 72); FIELD_AT(GateUpParams, d_ff, 96);
+FIELD_AT(GateUpParams, rows_per_warp, 100); FIELD_AT(GateUpParams, eps, 104);
 
 // One unit of the staged gate/up modes: NR rows a warp of the gate and up of the slot's expert
 // e, their weights loaded first, then h = silu(gate) * up against the quantised input, whose
 // RMS factor s is applied after the integer dots. The router's ids are never negative; testing
 // `e >= 0` anyway lets the compiler take the row arithmetic as non-negative:
 // moe_gate_up_q4_0_2 compiles to 56 registers with the test, 60 without, and the build with it
-// measured +2.2% on Q4_0 (NOTES.md session 18).
+// measured +2.2% on Q4_0 (docs/performance.md).
 template <int NR, class Rows>
 struct GateUpUnit {
     Rows G, U;
@@ -481,7 +504,7 @@ struct GateUpUnit {
 };
 
 // Where moe_gate_up's x loads go against the ids' barrier and the weights' loads, measured per
-// kernel (NOTES.md sessions 31-32):
+// kernel (docs/performance.md):
 // X_BESIDE_IDS (the Q4_0 kernels): x's loads before the ids' barrier, their round trip beside
 // the ids' (the barrier keeps them ahead of the weights'): +0.9% on Q4_0.
 // X_SUM_FIRST (moe_gate_up_q4_k): x's loads after the barrier, the weights' after x has come --
@@ -493,7 +516,7 @@ enum XOrder { X_BESIDE_IDS, X_SUM_FIRST };
 
 // smem: red [36], then the input's quantised groups (the host gives k % 32 == 0, <= 2048);
 // `gs`: the norm weights (stage_norm); `in`: x's loads, issued already with X_BESIDE_IDS. A grid
-// narrower than the slot's units (step.rs gate_up_cols: the blocks the device keeps resident,
+// narrower than the slot's units (step/modes.rs gate_up_cols: the blocks the device keeps resident,
 // or a share of them) walks them: the block's later units reuse its expert and quantised
 // input, so they cost their weights' round trip and dots, not a block's start, the norm
 // weights', the ids' and the input's round trips again.
@@ -515,7 +538,7 @@ __device__ __forceinline__ void gate_up_staged(const GateUpParams& p, float* sme
     tl_mark(TL_X);
     // A walker's second unit into L2 once the input is staged: its loads then cost an L2 round
     // trip after this unit's dots, not a DRAM one (+0.3% Q4_K_M, Q4_0 level). Issued beside
-    // this unit's own loads instead (the same burst) it cost 2.3% / 6.2% (NOTES.md session 47).
+    // this unit's own loads instead (the same burst) it cost 2.3% / 6.2% (docs/performance.md).
     if ((u.x + (int)gridDim.x) * rows < p.d_ff) GateUpUnit<NR, Rows>::prefetch(p, e, Unit{u.x + (int)gridDim.x, u.y, u.nx}, lane);
     unit.finish(p, qx, s, lane);
     tl_mark(TL_MID);
@@ -543,7 +566,7 @@ __device__ __forceinline__ void stage_norm(float* gs, const float* g, int n) {
 
 // One kernel per staged mode, as matvec's. 4 blocks per SM (<= 64 registers, no more spills
 // than at 3): one staged row a warp gives 768 units for Qwen3-30B-A3B, on the 528 blocks the
-// H200 keeps resident (Q4_0) or 7/8 of them (Q4_K: step.rs GATE_UP_SHARE), walked by
+// H200 keeps resident (Q4_0) or 7/8 of them (Q4_K: step/modes.rs gate_up_share), walked by
 // gate_up_staged.
 // X_ORDER: where x's loads go (gate_up_staged).
 // Dynamic smem: smem_x(k), the experts (64 floats at experts.scratch), then the norm weights.
@@ -582,7 +605,7 @@ struct DownParams {
     u64 h;       // const float* [n_used, d_ff]
     u64 x;       // const float* [d_model], the residual after attention (the staged modes read
                  // it before pdl_wait)
-    u64 out;     // float* [d_model]: x + the experts' sums; x itself without the fold (step.rs
+    u64 out;     // float* [d_model]: x + the experts' sums; x itself without the fold (step/moe.rs
                  // residual: fold_weights reads all of x before the wait)
     u64 slots;   // the folded router's slots [n_expert] (RouterFold; experts.weights then holds
                  // the chosen ones', fold_weights), or 0: experts.weights are the weights
@@ -594,6 +617,11 @@ struct DownParams {
     int norm_topk;
     float eps;
 };
+SIZE_IS(DownParams, 104); FIELD_AT(DownParams, down, 0); FIELD_AT(DownParams, h, 24);
+FIELD_AT(DownParams, x, 32); FIELD_AT(DownParams, out, 40); FIELD_AT(DownParams, slots, 48);
+FIELD_AT(DownParams, experts, 56); FIELD_AT(DownParams, d_model, 80); FIELD_AT(DownParams, n_used, 84);
+FIELD_AT(DownParams, rows_per_warp, 88); FIELD_AT(DownParams, n_expert, 92);
+FIELD_AT(DownParams, norm_topk, 96); FIELD_AT(DownParams, eps, 100);
 
 // softmax(s * logits) at the chosen experts, whose unscaled logits `ws` holds in rank order,
 // renormalised over them with norm_topk, in place (warp 0; ends with a barrier). Without
@@ -639,12 +667,10 @@ __device__ __forceinline__ void fold_weights(const DownParams& p, const FoldX& x
     chosen_weights(ws, rms_factor(red, p.d_model, p.eps), (const u64*)p.slots, p.n_used, p.n_expert, p.norm_topk);
 }
 
-// Stages h [n_used, dff] in shared memory at `dst`, float4 loads issued LOAD_V * 2 at a time per
-// thread (dff is a multiple of 32): X_PAD padded (XS floats per 32 values, slot s at s * plen),
-// or X_QUANT as quantised groups, slot after slot (group f = slot * dff / 32 + block; plen
-// unused). Shared by moe_down and the fused step's down phase.
-template <int OUT>
-__device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff, void* dst, int plen) {
+// Stages h [n_used, dff] in shared memory at `dst` as quantised groups, slot after slot (group
+// f = slot * dff / 32 + block), float4 loads issued LOAD_V * 2 at a time per thread (dff is a
+// multiple of 32).
+__device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff, u32* dst) {
     int nv = n_used * dff >> 2;
     const float4* h4 = (const float4*)h;
     for (int base = 0; base < nv; base += 2 * LOAD_V * blockDim.x) {
@@ -658,15 +684,9 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
         if (base == 0) tl_mark_after(TL_IN, v[0].x);
 #pragma unroll
         for (int j = 0; j < 2 * LOAD_V; j++) {
+            if (base + j * (int)blockDim.x >= nv) break;  // no lane has values here
             int i = base + threadIdx.x + j * blockDim.x;
-            if (OUT == X_QUANT) {
-                if (base + j * (int)blockDim.x >= nv) break;  // no lane has values here
-                quant_store((u32*)dst, i, v[j], i < nv);
-                continue;
-            }
-            if (i >= nv) continue;
-            int s = 4 * i / dff, e = 4 * i - s * dff;
-            *(float4*)((float*)dst + s * plen + pad_idx(e)) = v[j];
+            quant_store(dst, i, v[j], i < nv);
         }
     }
     __syncthreads();
@@ -677,7 +697,7 @@ __device__ __forceinline__ void stage_slots(const float* h, int n_used, int dff,
 // experts and the staged paths issue their weight loads before this.
 __device__ __forceinline__ void stage_h(const DownParams& p, u32* hq) {
     pdl_start();
-    stage_slots<X_QUANT>((const float*)p.h, p.n_used, p.down.k, hq, 0);
+    stage_slots((const float*)p.h, p.n_used, p.down.k, hq);
 }
 
 // Flattened pieces: every (slot, block) of a row is one lane piece, so all lanes are busy and

@@ -6,6 +6,7 @@
 struct ProbeParams {
     u64 cell;  // u32*
 };
+SIZE_IS(ProbeParams, 8); FIELD_AT(ProbeParams, cell, 0);
 
 extern "C" __global__ void pdl_probe(const ProbeParams p) {
     pdl_start();

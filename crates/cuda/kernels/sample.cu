@@ -9,6 +9,9 @@ struct ArgmaxParams {
     int n;
     int n_blocks;
 };
+SIZE_IS(ArgmaxParams, 48); FIELD_AT(ArgmaxParams, logits, 0); FIELD_AT(ArgmaxParams, part_v, 8);
+FIELD_AT(ArgmaxParams, part_i, 16); FIELD_AT(ArgmaxParams, state, 24); FIELD_AT(ArgmaxParams, publish, 32);
+FIELD_AT(ArgmaxParams, n, 40); FIELD_AT(ArgmaxParams, n_blocks, 44);
 
 
 __device__ void block_argmax(float& bv, int& bi, float* sv, int* si) {
@@ -78,7 +81,7 @@ extern "C" __global__ void argmax_final(const ArgmaxParams p) {
 // gather the bucket the cut falls in; sample_topk's one block selects the k best of the
 // candidates and draws, or finds the nucleus's cut and walks it, or walks the chunk sums. Why:
 // one block reading the 152k logits 7 times (radix passes, gather) took ~0.32 ms a token, 19%
-// of a sampled token, and its walk ~0.16 ms (NOTES.md session 19).
+// of a sampled token, and its walk ~0.16 ms (docs/performance.md).
 // Mirrors q4moe_model::Sampler step for step: the k largest of logit / temperature (ties: lower
 // id first), sorted; probabilities exp(v - max) summed in sorted order and normalised; top-p and
 // min-p cut in sorted order; r = u * kept mass walked in sorted order. exp is evaluated in double
@@ -93,6 +96,9 @@ struct SampleConfig {
     float frequency;    // 0 = off
     int pad;
 };
+SIZE_IS(SampleConfig, 32); FIELD_AT(SampleConfig, temperature, 0); FIELD_AT(SampleConfig, top_k, 4);
+FIELD_AT(SampleConfig, top_p, 8); FIELD_AT(SampleConfig, min_p, 12); FIELD_AT(SampleConfig, repetition, 16);
+FIELD_AT(SampleConfig, presence, 20); FIELD_AT(SampleConfig, frequency, 24); FIELD_AT(SampleConfig, pad, 28);
 
 struct SampleParams {
     u64 logits;  // const float* [n]
@@ -115,6 +121,11 @@ struct SampleParams {
     int n_blocks;  // ceil(n / SAMPLE_CHUNK)
     int walk_cpb;  // chunks a sample_walk block sums
 };
+SIZE_IS(SampleParams, 88); FIELD_AT(SampleParams, logits, 0); FIELD_AT(SampleParams, state, 8);
+FIELD_AT(SampleParams, publish, 16); FIELD_AT(SampleParams, cfg, 24); FIELD_AT(SampleParams, rng, 32);
+FIELD_AT(SampleParams, work, 40); FIELD_AT(SampleParams, finite, 48); FIELD_AT(SampleParams, nucleus, 56);
+FIELD_AT(SampleParams, counts, 64); FIELD_AT(SampleParams, n, 72); FIELD_AT(SampleParams, n_blocks, 76);
+FIELD_AT(SampleParams, walk_cpb, 80);
 
 #define SAMPLE_MAX_K 1024
 #define SAMPLE_CHUNK 4096  // logits a sample_partial block takes: 4 a thread
@@ -730,7 +741,7 @@ extern "C" __global__ void sample_count(const SampleParams p) {
     if (threadIdx.x == 0) ((u32*)p.counts)[((const StepState*)p.state)->token] += 1;
 }
 
-// The output head with the greedy choice in its tail (step.rs tail: greedy without penalties):
+// The output head with the greedy choice in its tail (step/sample.rs tail: greedy without penalties):
 // the walking head (mv_staged LOOP) with each warp's lane 0 keeping the best of the logits it
 // writes, then each block's best into the partials and the last block to finish merges them as
 // argmax_final does. The same choice as argmax_partial + argmax_final over the same logits
@@ -740,6 +751,8 @@ struct HeadArgmaxParams {
     ArgmaxParams am;  // part_v / part_i [gridDim.x], state, publish; n_blocks = gridDim.x
     u64 counter;      // u32, 0 between launches (the last block resets it)
 };
+SIZE_IS(HeadArgmaxParams, 208); FIELD_AT(HeadArgmaxParams, mv, 0); FIELD_AT(HeadArgmaxParams, am, 152);
+FIELD_AT(HeadArgmaxParams, counter, 200);
 
 template <int NR, class Rows>
 __device__ __forceinline__ void head_argmax(const HeadArgmaxParams& p) {

@@ -1,10 +1,11 @@
 //! `CudaBackend`: sessions (KV pool + setup cache), prefill, pipelined decode, profiling.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{result, sys};
+use cudarc::driver::result;
 use q4moe_model::backend::{
     self, Backend, BackendError, BackendInfo, BackendResult, DecodeRequest, DecodeStats, Flow,
     PhaseTimes, SessionId, TokenEvent,
@@ -12,60 +13,28 @@ use q4moe_model::backend::{
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
 
-use crate::device::{DevBuf, Device, Launch, Pinned};
-use crate::fused::FusedStep;
-use crate::graph::Graph;
-use crate::l2::{L2Plan, L2Target};
+use crate::device::Device;
+use crate::l2::L2Plan;
+use crate::launch::Launch;
+use crate::memory::{DevBuf, Pinned};
 use crate::params::StepState;
+use crate::pipeline::{Pipeline, RING};
 use crate::prefill::{self, Prefill};
+use crate::profile::Profiler;
+use crate::session::{Session, SessionKey, StepCache};
 use crate::step::{self, Choice, Ending, Kv, Scratch};
+#[cfg(feature = "timeline")]
 use crate::timeline::{self, Timeline};
 use crate::weights::{self, Weights};
-use crate::{AttGrid, CudaError, CudaOptions, GraphSetups, KernelTime, Result};
+use crate::{CudaOptions, GraphSetups, KernelTime, Result};
 
-/// Steps whose token can be in flight at once (pinned read-back slots, event pairs); the step
-/// at position pos uses slot pos % RING, as the kernels' finish_step publishes it.
-const RING: usize = crate::params::STATE_RING;
 /// A prompt's tokens queued on the device at once by `prefill` (pinned step states; the host
 /// waits for the queue once a round).
 const PREFILL_RING: usize = 64;
 
-/// What a cached setup is valid for (DESIGN.md section 4).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct SessionKey {
-    session: SessionId,
-    geometry: String,
-    batch: usize,
-    kv_capacity: usize,
-    fused: bool,
-    /// What the step runs after its layers.
-    ending: Ending,
-    /// Steps the graph runs one after another (CudaOptions::graph_steps).
-    steps: usize,
-    /// Attention's blocks a KV head for the positions the steps reach (step::att_grid).
-    att_grid: usize,
-}
-
-/// The setup cache entry: resolved launches, their fused form (op table, barrier) and the
-/// graph captured from it (one node), or from the launches when there is no fused form.
-struct StepCache {
-    key: SessionKey,
-    launches: Vec<Launch>,
-    fused: Option<FusedStep>,
-    graph: Graph,
-}
-
-struct Session {
-    kv: Kv,
-    len: usize,
-    /// At most one entry per step variant (Ending): prefill and a sampled decode alternate
-    /// without rebuilding.
-    cache: Vec<StepCache>,
-}
-
 /// The positions a submission's attention reaches: its last step's, and the last its request (a
-/// decode's max_tokens, a prompt's length) can reach (CudaOptions::attn_grid picks which sizes
-/// the grid).
+/// decode's max_tokens, a prompt's length) can reach; attention's grid is sized for the latter,
+/// so a request's steps never change graph midway.
 #[derive(Debug, Clone, Copy)]
 struct Reach {
     last: usize,
@@ -86,25 +55,18 @@ pub struct CudaBackend {
     sessions: HashMap<SessionId, Session>,
     scratch: Scratch,
     w: Weights,
-    pinned: Pinned<StepState>,
+    /// The in-flight ring: each step's state published to the host, events timing each
+    /// submission.
+    pipeline: Pipeline,
     /// The step states of the prompt tokens `prefill` has queued (PREFILL_RING).
     prompt_states: Pinned<StepState>,
     /// The logits of the host sampler's steps, copied in stream order after the step.
     host_logits: Pinned<f32>,
-    /// Per-slot (start, end) events timing each step's GPU work.
-    events: Vec<(sys::CUevent, sys::CUevent)>,
-    /// Per slot, the event its step's GPU time counts from (`submit`), and the position of the
-    /// last step submitted.
-    timed_from: Vec<sys::CUevent>,
-    last_submitted: Option<usize>,
-    /// Per-launch event pairs of the profiled eager path.
-    prof_events: Vec<(sys::CUevent, sys::CUevent)>,
-    profile: HashMap<&'static str, (u64, f64, u64)>,
-    /// Per-op times inside the fused step (Q4MOE_CUDA_STAMPS=1), same layout as `profile`.
-    fused_profile: HashMap<String, (u64, f64, u64)>,
-    /// The launch timeline's table (Q4MOE_CUDA_TIMELINE=1) and what it recorded.
-    timeline: Option<Timeline>,
-    timeline_profile: HashMap<String, (u64, f64, u64)>,
+    /// Per-launch GPU times of the eager path (CudaOptions::profile_kernels).
+    profiler: Profiler,
+    /// The launch timeline's table and what it recorded (the `timeline` feature).
+    #[cfg(feature = "timeline")]
+    timeline: Timeline,
     /// The batched prefill's buffers (CudaOptions::prefill_chunk), where the geometry allows.
     prefill: Option<Prefill>,
     graph_setups: GraphSetups,
@@ -120,10 +82,6 @@ fn share_gpu(steps: &mut [PhaseTimes], gpu: Duration) {
     steps.iter_mut().for_each(|p| p.gpu = Some(each));
 }
 
-fn ev() -> Result<sys::CUevent> {
-    Ok(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?)
-}
-
 impl CudaBackend {
     pub fn new(model: Arc<Model>, opts: CudaOptions) -> std::result::Result<Self, BackendError> {
         Ok(Self::build(model, opts)?)
@@ -134,30 +92,25 @@ impl CudaBackend {
         weights::check_config(&c)?;
         opts.kv_capacity = opts.kv_capacity.min(c.context_length).max(1);
         opts.in_flight = opts.in_flight.clamp(1, RING - 1);
-        if let Ok(v) = std::env::var("Q4MOE_CUDA_L2_TARGET") {
-            opts.l2_targets = L2Target::parse_list(&v)
-                .map_err(|e| CudaError::Unsupported(format!("Q4MOE_CUDA_L2_TARGET: {e}")))?;
-        }
-        let dev = Device::new(opts.kv_type)?;
+        let dev = Device::new(&opts)?;
         let kv_bytes = Kv::bytes(&c, opts.kv_capacity, opts.kv_type);
         // A chunk never holds more tokens than a session's positions.
-        let chunk = if prefill::supports(&c) {
-            opts.prefill_chunk.min(opts.kv_capacity)
-        } else {
-            0
+        let chunk = match prefill::supports(&c) {
+            true => opts.prefill_chunk.min(opts.kv_capacity),
+            false => 0,
         };
-        let prefill_bytes = if chunk > 0 {
-            Prefill::bytes(&c, chunk)
-        } else {
-            0
+        let prefill_bytes = match chunk {
+            0 => 0,
+            n => Prefill::bytes(&c, n),
         };
+        let scratch_bytes = Scratch::bytes(&c, opts.kv_capacity);
         let w = weights::upload(
             &dev,
             &model,
-            kv_bytes + Scratch::bytes(&c, opts.kv_capacity) + prefill_bytes,
-            opts.router_fold,
+            kv_bytes + scratch_bytes + prefill_bytes,
+            &opts,
         )?;
-        let l2 = L2Plan::new(&dev, &c, &w, &opts)?;
+        let l2 = L2Plan::new(dev.max_l2_window()?);
         let mut scratch = Scratch::new(&dev, &c, &opts, l2)?;
         tracing::debug!(
             "device addresses: weights {:#x} ({} bytes), step state {:#x}",
@@ -169,20 +122,8 @@ impl CudaBackend {
             0 => None,
             n => Some(Prefill::new(&dev, &c, n, opts.prefill_part_budget)?),
         };
-        let pinned = match opts.mapped_readback {
-            true => Pinned::mapped(RING)?,
-            false => Pinned::new(RING)?,
-        };
-        scratch.publish = pinned.device_ptr();
-        let prompt_states = Pinned::new(PREFILL_RING)?;
-        let host_logits = Pinned::new(c.vocab_size)?;
-        let events = (0..RING)
-            .map(|_| Ok((ev()?, ev()?)))
-            .collect::<Result<Vec<_>>>()?;
-        let timeline = match timeline::enabled() {
-            true => Some(Timeline::new(&dev)?),
-            false => None,
-        };
+        let pipeline = Pipeline::new()?;
+        scratch.publish = pipeline.publish_ptr();
         Ok(CudaBackend {
             model,
             opts,
@@ -190,17 +131,12 @@ impl CudaBackend {
             scratch,
             prefill,
             w,
-            pinned,
-            prompt_states,
-            host_logits,
-            timed_from: events.iter().map(|e| e.0).collect(),
-            events,
-            last_submitted: None,
-            prof_events: Vec::new(),
-            profile: HashMap::new(),
-            fused_profile: HashMap::new(),
-            timeline,
-            timeline_profile: HashMap::new(),
+            pipeline,
+            prompt_states: Pinned::new(PREFILL_RING)?,
+            host_logits: Pinned::new(c.vocab_size)?,
+            profiler: Profiler::default(),
+            #[cfg(feature = "timeline")]
+            timeline: Timeline::new(&dev)?,
             graph_setups: GraphSetups::default(),
             dev,
         })
@@ -208,10 +144,6 @@ impl CudaBackend {
 
     pub fn set_setup_cache(&mut self, on: bool) {
         self.opts.setup_cache = on;
-    }
-
-    pub fn set_fused_step(&mut self, on: bool) {
-        self.opts.fused_step = on;
     }
 
     pub fn set_in_flight(&mut self, n: usize) {
@@ -222,44 +154,26 @@ impl CudaBackend {
         &self.opts
     }
 
-    /// The setup cache's graph captures and in-place attention regrids since the start.
+    /// The setup cache's graph captures since the start.
     pub fn graph_setups(&self) -> GraphSetups {
         self.graph_setups
     }
 
-    /// Per-kernel GPU times gathered on the eager path with `profile_kernels` on, per-op
-    /// times inside the fused step (named "fused <op>") with Q4MOE_CUDA_STAMPS=1, and the
-    /// launch timeline ("timeline <kernel> lead|step|spread") with Q4MOE_CUDA_TIMELINE=1.
+    /// Per-kernel GPU times gathered on the eager path with `profile_kernels` on (and with the
+    /// `timeline` feature the launch timeline's "timeline <kernel> lead|step|spread|..."),
+    /// longest first.
     pub fn kernel_profile(&self) -> Vec<KernelTime> {
-        let entry = |name: String, &(calls, secs, bytes): &(u64, f64, u64)| KernelTime {
-            name,
-            calls,
-            total: Duration::from_secs_f64(secs),
-            bytes_read: bytes,
-        };
-        let mut v: Vec<KernelTime> = self
-            .profile
-            .iter()
-            .map(|(n, e)| entry(n.to_string(), e))
-            .chain(
-                self.fused_profile
-                    .iter()
-                    .map(|(n, e)| entry(format!("fused {n}"), e)),
-            )
-            .chain(
-                self.timeline_profile
-                    .iter()
-                    .map(|(n, e)| entry(n.clone(), e)),
-            )
-            .collect();
+        let mut v = self.profiler.report();
+        #[cfg(feature = "timeline")]
+        v.extend(self.timeline.report());
         v.sort_by_key(|e| std::cmp::Reverse(e.total));
         v
     }
 
     pub fn reset_kernel_profile(&mut self) {
-        self.profile.clear();
-        self.fused_profile.clear();
-        self.timeline_profile.clear();
+        self.profiler.reset();
+        #[cfg(feature = "timeline")]
+        self.timeline.reset();
     }
 
     pub fn set_profile_kernels(&mut self, on: bool) {
@@ -298,23 +212,18 @@ impl CudaBackend {
     fn key(&self, session: SessionId, ending: Ending, steps: usize, reach: usize) -> SessionKey {
         SessionKey {
             session,
-            geometry: format!("{:?}", self.model.config),
-            batch: 1,
             kv_capacity: self.opts.kv_capacity,
-            fused: self.opts.fused_step,
             ending,
             steps,
             att_grid: step::att_grid(&self.model.config, &self.scratch, reach),
         }
     }
 
-    /// Steps a decode graph runs at once: CudaOptions::graph_steps where the steps' states are
-    /// published to the host as they end (mapped read-back) and the graph is plain (the setup
-    /// cache on, no fused step, no timeline recording, which keeps one step a table), else 1;
-    /// at most what the state ring holds with in_flight + 1 submissions outstanding.
+    /// Steps a decode graph runs at once: CudaOptions::graph_steps where the setup cache is on
+    /// (and no timeline records, which keeps one step a table), else 1; at most what the state
+    /// ring holds with in_flight + 1 submissions outstanding.
     fn graph_steps(&self) -> usize {
-        let plain = self.opts.setup_cache && !self.opts.fused_step && self.timeline.is_none();
-        match self.opts.mapped_readback && plain {
+        match self.opts.setup_cache && !cfg!(feature = "timeline") {
             true => (self.opts.graph_steps).clamp(1, RING / (self.opts.in_flight + 1)),
             false => 1,
         }
@@ -323,147 +232,54 @@ impl CudaBackend {
     fn session(&mut self, id: SessionId) -> Result<&mut Session> {
         if !self.sessions.contains_key(&id) {
             let kv = Kv::new(&self.dev, &self.model.config, self.opts.kv_capacity)?;
-            self.sessions.insert(
-                id,
-                Session {
-                    kv,
-                    len: 0,
-                    cache: Vec::new(),
-                },
-            );
+            self.sessions.insert(id, Session::new(kv));
         }
         Ok(self.sessions.get_mut(&id).expect("inserted"))
     }
 
     /// The attention lengths a step's launches are built for (step::att_grid sizes the grid):
-    /// the request's whole reach, or the step's own.
-    fn att_reach(&self, at: Reach) -> usize {
-        let last = match self.opts.attn_grid {
-            AttGrid::Request => at.last.max(at.end),
-            AttGrid::Step | AttGrid::Capacity => at.last,
-        };
-        last + 1
+    /// the request's whole reach.
+    fn att_reach(at: Reach) -> usize {
+        at.last.max(at.end) + 1
     }
 
     /// Host setup for `steps` steps in one graph (1 where the cache is off), the last at
     /// position `at.last`: a cache hit costs a key comparison; a miss (or the cache off)
-    /// resolves every launch again from the weights' tables, unless only the attention's grid
-    /// differs (regrid in place). The steps repeat the same launches: each reads its token and
-    /// position from the device's step state, which the one before advanced.
+    /// resolves every launch again from the weights' tables.
     fn setup(&mut self, id: SessionId, ending: Ending, steps: usize, at: Reach) -> Result<StepRef> {
-        let reach = self.att_reach(at);
+        let reach = Self::att_reach(at);
         let key = self.key(id, ending, steps, reach);
-        let cfg = self.model.config.clone();
         self.session(id)?;
-        let (dev, w, s) = (&self.dev, &self.w, &self.scratch);
+        let (c, w, s) = (&self.model.config, &self.w, &self.scratch);
         let sess = self.sessions.get_mut(&id).expect("created");
         if !self.opts.setup_cache {
-            let launches = step::build(&cfg, w, s, (&sess.kv, reach), ending);
+            let launches = step::build(c, w, s, (&sess.kv, reach), ending);
             return Ok(StepRef::Eager(launches));
         }
-        if let Some(i) = sess.cache.iter().position(|c| c.key == key) {
+        if let Some(i) = sess.lookup(&key) {
             return Ok(StepRef::Cached(i));
         }
-        // The same step at another attention grid: its nodes take the grid in place.
-        let regrid = step::att_regrid(&cfg, s, reach).filter(|_| self.opts.regrid_in_place);
-        let same_but_grid = |c: &StepCache| {
-            SessionKey {
-                att_grid: key.att_grid,
-                ..c.key.clone()
-            } == key
-        };
-        if let (Some(i), Some((kernel, grid))) = (sess.cache.iter().position(same_but_grid), regrid)
-        {
-            let entry = &mut sess.cache[i];
-            entry.graph.regrid(dev.func(kernel), grid)?;
-            let attention = entry.launches.iter_mut().filter(|l| l.kernel == kernel);
-            attention.for_each(|l| l.grid = grid);
-            entry.key = key;
-            self.graph_setups.regrids += 1;
-            return Ok(StepRef::Cached(i));
-        }
-        // A stale entry of the same variant (options changed) is replaced.
-        sess.cache
-            .retain(|c| c.key.ending != ending || c.key.steps != steps);
-        {
-            let mut launches = step::layers(&cfg, w, s, (&sess.kv, reach));
-            let tail = step::tail(&cfg, w, s, ending);
-            let fused = match key.fused {
-                true => {
-                    let bytes = launches.iter().map(|l| l.bytes_read).sum();
-                    FusedStep::new(dev, &cfg, w, s, &sess.kv, bytes)?
-                }
-                false => None,
-            };
-            let graph = match &fused {
-                Some(f) => Graph::capture(dev, std::iter::once(f.launch()).chain(&tail))?,
-                None => {
-                    let step = launches.iter().chain(&tail);
-                    Graph::capture(dev, std::iter::repeat_n(step, steps).flatten())?
-                }
-            };
-            launches.extend(tail);
-            self.graph_setups.captures += 1;
-            sess.cache.push(StepCache {
-                key,
-                launches,
-                fused,
-                graph,
-            });
-        }
-        Ok(StepRef::Cached(sess.cache.len() - 1))
+        let entry = StepCache::capture(&self.dev, (c, w, s), &sess.kv, key, reach)?;
+        self.graph_setups.captures += 1;
+        Ok(StepRef::Cached(sess.insert(entry)))
     }
 
     /// Submits the `steps` steps from position `first` (one graph replay, or eager launches)
-    /// before the end event of the last one's slot; each state reaches its slot's pinned
-    /// memory from the step's own token choice (mapped read-back) or by a copy after the step.
-    /// Their GPU time counts from the previous submission's end event where that is still
-    /// queued or running (the GPU goes from one to the other: no start event need sit between
-    /// them in the stream, ~1.3 us a step), else from a start event of its own.
+    /// inside the pipeline's events; each state reaches its slot's mapped memory from the
+    /// step's own token choice.
     fn submit(&mut self, id: SessionId, step: StepRef, first: usize, steps: usize) -> Result<()> {
         let last = first + steps - 1;
-        let (e0, e1) = self.events[last % RING];
-        let prev = self.events[(first + RING - 1) % RING].1;
-        // SAFETY: events created in `build`, recorded on our stream.
-        let busy = self.last_submitted == first.checked_sub(1)
-            && unsafe { result::event::query(prev) }
-                .is_err_and(|e| e.0 == sys::CUresult::CUDA_ERROR_NOT_READY);
-        self.timed_from[last % RING] = if busy { prev } else { e0 };
-        if !busy {
-            unsafe { result::event::record(e0, self.dev.stream)? };
-        }
-        self.last_submitted = Some(last);
-        (first..=last).for_each(|p| self.pinned.clear(p));
+        self.pipeline.begin(self.dev.stream, first, last)?;
         self.run_step(id, step)?;
-        let st = self.scratch.state.ptr;
-        // SAFETY: pinned slot of one StepState; copied in stream order after the step.
-        unsafe {
-            if self.scratch.publish == 0 {
-                result::memcpy_dtoh_async(self.pinned.slot(last), st, self.dev.stream)?;
-            }
-            result::event::record(e1, self.dev.stream)?;
-        }
-        Ok(())
+        self.pipeline.end(self.dev.stream, last)
     }
 
-    /// The step's work in stream order: the graph replay (and the fused step's phase times),
-    /// or the eager launches.
+    /// The step's work in stream order: the graph replay, or the eager launches.
     fn run_step(&mut self, id: SessionId, step: StepRef) -> Result<()> {
         match step {
-            StepRef::Cached(i) => {
-                let cache = &self.sessions[&id].cache[i];
-                cache.graph.launch(&self.dev)?;
-                if let Some(f) = &cache.fused {
-                    for (name, secs) in f.phase_times(&self.dev)? {
-                        let e = self.fused_profile.entry(name).or_insert((0, 0.0, 0));
-                        e.0 += 1;
-                        e.1 += secs;
-                    }
-                }
-            }
-            StepRef::Eager(ls) => self.launch_eager(&ls)?,
+            StepRef::Cached(i) => self.sessions[&id].entry(i).graph.launch(&self.dev),
+            StepRef::Eager(ls) => self.launch_eager(&ls),
         }
-        Ok(())
     }
 
     /// Queues prompt token `i` (at `pos`) without the output head (Ending::LayersOnly): its
@@ -516,138 +332,32 @@ impl CudaBackend {
         self.dev.sync()
     }
 
-    /// The timeline, where it records decode step `step` of a call.
-    fn recording(&self, step: usize) -> Option<&Timeline> {
-        self.timeline.as_ref().filter(|_| Timeline::records(step))
-    }
-
     /// Adds what the timeline recorded in this decode's recorded steps, launches named after
-    /// this session's step as `setup` built it for attention lengths up to `reach` (the grids
-    /// must match the recorded ones); a no-op without Q4MOE_CUDA_TIMELINE=1.
+    /// this session's step as `setup` built it for the first recorded step's reach (the grids
+    /// must match the recorded ones).
+    #[cfg(feature = "timeline")]
     fn read_timeline(&mut self, id: SessionId, ending: Ending, reach: usize) -> Result<()> {
-        let Some(t) = &self.timeline else {
-            return Ok(());
-        };
-        let steps = t.read(&self.dev)?;
         let kv = &self.sessions[&id].kv;
-        let launches = step::build(
-            &self.model.config,
-            &self.w,
-            &self.scratch,
-            (kv, reach),
-            ending,
-        );
-        for stamps in &steps {
-            for (name, (calls, secs, _)) in timeline::summarize(stamps, &launches) {
-                let e = self.timeline_profile.entry(name).or_default();
-                e.0 += calls;
-                e.1 += secs;
-            }
-        }
-        Ok(())
+        let (c, w, s) = (&self.model.config, &self.w, &self.scratch);
+        let launches = step::build(c, w, s, (kv, reach), ending);
+        self.timeline.collect(&self.dev, &launches)
     }
 
     /// Launches one by one, each timed with events where `profile_kernels`.
     fn launch_eager(&mut self, ls: &[Launch]) -> Result<()> {
         match self.opts.profile_kernels {
-            true => self.launch_profiled(ls),
+            true => self.profiler.launch_timed(&self.dev, ls),
             false => ls.iter().try_for_each(|l| self.dev.launch(l)),
         }
     }
 
-    fn launch_profiled(&mut self, ls: &[Launch]) -> Result<()> {
-        while self.prof_events.len() < ls.len() {
-            self.prof_events.push((ev()?, ev()?));
-        }
-        for (l, &(a, b)) in ls.iter().zip(&self.prof_events) {
-            unsafe { result::event::record(a, self.dev.stream)? };
-            self.dev.launch(l)?;
-            unsafe { result::event::record(b, self.dev.stream)? };
-        }
-        self.dev.sync()?;
-        for (l, &(a, b)) in ls.iter().zip(&self.prof_events) {
-            let ms = unsafe { result::event::elapsed(a, b)? };
-            let e = self.profile.entry(l.name).or_insert((0, 0.0, 0));
-            e.0 += 1;
-            e.1 += ms as f64 * 1e-3;
-            e.2 += l.bytes_read;
-        }
-        Ok(())
-    }
-
     /// How a step's token reaches the host, for the bench's conditions.
     fn describe_readback(&self) -> String {
-        let state = match self.opts.mapped_readback {
-            true => "step state written to host-mapped memory by the token choice",
-            false => "step state copied back after each step",
-        };
-        let greedy = match self.opts.head_argmax {
-            true => "greedy choice in the output head's tail",
-            false => "greedy choice by two arg-max launches after the head",
-        };
-        let steps = self.graph_steps();
-        format!("{state}; {greedy}; {steps} decode step(s) a graph replay (cache on)")
-    }
-
-    /// Waits for the submission whose last step is at position `pos`; returns that step's
-    /// state and the submission's GPU time.
-    fn wait(&mut self, pos: usize) -> Result<(StepState, Duration)> {
-        let (e0, e1) = (self.timed_from[pos % RING], self.events[pos % RING].1);
-        let ms = unsafe {
-            result::event::synchronize(e1)?;
-            result::event::elapsed(e0, e1)?
-        };
-        Ok((
-            self.read_state(pos)?,
-            Duration::from_secs_f64(ms as f64 * 1e-3),
-        ))
-    }
-
-    /// The state the finished step at position `pos` read back, which must be its own
-    /// (position pos + 1): a mapped write that has not arrived yet is waited for (briefly),
-    /// anything else is an error, not a token.
-    fn read_state(&self, pos: usize) -> Result<StepState> {
-        let want = pos as u32 + 1;
-        let t0 = Instant::now();
-        let mut st = self.pinned.read_state(pos);
-        while st.pos != want && t0.elapsed() < Duration::from_secs(1) {
-            std::hint::spin_loop();
-            st = self.pinned.read_state(pos);
-        }
-        if st.pos != want {
-            return Err(CudaError::ReadBack(format!(
-                "the step at position {pos} read back a state of position {} (want {want})",
-                st.pos
-            )));
-        }
-        Ok(st)
-    }
-
-    /// The state of the step at position `pos`, published by its token choice, where a later
-    /// step of the same graph (ending at `last`) holds the end event: read as it lands, the
-    /// graph's end event queried now and then so an error or a missing write is reported, not
-    /// waited for.
-    fn wait_published(&self, pos: usize, last: usize) -> Result<StepState> {
-        let end = self.events[last % RING].1;
-        let want = pos as u32 + 1;
-        let mut polls = 0u32;
-        loop {
-            let st = self.pinned.read_state(pos);
-            if st.pos == want {
-                return Ok(st);
-            }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(1024) {
-                // SAFETY: an event of ours, recorded after the graph.
-                match unsafe { result::event::query(end) } {
-                    Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => {}
-                    Err(e) => return Err(e.into()),
-                    // The graph is done: its write has had its time.
-                    Ok(()) => return self.read_state(pos),
-                }
-            }
-            std::hint::spin_loop();
-        }
+        format!(
+            "step state written to host-mapped memory by the token choice; greedy choice in \
+             the output head's tail; {} decode step(s) a graph replay (cache on)",
+            self.graph_steps()
+        )
     }
 
     fn set_state(&mut self, st: StepState) -> Result<()> {
@@ -682,7 +392,7 @@ impl CudaBackend {
                 )?
             };
         }
-        let gpu = self.wait(pos)?.1;
+        let gpu = self.pipeline.wait(pos)?.1;
         if logits_to_host {
             self.dev.sync()?;
         }
@@ -695,21 +405,14 @@ impl CudaBackend {
         Ok(v)
     }
 
-    fn decode_device(
-        &mut self,
-        req: &DecodeRequest<'_>,
-        on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
-    ) -> Result<(DecodeStats, usize, bool)> {
-        let id = req.session;
-        let len0 = self.kv_len(id);
-        let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
-        let f = self.opts.in_flight;
+    /// The device's state for a decode of `req` from position `len0`: the step state, and the
+    /// sampler's settings, draw sequence and penalty counts where the choice uses them.
+    fn start_device_decode(&mut self, req: &DecodeRequest<'_>, len0: usize) -> Result<Choice> {
         self.set_state(StepState {
             token: req.first_token,
             pos: len0 as u32,
         })?;
         let choice = Choice::of(req.sampling);
-        let ending = Ending::Head(choice);
         let s = &self.scratch;
         if let Some(cfg) = step::sample_config(req.sampling) {
             s.sample_cfg
@@ -725,6 +428,19 @@ impl CudaBackend {
             let counts = host.counts(self.model.config.vocab_size);
             s.sample_counts.upload(&self.dev, 0, &counts)?;
         }
+        Ok(choice)
+    }
+
+    fn decode_device(
+        &mut self,
+        req: &DecodeRequest<'_>,
+        on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
+    ) -> Result<(DecodeStats, usize, bool)> {
+        let id = req.session;
+        let len0 = self.kv_len(id);
+        let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
+        let f = self.opts.in_flight;
+        let ending = Ending::Head(self.start_device_decode(req, len0)?);
         let mut phases = vec![PhaseTimes::default(); steps];
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
         // Up to `f` submissions of k_max steps (one graph each) ahead of the host, oldest first
@@ -734,9 +450,8 @@ impl CudaBackend {
         while handed < steps && !stopped {
             while submitted < steps && submitted < handed + f * k_max {
                 let k = if steps - submitted >= k_max { k_max } else { 1 };
-                if let Some(t) = self.recording(submitted) {
-                    t.begin_step(&self.dev)?;
-                }
+                #[cfg(feature = "timeline")]
+                self.timeline.begin(&self.dev, submitted)?;
                 let t0 = Instant::now();
                 let at = Reach {
                     last: len0 + submitted + k - 1,
@@ -745,9 +460,8 @@ impl CudaBackend {
                 let step = self.setup(id, ending, k, at)?;
                 let t1 = Instant::now();
                 self.submit(id, step, len0 + submitted, k)?;
-                if let Some(t) = self.recording(submitted) {
-                    t.end_step(&self.dev, submitted)?;
-                }
+                #[cfg(feature = "timeline")]
+                self.timeline.end(&self.dev, submitted)?;
                 phases[submitted].setup = t1 - t0;
                 phases[submitted].submit = t1.elapsed();
                 queued.push_back((submitted, k));
@@ -757,12 +471,12 @@ impl CudaBackend {
             let last = first + k - 1;
             let t0 = Instant::now();
             let st = if handed == last {
-                let (st, gpu) = self.wait(len0 + last)?;
+                let (st, gpu) = self.pipeline.wait(len0 + last)?;
                 share_gpu(&mut phases[first..=last], gpu);
                 queued.pop_front();
                 st
             } else {
-                self.wait_published(len0 + handed, len0 + last)?
+                self.pipeline.wait_published(len0 + handed, len0 + last)?
             };
             let t1 = Instant::now();
             stopped = on_token(TokenEvent {
@@ -777,21 +491,16 @@ impl CudaBackend {
         self.dev.sync()?;
         // A stop inside a graph: its handed steps take their share of its time too.
         if let Some(&(first, k)) = queued.front().filter(|q| q.0 < handed) {
-            let last = len0 + first + k - 1;
-            let gpu = unsafe {
-                result::event::elapsed(self.timed_from[last % RING], self.events[last % RING].1)?
-            };
-            share_gpu(
-                &mut phases[first..first + k],
-                Duration::from_secs_f64(gpu as f64 * 1e-3),
-            );
+            let gpu = self.pipeline.gpu_time(len0 + first + k - 1)?;
+            share_gpu(&mut phases[first..first + k], gpu);
         }
+        #[cfg(feature = "timeline")]
         if submitted > timeline::FROM_STEP {
             let first = Reach {
                 last: len0 + timeline::FROM_STEP,
                 end: len0 + steps - 1,
             };
-            self.read_timeline(id, ending, self.att_reach(first))?;
+            self.read_timeline(id, ending, Self::att_reach(first))?;
         }
         phases.truncate(handed);
         Ok((
@@ -989,13 +698,7 @@ impl Drop for CudaBackend {
         let _ = self.dev.bind();
         let _ = self.dev.sync();
         self.sessions.clear();
-        // SAFETY: events were created in `build` and are destroyed once (the pinned buffers
-        // free themselves after this, with the context still bound).
-        unsafe {
-            for &(a, b) in self.events.iter().chain(&self.prof_events) {
-                let _ = result::event::destroy(a);
-                let _ = result::event::destroy(b);
-            }
-        }
+        // The pipeline's and the profiler's events and the pinned buffers free themselves
+        // after this, with the context still bound.
     }
 }

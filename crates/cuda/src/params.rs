@@ -73,7 +73,7 @@ pub const ATT_CHUNK: usize = 32;
 pub const ATT_MAX_BLOCKS: usize = 32;
 
 /// Tiles a warp of the tensor-core attention stages in shared memory at most (`TC_STAGE_MAX`
-/// in attention.cu), and the bytes each costs the block (8 warps x 16 uint4 x 32 lanes).
+/// in attention_tc.cu), and the bytes each costs the block (8 warps x 16 uint4 x 32 lanes).
 pub const ATT_TC_STAGE_MAX: usize = 2;
 pub const ATT_TC_STAGE_BYTES: u32 = 8 * 16 * 32 * 16;
 /// ... and by default: one (256 positions in one block). H200, quick bench, session 16: Q4_0
@@ -83,7 +83,8 @@ pub const ATT_TC_STAGE_DEFAULT: usize = 1;
 /// H200, synthetic Qwen3-30B-A3B Q4_0, 4,096-token prompt, session 22: 0.88 s at 512, 0.86 s at
 /// 1,024, 0.82 s at 2,048 (6.09 s a token at a time); 1,024 keeps its buffers near 250 MB.
 pub const PREFILL_CHUNK_DEFAULT: usize = 1024;
-/// Chunks a tensor-core attention block takes at least, by default (CudaOptions::attn_min_span).
+/// Chunks a tensor-core attention block takes at least (8 tiles, one a warp; session 16: 1 and 8
+/// were both ~4% slower at the bench's context).
 pub const ATT_TC_MIN_SPAN_DEFAULT: usize = 4;
 
 #[repr(C)]
@@ -283,76 +284,6 @@ pub struct AttnGqaParams {
 }
 const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 112);
 
-/// `LayerDesc` in fused.cu: one layer's weights and KV slices for the fused step.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct LayerDesc {
-    pub q: Qw,
-    pub k: Qw,
-    pub v: Qw,
-    pub o: Qw,
-    pub router: Qw,
-    pub gate: Qw,
-    pub up: Qw,
-    pub down: Qw,
-    pub attn_norm: u64,
-    pub q_norm: u64,
-    pub k_norm: u64,
-    pub ffn_norm: u64,
-    pub k_cache: u64,
-    pub v_cache: u64,
-}
-const _: () = assert!(std::mem::size_of::<LayerDesc>() == 8 * 24 + 6 * 8);
-
-/// `FusedParams`: the fused step's launch argument.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct FusedParams {
-    pub layers: u64,
-    pub embd: Qw,
-    pub state: u64,
-    pub x: u64,
-    pub qkv: u64,
-    pub part: u64,
-    pub attn: u64,
-    pub logits: u64,
-    pub h: u64,
-    pub bar: u64,
-    pub stamps: u64,
-    pub n_layer: i32,
-    pub d_model: i32,
-    pub n_head: i32,
-    pub n_kv_head: i32,
-    pub head_dim: i32,
-    pub n_split: i32,
-    pub n_expert: i32,
-    pub n_used: i32,
-    pub d_ff: i32,
-    pub norm_topk: i32,
-    pub eps: f32,
-    pub theta: f32,
-    pub scale: f32,
-    pub a_off: u32,
-    pub x_off: u32,
-    pub y_off: u32,
-}
-const _: () = assert!(std::mem::size_of::<FusedParams>() == 168);
-
-/// Limits of the fused step's shared plan (fused.cu).
-pub const FUSED_MAX_USED: usize = 16;
-pub const FUSED_MAX_RUNS: usize = 2;
-pub const FUSED_MAX_EXPERT: usize = 256;
-/// Phases of a layer the fused step stamps (N_PH in fused.cu), and what each mark-to-mark
-/// interval is (N_MARK): activations in / copies issued, weights' arrival, arithmetic, then the
-/// wait at the grid barrier (block 0's view).
-pub const FUSED_PHASES: [&str; 6] = ["qkv", "attn", "o_proj", "router", "gate_up", "down"];
-pub const FUSED_INTERVALS: [&str; 4] = ["prologue", "weights", "compute", "barrier"];
-
-/// `sizeof(GqaSmem)` in attention.cu: attn_gqa's shared memory, which the fused step carves
-/// from its dynamic shared memory.
-pub const GQA_SMEM_BYTES: u32 =
-    ((8 * 128 + 128 + 128 + 8 * ATT_CHUNK + 8 * 2 + 8 + 8 * 8 * 128) * 4) as u32;
-
 /// `SampleConfig` in sample.cu: the device sampler's settings, uploaded per request.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -460,3 +391,56 @@ pub struct PfCombineParams {
     pub n_used: i32,
 }
 const _: () = assert!(std::mem::size_of::<PfCombineParams>() == 32);
+
+// ---- Layouts (dev/params_layout.py writes this block and the kernels' SIZE_IS / FIELD_AT)
+// Each params struct's size and field offsets, the numbers the kernels assert for the same
+// fields: a field moved, resized, added or dropped on one side only fails the build.
+macro_rules! layout {
+    ($t:ty, $size:expr; $($f:ident @ $off:expr),+ $(,)?) => {
+        const _: () = {
+            assert!(std::mem::size_of::<$t>() == $size);
+            $(assert!(std::mem::offset_of!($t, $f) == $off);)+
+        };
+    };
+}
+layout!(Qw, 24; data @ 0, scales @ 8, ty @ 16, k @ 20);
+layout!(StepState, 8; token @ 0, pos @ 4);
+layout!(MatvecParams, 152; w @ 0, out @ 72, input @ 96, norm @ 104, xn_out @ 112, rows @ 120,
+    n_w @ 132, k @ 136, accumulate @ 140, rows_per_warp @ 144, eps @ 148);
+layout!(EmbedParams, 40; w @ 0, state @ 24, x @ 32);
+layout!(RopeParams, 80; qkv @ 0, q_out @ 8, q_norm @ 16, k_norm @ 24, k_cache @ 32,
+    v_cache @ 40, state @ 48, n_head @ 56, n_kv_head @ 60, head_dim @ 64, eps @ 68, theta @ 72);
+layout!(AttnParams, 72; q @ 0, k_cache @ 8, v_cache @ 16, part @ 24, out @ 32, state @ 40,
+    n_head @ 48, n_kv_head @ 52, head_dim @ 56, n_split @ 60, scale @ 64);
+layout!(ProbeParams, 8; cell @ 0);
+layout!(TopkParams, 40; logits @ 0, ids @ 8, weights @ 16, n_expert @ 24, n_used @ 28,
+    norm_topk @ 32);
+layout!(Experts, 24; ids @ 0, weights @ 8, n_used @ 16, scratch @ 20);
+layout!(GateUpParams, 112; gate @ 0, up @ 24, xn @ 48, h @ 56, norm @ 64, experts @ 72,
+    d_ff @ 96, rows_per_warp @ 100, eps @ 104);
+layout!(DownParams, 104; down @ 0, h @ 24, x @ 32, out @ 40, slots @ 48, experts @ 56,
+    d_model @ 80, n_used @ 84, rows_per_warp @ 88, n_expert @ 92, norm_topk @ 96, eps @ 100);
+layout!(RouterFold, 80; w @ 0, fold @ 8, norm @ 16, x @ 24, slots @ 32, ids @ 40, sel @ 48,
+    epoch @ 56, n_expert @ 64, d_model @ 68, q_dim @ 72, n_used @ 76);
+layout!(OprojRouterParams, 232; mv @ 0, r @ 152);
+layout!(FoldBuildParams, 56; o @ 0, router @ 24, norm @ 32, out @ 40, d_model @ 48, q_dim @ 52);
+layout!(RouterParams, 88; w @ 0, input @ 8, norm @ 16, xn_out @ 24, logits @ 32, ids @ 40,
+    weights @ 48, counter @ 56, n_expert @ 64, k @ 68, n_used @ 72, norm_topk @ 76, eps @ 80);
+layout!(ArgmaxParams, 48; logits @ 0, part_v @ 8, part_i @ 16, state @ 24, publish @ 32, n @ 40,
+    n_blocks @ 44);
+layout!(HeadArgmaxParams, 208; mv @ 0, am @ 152, counter @ 200);
+layout!(AttnGqaParams, 112; qkv @ 0, q_norm @ 8, k_norm @ 16, k_cache @ 24, v_cache @ 32,
+    part @ 40, state @ 48, out @ 56, done @ 64, n_head @ 72, n_kv_head @ 76, head_dim @ 80,
+    n_split @ 84, scale @ 88, eps @ 92, theta @ 96, max_blocks @ 100, min_span @ 104, stage @ 108);
+layout!(SampleConfig, 32; temperature @ 0, top_k @ 4, top_p @ 8, min_p @ 12, repetition @ 16,
+    presence @ 20, frequency @ 24, pad @ 28);
+layout!(SampleParams, 88; logits @ 0, state @ 8, publish @ 16, cfg @ 24, rng @ 32, work @ 40,
+    finite @ 48, nucleus @ 56, counts @ 64, n @ 72, n_blocks @ 76, walk_cpb @ 80);
+layout!(PfQuantParams, 48; src @ 0, norm @ 8, xq @ 16, xf @ 24, n @ 32, stride @ 36,
+    swiglu @ 40, eps @ 44);
+layout!(PfRowsParams, 104; w @ 0, xq @ 24, xf @ 32, out @ 40, list @ 48, counts @ 56,
+    tiles @ 64, rows @ 72, out_stride @ 76, list_cap @ 80, n_dense @ 84, accumulate @ 88,
+    in_is_out @ 92, z_entries @ 96, pad @ 100);
+layout!(PfListsParams, 48; ids @ 0, list @ 8, counts @ 16, tiles @ 24, tokens @ 32, n_used @ 36,
+    n_expert @ 40, list_cap @ 44);
+layout!(PfCombineParams, 32; x @ 0, y @ 8, weights @ 16, d @ 24, n_used @ 28);

@@ -6,15 +6,16 @@
 
 use q4moe_model::Config;
 
-use crate::device::{DevBuf, Device, Kernel, Launch};
+use crate::device::Device;
+use crate::kernel::{is_f32, Kernel, Quant};
+use crate::launch::Launch;
+use crate::memory::DevBuf;
 use crate::params::*;
-use crate::step::{
-    attn_params, rope_params, split_attention, topk, Kv, T_F32, T_Q4_0, T_Q4_K, T_Q6_K,
-};
+use crate::step::{attn_params, rope_params, split_attention, topk, Kv};
 use crate::weights::{LayerW, Weights};
 use crate::{KvType, Result};
 
-/// Words of one quantised group of 32 activations (common.cuh QXW) and floats of a padded one
+/// Words of one quantised group of 32 activations (quant.cuh QXW) and floats of a padded one
 /// (XS).
 const QXW: usize = 20;
 const XS: usize = 36;
@@ -407,12 +408,12 @@ impl Prefill {
 /// pf_rows. Dense launches tile the entries over blockIdx.z, grouped pf_mma launches take the
 /// work list's tiles (blockIdx.y), grouped pf_rows launches an expert a blockIdx.y.
 fn rows_launch(mma: bool, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
-    if p.list == 0 && p.w.ty == T_F32 {
+    if p.list == 0 && is_f32(p.w.ty) {
         let tiles = |n: usize| n.div_ceil(PFF_TILE) as u32;
         let grid = (tiles(p.rows as usize), 1, tiles(entries));
         return Launch::new(Kernel::PfF32Rows, "pf_f32rows", grid, THREADS, 0, &p, 0);
     }
-    let mma = mma && matches!(p.w.ty, T_Q4_0 | T_Q4_K | T_Q6_K) && p.w.k % 256 == 0;
+    let mma = mma && Quant::of(p.w.ty).is_some() && p.w.k % 256 == 0;
     let (kernel, name, rows, z, smem) = match mma {
         true => (Kernel::PfMma, "pf_mma", PFM_ROWS, PFM_ENTRIES, PFM_SMEM),
         false => (Kernel::PfRows, "pf_rows", PF_ROWS, PF_Z_ENTRIES, 0),

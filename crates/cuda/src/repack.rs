@@ -7,7 +7,7 @@
 //! bytes a block, grouped per super-block (20 bytes, unpadded: 4 bytes of padding were 2.6% of
 //! what a Q4_K weight read): d | dmin (f16 each), then each block's 6-bit scale and min
 //! unpacked to a byte pair. All mirror `split_aux` and the `*Piece` structs in
-//! kernels/common.cuh.
+//! kernels/quant.cuh.
 
 use q4moe_gguf::quant::{blocks, BlockQ4K, BlockQ6K};
 use q4moe_gguf::GgmlType;
@@ -17,7 +17,7 @@ use rayon::prelude::*;
 /// repack ran at ~1-2 GB/s on one core, most of a full-size model's load (NOTES session 20).
 const PIECE_BLOCKS: usize = 1 << 14;
 
-/// Q4_K's aux bytes a super-block (common.cuh Q4_K_AUX).
+/// Q4_K's aux bytes a super-block (quant.cuh Q4_K_AUX).
 const Q4_K_AUX: usize = 20;
 
 /// Aux bytes of 8 32-weight blocks (a K-quant super-block) of a split type, or None for types

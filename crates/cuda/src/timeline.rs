@@ -1,6 +1,7 @@
-//! The launch timeline (Q4MOE_CUDA_TIMELINE=1; common.cuh `tl_*`): for each launch, when its
+//! The launch timeline (cargo feature `timeline`, kernels built with -DQ4MOE_TIMELINE;
+//! common.cuh `tl_*`; a probe: the product never builds it): for each launch, when its
 //! blocks reached pdl_wait and when they passed it (%globaltimer), so the step's overlap can be
-//! read directly instead of inferred from the omit table: how long a kernel's first block was
+//! read directly instead of inferred by leaving launches out: how long a kernel's first block was
 //! resident before its predecessor finished (lead: its early weight loads' head start), the
 //! time from one launch's first pass to the next one's (step: what the launch costs the chain),
 //! and how long its blocks kept arriving after the first passed (spread: waves, or blocks that
@@ -18,8 +19,11 @@ use std::collections::HashMap;
 
 use cudarc::driver::result;
 
-use crate::device::{DevBuf, Device, Launch};
-use crate::Result;
+use crate::device::Device;
+use crate::launch::Launch;
+use crate::memory::DevBuf;
+use crate::profile::{kernel_time, Entry};
+use crate::{KernelTime, Result};
 
 /// Slots of the device table (`TL_SLOTS` in common.cuh, a launch at its %gridid modulo it): one
 /// step's ~245 launches.
@@ -33,11 +37,6 @@ pub const FROM_STEP: usize = 32;
 /// Steps recorded from `FROM_STEP`.
 pub const STEPS: usize = 16;
 const TABLE_BYTES: usize = 8 * SLOTS * FIELDS;
-
-/// Q4MOE_CUDA_TIMELINE=1: the kernels are compiled with the probe (-DQ4MOE_TIMELINE).
-pub fn enabled() -> bool {
-    std::env::var("Q4MOE_CUDA_TIMELINE").is_ok_and(|v| v == "1")
-}
 
 /// One launch as the table holds it (nanoseconds of %globaltimer; the device samples the first
 /// and the last 64 blocks of a grid, those dispatched first and last).
@@ -64,10 +63,12 @@ pub fn shape(grid: (u32, u32, u32), block: u32, smem: u32) -> u64 {
     ((grid.0 * grid.1 * grid.2) as u64) << 40 | (block as u64) << 24 | smem as u64
 }
 
-/// The device table (the module's `tl_val`) and the ring of recorded steps.
+/// The device table (the module's `tl_val`), the ring of recorded steps and what was read
+/// from it, as profile entries.
 pub struct Timeline {
     vals: u64,
     ring: DevBuf,
+    profile: HashMap<String, Entry>,
 }
 
 impl Timeline {
@@ -76,7 +77,51 @@ impl Timeline {
         assert_eq!(bytes, TABLE_BYTES, "tl_val's size");
         let ring = DevBuf::new(dev, STEPS * TABLE_BYTES)?;
         ring.fill(dev, 0)?;
-        Ok(Timeline { vals, ring })
+        Ok(Timeline {
+            vals,
+            ring,
+            profile: HashMap::new(),
+        })
+    }
+
+    /// Before decode step `step` of a call is submitted: empties the table where it records.
+    pub fn begin(&self, dev: &Device, step: usize) -> Result<()> {
+        match Self::records(step) {
+            true => self.begin_step(dev),
+            false => Ok(()),
+        }
+    }
+
+    /// After decode step `step` of a call is submitted: keeps its table where it records.
+    pub fn end(&self, dev: &Device, step: usize) -> Result<()> {
+        match Self::records(step) {
+            true => self.end_step(dev, step),
+            false => Ok(()),
+        }
+    }
+
+    /// Adds what the ring holds, launches named after `launches` (the step as recorded).
+    pub fn collect(&mut self, dev: &Device, launches: &[Launch]) -> Result<()> {
+        for stamps in &self.read(dev)? {
+            for (name, (calls, secs, _)) in summarize(stamps, launches) {
+                let e = self.profile.entry(name).or_default();
+                e.0 += calls;
+                e.1 += secs;
+            }
+        }
+        Ok(())
+    }
+
+    /// The entries collected so far ("timeline <kernel> lead|step|spread|...").
+    pub fn report(&self) -> Vec<KernelTime> {
+        self.profile
+            .iter()
+            .map(|(n, e)| kernel_time(n.clone(), e))
+            .collect()
+    }
+
+    pub fn reset(&mut self) {
+        self.profile.clear();
     }
 
     /// Whether decode step `step` of a call is recorded.
@@ -178,7 +223,7 @@ pub fn summarize(stamps: &[LaunchStamp], launches: &[Launch]) -> HashMap<String,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::Kernel;
+    use crate::kernel::Kernel;
 
     fn launch(name: &'static str, blocks: u32) -> Launch {
         Launch::new(Kernel::Embed, name, (blocks, 1, 1), 256, 0, &0u32, 0)

@@ -8,12 +8,21 @@ use std::ops::Range;
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, Model, QTensor};
 
-use crate::device::{DevBuf, Device, Kernel, Launch};
+use crate::device::Device;
+use crate::kernel::Kernel;
+use crate::launch::Launch;
+use crate::memory::DevBuf;
 use crate::params::{FoldBuildParams, Qw, RF_MAX_D_MODEL, RF_MAX_EXPERTS, RF_MAX_Q_DIM};
-use crate::repack::{aux_bytes, plane_bytes, write_planes};
-use crate::{CudaError, Result};
+use crate::repack::{aux_bytes, device_row_bytes, plane_bytes, write_planes};
+use crate::{CudaError, CudaOptions, Result};
 
 const ALIGN: usize = 256;
+
+/// Device bytes of `rows` rows of `w` as repacked (for the kernel profile and L2 windows).
+pub(crate) fn weight_bytes(w: &Qw, rows: usize) -> u64 {
+    let ty = GgmlType::from_id(w.ty as u32).expect("a type the weights were uploaded as");
+    (device_row_bytes(ty, w.k as usize) * rows) as u64
+}
 
 /// One layer's weights as kernel descriptors and norm pointers.
 #[derive(Clone, Debug)]
@@ -57,7 +66,7 @@ struct Place {
 }
 
 /// Blocks of 32 weights a Q4_K tensor may have: the expert kernels take the aux plane's
-/// offsets in 32 bits (common.cuh Q4_KPieceT: 20 bytes a super-block of 8 blocks).
+/// offsets in 32 bits (quant.cuh Q4_KPieceT: 20 bytes a super-block of 8 blocks).
 const Q4_K_AUX32_BLOCKS: usize = (u32::MAX / 20) as usize * 8;
 
 fn kernel_type(t: &QTensor) -> Result<()> {
@@ -155,12 +164,11 @@ fn device_bytes(model: &Model, p: &Place) -> Vec<u8> {
 
 /// Whether o_proj's launch takes the router (moe.cu RouterFold), when `wanted`
 /// (CudaOptions::router_fold): an F32 router whose rows fit the router blocks' registers, whose
-/// top-k fits in shared memory, and not with Q4MOE_CUDA_LEGACY. step.rs folds the layers only
-/// where o_proj and the experts have staged modes as well.
+/// top-k fits in shared memory. step.rs folds the layers only where o_proj and the experts have
+/// staged modes as well.
 fn router_fold_applies(model: &Model, wanted: bool) -> bool {
     let c = &model.config;
     wanted
-        && std::env::var_os("Q4MOE_CUDA_LEGACY").is_none()
         && c.d_model <= RF_MAX_D_MODEL
         && c.q_dim() <= RF_MAX_Q_DIM
         && c.n_expert <= RF_MAX_EXPERTS
@@ -210,51 +218,29 @@ fn build_folds(dev: &Device, c: &Config, layers: &mut [LayerW]) -> Result<DevBuf
     Ok(buf)
 }
 
-/// Checks that weights, KV and scratch fit, then uploads every tensor with a progress bar, and
-/// builds the router folds when `router_fold` (CudaOptions) and they apply.
+/// Checks that weights, KV and scratch fit, then uploads every tensor (with a progress bar
+/// where `opts.progress`), and builds the router folds when `opts.router_fold` and they apply.
 pub fn upload(
     dev: &Device,
     model: &Model,
     extra_bytes: usize,
-    router_fold: bool,
+    opts: &CudaOptions,
 ) -> Result<Weights> {
     let (places, total) = plan(model)?;
-    let fold = router_fold_applies(model, router_fold);
+    let fold = router_fold_applies(model, opts.router_fold);
     let (free, _) = dev.free_mem()?;
     let need = total + extra_bytes + (256 << 20) + if fold { fold_bytes(&model.config) } else { 0 };
     if need > free {
         return Err(CudaError::OutOfMemory { need, free });
     }
     let buf = DevBuf::new(dev, total)?;
-    let bar = if std::env::var_os("Q4MOE_NO_PROGRESS").is_none() && total > (64 << 20) {
-        indicatif::ProgressBar::new(total as u64)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "uploading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    // The next tensor repacks (in parallel pieces) while this one uploads.
-    std::thread::scope(|scope| -> Result<()> {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let places = &places;
-        scope.spawn(move || {
-            for p in places {
-                if tx.send(device_bytes(model, p)).is_err() {
-                    return; // the upload stopped at an error
-                }
-            }
-        });
-        for (p, img) in places.iter().zip(rx) {
-            buf.upload(dev, p.at.start, &img)?;
-            bar.inc(p.at.len() as u64);
-        }
-        Ok(())
-    })?;
-    bar.finish_and_clear();
+    upload_places(
+        dev,
+        model,
+        &buf,
+        &places,
+        opts.progress && total > (64 << 20),
+    )?;
     let find = |t: &QTensor| {
         places
             .iter()
@@ -340,6 +326,44 @@ pub fn check_config(c: &Config) -> Result<()> {
     if !c.d_model.is_multiple_of(32) || !c.d_ff_expert.is_multiple_of(32) {
         return bad("d_model and d_ff_expert must be multiples of 32".into());
     }
+    Ok(())
+}
+
+/// Repacks and uploads every planned tensor into `buf` (the next tensor repacks, in parallel
+/// pieces, while this one uploads), with a progress bar where `progress`.
+fn upload_places(
+    dev: &Device,
+    model: &Model,
+    buf: &DevBuf,
+    places: &[Place],
+    progress: bool,
+) -> Result<()> {
+    let bar = match progress {
+        true => indicatif::ProgressBar::new(places.iter().map(|p| p.at.len() as u64).sum()),
+        false => indicatif::ProgressBar::hidden(),
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "uploading weights {bar:40} {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    std::thread::scope(|scope| -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        scope.spawn(move || {
+            for p in places {
+                if tx.send(device_bytes(model, p)).is_err() {
+                    return; // the upload stopped at an error
+                }
+            }
+        });
+        for (p, img) in places.iter().zip(rx) {
+            buf.upload(dev, p.at.start, &img)?;
+            bar.inc(p.at.len() as u64);
+        }
+        Ok(())
+    })?;
+    bar.finish_and_clear();
     Ok(())
 }
 

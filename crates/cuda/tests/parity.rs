@@ -1,15 +1,21 @@
 //! The CUDA backend against the CPU backend on synthetic models: logits within 2e-3 of the
 //! largest |logit|, identical greedy streams, setup cache on/off and in-flight 1/2 identical,
-//! and a stop found late leaves the KV as the contract says.
+//! and a stop found late leaves the KV as the contract says. Every test but the last needs a CUDA
+//! GPU and is ignored by default: run them on one with
+//! `cargo test -p q4moe-cuda --release --test parity -- --include-ignored`.
+
+#[path = "../../cpu/tests/shared/mod.rs"]
+mod shared;
 
 use std::sync::Arc;
 
 use q4moe_cpu::{CpuBackend, Precision};
-use q4moe_cuda::{AttGrid, CudaBackend, CudaOptions, KvType, L2Target};
+use q4moe_cuda::{CudaBackend, CudaOptions, KvType};
 use q4moe_model::backend::{Backend, DecodeRequest, Flow, Logits};
 use q4moe_model::sampling::SamplingParams;
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
+use shared::rel_err;
 
 const CAP: usize = 512;
 
@@ -63,36 +69,20 @@ fn decode(b: &mut dyn Backend, req: &DecodeRequest, stop_after: Option<usize>) -
     out
 }
 
-/// Largest |a - b| over the largest |b|; infinite where `a` holds a NaN or an infinity (f32::max
-/// would skip a NaN: it must never pass).
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    if a.iter().any(|v| !v.is_finite()) {
-        return f32::INFINITY;
-    }
-    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
-}
-
-fn no_gpu() -> bool {
-    match q4moe_cuda::cuda_available() {
-        Ok(_) => false,
-        Err(why) => {
-            eprintln!("skipping CUDA parity test: {why}");
-            true
-        }
+/// Fails the test, saying why, where no GPU is usable (these tests run only when asked).
+fn require_gpu() {
+    if let Err(why) = q4moe_cuda::cuda_available() {
+        panic!("this test needs a CUDA GPU: {why}");
     }
 }
 
-/// The tiny geometry's Q4_0 model (its directory holds the file), or None without a GPU (the
-/// test skips).
-fn tiny_q4_0_model() -> Option<(tempfile::TempDir, Config, Arc<Model>)> {
-    if no_gpu() {
-        return None;
-    }
+/// The tiny geometry's Q4_0 model (its directory holds the file).
+fn tiny_q4_0_model() -> (tempfile::TempDir, Config, Arc<Model>) {
+    require_gpu();
     let cfg = Config::tiny();
     let dir = tempfile::tempdir().unwrap();
     let m = model(&cfg, SynthQuant::Q4_0, &dir);
-    Some((dir, cfg, m))
+    (dir, cfg, m)
 }
 
 fn test_prompt(len: u32, cfg: &Config) -> Vec<u32> {
@@ -131,9 +121,7 @@ fn run(cfg: Config, q: SynthQuant) {
 }
 
 fn run_with(cfg: Config, q: SynthQuant, opts: CudaOptions) {
-    if no_gpu() {
-        return;
-    }
+    require_gpu();
     let dir = tempfile::tempdir().unwrap();
     run_model(&cfg, q, &model(&cfg, q, &dir), opts);
 }
@@ -160,19 +148,8 @@ fn run_model(cfg: &Config, q: SynthQuant, m: &Arc<Model>, opts: CudaOptions) {
     let first = q4moe_model::sampling::argmax(&lc[lc.len() - cfg.vocab_size..]);
     let want = greedy(&mut cpu, 1, first, 64, None);
     let mut streams = Vec::new();
-    for (cache, fl, fused) in [
-        (true, 2, false),
-        (false, 1, false),
-        (true, 1, false),
-        (false, 2, false),
-        (true, 2, true),
-        (true, 1, true),
-    ]
-    .into_iter()
-    .filter(|v| !v.2 || fused_under_test())
-    {
+    for (cache, fl) in [(true, 2), (false, 1), (true, 1), (false, 2)] {
         gpu.set_setup_cache(cache);
-        gpu.set_fused_step(fused);
         gpu.set_in_flight(fl);
         gpu.truncate(1, prompt.len());
         streams.push(greedy(&mut gpu, 1, first, 64, None));
@@ -193,10 +170,9 @@ fn run_model(cfg: &Config, q: SynthQuant, m: &Arc<Model>, opts: CudaOptions) {
     );
     assert!(
         streams.iter().all(|s| *s == streams[0]),
-        "setup cache / in-flight / fused-step variants differ"
+        "setup cache / in-flight variants differ"
     );
     // A stop found late (in-flight 2) must leave the KV as if decoding ran one step at a time.
-    gpu.set_fused_step(false);
     gpu.set_in_flight(2);
     gpu.truncate(1, prompt.len());
     let short = greedy(&mut gpu, 1, first, 64, Some(10));
@@ -300,10 +276,9 @@ fn run_model(cfg: &Config, q: SynthQuant, m: &Arc<Model>, opts: CudaOptions) {
 /// the residual after the experts about as much. Real models' activations reach 1e3-1e4; no
 /// step on the path may hold them as f16 (session 44's f16 h kept such values as floats).
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn tiny_activations_past_f16_range() {
-    if no_gpu() {
-        return;
-    }
+    require_gpu();
     let cfg = Config::tiny();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("big-h.gguf");
@@ -339,11 +314,13 @@ fn scale_f32_tensor(path: &std::path::Path, name: &str, by: f32) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn tiny_q4_0() {
     run(Config::tiny(), SynthQuant::Q4_0);
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn tiny_q4_k_m() {
     run(Config::tiny(), SynthQuant::Q4_K_M);
 }
@@ -352,25 +329,11 @@ fn tiny_q4_k_m() {
 /// apply): the cluster router writes the normalised input, the experts still normalise the
 /// residual themselves.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn tiny_router_unfolded() {
     for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
         let opts = CudaOptions {
             router_fold: false,
-            ..Default::default()
-        };
-        run_with(Config::tiny(), q, opts);
-    }
-}
-
-/// The set-aside L2 holding the head and the router folds (l2.rs), 1 MiB of it, and the other
-/// weight launches streaming: the access-policy windows change where lines live, never a value.
-#[test]
-fn tiny_l2_held() {
-    for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
-        let opts = CudaOptions {
-            l2_persist_mib: Some(1),
-            l2_targets: vec![L2Target::Head, L2Target::Fold],
-            l2_stream: true,
             ..Default::default()
         };
         run_with(Config::tiny(), q, opts);
@@ -382,6 +345,7 @@ fn tiny_l2_held() {
 /// in-flight 1 and 2 (64 tokens: with 3, a last step a graph of its own), a stop inside a graph
 /// leaving the KV as one step at a time would, the device sampler's draws.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn tiny_graph_steps() {
     for (q, graph_steps) in [
         (SynthQuant::Q4_0, 3),
@@ -396,18 +360,13 @@ fn tiny_graph_steps() {
     }
 }
 
-/// Attention's grid follows the attention lengths (blocks a KV head: 1 to 32 positions, 2 to
-/// 64, 4 to 128). By the positions each graph of steps reaches (AttGrid::Step) with the grid
-/// changed in place (CudaOptions::regrid_in_place), a decode from position 12 to 76 changes it
-/// twice without capturing again, and a truncate shrinks it the same way. By the request's
-/// reach (the defaults), a decode keeps one grid; another reach captures the step again. Every
-/// stream is the CPU's; a grid left too small would trap in attn_gqa (an error, not a silent
-/// loss).
+/// Attention's grid follows the request's reach (blocks a KV head: 1 to 32 positions, 2 to 64,
+/// 4 to 128): a decode keeps one grid, another reach captures the step again. Every stream is
+/// the CPU's; a grid left too small would trap in attn_gqa (an error, not a silent loss).
 #[test]
-fn tiny_attention_regrid() {
-    if no_gpu() {
-        return;
-    }
+#[ignore = "needs a CUDA GPU"]
+fn tiny_attention_grid_follows_the_request() {
+    require_gpu();
     let cfg = Config::tiny();
     let dir = tempfile::tempdir().unwrap();
     let m = model(&cfg, SynthQuant::Q4_0, &dir);
@@ -416,54 +375,23 @@ fn tiny_attention_regrid() {
     let lc = cpu.prefill(1, &prompt, Logits::All).unwrap();
     let first = q4moe_model::sampling::argmax(&lc[lc.len() - cfg.vocab_size..]);
     let want = greedy(&mut cpu, 1, first, 64, None);
-    let by_step = CudaOptions {
-        attn_grid: AttGrid::Step,
-        regrid_in_place: true,
-        ..Default::default()
-    };
-    // (options, [(tokens a decode, (captures, regrids) it adds)]); Step's regrids at least.
-    let cases = [
-        (by_step, vec![(64, (1, 2)), (64, (0, 3))]),
-        (
-            CudaOptions::default(),
-            vec![(64, (1, 0)), (16, (1, 0)), (64, (1, 0))],
-        ),
-    ];
-    for (opts, decodes) in cases {
-        let by = format!("{:?}, regrid {}", opts.attn_grid, opts.regrid_in_place);
-        let by_step = opts.attn_grid == AttGrid::Step;
-        let mut gpu = cuda(&m, opts);
-        gpu.prefill(1, &prompt, Logits::All).unwrap();
-        for (round, (n, (captures, regrids))) in decodes.into_iter().enumerate() {
-            gpu.truncate(1, prompt.len());
-            let before = gpu.graph_setups();
-            let got = greedy(&mut gpu, 1, first, n, None);
-            let after = gpu.graph_setups();
-            let what = format!("{by}, round {round}, {n} tokens: {before:?} -> {after:?}");
-            eprintln!("{what}");
-            assert_eq!(got, want[..n], "{what}: not the CPU's stream");
-            assert_eq!(after.captures, before.captures + captures, "{what}");
-            match by_step {
-                true => assert!(after.regrids >= before.regrids + regrids, "{what}"),
-                false => assert_eq!(after.regrids, before.regrids + regrids, "{what}"),
-            }
-        }
+    let mut gpu = cuda(&m, CudaOptions::default());
+    gpu.prefill(1, &prompt, Logits::All).unwrap();
+    for (round, n) in [64, 16, 64].into_iter().enumerate() {
+        gpu.truncate(1, prompt.len());
+        let before = gpu.graph_setups();
+        let got = greedy(&mut gpu, 1, first, n, None);
+        let after = gpu.graph_setups();
+        let what = format!("round {round}, {n} tokens: {before:?} -> {after:?}");
+        eprintln!("{what}");
+        assert_eq!(got, want[..n], "{what}: not the CPU's stream");
+        assert_eq!(after.captures, before.captures + 1, "{what}");
     }
-}
-
-/// The step state read back by a copy after each step (Q4MOE_CUDA_READBACK=copy), not through
-/// the host-mapped ring the token choice writes (the default, which every other test runs).
-#[test]
-fn tiny_copy_readback() {
-    let opts = CudaOptions {
-        mapped_readback: false,
-        ..Default::default()
-    };
-    run_with(Config::tiny(), SynthQuant::Q4_0, opts);
 }
 
 /// The f32 KV cache (--kv-type f32): the kernels compiled without KV_F16.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn tiny_kv_f32() {
     let opts = CudaOptions {
         kv_type: KvType::F32,
@@ -476,6 +404,7 @@ fn tiny_kv_f32() {
 /// gate_up_cols), so every block walks all of its slot's units: the walk's loop against the CPU
 /// (the wide tests walk at the device's own grid, on the H200 66 of 96 units).
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn mid_gate_up_walks() {
     for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
         let opts = CudaOptions {
@@ -487,11 +416,13 @@ fn mid_gate_up_walks() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn mid_q4_0() {
     run(Config::mid(), SynthQuant::Q4_0);
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn mid_q4_k_m() {
     run(Config::mid(), SynthQuant::Q4_K_M);
 }
@@ -499,6 +430,7 @@ fn mid_q4_k_m() {
 /// Qwen3-30B-A3B's attention shape (head_dim 128, 8 query heads a KV head), which has an
 /// attention kernel of its own (attention.cu attn_gqa_128_8).
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn mid_q4_0_qwen3_attention() {
     let cfg = Config {
         n_head: 32,
@@ -531,11 +463,13 @@ fn wide() -> Config {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn wide_q4_0() {
     run(wide(), SynthQuant::Q4_0);
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn wide_q4_k_m() {
     run(wide(), SynthQuant::Q4_K_M);
 }
@@ -546,12 +480,6 @@ fn missing_cuda_is_a_clear_error() {
         Ok(name) => eprintln!("CUDA device: {name}"),
         Err(why) => assert!(!why.is_empty()),
     }
-}
-
-/// Off under Q4MOE_TEST_NO_FUSED: compute-sanitizer's racecheck serialises blocks, so the fused
-/// step's grid barrier would spin forever (scripts/gpu-check.sh sanitize).
-fn fused_under_test() -> bool {
-    std::env::var_os("Q4MOE_TEST_NO_FUSED").is_none()
 }
 
 /// A fresh CUDA backend's prefill of `prompt` against the CPU's logits `lc` (2e-3 of the
@@ -575,17 +503,14 @@ fn check_long_prompt(
     );
 }
 
-/// Past four 32-position chunks (ATT_CHUNK) the fused step merges attention chunks in a phase of
-/// its own (fused.cu INLINE_CHUNKS): a 300-token prompt takes that path; the launch path must
-/// agree.
+/// A 300-token prompt (past four 32-position attention chunks, ATT_CHUNK): the prefill's logits
+/// and the greedy stream after it.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn tiny_long_context() {
-    let Some((_dir, cfg, m)) = tiny_q4_0_model() else {
-        return;
-    };
+    let (_dir, cfg, m) = tiny_q4_0_model();
     let prompt = test_prompt(300, &cfg);
     let (mut cpu, mut gpu) = backends(&m);
-    gpu.set_fused_step(fused_under_test());
     let lc = cpu.prefill(1, &prompt, Logits::Last).unwrap();
     let lg = gpu.prefill(1, &prompt, Logits::Last).unwrap();
     let e = rel_err(&lg, &lc);
@@ -593,20 +518,13 @@ fn tiny_long_context() {
     assert!(e <= 2e-3, "relative logit error {e}");
     let first = q4moe_model::sampling::argmax(&lc);
     let want = greedy(&mut cpu, 1, first, 32, None);
-    for fused in [fused_under_test(), false] {
-        gpu.set_fused_step(fused);
-        gpu.truncate(1, prompt.len());
-        let got = greedy(&mut gpu, 1, first, 32, None);
-        assert_eq!(
-            got, want,
-            "fused step {fused}: greedy stream differs from the CPU's"
-        );
-    }
+    gpu.truncate(1, prompt.len());
+    let got = greedy(&mut gpu, 1, first, 32, None);
+    assert_eq!(got, want, "greedy stream differs from the CPU's");
     // Attention blocks that walk several chunks each (5-6 of the 10-11 here), as past
     // ATT_MAX_BLOCKS chunks at long context: the running maximum / l / sums across chunks.
     let opts = CudaOptions {
         attn_max_blocks: 2,
-        fused_step: false,
         ..Default::default()
     };
     let what = "300-token prompt, 2 attention blocks a KV head";
@@ -619,10 +537,9 @@ fn tiny_long_context() {
 /// cores: 3 active, 8 tiles = one a warp in the first two, merged; scalar: 10) and with 2 (each
 /// block 5 chunks = 10 tiles: warps 0-1 take 2, the rest 1).
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn mid_qwen3_attention_long_context() {
-    if no_gpu() {
-        return;
-    }
+    require_gpu();
     let cfg = Config {
         n_head: 32,
         n_kv_head: 4,
@@ -643,7 +560,6 @@ fn mid_qwen3_attention_long_context() {
             attn_max_blocks: max_blocks,
             attn_tensor_cores: tc,
             attn_stage: stage,
-            fused_step: false,
             ..Default::default()
         };
         let what = format!("Qwen3 attention, 300-token prompt, tensor cores {tc}, {max_blocks} blocks a KV head, stage {stage:?}");
@@ -665,9 +581,7 @@ fn run_batched_prefill(cfg: Config, q: SynthQuant, chunk: usize, len: u32) {
 
 fn run_prefill(cfg: Config, q: SynthQuant, opts: CudaOptions, len: u32) {
     let chunk = opts.prefill_chunk;
-    if no_gpu() {
-        return;
-    }
+    require_gpu();
     let dir = tempfile::tempdir().unwrap();
     let m = model(&cfg, q, &dir);
     let (mut cpu, mut gpu) = backends_with(&m, opts);
@@ -695,12 +609,14 @@ fn run_prefill(cfg: Config, q: SynthQuant, opts: CudaOptions, len: u32) {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn batched_prefill_tiny() {
     run_batched_prefill(Config::tiny(), SynthQuant::Q4_0, 5, 23);
     run_batched_prefill(Config::tiny(), SynthQuant::Q4_K_M, 8, 23);
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn batched_prefill_qwen3_attention() {
     let cfg = Config {
         n_head: 32,
@@ -714,6 +630,7 @@ fn batched_prefill_qwen3_attention() {
 /// Chunks of many tokens: dense launches over several entry tiles, and experts chosen by more
 /// tokens than a tile of pf_mma takes (32).
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn batched_prefill_long() {
     run_batched_prefill(wide(), SynthQuant::Q4_K_M, 128, 300);
     run_batched_prefill(wide(), SynthQuant::Q4_0, 256, 400);
@@ -722,6 +639,7 @@ fn batched_prefill_long() {
 /// 16 query heads a KV head (Qwen3-235B-A22B's ratio: pf_attn_tc_g16; the decode's attention
 /// takes the generic kernels), over several 64-key tiles.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn batched_prefill_sixteen_heads_a_kv_head() {
     let cfg = Config {
         n_head: 32,
@@ -731,44 +649,19 @@ fn batched_prefill_sixteen_heads_a_kv_head() {
     run_batched_prefill(cfg, SynthQuant::Q4_0, 64, 150);
 }
 
-/// A prompt the backend refuses (empty, past the context, a token outside the vocabulary)
-/// leaves the session as it was: the next good prompt gives a fresh backend's logits (the CPU
-/// twin: crates/cpu/tests/batched_prefill.rs).
+/// The shared body (crates/cpu/tests/shared): a refused prompt leaves the session as it was;
+/// the next prompt's logits within 1e-5 of a fresh backend's.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn refused_prompts_leave_the_session_as_it_was() {
-    let Some((_dir, cfg, m)) = tiny_q4_0_model() else {
-        return;
-    };
-    let mut gpu = cuda(&m, CudaOptions::default());
-    let good = test_prompt(3, &cfg);
-    gpu.prefill(1, &good, Logits::Last).unwrap();
-    let vocab = cfg.vocab_size as u32;
-    for bad in [vec![], vec![1; CAP], vec![4, vocab, 5]] {
-        let n = bad.len();
-        assert!(
-            gpu.prefill(1, &bad, Logits::Last).is_err(),
-            "a {n}-token prompt was accepted"
-        );
-        assert_eq!(
-            gpu.kv_len(1),
-            good.len(),
-            "a refused {n}-token prompt changed the session"
-        );
-    }
-    let after = gpu.prefill(1, &[11], Logits::Last).unwrap();
-    let mut fresh = cuda(&m, CudaOptions::default());
-    fresh.prefill(1, &good, Logits::Last).unwrap();
-    let want = fresh.prefill(1, &[11], Logits::Last).unwrap();
-    assert!(after.iter().all(|v| v.is_finite()), "non-finite logits");
-    let e = rel_err(&after, &want);
-    assert!(
-        e <= 1e-5,
-        "relative logit error {e} against a fresh backend"
-    );
+    let (_dir, _cfg, m) = tiny_q4_0_model();
+    let mut make = || -> Box<dyn Backend> { Box::new(cuda(&m, CudaOptions::default())) };
+    shared::refused_prompts_leave_the_session(&mut make, CAP, 1e-5);
 }
 
 /// The prefill a decode step a token (chunk 0), which the batched prefill replaced by default.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn per_token_prefill() {
     run_batched_prefill(wide(), SynthQuant::Q4_K_M, 0, 23);
 }
@@ -776,6 +669,7 @@ fn per_token_prefill() {
 /// The generic attention (tiny: not Qwen3's head shape) in sub-batches of 2 tokens, as a long
 /// context's partials would split it (CudaOptions::prefill_part_budget).
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn batched_prefill_attention_sub_batches() {
     let opts = CudaOptions {
         prefill_chunk: 16,

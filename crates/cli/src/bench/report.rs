@@ -13,7 +13,7 @@ pub struct Extras {
     /// the weights' repack and upload).
     pub open_s: f64,
     /// CUDA only: the copy bandwidth measured in the run, the per-kernel profile, the setup
-    /// cache's graph captures and in-place regrids over the whole bench.
+    /// cache's graph captures over the whole bench.
     pub copy_gbs: Option<f64>,
     pub kernels: Vec<q4moe_cuda::KernelTime>,
     pub graph_setups: Option<q4moe_cuda::GraphSetups>,
@@ -137,7 +137,6 @@ pub fn build(
         "long_context": long,
         "kernel_profile": kernels,
         "graph_captures": extras.graph_setups.map(|g| g.captures),
-        "graph_regrids": extras.graph_setups.map(|g| g.regrids),
         // Q4MOE_* settings (kernel paths, tunables) are conditions of the figures too.
         "environment": std::env::vars().filter(|(k, _)| k.starts_with("Q4MOE_")).collect::<std::collections::BTreeMap<_, _>>(),
         "note": "steady decode excludes the first decode step; tok/s from token arrival times on the host",
@@ -212,8 +211,8 @@ pub fn print_table(r: &Value) {
         "parity (greedy tokens identical across variants): {}",
         r["parity_all_variants_identical"]
     );
-    if let (Some(c), Some(g)) = (r["graph_captures"].as_u64(), r["graph_regrids"].as_u64()) {
-        println!("setup cache over the bench: {c} graph captures, {g} attention regrids in place");
+    if let Some(c) = r["graph_captures"].as_u64() {
+        println!("setup cache over the bench: {c} graph captures");
     }
     let kernels = kernel_lines(r);
     if !kernels.is_empty() {
