@@ -46,6 +46,9 @@ pub struct BenchArgs {
     /// GPU: prompt tokens prefilled at once (0: a decode step a token). Default 1,024.
     #[arg(long)]
     prefill_chunk: Option<usize>,
+    /// GPU: a CUDA backend option, KEY=VALUE (repeatable; `--cuda-opt help` lists the keys).
+    #[arg(long = "cuda-opt", value_name = "KEY=VALUE", long_help = crate::cuda_opts::long_help())]
+    cuda_opt: Vec<String>,
     /// Also decode after this many positions of context (0 = skip).
     #[arg(long, default_value_t = 0)]
     long_context: usize,
@@ -152,6 +155,7 @@ fn open(model: &Arc<Model>, a: &BenchArgs, ctx: usize) -> anyhow::Result<AnyBack
         prefill_chunk: prefill_chunk(a),
         ..Default::default()
     };
+    let opts = crate::cuda_opts::apply(opts, &a.cuda_opt)?;
     Ok(AnyBackend::Cuda(Box::new(q4moe_cuda::CudaBackend::new(
         model.clone(),
         opts,

@@ -3,6 +3,7 @@
 mod bench;
 mod chat;
 mod chat_cmd;
+mod cuda_opts;
 mod inspect;
 mod npy;
 mod run;
@@ -65,18 +66,25 @@ pub struct DeviceArgs {
     /// decode step once a prompt token. Default 1,024.
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
+    /// A CUDA backend option, KEY=VALUE (repeatable; `--cuda-opt help` lists the keys).
+    #[arg(long = "cuda-opt", value_name = "KEY=VALUE", long_help = cuda_opts::long_help())]
+    pub cuda_opt: Vec<String>,
 }
 
 impl DeviceArgs {
     pub fn engine_options(&self) -> anyhow::Result<EngineOptions> {
         let defaults = EngineOptions::default();
+        let mut cuda = defaults.cuda.clone();
+        cuda.setup_cache = self.setup_cache == "on";
+        cuda.in_flight = self.in_flight.max(1);
+        if let Some(chunk) = self.prefill_chunk {
+            cuda.prefill_chunk = chunk;
+        }
         Ok(EngineOptions {
             device: Device::parse(&self.device)?,
             kv_capacity: self.ctx,
             kv_type: self.kv_type,
-            setup_cache: self.setup_cache == "on",
-            in_flight: self.in_flight.max(1),
-            prefill_chunk: self.prefill_chunk.unwrap_or(defaults.prefill_chunk),
+            cuda: cuda_opts::apply(cuda, &self.cuda_opt)?,
             ..defaults
         })
     }

@@ -28,8 +28,8 @@ pub struct CudaOptions {
     /// several (one wave of blocks at long context, a short merge). The parity tests set it
     /// small to reach the chunk walk at short contexts.
     pub attn_max_blocks: usize,
-    /// Fold the router into o_proj's launch where it applies (moe.cu RouterFold; docs/performance.md
-    /// session 14: +8%). The parity tests turn it off to run the router's own launches.
+    /// Fold the router into o_proj's launch where it applies (moe.cu RouterFold: +8%,
+    /// docs/performance.md). The parity tests turn it off to run the router's own launches.
     pub router_fold: bool,
     /// Qwen3-shape attention on tensor cores where the cache is f16 (attention.cu
     /// attn_gqa_128_8_tc, sm_80+; session 16, H200: +3.3% Q4_0 at the bench's context, +16% at

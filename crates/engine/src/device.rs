@@ -35,27 +35,22 @@ pub struct EngineOptions {
     pub kv_capacity: usize,
     /// How the KV cache stores keys and values (both backends round alike).
     pub kv_type: KvType,
-    pub setup_cache: bool,
-    pub in_flight: usize,
-    pub profile_kernels: bool,
-    /// Prompt tokens the GPU's batched prefill takes at once (0: a decode step a token).
-    pub prefill_chunk: usize,
     /// Bound on positions kept across all cached sessions (LRU beyond it).
     pub max_cached_positions: usize,
+    /// The CUDA backend's options (setup cache, in-flight steps, prefill chunk, kernel
+    /// profile and the tunables of `--cuda-opt`). Its `kv_capacity` and `kv_type` are taken
+    /// from the fields above when the backend opens.
+    pub cuda: CudaOptions,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        let cuda = CudaOptions::default();
         EngineOptions {
             device: Device::Auto,
             kv_capacity: 4096,
             kv_type: KvType::default(),
-            setup_cache: cuda.setup_cache,
-            in_flight: cuda.in_flight,
-            profile_kernels: false,
-            prefill_chunk: cuda.prefill_chunk,
             max_cached_positions: 64 * 1024,
+            cuda: CudaOptions::default(),
         }
     }
 }
@@ -63,13 +58,10 @@ impl Default for EngineOptions {
 pub fn open_backend(model: Arc<Model>, opts: &EngineOptions) -> Result<Box<dyn Backend>> {
     let kv_capacity = opts.kv_capacity.min(model.config.context_length);
     let cuda_opts = || CudaOptions {
-        setup_cache: opts.setup_cache,
-        in_flight: opts.in_flight.max(1),
+        in_flight: opts.cuda.in_flight.max(1),
         kv_capacity,
         kv_type: opts.kv_type,
-        profile_kernels: opts.profile_kernels,
-        prefill_chunk: opts.prefill_chunk,
-        ..Default::default()
+        ..opts.cuda.clone()
     };
     let cpu = || CpuBackend::new(model.clone(), kv_capacity).with_kv_type(opts.kv_type);
     match opts.device {

@@ -274,13 +274,14 @@ fn greedy_generation_matches_a_direct_backend_run() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn greedy_generation_matches_a_direct_backend_run_on_cuda() {
-    for prefill_chunk in [EngineOptions::default().prefill_chunk, 0] {
-        matches_a_direct_backend_run(&EngineOptions {
+    for prefill_chunk in [EngineOptions::default().cuda.prefill_chunk, 0] {
+        let mut opts = EngineOptions {
             device: Device::Cuda,
             kv_capacity: 256,
-            prefill_chunk,
             ..Default::default()
-        });
+        };
+        opts.cuda.prefill_chunk = prefill_chunk;
+        matches_a_direct_backend_run(&opts);
     }
 }
 

@@ -111,8 +111,8 @@ struct Arena {
 /// Bytes left free between the buffers up to `q` and those from `attn` on. Why: every fast
 /// layout measured had one (the partials between them, 216 KB at a 392-position KV, 682 KB at
 /// 1,288: Q4_K_M 797-799 tok/s), every slow one none (the partials at 2.3 MB in an allocation
-/// of their own, or allocated last: 790-794); the layout at a 392-position KV (docs/performance.md
-/// session 38). Why it matters is not known. 256 KB: the best of 14 gaps from 0 to 1 MB in one
+/// of their own, or allocated last: 790-794); the layout at a 392-position KV (docs/performance.md).
+/// Why it matters is not known. 256 KB: the best of 14 gaps from 0 to 1 MB in one
 /// binary (session 41: Q4_K_M 791.1-795.7 tok/s over the gaps, 216 KB 794.1, 256 KB 795.7).
 const ARENA_GAP: usize = 256 << 10;
 
