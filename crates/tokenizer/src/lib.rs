@@ -4,6 +4,7 @@
 //! reads GGUF itself. Behaviour mirrors Hugging Face transformers' GGUF tokenizer loader (our
 //! correctness oracle, see `tools/tokenizer_parity`), which agrees with llama.cpp on Qwen3 files.
 
+mod added;
 mod bytes;
 mod chat;
 mod error;
