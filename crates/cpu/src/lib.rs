@@ -69,10 +69,13 @@ impl CpuBackend {
         check_token(&self.model.config, token)
     }
 
-    /// Runs one token and leaves the logits in the scratch.
-    fn step(&mut self, session: SessionId, token: u32) -> &[f32] {
+    /// Runs one token and leaves the logits in the scratch; non-finite logits are an error.
+    fn step(&mut self, session: SessionId, token: u32) -> BackendResult<&[f32]> {
         self.advance(session, token);
-        forward::head(&self.model, &self.weights, &mut self.scratch)
+        let position = self.kv_len(session) - 1;
+        let logits = forward::head(&self.model, &self.weights, &mut self.scratch);
+        forward::check_finite(logits, position)?;
+        Ok(logits)
     }
 
     /// `token` through every layer of `session` (its keys and values cached), without the
@@ -190,7 +193,7 @@ impl Backend for CpuBackend {
         });
         if all_logits {
             for &t in tokens {
-                out.extend_from_slice(self.step(session, t));
+                out.extend_from_slice(self.step(session, t)?);
             }
             return Ok(out);
         }
@@ -198,7 +201,7 @@ impl Backend for CpuBackend {
         if !before.is_empty() {
             self.advance_batched(session, before);
         }
-        out.extend_from_slice(self.step(session, *last));
+        out.extend_from_slice(self.step(session, *last)?);
         Ok(out)
     }
 
@@ -216,7 +219,7 @@ impl Backend for CpuBackend {
             self.check_room(req.session, 1)?;
             let t0 = Instant::now();
             logits.clear();
-            logits.extend_from_slice(self.step(req.session, token));
+            logits.extend_from_slice(self.step(req.session, token)?);
             let t1 = Instant::now();
             let flow;
             (token, flow) = sample_and_emit(&mut sampler, &mut logits, req.want_logits, on_token);
