@@ -20,5 +20,7 @@ pub use error::TokenizerError;
 pub use limits::{TemplateLimit, TemplateLimits};
 pub use spec::{TokenType, TokenizerSpec};
 pub use stream::StreamDecoder;
-pub use synthetic::{synthetic_spec, QWEN3_ADDED_TOKENS, QWEN3_BPE_TOKENS, QWEN3_VOCAB_SIZE};
+pub use synthetic::{
+    synthetic_spec, QWEN3_ADDED_TOKENS, QWEN3_BPE_TOKENS, QWEN3_VOCAB_SIZE, SYNTHETIC_MIN_VOCAB,
+};
 pub use tokenizer::Tokenizer;

@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{f16x8, f16x8_array, hsum, to_array};
+use super::x86_lanes::{f16x8, f16x8_array, hsum, to_array};
 use super::{blocks, BlockQ4K, BlockQ4_0, BlockQ6K, BlockQ8K, BlockQ8_0, Isa};
 use crate::GgmlType;
 
