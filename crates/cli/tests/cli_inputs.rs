@@ -50,7 +50,7 @@ fn synth_refuses_bad_geometry_naming_the_flag() {
     synth(&["--d-model", "18446744073709551615"], &["embedding_length"]);
     synth(&["--expert-ff", "1000000000"], &["expert_feed_forward_length", "--expert-ff"]);
     synth(&["--context", "0"], &["context_length", "--context"]);
-    synth(&["--layers", "-1"], &["--layers"]);
+    synth(&["--layers", "-1"], &["'-1'"]);
     synth(&["--geometry", "huge"], &["unknown geometry"]);
     synth(&["--quant", "q2_k"], &["unknown quant"]);
     assert!(!dir.path().join("m.gguf").exists() || std::fs::metadata(&out).unwrap().len() == 0);
@@ -73,6 +73,6 @@ fn model_paths_that_are_not_files_are_refused() {
         refused(&["run", "-m", path, "-p", "x", "--device", "cpu"], &[path]);
         refused(&["chat", "-m", path, "--device", "cpu"], &[path]);
         refused(&["serve", "-m", path, "--device", "cpu", "--port", "0"], &[path]);
-        refused(&["bench", "-m", path, "--device", "cpu"], &[path]);
+        refused(&["bench", "--model", path, "--device", "cpu"], &[path]);
     }
 }
