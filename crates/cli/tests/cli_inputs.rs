@@ -41,14 +41,23 @@ fn synth_refuses_bad_geometry_naming_the_flag() {
     synth(&["--layers", "0"], &["block_count", "--layers"]);
     synth(&["--layers", "100000"], &["block_count", "--layers"]);
     synth(&["--experts", "0"], &["expert_count", "--experts"]);
-    synth(&["--experts-used", "9"], &["expert_used_count", "--experts-used"]);
+    synth(
+        &["--experts-used", "9"],
+        &["expert_used_count", "--experts-used"],
+    );
     synth(&["--heads", "3"], &["head_count", "--heads"]);
     synth(&["--kv-heads", "3"], &["head_count_kv", "--kv-heads"]);
     synth(&["--head-dim", "3"], &["head dimension", "--head-dim"]);
     synth(&["--head-dim", "0"], &["key_length", "--head-dim"]);
     synth(&["--d-model", "100"], &["row length 100"]);
-    synth(&["--d-model", "18446744073709551615"], &["embedding_length"]);
-    synth(&["--expert-ff", "1000000000"], &["expert_feed_forward_length", "--expert-ff"]);
+    synth(
+        &["--d-model", "18446744073709551615"],
+        &["embedding_length"],
+    );
+    synth(
+        &["--expert-ff", "1000000000"],
+        &["expert_feed_forward_length", "--expert-ff"],
+    );
     synth(&["--context", "0"], &["context_length", "--context"]);
     synth(&["--layers", "-1"], &["'-1'"]);
     synth(&["--geometry", "huge"], &["unknown geometry"]);
@@ -72,7 +81,10 @@ fn model_paths_that_are_not_files_are_refused() {
         refused(&["inspect", path], &[path]);
         refused(&["run", "-m", path, "-p", "x", "--device", "cpu"], &[path]);
         refused(&["chat", "-m", path, "--device", "cpu"], &[path]);
-        refused(&["serve", "-m", path, "--device", "cpu", "--port", "0"], &[path]);
+        refused(
+            &["serve", "-m", path, "--device", "cpu", "--port", "0"],
+            &[path],
+        );
         refused(&["bench", "--model", path, "--device", "cpu"], &[path]);
     }
 }

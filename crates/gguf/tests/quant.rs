@@ -341,7 +341,10 @@ fn non_finite_activations_are_never_hidden() {
                 let mut xq = Vec::new();
                 quant::quantize_activation_q8(ty, &x, &mut xq);
                 let want = quant::vec_dot_q8_ref(ty, row, &xq);
-                assert!(!want.is_finite(), "{ty} {bad} at {at}: reference gave {want}");
+                assert!(
+                    !want.is_finite(),
+                    "{ty} {bad} at {at}: reference gave {want}"
+                );
                 for isa in quant::available_isas() {
                     let got = quant::vec_dot_q8_isa(isa, ty, row, &xq);
                     assert!(!got.is_finite(), "{ty} {isa:?} {bad} at {at}: {got}");

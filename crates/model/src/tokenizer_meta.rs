@@ -97,8 +97,14 @@ pub fn spec_from_gguf(h: &GgufHeader, file: &str) -> Result<TokenizerSpec> {
         bos_id: opt_u32(h, file, "tokenizer.ggml.bos_token_id")?,
         eos_id,
         pad_id: opt_u32(h, file, "tokenizer.ggml.padding_token_id")?,
-        add_bos: optional(h, file, "tokenizer.ggml.add_bos_token", "a bool", Value::as_bool)
-            .unwrap_or(false),
+        add_bos: optional(
+            h,
+            file,
+            "tokenizer.ggml.add_bos_token",
+            "a bool",
+            Value::as_bool,
+        )
+        .unwrap_or(false),
         chat_template: s("tokenizer.chat_template"),
     })
 }

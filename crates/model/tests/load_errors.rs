@@ -194,7 +194,10 @@ fn duplicate_metadata_key_is_refused() {
         m.push(("qwen3moe.block_count".into(), Value::U32(1)));
     });
     let e = load_err(&p);
-    assert!(e.contains("qwen3moe.block_count") && e.contains("twice"), "{e}");
+    assert!(
+        e.contains("qwen3moe.block_count") && e.contains("twice"),
+        "{e}"
+    );
 }
 
 /// A `tracing` writer that keeps what it is given.
@@ -239,6 +242,9 @@ fn mistyped_optional_keys_warn() {
         "tokenizer.ggml.add_bos_token: expected a bool, found String",
         "tokenizer.chat_template: expected a string, found U32",
     ] {
-        assert!(log.contains(want) && log.contains("WARN"), "{want} not in {log}");
+        assert!(
+            log.contains(want) && log.contains("WARN"),
+            "{want} not in {log}"
+        );
     }
 }

@@ -101,8 +101,11 @@ mod tests {
     use Segment::{Text, Token};
 
     fn added() -> AddedTokens {
-        AddedTokens::new([("<|a|>", 10), ("<x", 12)], [("<think>", 11), ("<|a|>", 13), ("", 14)])
-            .unwrap()
+        AddedTokens::new(
+            [("<|a|>", 10), ("<x", 12)],
+            [("<think>", 11), ("<|a|>", 13), ("", 14)],
+        )
+        .unwrap()
     }
 
     #[test]
@@ -110,7 +113,10 @@ mod tests {
         let a = added();
         let text = "hi<|a|><think>yo<x";
         let got = a.split(text, true);
-        assert_eq!(got, [Text("hi"), Token(10), Token(11), Text("yo"), Token(12)]);
+        assert_eq!(
+            got,
+            [Text("hi"), Token(10), Token(11), Text("yo"), Token(12)]
+        );
         // A skipped control match is not searched again for shorter tokens.
         let got = a.split(text, false);
         assert_eq!(got, [Text("hi<|a|>"), Token(11), Text("yo<x")]);

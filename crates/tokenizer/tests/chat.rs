@@ -116,7 +116,8 @@ fn limit_of(source: &str) -> TemplateLimit {
 #[test]
 fn hostile_templates_hit_a_named_limit() {
     let defaults = TemplateLimits::default();
-    let nested = "{% for i in range(100000) %}{% for j in range(100000) %}.{% endfor %}{% endfor %}";
+    let nested =
+        "{% for i in range(100000) %}{% for j in range(100000) %}.{% endfor %}{% endfor %}";
     let fuel = limit_of(nested);
     assert_eq!(fuel, TemplateLimit::Fuel(defaults.fuel));
     assert!(fuel.to_string().contains("fuel limit"), "{fuel}");

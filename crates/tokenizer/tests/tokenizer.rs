@@ -197,7 +197,11 @@ fn huge_added_tokens_load_and_match_whole() {
         let id = t.token_id(&huge).unwrap();
         let text = format!("x{huge}y");
         let ids = t.encode(&text, true).unwrap();
-        assert!(ids.contains(&id) && ids.len() <= 3, "type {ty}: {} ids", ids.len());
+        assert!(
+            ids.contains(&id) && ids.len() <= 3,
+            "type {ty}: {} ids",
+            ids.len()
+        );
         assert_eq!(t.decode(&ids, false).unwrap(), text);
         let shorter = t.encode(&huge[1..], true).unwrap();
         assert!(!shorter.contains(&id) && shorter.len() > 1);

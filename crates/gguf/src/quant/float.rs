@@ -8,7 +8,12 @@ use crate::GgmlType;
 /// holding one gets a NaN scale and the dot products it meets stay non-finite (the CUDA
 /// kernels' rule: non-finite inputs are never hidden).
 pub(crate) fn abs_max(x: &[f32]) -> f32 {
-    f32::from_bits(x.iter().map(|v| v.to_bits() & 0x7fff_ffff).max().unwrap_or(0))
+    f32::from_bits(
+        x.iter()
+            .map(|v| v.to_bits() & 0x7fff_ffff)
+            .max()
+            .unwrap_or(0),
+    )
 }
 
 pub(crate) fn dequantize_f32(src: &[u8], out: &mut [f32]) {
