@@ -232,7 +232,7 @@ fn check_tensor_sizes(plans: &[Plan]) -> Result<()> {
     for p in plans {
         let elems = p.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
         let bytes = elems.map(|n| n / p.ty.block_size() as u64 * p.ty.type_size() as u64);
-        if !bytes.is_some_and(|b| b <= MAX_TENSOR_BYTES) {
+        if bytes.is_none_or(|b| b > MAX_TENSOR_BYTES) {
             return Err(ModelError::Invalid(format!(
                 "tensor {} of shape {:?} would exceed {MAX_TENSOR_BYTES} bytes; pick smaller dimensions",
                 p.name, p.dims
