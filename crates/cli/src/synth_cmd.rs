@@ -66,12 +66,47 @@ impl DimOverrides {
     }
 }
 
+/// The GGUF key each override sets, so a geometry error can name the flag to change.
+const FLAGS: [(&str, &str); 10] = [
+    ("block_count", "--layers"),
+    ("embedding_length", "--d-model"),
+    ("head_count_kv", "--kv-heads"),
+    ("head_count", "--heads"),
+    ("key_length", "--head-dim"),
+    ("head dimension", "--head-dim"),
+    ("expert_used_count", "--experts-used"),
+    ("expert_count", "--experts"),
+    ("expert_feed_forward_length", "--expert-ff"),
+    ("vocab_size", "--vocab"),
+];
+
+/// `msg` with the flags behind the keys it names ("context_length" needs no table: --context).
+fn with_flags(msg: String) -> String {
+    let mut flags: Vec<&str> = Vec::new();
+    let mut rest = msg.clone();
+    for (key, flag) in FLAGS {
+        // Longer keys come first in FLAGS, so "head_count_kv" is not also read as "head_count".
+        if rest.contains(key) && !flags.contains(&flag) {
+            flags.push(flag);
+            rest = rest.replace(key, "");
+        }
+    }
+    if msg.contains("context_length") {
+        flags.push("--context");
+    }
+    match flags.is_empty() {
+        true => msg,
+        false => format!("{msg} (set by {})", flags.join(", ")),
+    }
+}
+
 pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     let mut cfg = Config::geometry(&a.geometry)?;
     a.dims.apply(&mut cfg);
     let quant = SynthQuant::parse(&a.quant)?;
     let t = Instant::now();
-    let report = synth::write(&a.out, &cfg, quant, a.seed, true)?;
+    let report = synth::write(&a.out, &cfg, quant, a.seed, true)
+        .map_err(|e| anyhow::anyhow!(with_flags(e.to_string())))?;
     eprintln!(
         "wrote {} ({} tensors, {:.2} GB) in {:.1} s",
         a.out.display(),

@@ -69,10 +69,13 @@ impl CpuBackend {
         check_span(&self.model.config, session, held, self.kv_capacity, tokens)
     }
 
-    /// Runs one token and leaves the logits in the scratch.
-    fn step(&mut self, session: SessionId, token: u32) -> &[f32] {
+    /// Runs one token and leaves the logits in the scratch; non-finite logits are an error.
+    fn step(&mut self, session: SessionId, token: u32) -> BackendResult<&[f32]> {
         self.advance(session, token);
-        forward::head(&self.model, &self.weights, &mut self.scratch)
+        let position = self.kv_len(session) - 1;
+        let logits = forward::head(&self.model, &self.weights, &mut self.scratch);
+        forward::check_finite(logits, position)?;
+        Ok(logits)
     }
 
     /// `token` through every layer of `session` (its keys and values cached), without the
@@ -193,7 +196,7 @@ impl Backend for CpuBackend {
             Logits::All => {
                 let mut out = Vec::with_capacity(tokens.len() * vocab);
                 for &t in tokens {
-                    out.extend_from_slice(self.step(session, t));
+                    out.extend_from_slice(self.step(session, t)?);
                 }
                 Ok(out)
             }
@@ -202,7 +205,7 @@ impl Backend for CpuBackend {
                 if !before.is_empty() {
                     self.advance_batched(session, before);
                 }
-                Ok(self.step(session, *last).to_vec())
+                Ok(self.step(session, *last)?.to_vec())
             }
         }
     }
@@ -220,7 +223,7 @@ impl Backend for CpuBackend {
             self.check_span(req.session, &[token])?;
             let t0 = Instant::now();
             logits.clear();
-            logits.extend_from_slice(self.step(req.session, token));
+            logits.extend_from_slice(self.step(req.session, token)?);
             let t1 = Instant::now();
             let flow;
             (token, flow) = sample_and_emit(&mut sampler, &mut logits, req.want_logits, on_token);
@@ -237,7 +240,12 @@ impl Backend for CpuBackend {
     }
 
     fn step_batch(&mut self, rows: &mut [BatchRow<'_>], out: &mut BatchOut) -> BackendResult<()> {
-        self.run_batch(rows, out)
+        self.run_batch(rows, out)?;
+        // As `step`: a row's non-finite logits are an error, naming the row's position.
+        for (i, row) in rows.iter().enumerate() {
+            forward::check_finite(out.row(i), self.kv_len(row.session) - 1)?;
+        }
+        Ok(())
     }
 
     fn kv_len(&self, session: SessionId) -> usize {

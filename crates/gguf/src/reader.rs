@@ -173,11 +173,14 @@ pub fn parse_header(buf: &[u8]) -> Result<GgufHeader> {
         }
     }
     let metadata = parse_metadata(&mut c, n_kv)?;
-    let meta_index: HashMap<String, usize> = metadata
-        .iter()
-        .enumerate()
-        .map(|(i, (k, _))| (k.clone(), i))
-        .collect();
+    let mut meta_index = HashMap::with_capacity(metadata.len());
+    for (i, (key, _)) in metadata.iter().enumerate() {
+        // Which of two values a reader uses is arbitrary (llama.cpp takes the first, a map the
+        // last), so a file that says two things is refused.
+        if meta_index.insert(key.clone(), i).is_some() {
+            return Err(GgufError::metadata(key, "appears twice in the metadata"));
+        }
+    }
     let alignment = match meta_index.get("general.alignment").map(|&i| &metadata[i].1) {
         None => DEFAULT_ALIGNMENT,
         Some(v) => match v.as_u64() {

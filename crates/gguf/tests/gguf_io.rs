@@ -356,3 +356,14 @@ fn partial_blocks_are_named() {
         "{e}"
     );
 }
+
+/// Issue 55 item 5: a key written twice used to be accepted, the last value silently winning.
+#[test]
+fn duplicate_metadata_keys_are_rejected() {
+    let mut meta = all_values();
+    let key = meta[2].0.clone();
+    meta.push((key.clone(), Value::U32(7)));
+    let bytes = write(&meta, &[]);
+    let e = parse_header(&bytes).unwrap_err().to_string();
+    assert!(e.contains(&key) && e.contains("twice"), "{e}");
+}

@@ -324,3 +324,39 @@ fn activation_q8_0_is_bit_exact_with_quantize_row() {
         }
     }
 }
+
+/// Issue 55 item 3: a NaN or an infinity in the activations reaches the dot product on every
+/// path (as in the CUDA kernels) instead of being quantised to zero, so broken weights surface
+/// as non-finite logits rather than as plausible garbage.
+#[test]
+fn non_finite_activations_are_never_hidden() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let n = 512;
+    for ty in INT {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, 37, n - 1] {
+                let row = &random_rows(&mut rng, ty, n)[0];
+                let mut x = randn(&mut rng, n);
+                x[at] = bad;
+                let mut xq = Vec::new();
+                quant::quantize_activation_q8(ty, &x, &mut xq);
+                let want = quant::vec_dot_q8_ref(ty, row, &xq);
+                assert!(
+                    !want.is_finite(),
+                    "{ty} {bad} at {at}: reference gave {want}"
+                );
+                for isa in quant::available_isas() {
+                    let got = quant::vec_dot_q8_isa(isa, ty, row, &xq);
+                    assert!(!got.is_finite(), "{ty} {isa:?} {bad} at {at}: {got}");
+                }
+                if ty == Q4_0 {
+                    let (_, xp) = q4_0x_activations(&x);
+                    for isa in quant::available_isas() {
+                        let got = quant::vec_dot_q4_0x_isa(isa, row, &xp);
+                        assert!(!got.is_finite(), "q4_0x {isa:?} {bad} at {at}: {got}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -159,9 +159,16 @@ impl Config {
         {
             return Err("rms epsilon and rope theta must be positive and finite".into());
         }
+        // Far above any released model; they keep products like q_dim and buffer sizes from
+        // overflowing or asking for absurd memory.
         let limits = [
             ("block_count", self.n_layer, 4096),
+            ("embedding_length", self.d_model, 1 << 16),
+            ("attention.head_count", self.n_head, 1024),
+            ("attention.key_length", self.head_dim, 1024),
             ("expert_count", self.n_expert, 65536),
+            ("expert_feed_forward_length", self.d_ff_expert, 1 << 18),
+            ("vocab_size", self.vocab_size, 1 << 21),
             ("context_length", self.context_length, 1 << 24),
         ];
         if let Some((k, v, l)) = limits.iter().find(|(_, v, l)| v > l) {

@@ -40,10 +40,32 @@ fn opt_u32(h: &GgufHeader, file: &str, key: &str) -> Result<Option<u32>> {
     }
 }
 
+/// An optional key's value, or `None` when it is absent or has the wrong type. A wrong type does
+/// not stop the load (the default serves), but it is never silent: the warning names the key, the
+/// type expected and the type found.
+fn optional<'h, T>(
+    h: &'h GgufHeader,
+    file: &str,
+    key: &str,
+    expected: &str,
+    read: impl Fn(&'h Value) -> Option<T>,
+) -> Option<T> {
+    let v = h.get(key)?;
+    let out = read(v);
+    if out.is_none() {
+        let found = v.value_type();
+        tracing::warn!("{file}: metadata key {key}: expected {expected}, found {found:?}; ignored");
+    }
+    out
+}
+
 pub fn spec_from_gguf(h: &GgufHeader, file: &str) -> Result<TokenizerSpec> {
-    let s = |key: &str| h.get(key).and_then(Value::as_str).map(str::to_string);
-    let model = s("tokenizer.ggml.model")
-        .ok_or_else(|| key_err(file, "tokenizer.ggml.model", "missing"))?;
+    let s = |key: &str| optional(h, file, key, "a string", |v| v.as_str().map(str::to_string));
+    let model = h
+        .get("tokenizer.ggml.model")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| key_err(file, "tokenizer.ggml.model", "missing or not a string"))?;
     let tokens = strings(h, file, "tokenizer.ggml.tokens")?;
     if tokens.is_empty() {
         return Err(key_err(file, "tokenizer.ggml.tokens", "missing or empty"));
@@ -75,10 +97,14 @@ pub fn spec_from_gguf(h: &GgufHeader, file: &str) -> Result<TokenizerSpec> {
         bos_id: opt_u32(h, file, "tokenizer.ggml.bos_token_id")?,
         eos_id,
         pad_id: opt_u32(h, file, "tokenizer.ggml.padding_token_id")?,
-        add_bos: h
-            .get("tokenizer.ggml.add_bos_token")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        add_bos: optional(
+            h,
+            file,
+            "tokenizer.ggml.add_bos_token",
+            "a bool",
+            Value::as_bool,
+        )
+        .unwrap_or(false),
         chat_template: s("tokenizer.chat_template"),
     })
 }

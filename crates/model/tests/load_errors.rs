@@ -184,3 +184,67 @@ fn synth_rejects_dimensions_that_do_not_fit_the_blocks() {
         .to_string();
     assert!(e.contains("block size"), "{e}");
 }
+
+/// Issue 55 item 5: a key written twice is refused, naming the key.
+#[test]
+fn duplicate_metadata_key_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = tiny(dir.path());
+    let p = rewrite(&src, dir.path(), |m, _| {
+        m.push(("qwen3moe.block_count".into(), Value::U32(1)));
+    });
+    let e = load_err(&p);
+    assert!(
+        e.contains("qwen3moe.block_count") && e.contains("twice"),
+        "{e}"
+    );
+}
+
+/// A `tracing` writer that keeps what it is given.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Issue 55 item 5: an optional key of the wrong type still loads (the default serves) but is
+/// never silent: a warning names the key, the type expected and the type found.
+#[test]
+fn mistyped_optional_keys_warn() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = tiny(dir.path());
+    let p = rewrite(&src, dir.path(), |m, _| {
+        for (k, v) in m.iter_mut() {
+            match k.as_str() {
+                "tokenizer.ggml.add_bos_token" => *v = Value::String("yes".into()),
+                "tokenizer.chat_template" => *v = Value::U32(3),
+                _ => {}
+            }
+        }
+    });
+    let log = Captured::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let model = tracing::subscriber::with_default(subscriber, || Model::load(&p)).unwrap();
+    assert!(!model.tokenizer.add_bos && model.tokenizer.chat_template.is_none());
+    let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    for want in [
+        "tokenizer.ggml.add_bos_token: expected a bool, found String",
+        "tokenizer.chat_template: expected a string, found U32",
+    ] {
+        assert!(
+            log.contains(want) && log.contains("WARN"),
+            "{want} not in {log}"
+        );
+    }
+}

@@ -5,7 +5,8 @@ use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, State, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::TokenizerError;
+use crate::limits::LimitedBuf;
+use crate::{TemplateLimit, TemplateLimits, TokenizerError};
 
 /// Qwen3's chat template (Qwen3-30B-A3B `tokenizer_config.json`): tools, `<think>` handling of past
 /// assistant turns, and `enable_thinking=false` opening an empty think block.
@@ -39,24 +40,34 @@ impl ChatMessage {
     }
 }
 
-/// A chat template compiled once; rendering is cheap.
+/// A chat template compiled once; rendering is cheap, and bounded by [`TemplateLimits`].
 pub struct ChatTemplate {
     env: Environment<'static>,
+    limits: TemplateLimits,
 }
 
 const NAME: &str = "chat";
 
 impl ChatTemplate {
+    /// Compiles `source` with the default [`TemplateLimits`].
     pub fn new(source: &str) -> Result<Self, TokenizerError> {
+        Self::with_limits(source, TemplateLimits::default())
+    }
+
+    pub fn with_limits(source: &str, limits: TemplateLimits) -> Result<Self, TokenizerError> {
         let mut env = Environment::new();
         // transformers renders with trim_blocks + lstrip_blocks; templates are written for that.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
-        env.set_unknown_method_callback(python_str_methods);
+        env.set_fuel(Some(limits.fuel));
+        let max = limits.max_output_bytes;
+        env.set_unknown_method_callback(move |state, value, method, args| {
+            python_str_methods(state, value, method, args, max)
+        });
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source.to_string())?;
-        Ok(Self { env })
+        Ok(Self { env, limits })
     }
 
     /// Renders `messages`; `enable_thinking: None` leaves the variable undefined (template default).
@@ -109,7 +120,21 @@ impl ChatTemplate {
         ctx.extend(tools.map(|t| ("tools", t)));
         ctx.extend(enable_thinking.map(|on| ("enable_thinking", Value::from(on))));
         let ctx: Value = ctx.into_iter().collect();
-        Ok(tmpl.render(ctx)?)
+        let mut out = LimitedBuf::new(self.limits.max_output_bytes);
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => {}
+            Err(_) if out.exceeded => {
+                let limit = TemplateLimit::OutputBytes(self.limits.max_output_bytes);
+                return Err(TokenizerError::TemplateLimit(limit));
+            }
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                let limit = TemplateLimit::Fuel(self.limits.fuel);
+                return Err(TokenizerError::TemplateLimit(limit));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        // Output only ever receives whole `str`s.
+        String::from_utf8(out.buf).map_err(|e| TokenizerError::Template(e.to_string()))
     }
 }
 
@@ -157,6 +182,7 @@ fn python_str_methods(
     value: &Value,
     method: &str,
     args: &[Value],
+    max_len: usize,
 ) -> Result<Value, Error> {
     let Some(s) = value.as_str() else {
         return Err(Error::from(ErrorKind::UnknownMethod));
@@ -182,7 +208,10 @@ fn python_str_methods(
         "lower" => Value::from(s.to_lowercase()),
         "upper" => Value::from(s.to_uppercase()),
         "replace" => match (arg(0), arg(1)) {
-            (Some(from), Some(to)) => Value::from(s.replace(from, to)),
+            (Some(from), Some(to)) => {
+                check_replace_len(s, from, to, max_len)?;
+                Value::from(s.replace(from, to))
+            }
             _ => {
                 return Err(Error::new(
                     ErrorKind::InvalidOperation,
@@ -198,4 +227,20 @@ fn python_str_methods(
         },
         _ => return Err(Error::from(ErrorKind::UnknownMethod)),
     })
+}
+
+/// Refuses a `replace` whose result would pass the output limit, before building it.
+fn check_replace_len(s: &str, from: &str, to: &str, max_len: usize) -> Result<(), Error> {
+    // An empty `from` matches between every char and at both ends.
+    let hits = if from.is_empty() {
+        s.chars().count() + 1
+    } else {
+        s.matches(from).count()
+    };
+    let len = (s.len() - hits * from.len()).saturating_add(hits.saturating_mul(to.len()));
+    if len > max_len {
+        let msg = format!("replace would build {len} bytes (output limit {max_len})");
+        return Err(Error::new(ErrorKind::InvalidOperation, msg));
+    }
+    Ok(())
 }

@@ -20,6 +20,9 @@ pub enum TokenizerError {
     Backend(String),
     #[error("chat template: {0}")]
     Template(String),
+    /// A render ran past its [`crate::TemplateLimits`]: the template loops or grows too much.
+    #[error("chat template exceeded its {0}")]
+    TemplateLimit(crate::TemplateLimit),
 }
 
 impl TokenizerError {

@@ -4,9 +4,11 @@
 //! reads GGUF itself. Behaviour mirrors Hugging Face transformers' GGUF tokenizer loader (our
 //! correctness oracle, see `tools/tokenizer_parity`), which agrees with llama.cpp on Qwen3 files.
 
+mod added;
 mod bytes;
 mod chat;
 mod error;
+mod limits;
 mod reasoning;
 mod spec;
 mod stream;
@@ -16,8 +18,11 @@ mod tokenizer;
 pub use bytes::{byte_to_unicode, unicode_to_byte};
 pub use chat::{ChatMessage, ChatTemplate, QWEN3_CHAT_TEMPLATE};
 pub use error::TokenizerError;
+pub use limits::{TemplateLimit, TemplateLimits};
 pub use reasoning::{split_reasoning, split_whole, thinking_switch, ReasoningSplitter, Split};
 pub use spec::{TokenType, TokenizerSpec};
 pub use stream::StreamDecoder;
-pub use synthetic::{synthetic_spec, QWEN3_ADDED_TOKENS, QWEN3_BPE_TOKENS, QWEN3_VOCAB_SIZE};
+pub use synthetic::{
+    synthetic_spec, QWEN3_ADDED_TOKENS, QWEN3_BPE_TOKENS, QWEN3_VOCAB_SIZE, SYNTHETIC_MIN_VOCAB,
+};
 pub use tokenizer::Tokenizer;

@@ -50,8 +50,9 @@ pub const QWEN3_ADDED_TOKENS: [(&str, i32); 26] = [
 ];
 
 const SAMPLE: &str = include_str!("sample.txt");
-/// Leaves room for a few dozen merges after the bytes and the added tokens.
-const MIN_VOCAB: usize = 256 + QWEN3_ADDED_TOKENS.len() + 32;
+/// The smallest `synthetic_spec` vocabulary: the 256 bytes, Qwen3's added tokens and a few
+/// dozen merges.
+pub const SYNTHETIC_MIN_VOCAB: usize = 256 + QWEN3_ADDED_TOKENS.len() + 32;
 const SYLLABLES: &str = "ing ed er es ly al ion tion sion ment ness able ible ic ous ive ize ure ity ant ent ist ism \
     an en in on or ar at it le re ra ro la li lo ma mi mo na ne ni no ta te ti to co de di pa pe po se si so \
     ve vi ber ter der ger ther ture ate ite ine ance ence ful less ward ure age ery ory ary ical ual";
@@ -60,10 +61,11 @@ const MAX_PIECE_CHARS: usize = 16;
 
 /// A deterministic Qwen3-like spec of exactly `vocab_size` tokens (see the module docs).
 /// eos = `<|im_end|>`, bos = pad = `<|endoftext|>`, add_bos false: as in Qwen3 GGUFs.
+/// Callers check `vocab_size >= SYNTHETIC_MIN_VOCAB` first (a smaller one is a bug: it panics).
 pub fn synthetic_spec(vocab_size: usize, seed: u64) -> TokenizerSpec {
     assert!(
-        vocab_size >= MIN_VOCAB,
-        "synthetic_spec: vocab_size {vocab_size} < minimum {MIN_VOCAB}"
+        vocab_size >= SYNTHETIC_MIN_VOCAB,
+        "synthetic_spec: vocab_size {vocab_size} < minimum {SYNTHETIC_MIN_VOCAB}"
     );
     let n_bpe = (vocab_size - QWEN3_ADDED_TOKENS.len()).min(QWEN3_BPE_TOKENS);
     let mut v = VocabBuilder::bytes();

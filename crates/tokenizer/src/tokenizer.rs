@@ -1,7 +1,7 @@
 //! [`Tokenizer`]: a `tokenizers::Tokenizer` assembled in code from a [`TokenizerSpec`], the way
 //! transformers' GGUF loader assembles it (BPE + split regex + ByteLevel + added tokens).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -9,8 +9,9 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{AddedToken, SplitDelimiterBehavior};
+use tokenizers::SplitDelimiterBehavior;
 
+use crate::added::{AddedTokens, Segment};
 use crate::bytes::{decode_piece, encode_bytes, in_alphabet};
 use crate::{TokenType, TokenizerError, TokenizerSpec};
 
@@ -22,10 +23,10 @@ const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 const SUPPORTED_PRE: &str = "supported: qwen2, deepseek-r1-qwen, llama-bpe, llama3, default, gpt-2";
 
 pub struct Tokenizer {
-    /// Matches control tokens in the text (`parse_special = true`).
-    special: tokenizers::Tokenizer,
-    /// Same, with `encode_special_tokens` set: control tokens are plain text.
-    plain: tokenizers::Tokenizer,
+    /// BPE, split regex and byte-level decoder, without added tokens: [`AddedTokens`] finds those.
+    bpe: tokenizers::Tokenizer,
+    /// Control and user-defined tokens, matched whole before BPE.
+    added: AddedTokens,
     /// Raw bytes of every id, for [`crate::StreamDecoder`].
     pub(crate) token_bytes: Vec<Vec<u8>>,
     /// Control tokens, which `skip_special` drops.
@@ -47,18 +48,17 @@ impl Tokenizer {
             .vocab_and_merges(vocab.clone(), merges)
             .build()
             .map_err(|e| TokenizerError::spec("merges", e.to_string()))?;
-        let mut special = tokenizers::Tokenizer::new(bpe);
-        special.with_pre_tokenizer(Some(pre_tokenizer(&spec.pre)?));
-        special.with_decoder(Some(ByteLevelDecoder::default()));
-        add_added_tokens(&mut special, spec, &vocab);
-        let mut plain = special.clone();
-        plain.set_encode_special_tokens(true);
+        let mut tk = tokenizers::Tokenizer::new(bpe);
+        tk.with_pre_tokenizer(Some(pre_tokenizer(&spec.pre)?));
+        tk.with_decoder(Some(ByteLevelDecoder::default()));
+        let added = added_tokens(spec, &vocab)?;
 
         let n = spec.tokens.len();
-        let piece = |id: usize| special.id_to_token(id as u32).unwrap_or_default();
+        let control: HashSet<&str> = control_tokens(spec).collect();
+        let piece = |id: usize| tk.id_to_token(id as u32).unwrap_or_default();
         let token_bytes = (0..n).map(|id| decode_piece(&piece(id))).collect();
         let is_control = (0..n)
-            .map(|id| special.get_added_vocabulary().is_special_token(&piece(id)))
+            .map(|id| control.contains(piece(id).as_str()))
             .collect();
         let ids: HashMap<String, u32> = spec
             .tokens
@@ -75,8 +75,8 @@ impl Tokenizer {
             }
         }
         Ok(Self {
-            special,
-            plain,
+            bpe: tk,
+            added,
             token_bytes,
             is_control,
             ids,
@@ -92,27 +92,36 @@ impl Tokenizer {
     /// tokens written in the text (`<|im_start|>`) become their ids; user-defined tokens (`<think>`)
     /// are always matched whole, as in llama.cpp and transformers.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let tk = if parse_special {
-            &self.special
-        } else {
-            &self.plain
-        };
-        let enc = tk
-            .encode(text, false)
-            .map_err(|e| TokenizerError::Backend(e.to_string()))?;
-        let mut ids = Vec::with_capacity(enc.len() + 1);
+        let mut ids = Vec::new();
         if let (true, Some(bos)) = (self.add_bos, self.bos_id) {
             ids.push(bos);
         }
-        ids.extend_from_slice(enc.get_ids());
+        // Each text piece is pre-tokenized on its own, as `tokenizers` does around added tokens.
+        for segment in self.added.split(text, parse_special) {
+            match segment {
+                Segment::Token(id) => ids.push(id),
+                Segment::Text(piece) => {
+                    let enc = self
+                        .bpe
+                        .encode(piece, false)
+                        .map_err(|e| TokenizerError::Backend(e.to_string()))?;
+                    ids.extend_from_slice(enc.get_ids());
+                }
+            }
+        }
         Ok(ids)
     }
 
     /// Text of `ids`; invalid UTF-8 (a cut multi-byte char) becomes U+FFFD, as in transformers.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
         self.check_ids(ids)?;
-        self.special
-            .decode(ids, skip_special)
+        let kept: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&id| !(skip_special && self.is_control[id as usize]))
+            .collect();
+        self.bpe
+            .decode(&kept, false)
             .map_err(|e| TokenizerError::Backend(e.to_string()))
     }
 
@@ -278,24 +287,29 @@ pub(crate) fn split_then_bytes(regex: &str) -> PreTokenizerWrapper {
     .into()
 }
 
-/// Control tokens become special added tokens, user-defined ones non-special added tokens: both are
-/// matched whole in the text. Control tokens spelled outside the byte alphabet are skipped, as
-/// transformers does (they are llama.cpp mislabels).
-fn add_added_tokens(tk: &mut tokenizers::Tokenizer, spec: &TokenizerSpec, vocab: &Vocab) {
-    let of_type = |ty: TokenType| {
-        spec.tokens
-            .iter()
-            .zip(&spec.token_types)
-            .filter(move |(_, &t)| t == ty as i32)
-    };
-    let control: Vec<AddedToken> = of_type(TokenType::Control)
-        .filter(|(t, _)| in_alphabet(t))
-        .map(|(t, _)| AddedToken::from(t.clone(), true).normalized(false))
-        .collect();
-    tk.add_special_tokens(&control);
-    let user: Vec<AddedToken> = of_type(TokenType::UserDefined)
-        .filter(|(t, _)| vocab.contains_key(t.as_str()))
-        .map(|(t, _)| AddedToken::from(t.clone(), false).normalized(false))
-        .collect();
-    tk.add_tokens(&user);
+/// Control tokens in the byte alphabet; those spelled outside it are llama.cpp mislabels, which
+/// transformers skips too.
+fn control_tokens(spec: &TokenizerSpec) -> impl Iterator<Item = &str> {
+    spec.tokens
+        .iter()
+        .zip(&spec.token_types)
+        .filter(|&(t, &ty)| ty == TokenType::Control as i32 && in_alphabet(t))
+        .map(|(t, _)| t.as_str())
+}
+
+/// Control tokens and user-defined ones are both matched whole in the text; only control tokens
+/// can be read as plain text instead. Each takes the id its spelling has in the BPE vocabulary (the
+/// last of duplicates); a user-defined token whose spelling the vocabulary respelled is skipped.
+fn added_tokens(spec: &TokenizerSpec, vocab: &Vocab) -> Result<AddedTokens, TokenizerError> {
+    fn with_id<'s>(vocab: &Vocab, t: &'s str) -> Option<(&'s str, u32)> {
+        vocab.get(t).map(|&id| (t, id))
+    }
+    let user = spec
+        .tokens
+        .iter()
+        .zip(&spec.token_types)
+        .filter(|&(_, &ty)| ty == TokenType::UserDefined as i32)
+        .filter_map(|(t, _)| with_id(vocab, t));
+    let control = control_tokens(spec).filter_map(|t| with_id(vocab, t));
+    AddedTokens::new(control, user)
 }

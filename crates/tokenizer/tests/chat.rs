@@ -1,6 +1,9 @@
 //! Qwen3 chat template rendering and the `<think>` split.
 
-use q4moe_tokenizer::{split_reasoning, ChatMessage, ChatTemplate, QWEN3_CHAT_TEMPLATE};
+use q4moe_tokenizer::{
+    split_reasoning, ChatMessage, ChatTemplate, TemplateLimit, TemplateLimits, TokenizerError,
+    QWEN3_CHAT_TEMPLATE,
+};
 
 fn qwen3() -> ChatTemplate {
     ChatTemplate::new(QWEN3_CHAT_TEMPLATE).unwrap()
@@ -98,4 +101,59 @@ fn tools_and_tool_calls_render_like_qwen3() {
     assert!(text.contains("<tools>\n{\"function\": {\"name\": \"get_weather\"}, \"type\": \"function\"}\n</tools>"), "{text}");
     assert!(text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"), "{text}");
     assert!(text.ends_with("<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"), "{text}");
+}
+
+fn limit_of(source: &str) -> TemplateLimit {
+    let t = ChatTemplate::new(source).unwrap();
+    match t.render(&[ChatMessage::user("hi")], true, None) {
+        Err(TokenizerError::TemplateLimit(limit)) => limit,
+        other => panic!("{source}: expected a limit error, got {other:?}"),
+    }
+}
+
+/// Issue 55 item 2: hostile templates from a model file stop with an error naming the limit,
+/// instead of hanging (1e10 loop steps) or allocating without bound.
+#[test]
+fn hostile_templates_hit_a_named_limit() {
+    let defaults = TemplateLimits::default();
+    let nested =
+        "{% for i in range(100000) %}{% for j in range(100000) %}.{% endfor %}{% endfor %}";
+    let fuel = limit_of(nested);
+    assert_eq!(fuel, TemplateLimit::Fuel(defaults.fuel));
+    assert!(fuel.to_string().contains("fuel limit"), "{fuel}");
+    let big = TemplateLimit::OutputBytes(defaults.max_output_bytes);
+    assert_eq!(limit_of(r#"{{ "x" * 100000000 }}"#), big);
+    let t = ChatTemplate::new(r#"{{ ("x" * 1000000).replace("x", "y" * 1000000) }}"#).unwrap();
+    let err = t.render(&[], false, None).unwrap_err().to_string();
+    assert!(err.contains("output limit"), "{err}");
+    // Captured blocks are not output yet; their rendering still burns fuel.
+    let captured = "{% set s %}{% for i in range(100000) %}{% for j in range(100000) %}.{% endfor %}{% endfor %}{% endset %}";
+    assert_eq!(limit_of(captured), TemplateLimit::Fuel(defaults.fuel));
+}
+
+#[test]
+fn limits_are_configurable_and_generous_for_real_templates() {
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "Be brief."})];
+    for i in 0..100 {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        let content = format!("message {i}: {}", "some words ".repeat(50));
+        messages.push(serde_json::json!({"role": role, "content": content}));
+    }
+    let messages = serde_json::Value::Array(messages);
+    let tool = serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {}}});
+    let tools = serde_json::Value::Array(vec![tool; 20]);
+    let text = qwen3()
+        .render_json(&messages, Some(&tools), true, Some(true))
+        .unwrap();
+    assert!(text.contains("message 99:") && text.len() > 50_000);
+    let tight = TemplateLimits {
+        fuel: 1_000_000,
+        max_output_bytes: text.len() - 1,
+    };
+    let t = ChatTemplate::with_limits(QWEN3_CHAT_TEMPLATE, tight).unwrap();
+    let err = t.render_json(&messages, Some(&tools), true, Some(true));
+    assert!(
+        matches!(err, Err(TokenizerError::TemplateLimit(TemplateLimit::OutputBytes(n))) if n == text.len() - 1),
+        "{err:?}"
+    );
 }

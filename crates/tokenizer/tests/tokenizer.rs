@@ -182,3 +182,30 @@ fn bad_specs_name_the_field() {
         Err(TokenizerError::UnknownId { id: 400, .. })
     ));
 }
+
+/// Issue 55 item 1: one repetitive 200 KB added token (user-defined, then control) used to make
+/// loading quadratic (20 KB took 25 s, 200 KB never finished); it now loads in milliseconds and is
+/// matched whole, while one byte less is plain text.
+#[test]
+fn huge_added_tokens_load_and_match_whole() {
+    for ty in [4, 3] {
+        let mut spec = synthetic_spec(400, 7);
+        let huge = "a".repeat(200_000);
+        spec.tokens.push(huge.clone());
+        spec.token_types.push(ty);
+        let t = Tokenizer::from_spec(&spec).unwrap();
+        let id = t.token_id(&huge).unwrap();
+        let text = format!("x{huge}y");
+        let ids = t.encode(&text, true).unwrap();
+        assert!(
+            ids.contains(&id) && ids.len() <= 3,
+            "type {ty}: {} ids",
+            ids.len()
+        );
+        assert_eq!(t.decode(&ids, false).unwrap(), text);
+        let shorter = t.encode(&huge[1..], true).unwrap();
+        assert!(!shorter.contains(&id) && shorter.len() > 1);
+        // A control token is plain text unless asked; a user-defined one is always whole.
+        assert_eq!(t.encode(&text, false).unwrap().contains(&id), ty == 4);
+    }
+}

@@ -3,6 +3,19 @@
 use super::{f16_to_f32, f32_to_f16};
 use crate::GgmlType;
 
+/// The largest |x|, compared on the bits of |x|: the same order as the floats for finite values,
+/// and a NaN (above infinity) wins instead of being skipped as `f32::max` skips it, so a block
+/// holding one gets a NaN scale and the dot products it meets stay non-finite (the CUDA
+/// kernels' rule: non-finite inputs are never hidden).
+pub(crate) fn abs_max(x: &[f32]) -> f32 {
+    f32::from_bits(
+        x.iter()
+            .map(|v| v.to_bits() & 0x7fff_ffff)
+            .max()
+            .unwrap_or(0),
+    )
+}
+
 pub(crate) fn dequantize_f32(src: &[u8], out: &mut [f32]) {
     for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
         *o = f32::from_le_bytes(b.try_into().unwrap());

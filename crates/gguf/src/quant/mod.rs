@@ -30,6 +30,8 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_512;
 #[cfg(target_arch = "x86_64")]
+mod x86_lanes;
+#[cfg(target_arch = "x86_64")]
 mod x86_q8;
 
 use crate::{GgmlType, GgufError, Result};

@@ -26,7 +26,7 @@ pub(crate) fn dequantize(bs: &[BlockQ8_0], out: &mut [f32]) {
 pub(crate) fn quantize(src: &[f32], out: &mut Vec<u8>) {
     debug_assert_eq!(src.len() % 32, 0);
     for x in src.chunks_exact(32) {
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let amax = super::float::abs_max(x);
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut b = BlockQ8_0 {

@@ -31,7 +31,7 @@ impl BlockQ8K {
 pub(crate) fn quantize(src: &[f32], out: &mut Vec<u8>) {
     debug_assert_eq!(src.len() % QK_K, 0);
     for x in src.chunks_exact(QK_K) {
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let amax = super::float::abs_max(x);
         let mut b = BlockQ8K {
             d: [0; 4],
             qs: [0; QK_K],
@@ -43,6 +43,9 @@ pub(crate) fn quantize(src: &[f32], out: &mut Vec<u8>) {
                 *q = nearest_int(iscale * v).clamp(-127, 127) as i8;
             }
             b.d = (1.0 / iscale).to_le_bytes();
+        } else if amax.is_nan() {
+            // A NaN scale carries the NaN into every dot product (see `abs_max`).
+            b.d = f32::NAN.to_le_bytes();
         }
         for (g, s) in b.bsums.iter_mut().enumerate() {
             let sum: i32 = b.qs[16 * g..16 * g + 16].iter().map(|&q| q as i32).sum();

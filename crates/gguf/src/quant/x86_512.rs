@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::f16x8_array;
+use super::x86_lanes::f16x8_array;
 use super::{BlockQ4K, BlockQ4_0, BlockQ8_0, QK_K};
 
 /// Table lane `q` holds `q` as f32.

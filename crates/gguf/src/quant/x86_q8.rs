@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{f16x8, f16x8_array, hsum, to_array};
+use super::x86_lanes::{f16x8, f16x8_array, hsum, to_array};
 use super::{blocks, BlockQ4K, BlockQ4_0, BlockQ6K, BlockQ8K, BlockQ8_0, Isa};
 use crate::GgmlType;
 
@@ -326,11 +326,13 @@ pub(crate) unsafe fn quantize_q8_0_block(x: &[f32]) -> BlockQ8_0 {
         _mm256_loadu_ps(p.add(16)),
         _mm256_loadu_ps(p.add(24)),
     ];
-    let a = v.map(|v| _mm256_andnot_ps(sign, v));
-    let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
-    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    // |x| compared as integers, as `float::abs_max` does: a NaN wins and makes the scale NaN.
+    let a = v.map(|v| _mm256_castps_si256(_mm256_andnot_ps(sign, v)));
+    let m = _mm256_max_epi32(_mm256_max_epi32(a[0], a[1]), _mm256_max_epi32(a[2], a[3]));
+    let m = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
+    let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b01_00_11_10>(m));
+    let m = _mm_max_epi32(m, _mm_shuffle_epi32::<0b10_11_00_01>(m));
+    let amax = f32::from_bits(_mm_cvtsi128_si32(m) as u32);
     let d = amax / 127.0;
     let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
     let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));

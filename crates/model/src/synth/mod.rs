@@ -172,8 +172,15 @@ pub fn write(
 ) -> Result<SynthReport> {
     c.validate()
         .map_err(|m| ModelError::Invalid(format!("invalid geometry: {m}")))?;
+    let min_vocab = q4moe_tokenizer::SYNTHETIC_MIN_VOCAB;
+    if c.vocab_size < min_vocab {
+        return Err(ModelError::Invalid(format!(
+            "invalid geometry: vocab_size {} is below {min_vocab}, the smallest synthetic vocabulary",
+            c.vocab_size
+        )));
+    }
     let plans = plan(c, q);
-    check_block_sizes(&plans)?;
+    check_tensor_sizes(&plans)?;
     let spec = q4moe_tokenizer::synthetic_spec(c.vocab_size, seed);
     let mut meta = c.to_metadata();
     meta.insert(
@@ -218,8 +225,19 @@ pub fn write(
     })
 }
 
-fn check_block_sizes(plans: &[Plan]) -> Result<()> {
+/// Each tensor is generated in memory whole.
+const MAX_TENSOR_BYTES: u64 = 4 << 30;
+
+fn check_tensor_sizes(plans: &[Plan]) -> Result<()> {
     for p in plans {
+        let elems = p.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d));
+        let bytes = elems.map(|n| n / p.ty.block_size() as u64 * p.ty.type_size() as u64);
+        if bytes.is_none_or(|b| b > MAX_TENSOR_BYTES) {
+            return Err(ModelError::Invalid(format!(
+                "tensor {} of shape {:?} would exceed {MAX_TENSOR_BYTES} bytes; pick smaller dimensions",
+                p.name, p.dims
+            )));
+        }
         let row = p.dims[0] as usize;
         if !row.is_multiple_of(p.ty.block_size()) {
             return Err(ModelError::Invalid(format!(
