@@ -421,6 +421,30 @@ pub fn vec_dot_q4_0x_isa(isa: Isa, row: &[u8], act: &[u8]) -> f32 {
     q4_0x::vec_dot_ref(row, act)
 }
 
+/// `out[j] = vec_dot_q4_0x(row, acts[j])` bit for bit, for every j, where `row` is the first
+/// `row_bytes` of `rows`: the row is read and unpacked once for all the activations (a batch's
+/// tokens). The rest of `rows` (the rows the caller reads next) is only prefetched.
+pub fn vec_dot_q4_0x_acts(rows: &[u8], row_bytes: usize, acts: &[&[u8]], out: &mut [f32]) {
+    assert!(
+        rows.len() >= row_bytes && row_bytes % GROUP_ROW_BYTES == 0 && out.len() == acts.len(),
+        "vec_dot_q4_0x_acts: rows, activations and outputs differ"
+    );
+    let act_bytes = row_bytes / GROUP_ROW_BYTES * q4_0x::GROUP_BYTES;
+    assert!(
+        acts.iter().all(|a| a.len() == act_bytes),
+        "vec_dot_q4_0x_acts: row and activations differ"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if detected_isa() >= Isa::Avx2 {
+        // SAFETY: AVX2/FMA/F16C detected; one row and activations of its length (asserted).
+        unsafe { x86_q8::q4_0x_acts_ahead(rows, row_bytes, acts, out) };
+        return;
+    }
+    for (o, a) in out.iter_mut().zip(acts) {
+        *o = q4_0x::vec_dot_ref(&rows[..row_bytes], a);
+    }
+}
+
 /// Bytes of a Q4_0 row per Q8_0x8 group.
 const GROUP_ROW_BYTES: usize = std::mem::size_of::<BlockQ4_0>() * q4_0x::GROUP_BLOCKS;
 

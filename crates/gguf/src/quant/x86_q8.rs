@@ -274,18 +274,41 @@ unsafe fn q4_0_scales8(b: *const BlockQ4_0) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_0x_group(acc: __m256, b: *const BlockQ4_0, y: *const u8) -> __m256 {
+    q4_0x_group_dot(acc, &q4_0x_nibbles(b), q4_0_scales8(b), y)
+}
+
+/// A group's weights as `q4_0x_group_dot` pairs them with the activations: for k = 0..4, the
+/// low and the high nibbles of blocks k (low lane) and k + 4 (high lane).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0x_nibbles(b: *const BlockQ4_0) -> [[__m256i; 2]; 4] {
     let m4 = _mm256_set1_epi8(15);
-    let p: [__m256i; 4] = std::array::from_fn(|k| {
+    std::array::from_fn(|k| {
         let lo128 = _mm_loadu_si128((*b.add(k)).qs.as_ptr().cast());
         let hi128 = _mm_loadu_si128((*b.add(k + 4)).qs.as_ptr().cast());
         let w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo128), hi128, 1);
-        let lo = _mm256_and_si256(w, m4);
-        let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+        [
+            _mm256_and_si256(w, m4),
+            _mm256_and_si256(_mm256_srli_epi16(w, 4), m4),
+        ]
+    })
+}
+
+/// `acc` plus a group's unpacked weights `w` (scales `d_w`) against one prepared group `y`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0x_group_dot(
+    acc: __m256,
+    w: &[[__m256i; 2]; 4],
+    d_w: __m256,
+    y: *const u8,
+) -> __m256 {
+    let p: [__m256i; 4] = std::array::from_fn(|k| {
         let yk = y.add(64 * k);
         // Each i16 lane sums 4 products of <= 15 * 128, so the adds below cannot overflow.
         _mm256_add_epi16(
-            _mm256_maddubs_epi16(lo, _mm256_loadu_si256(yk.cast())),
-            _mm256_maddubs_epi16(hi, _mm256_loadu_si256(yk.add(32).cast())),
+            _mm256_maddubs_epi16(w[k][0], _mm256_loadu_si256(yk.cast())),
+            _mm256_maddubs_epi16(w[k][1], _mm256_loadu_si256(yk.add(32).cast())),
         )
     });
     // Pairwise i16 adds leave 2 lanes per block (<= 8 * 3840 < 2^15), in block order.
@@ -294,8 +317,51 @@ unsafe fn q4_0x_group(acc: __m256, b: *const BlockQ4_0, y: *const u8) -> __m256 
         _mm256_madd_epi16(h, _mm256_set1_epi16(1)),
         _mm256_loadu_si256(y.add(256).cast()),
     );
-    let d = _mm256_mul_ps(q4_0_scales8(b), _mm256_loadu_ps(y.add(288).cast()));
+    let d = _mm256_mul_ps(d_w, _mm256_loadu_ps(y.add(288).cast()));
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc)
+}
+
+/// Activations a pass of `q4_0x_acts` keeps accumulators for.
+const ACTS_AT_ONCE: usize = 8;
+
+/// `out[j] = q4_0x(bs, acts[j])` bit for bit, for every j: each group's weights are unpacked
+/// once for several activations (the same operations per activation, in the same order).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0x_acts(bs: &[BlockQ4_0], acts: &[&[u8]], out: &mut [f32]) {
+    use super::q4_0x::{GROUP_BLOCKS, GROUP_BYTES};
+    let groups = bs.len() / GROUP_BLOCKS;
+    for (ys, o) in acts.chunks(ACTS_AT_ONCE).zip(out.chunks_mut(ACTS_AT_ONCE)) {
+        let mut acc = [_mm256_setzero_ps(); ACTS_AT_ONCE];
+        for g in 0..groups {
+            let b = bs.as_ptr().add(GROUP_BLOCKS * g);
+            let (w, d_w) = (q4_0x_nibbles(b), q4_0_scales8(b));
+            for (a, y) in acc.iter_mut().zip(ys) {
+                debug_assert!(y.len() >= groups * GROUP_BYTES);
+                *a = q4_0x_group_dot(*a, &w, d_w, y.as_ptr().add(GROUP_BYTES * g));
+            }
+        }
+        o.iter_mut().zip(acc).for_each(|(o, a)| *o = hsum(a));
+    }
+}
+
+/// `q4_0x_acts` for the first row of `rows` (`row_bytes`), prefetching `PREFETCH_AHEAD` bytes
+/// ahead within `rows` (the rows the caller reads next).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0x_acts_ahead(
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
+    let r = rows.as_ptr();
+    let mut line = (r as usize + PREFETCH_AHEAD) & !63;
+    let end = (r as usize + PREFETCH_AHEAD + row_bytes).min(r as usize + rows.len());
+    while line < end {
+        _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+        line += 64;
+    }
+    let nb = row_bytes / std::mem::size_of::<BlockQ4_0>();
+    q4_0x_acts(std::slice::from_raw_parts(r.cast::<BlockQ4_0>(), nb), acts, out);
 }
 
 /// Q4_0 row x Q8_0x8 activations (`q4_0x`), AVX2. `bs.len()` is a multiple of 8 and `act`
