@@ -111,7 +111,8 @@ const ACTS_AT_ONCE: usize = 64;
 /// activation; either way v is bit for bit what `rows_dot` computes for that row alone.
 fn dots(w: Rows<'_>, r: usize, len: usize, acts: &[Act<'_>], mut put: impl FnMut(usize, usize, f32)) {
     let rb = w.row_bytes;
-    if let Some(Act::Q4x(..)) = acts.first() {
+    // One activation: the one-activation kernel (the same values, less bookkeeping).
+    if let (Some(Act::Q4x(..)), 2..) = (acts.first(), acts.len()) {
         let (mut q, mut buf) = ([&[][..]; ACTS_AT_ONCE], [0f32; ACTS_AT_ONCE]);
         for (c, chunk) in acts.chunks(ACTS_AT_ONCE).enumerate() {
             for (q, a) in q.iter_mut().zip(chunk) {

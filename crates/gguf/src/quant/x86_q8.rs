@@ -322,7 +322,7 @@ unsafe fn q4_0x_group_dot(
 }
 
 /// Activations a pass of `q4_0x_acts` keeps accumulators for.
-const ACTS_AT_ONCE: usize = 8;
+const ACTS_AT_ONCE: usize = 4;
 
 /// `out[j] = q4_0x(bs, acts[j])` bit for bit, for every j: each group's weights are unpacked
 /// once for several activations (the same operations per activation, in the same order).
