@@ -58,7 +58,9 @@ fn parse() -> Result<Opts, String> {
 }
 
 fn prompt(seq: usize, vocab: usize) -> Vec<u32> {
-    (0..16).map(|i| ((seq * 131 + i * 17 + 3) % vocab) as u32).collect()
+    (0..16)
+        .map(|i| ((seq * 131 + i * 17 + 3) % vocab) as u32)
+        .collect()
 }
 
 /// Seconds for `b` sequences of `tokens` greedy tokens each through `step_batch`.
@@ -187,11 +189,7 @@ fn main() -> Result<(), String> {
     println!("aggregate tok/s by wall time | by CPU time; time of the B sequences / one decode");
     let n = o.tokens as f64;
     let (wall1, cpu1) = measure(o.reps, || time_decode(&mut be, o.tokens));
-    println!(
-        "decode  B=1  {} | {}",
-        wall1.rate(n),
-        cpu1.rate(n)
-    );
+    println!("decode  B=1  {} | {}", wall1.rate(n), cpu1.rate(n));
     for &b in &o.batch {
         let (wall, cpu) = measure(o.reps, || time_batched(&mut be, b, o.tokens));
         let agg = b as f64 * n;

@@ -109,7 +109,13 @@ const ACTS_AT_ONCE: usize = 64;
 /// v = row r + i . acts[j]. Q4_0 rows with Q8_0x8 activations go through the batched kernel
 /// (each row read and unpacked once for all of them), the rest through a `rows_dot` an
 /// activation; either way v is bit for bit what `rows_dot` computes for that row alone.
-fn dots(w: Rows<'_>, r: usize, len: usize, acts: &[Act<'_>], mut put: impl FnMut(usize, usize, f32)) {
+fn dots(
+    w: Rows<'_>,
+    r: usize,
+    len: usize,
+    acts: &[Act<'_>],
+    mut put: impl FnMut(usize, usize, f32),
+) {
     let rb = w.row_bytes;
     // One activation: the one-activation kernel (the same values, less bookkeeping).
     if let (Some(Act::Q4x(..)), 2..) = (acts.first(), acts.len()) {
@@ -135,7 +141,10 @@ fn dots(w: Rows<'_>, r: usize, len: usize, acts: &[Act<'_>], mut put: impl FnMut
     let mut buf = [0f32; RUN_ROWS];
     for (j, &act) in acts.iter().enumerate() {
         rows_dot(w.ty, w.data, rb, r, act, &mut buf[..len]);
-        buf[..len].iter().enumerate().for_each(|(i, &v)| put(i, j, v));
+        buf[..len]
+            .iter()
+            .enumerate()
+            .for_each(|(i, &v)| put(i, j, v));
     }
 }
 
@@ -145,7 +154,9 @@ fn matmul(w: Rows<'_>, acts: &[Act<'_>], out: &mut [f32]) {
     let mut rows: Vec<&mut [f32]> = out.chunks_mut(acts.len()).collect();
     par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
         for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
-            dots(w, r0 + j * RUN_ROWS, run.len(), acts, |i, t, v| run[i][t] = v);
+            dots(w, r0 + j * RUN_ROWS, run.len(), acts, |i, t, v| {
+                run[i][t] = v
+            });
         }
     });
 }
@@ -301,7 +312,10 @@ impl Batch {
         }
         // Token i's k-th choice is slot i * nu + k.
         let mut groups = std::mem::take(&mut self.groups);
-        groups.build(c.n_expert, picks.iter().flat_map(|(e, _)| e.iter().copied()));
+        groups.build(
+            c.n_expert,
+            picks.iter().flat_map(|(e, _)| e.iter().copied()),
+        );
         self.gate_up(m, l, s, &n, &groups, t * nu);
         self.n = n;
         self.down(m, l, s, &groups, t * nu);

@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use q4moe_model::backend::{
     check_prompt, check_room, check_token, sample_and_emit, Backend, BackendInfo, BackendResult,
-    BatchOut, BatchRow, DecodeRequest, DecodeStats, Flow, KvType, PhaseTimes, SessionId, TokenEvent,
+    BatchOut, BatchRow, DecodeRequest, DecodeStats, Flow, KvType, PhaseTimes, SessionId,
+    TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};

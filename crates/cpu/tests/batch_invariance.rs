@@ -7,7 +7,9 @@
 use std::sync::Arc;
 
 use q4moe_cpu::{CpuBackend, Precision};
-use q4moe_model::backend::{Backend, BackendError, BatchOut, BatchRow, DecodeRequest, Flow, KvType};
+use q4moe_model::backend::{
+    Backend, BackendError, BatchOut, BatchRow, DecodeRequest, Flow, KvType,
+};
 use q4moe_model::sampling::{argmax, Sampler, SamplingParams};
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
@@ -134,7 +136,9 @@ fn check_scenario(b: &mut CpuBackend, seqs: &[Seq], refs: &[Alone], rng: &mut Lc
 fn random_seqs(rng: &mut Lcg, n: usize, vocab: usize, staggered: bool) -> Vec<Seq> {
     (0..n)
         .map(|_| Seq {
-            prompt: (0..1 + rng.next(12)).map(|_| rng.next(vocab) as u32).collect(),
+            prompt: (0..1 + rng.next(12))
+                .map(|_| rng.next(vocab) as u32)
+                .collect(),
             join: if staggered { rng.next(4) } else { 0 },
             steps: if staggered { 1 + rng.next(6) } else { 4 },
         })
@@ -254,7 +258,10 @@ fn refused_steps_change_no_session() {
     let err = b
         .step_batch(&mut [row(1, 5), row(3, vocab)], &mut out)
         .unwrap_err();
-    assert!(matches!(err, BackendError::BadToken { token, .. } if token == vocab), "{err}");
+    assert!(
+        matches!(err, BackendError::BadToken { token, .. } if token == vocab),
+        "{err}"
+    );
     let err = b
         .step_batch(&mut [row(1, 5), row(1, 6)], &mut out)
         .unwrap_err();
@@ -262,7 +269,10 @@ fn refused_steps_change_no_session() {
     let err = b
         .step_batch(&mut [row(1, 5), row(2, 6)], &mut out)
         .unwrap_err();
-    assert!(matches!(err, BackendError::ContextFull { session: 2, .. }), "{err}");
+    assert!(
+        matches!(err, BackendError::ContextFull { session: 2, .. }),
+        "{err}"
+    );
     assert_eq!((b.kv_len(1), b.kv_len(2), b.kv_len(3)), (3, 8, 0));
     b.step_batch(&mut [], &mut out).unwrap();
     assert!(out.logits.is_empty() && out.tokens.is_empty());

@@ -297,12 +297,7 @@ unsafe fn q4_0x_nibbles(b: *const BlockQ4_0) -> [[__m256i; 2]; 4] {
 /// `acc` plus a group's unpacked weights `w` (scales `d_w`) against one prepared group `y`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_0x_group_dot(
-    acc: __m256,
-    w: &[[__m256i; 2]; 4],
-    d_w: __m256,
-    y: *const u8,
-) -> __m256 {
+unsafe fn q4_0x_group_dot(acc: __m256, w: &[[__m256i; 2]; 4], d_w: __m256, y: *const u8) -> __m256 {
     let p: [__m256i; 4] = std::array::from_fn(|k| {
         let yk = y.add(64 * k);
         // Each i16 lane sums 4 products of <= 15 * 128, so the adds below cannot overflow.
@@ -361,7 +356,11 @@ pub(crate) unsafe fn q4_0x_acts_ahead(
         line += 64;
     }
     let nb = row_bytes / std::mem::size_of::<BlockQ4_0>();
-    q4_0x_acts(std::slice::from_raw_parts(r.cast::<BlockQ4_0>(), nb), acts, out);
+    q4_0x_acts(
+        std::slice::from_raw_parts(r.cast::<BlockQ4_0>(), nb),
+        acts,
+        out,
+    );
 }
 
 /// Q4_0 row x Q8_0x8 activations (`q4_0x`), AVX2. `bs.len()` is a multiple of 8 and `act`
