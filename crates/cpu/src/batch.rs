@@ -9,7 +9,7 @@
 //! (thread splits cut between rows, never inside one row's dot product), which is what makes
 //! the batched step batch-invariant.
 
-use q4moe_gguf::quant::vec_dot_q4_0x_acts;
+use q4moe_gguf::quant::vec_dot_q4_0x_rows_acts;
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
@@ -103,7 +103,7 @@ impl<'a> Rows<'a> {
 }
 
 /// Activations the batched Q4_0 kernel takes at a call.
-const ACTS_AT_ONCE: usize = 64;
+const ACTS_AT_ONCE: usize = 32;
 
 /// Rows [r, r + len) of `w` (len <= RUN_ROWS) against every one of `acts`: `put(i, j, v)` with
 /// v = row r + i . acts[j]. Q4_0 rows with Q8_0x8 activations go through the batched kernel
@@ -119,7 +119,8 @@ fn dots(
     let rb = w.row_bytes;
     // One activation: the one-activation kernel (the same values, less bookkeeping).
     if let (Some(Act::Q4x(..)), 2..) = (acts.first(), acts.len()) {
-        let (mut q, mut buf) = ([&[][..]; ACTS_AT_ONCE], [0f32; ACTS_AT_ONCE]);
+        let mut q = [&[][..]; ACTS_AT_ONCE];
+        let mut buf = [0f32; ACTS_AT_ONCE * RUN_ROWS];
         for (c, chunk) in acts.chunks(ACTS_AT_ONCE).enumerate() {
             for (q, a) in q.iter_mut().zip(chunk) {
                 *q = match a {
@@ -127,11 +128,11 @@ fn dots(
                     _ => panic!("a matrix's activations are prepared alike"),
                 };
             }
-            let (q, buf) = (&q[..chunk.len()], &mut buf[..chunk.len()]);
-            for i in 0..len {
-                let ahead = &w.data[(r + i) * rb..(r + len) * rb];
-                vec_dot_q4_0x_acts(ahead, rb, q, buf);
-                buf.iter()
+            let n = chunk.len();
+            let out = &mut buf[..len * n];
+            vec_dot_q4_0x_rows_acts(&w.data[r * rb..(r + len) * rb], rb, &q[..n], out);
+            for (i, o) in out.chunks(n).enumerate() {
+                o.iter()
                     .enumerate()
                     .for_each(|(j, &v)| put(i, c * ACTS_AT_ONCE + j, v));
             }

@@ -316,13 +316,16 @@ fn vec_dot_q4_0x_acts_is_bit_exact_with_one_activation_at_a_time() {
                 .map(|_| q4_0x_activations(&randn(&mut rng, n)).1)
                 .collect();
             let refs: Vec<&[u8]> = acts.iter().map(|a| a.as_slice()).collect();
-            for r in 0..rows {
-                let mut got = vec![0f32; count];
-                quant::vec_dot_q4_0x_acts(&data[r * row_bytes..], row_bytes, &refs, &mut got);
-                let row = &data[r * row_bytes..(r + 1) * row_bytes];
-                for (j, a) in refs.iter().enumerate() {
-                    let want = quant::vec_dot_q4_0x(row, a);
-                    assert_eq!(got[j].to_bits(), want.to_bits(), "n={n} row {r} act {j}");
+            // From every row to the last (prefetching up to the end of `data`, never past it).
+            for r0 in 0..rows {
+                let mut got = vec![0f32; count * (rows - r0)];
+                quant::vec_dot_q4_0x_rows_acts(&data[r0 * row_bytes..], row_bytes, &refs, &mut got);
+                for (r, got) in (r0..rows).zip(got.chunks(count)) {
+                    let row = &data[r * row_bytes..(r + 1) * row_bytes];
+                    for (j, a) in refs.iter().enumerate() {
+                        let want = quant::vec_dot_q4_0x(row, a);
+                        assert_eq!(got[j].to_bits(), want.to_bits(), "n={n} row {r} act {j}");
+                    }
                 }
             }
         }

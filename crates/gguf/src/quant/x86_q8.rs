@@ -316,51 +316,70 @@ unsafe fn q4_0x_group_dot(acc: __m256, w: &[[__m256i; 2]; 4], d_w: __m256, y: *c
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc)
 }
 
-/// Activations a pass of `q4_0x_acts` keeps accumulators for.
-const ACTS_AT_ONCE: usize = 4;
-
 /// `out[j] = q4_0x(bs, acts[j])` bit for bit, for every j: each group's weights are unpacked
-/// once for several activations (the same operations per activation, in the same order).
+/// once for up to 4 activations at a time (the same operations per activation, in the same
+/// order; more accumulators would spill on AVX2's 16 registers).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn q4_0x_acts(bs: &[BlockQ4_0], acts: &[&[u8]], out: &mut [f32]) {
-    use super::q4_0x::{GROUP_BLOCKS, GROUP_BYTES};
-    let groups = bs.len() / GROUP_BLOCKS;
-    for (ys, o) in acts.chunks(ACTS_AT_ONCE).zip(out.chunks_mut(ACTS_AT_ONCE)) {
-        let mut acc = [_mm256_setzero_ps(); ACTS_AT_ONCE];
-        for g in 0..groups {
-            let b = bs.as_ptr().add(GROUP_BLOCKS * g);
-            let (w, d_w) = (q4_0x_nibbles(b), q4_0_scales8(b));
-            for (a, y) in acc.iter_mut().zip(ys) {
-                debug_assert!(y.len() >= groups * GROUP_BYTES);
-                *a = q4_0x_group_dot(*a, &w, d_w, y.as_ptr().add(GROUP_BYTES * g));
-            }
+    for (ys, o) in acts.chunks(4).zip(out.chunks_mut(4)) {
+        match ys.len() {
+            4 => q4_0x_n::<4>(bs, ys, o),
+            3 => q4_0x_n::<3>(bs, ys, o),
+            2 => q4_0x_n::<2>(bs, ys, o),
+            _ => q4_0x_n::<1>(bs, ys, o),
         }
-        o.iter_mut().zip(acc).for_each(|(o, a)| *o = hsum(a));
     }
 }
 
-/// `q4_0x_acts` for the first row of `rows` (`row_bytes`), prefetching `PREFETCH_AHEAD` bytes
-/// ahead within `rows` (the rows the caller reads next).
+/// `q4_0x_acts` for exactly N activations (N accumulators the compiler keeps in registers).
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_0x_acts_ahead(
+unsafe fn q4_0x_n<const N: usize>(bs: &[BlockQ4_0], ys: &[&[u8]], out: &mut [f32]) {
+    use super::q4_0x::{GROUP_BLOCKS, GROUP_BYTES};
+    let groups = bs.len() / GROUP_BLOCKS;
+    let y: [*const u8; N] = std::array::from_fn(|j| {
+        debug_assert!(ys[j].len() >= groups * GROUP_BYTES);
+        ys[j].as_ptr()
+    });
+    let mut acc = [_mm256_setzero_ps(); N];
+    for g in 0..groups {
+        let b = bs.as_ptr().add(GROUP_BLOCKS * g);
+        let (w, d_w) = (q4_0x_nibbles(b), q4_0_scales8(b));
+        for j in 0..N {
+            acc[j] = q4_0x_group_dot(acc[j], &w, d_w, y[j].add(GROUP_BYTES * g));
+        }
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}
+
+/// `q4_0x_acts` for each of the first `out.len() / acts.len()` rows of `rows` into its
+/// `acts.len()` outputs, prefetching `PREFETCH_AHEAD` bytes ahead (never past `rows`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0x_rows_acts(
     rows: &[u8],
     row_bytes: usize,
     acts: &[&[u8]],
     out: &mut [f32],
 ) {
-    let r = rows.as_ptr();
-    let mut line = (r as usize + PREFETCH_AHEAD) & !63;
-    let end = (r as usize + PREFETCH_AHEAD + row_bytes).min(r as usize + rows.len());
-    while line < end {
-        _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
-        line += 64;
-    }
     let nb = row_bytes / std::mem::size_of::<BlockQ4_0>();
-    q4_0x_acts(
-        std::slice::from_raw_parts(r.cast::<BlockQ4_0>(), nb),
-        acts,
-        out,
-    );
+    let base = rows.as_ptr();
+    let limit = base as usize + rows.len();
+    for (i, o) in out.chunks_mut(acts.len()).enumerate() {
+        let r = base.add(i * row_bytes);
+        let mut line = (r as usize + PREFETCH_AHEAD) & !63;
+        let end = (r as usize + PREFETCH_AHEAD + row_bytes).min(limit);
+        while line < end {
+            _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+            line += 64;
+        }
+        q4_0x_acts(
+            std::slice::from_raw_parts(r.cast::<BlockQ4_0>(), nb),
+            acts,
+            o,
+        );
+    }
 }
 
 /// Q4_0 row x Q8_0x8 activations (`q4_0x`), AVX2. `bs.len()` is a multiple of 8 and `act`
