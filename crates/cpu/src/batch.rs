@@ -275,11 +275,11 @@ impl Batch {
         }
         self.n = n;
         self.attn.resize(t * c.q_dim(), 0.0);
-        for i in 0..t {
+        for (i, &pos) in pos.iter().enumerate() {
             column(&qkv[0], t, i, &mut s.q);
             column(&qkv[1], t, i, &mut s.k);
             column(&qkv[2], t, i, &mut s.v);
-            attend_token(c, w, seats.kv(i), li, pos[i], s);
+            attend_token(c, w, seats.kv(i), li, pos, s);
             self.attn[i * c.q_dim()..(i + 1) * c.q_dim()].copy_from_slice(&s.attn);
         }
         let attn = std::mem::take(&mut self.attn);

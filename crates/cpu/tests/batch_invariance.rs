@@ -126,8 +126,7 @@ fn check_scenario(b: &mut CpuBackend, seqs: &[Seq], refs: &[Alone], rng: &mut Lc
             done[i] += 1;
         }
     }
-    for i in 0..seqs.len() {
-        let s = &seqs[i];
+    for (i, s) in seqs.iter().enumerate() {
         assert_eq!(b.kv_len(base + i as u64), s.prompt.len() + s.steps, "{tag}");
         b.drop_session(base + i as u64);
     }
