@@ -362,12 +362,22 @@ mod tests {
         check_batch(&c, &[row(1, 0), row(3, 7), row(4, 9)], 16, held).unwrap();
         let vocab = c.vocab_size as u32;
         let err = check_batch(&c, &[row(1, 0), row(3, vocab)], 16, held).unwrap_err();
-        assert!(matches!(err, BackendError::BadToken { token, .. } if token == vocab), "{err}");
+        assert!(
+            matches!(err, BackendError::BadToken { token, .. } if token == vocab),
+            "{err}"
+        );
         let err = check_batch(&c, &[row(1, 0), row(3, 1), row(1, 2)], 16, held).unwrap_err();
         assert!(err.to_string().contains("session 1 appears twice"), "{err}");
         let err = check_batch(&c, &[row(1, 0), row(2, 1)], 16, held).unwrap_err();
         assert!(
-            matches!(err, BackendError::ContextFull { session: 2, needed: 17, capacity: 16 }),
+            matches!(
+                err,
+                BackendError::ContextFull {
+                    session: 2,
+                    needed: 17,
+                    capacity: 16
+                }
+            ),
             "{err}"
         );
     }
