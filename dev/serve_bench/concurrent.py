@@ -46,8 +46,16 @@ def post(port, body):
     return out
 
 
-def wall(port, n, tokens, tag):
-    """Seconds for n requests sent at once, each with its own first word."""
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far (steadier than wall time on a shared box)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wall(port, n, tokens, tag, pid=None):
+    """Seconds for n requests sent at once, each with its own first word, and the server's CPU
+    seconds over them (with `pid`)."""
     errors = []
 
     def one(i):
@@ -59,49 +67,63 @@ def wall(port, n, tokens, tag):
             errors.append(e)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    c0 = cpu_seconds(pid) if pid else 0.0
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    elapsed = time.perf_counter() - t0
     if errors:
         raise RuntimeError(errors[0])
-    return time.perf_counter() - t0
+    return elapsed, (cpu_seconds(pid) - c0 if pid else 0.0)
 
 
 def summary(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
 
-def serve(model, max_batch, port):
+def serve(model, max_batch, port, threads):
     args = [BIN, "serve", "-m", model, "--port", str(port), "--device", "cpu",
             "--max-batch", str(max_batch)]
-    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if threads:
+        env["RAYON_NUM_THREADS"] = str(threads)
+    log = f"{model}.{max_batch}.log"
+    with open(log, "w") as err:
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err, env=env)
     for _ in range(600):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return p
+            with open(log) as f:
+                return p, f.read().strip()
         except OSError:
             time.sleep(0.2)
     p.kill()
-    raise RuntimeError("the server did not come up: " + p.stderr.read())
+    with open(log) as f:
+        raise RuntimeError("the server did not come up: " + f.read())
 
 
 def measure(model, max_batch, a):
     port = free_port()
-    p = serve(model, max_batch, port)
+    p, startup = serve(model, max_batch, port, a.threads)
     try:
         wall(port, a.streams, a.tokens, "warm")
         ones, manys = [], []
         for r in range(a.runs):
-            ones.append(wall(port, 1, a.tokens, f"one{r}-"))
-            manys.append(wall(port, a.streams, a.tokens, f"many{r}-"))
+            ones.append(wall(port, 1, a.tokens, f"one{r}-", p.pid))
+            manys.append(wall(port, a.streams, a.tokens, f"many{r}-", p.pid))
     finally:
         p.terminate()
         p.wait()
-    ratio = [m / o for m, o in zip(manys, ones)]
-    return {"max_batch": max_batch, "one_s": summary(ones), f"{a.streams}_s": summary(manys),
-            "ratio": summary(ratio)}
+    n = a.streams
+    rec = {"max_batch": max_batch, "server_log": startup}
+    for k, what in ((0, "wall"), (1, "cpu")):
+        one, many = [x[k] for x in ones], [x[k] for x in manys]
+        rec[f"{what}_one_s"] = summary(one)
+        rec[f"{what}_{n}_s"] = summary(many)
+        rec[f"{what}_ratio"] = summary([m / o for m, o in zip(many, one) if o > 0])
+    return rec
 
 
 def main():
@@ -111,6 +133,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--threads", type=int, help="RAYON_NUM_THREADS for the server")
     ap.add_argument("--out")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
@@ -129,17 +152,21 @@ def main():
         "conditions": {"device": "cpu", "geometry": a.geometry, "quant": f"{a.quant} (synthetic)",
                        "tokens": a.tokens, "greedy": True, "ignore_eos": True,
                        "streams": a.streams, "runs": a.runs, "prompt": PROMPT,
-                       "what": "wall seconds of 1 request and of `streams` sent together; "
-                               "ratio = many / one per run (target: < 2)"},
+                       "rayon_threads": a.threads or "default",
+                       "what": "wall seconds (and the server process's CPU seconds) of 1 "
+                               "request and of `streams` sent together; ratio = many / one per "
+                               "run (target: wall ratio < 2)"},
         "modes": modes,
     }
     out = a.out or os.path.join(ROOT, "bench", "results", f"serve-batch-cpu-{date}.json")
     with open(out, "w") as f:
         json.dump(rec, f, indent=2)
     for m in modes:
-        print(f"max_batch {m['max_batch']}: one {m['one_s']['median']:.2f}s, "
-              f"{a.streams} {m[f'{a.streams}_s']['median']:.2f}s, "
-              f"ratio {m['ratio']['median']:.2f} [{m['ratio']['min']:.2f}, {m['ratio']['max']:.2f}]")
+        for what in ("wall", "cpu"):
+            r = m[f"{what}_ratio"]
+            print(f"max_batch {m['max_batch']} {what}: one {m[f'{what}_one_s']['median']:.2f}s, "
+                  f"{a.streams} {m[f'{what}_{a.streams}_s']['median']:.2f}s, "
+                  f"ratio {r['median']:.2f} [{r['min']:.2f}, {r['max']:.2f}]")
     print("wrote", out, file=sys.stderr)
 
 

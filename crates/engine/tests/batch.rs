@@ -252,3 +252,56 @@ fn bad_options_and_bad_requests_are_refused() {
     let msg = got.lock().unwrap().clone().expect("the refusal reached the sink");
     assert!(msg.contains("empty"), "{msg}");
 }
+
+/// What the server does when a step panics (here: a sink's text callback): `abort` ends every
+/// running sequence with an error, and the batch serves the next request as before.
+#[test]
+fn after_a_panicking_step_abort_ends_the_batch_and_it_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = tiny_engine(&dir);
+    let reqs = requests(&engine);
+    let expected = engine.generate(&reqs[1], &mut |_| Flow::Continue).unwrap();
+    engine.reset_sessions();
+    struct Boom;
+    impl SequenceSink for Boom {
+        fn text(&mut self, _: &str) -> Flow {
+            panic!("a sink that panics");
+        }
+        fn cancelled(&self) -> bool {
+            false
+        }
+        fn finished(self: Box<Self>, _: q4moe_engine::Result<GenerateOutput>) {}
+    }
+    let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+    struct Errs(Arc<Mutex<Vec<String>>>);
+    impl SequenceSink for Errs {
+        fn text(&mut self, _: &str) -> Flow {
+            Flow::Continue
+        }
+        fn cancelled(&self) -> bool {
+            false
+        }
+        fn finished(self: Box<Self>, r: q4moe_engine::Result<GenerateOutput>) {
+            self.0.lock().unwrap().push(r.err().map(|e| e.to_string()).unwrap_or_default());
+        }
+    }
+    let mut batch = Batcher::new(BatchOptions::default()).unwrap();
+    batch.admit(&mut engine, reqs[0].clone(), Box::new(Errs(errors.clone())));
+    batch.admit(&mut engine, reqs[0].clone(), Box::new(Boom));
+    let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        for _ in 0..50 {
+            batch.step(&mut engine);
+        }
+    }));
+    assert!(stepped.is_err(), "the sink never panicked");
+    batch.abort(&mut engine, "a step panicked");
+    engine.reset_sessions();
+    assert!(batch.is_empty());
+    let errs = errors.lock().unwrap().clone();
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].contains("aborted: a step panicked"), "{errs:?}");
+    let h = Harness::new(2);
+    batch.admit(&mut engine, reqs[1].clone(), h.sink(1));
+    run_to_end(&mut engine, &mut batch);
+    assert_eq!(h.out(1).tokens, expected.tokens);
+}
