@@ -181,8 +181,7 @@ impl Batcher {
     pub fn abort(&mut self, engine: &mut Engine, why: &str) {
         for s in self.seqs.drain(..) {
             engine.sessions.discard(engine.backend.as_mut(), s.session);
-            s.sink
-                .finished(Err(EngineError::Aborted(why.to_string())));
+            s.sink.finished(Err(EngineError::Aborted(why.to_string())));
         }
     }
 
@@ -237,7 +236,13 @@ impl Batcher {
             return;
         }
         let mut row = 0;
-        for s in self.seqs.iter_mut().zip(&ready).filter(|(_, &r)| r).map(|(s, _)| s) {
+        for s in self
+            .seqs
+            .iter_mut()
+            .zip(&ready)
+            .filter(|(_, &r)| r)
+            .map(|(s, _)| s)
+        {
             let token = self.out.tokens[row].expect("every row carried its sampler");
             let logits = s.req.want_logits.then(|| self.out.row(row));
             row += 1;
@@ -253,8 +258,9 @@ impl Batcher {
         if !self.seqs.iter().any(|s| s.done) {
             return;
         }
-        let (gone, kept): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.seqs).into_iter().partition(|s| s.done);
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.seqs)
+            .into_iter()
+            .partition(|s| s.done);
         self.seqs = kept;
         for s in gone {
             finish_ok(engine, s);

@@ -96,7 +96,12 @@ impl Engine {
     }
 
     /// Returns a finished sequence's session to the store for prefix reuse.
-    pub(crate) fn release_session(&mut self, session: SessionId, prompt: &[u32], generated: &[u32]) {
+    pub(crate) fn release_session(
+        &mut self,
+        session: SessionId,
+        prompt: &[u32],
+        generated: &[u32],
+    ) {
         // The KV holds a prefix of what was fed: the prompt, then the generated tokens.
         let held = self.backend.kv_len(session);
         let mut in_kv = prompt.to_vec();

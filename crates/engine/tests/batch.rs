@@ -80,7 +80,12 @@ impl Harness {
     }
 
     fn texts(&self, id: usize) -> usize {
-        self.log.lock().unwrap().iter().filter(|e| **e == Ev::Text(id)).count()
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| **e == Ev::Text(id))
+            .count()
     }
 }
 
@@ -147,7 +152,10 @@ fn four_sequences_in_a_batch_give_what_each_gives_alone() {
     run_to_end(&mut engine, &mut batch);
     for (i, a) in alone.iter().enumerate() {
         let b = h.out(i);
-        assert_eq!(b.tokens, a.tokens, "sequence {i}: tokens differ in the batch");
+        assert_eq!(
+            b.tokens, a.tokens,
+            "sequence {i}: tokens differ in the batch"
+        );
         assert_eq!(b.text, a.text, "sequence {i}: text differs in the batch");
         assert_eq!((b.finish, a.finish), (Finish::Length, Finish::Length));
     }
@@ -219,7 +227,10 @@ fn a_cancelled_sequence_leaves_at_the_next_step_and_keeps_its_text() {
     run_to_end(&mut engine, &mut batch);
     let log = h.log.lock().unwrap().clone();
     let done = |id| log.iter().position(|e| *e == Ev::Done(id)).unwrap();
-    assert!(done(2) < done(1), "the newcomer did not run beside sequence 1");
+    assert!(
+        done(2) < done(1),
+        "the newcomer did not run beside sequence 1"
+    );
 }
 
 #[test]
@@ -247,9 +258,17 @@ fn bad_options_and_bad_requests_are_refused() {
             *self.0.lock().unwrap() = Some(r.unwrap_err().to_string());
         }
     }
-    batch.admit(&mut engine, GenerateRequest::new(vec![], 4), Box::new(Err1(got.clone())));
+    batch.admit(
+        &mut engine,
+        GenerateRequest::new(vec![], 4),
+        Box::new(Err1(got.clone())),
+    );
     assert!(batch.is_empty());
-    let msg = got.lock().unwrap().clone().expect("the refusal reached the sink");
+    let msg = got
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("the refusal reached the sink");
     assert!(msg.contains("empty"), "{msg}");
 }
 
@@ -282,7 +301,10 @@ fn after_a_panicking_step_abort_ends_the_batch_and_it_serves_on() {
             false
         }
         fn finished(self: Box<Self>, r: q4moe_engine::Result<GenerateOutput>) {
-            self.0.lock().unwrap().push(r.err().map(|e| e.to_string()).unwrap_or_default());
+            self.0
+                .lock()
+                .unwrap()
+                .push(r.err().map(|e| e.to_string()).unwrap_or_default());
         }
     }
     let mut batch = Batcher::new(BatchOptions::default()).unwrap();

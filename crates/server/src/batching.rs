@@ -86,9 +86,11 @@ fn admit(engine: &mut Engine, batch: &mut Batcher, job: Job, order: &mut Order, 
         }
         Err(_) => {
             m.finished("error");
-            let _ = job.events.send(Event::Error(crate::errors::ApiError::internal(
-                "the engine panicked preparing this request",
-            )));
+            let _ = job
+                .events
+                .send(Event::Error(crate::errors::ApiError::internal(
+                    "the engine panicked preparing this request",
+                )));
             return;
         }
     };

@@ -37,7 +37,12 @@ async fn concurrent_requests_give_exactly_what_each_gives_alone() {
         .map(|i| {
             let (http, url) = (s.http.clone(), format!("{}/v1/completions", s.base));
             tokio::spawn(async move {
-                let r = http.post(url).json(&completion_body(i)).send().await.unwrap();
+                let r = http
+                    .post(url)
+                    .json(&completion_body(i))
+                    .send()
+                    .await
+                    .unwrap();
                 r.json::<Value>().await.unwrap()
             })
         })
@@ -48,7 +53,11 @@ async fn concurrent_requests_give_exactly_what_each_gives_alone() {
     }
     assert!(alone.iter().all(|t| !t.is_empty()));
     let m = s.get_text("/metrics").await.1;
-    assert_eq!(metric(&m, "q4moe_sequences_finished_total{reason=\"length\"}"), 8, "{m}");
+    assert_eq!(
+        metric(&m, "q4moe_sequences_finished_total{reason=\"length\"}"),
+        8,
+        "{m}"
+    );
     for name in [
         "q4moe_batch_size",
         "q4moe_queue_wait_seconds_count",
@@ -82,8 +91,12 @@ async fn open_stream(
 /// Some generated text arrived (content or reasoning; the opening role chunk has none).
 fn has_text(seen: &str) -> bool {
     let key = "content\":\"";
-    seen.match_indices(key)
-        .any(|(i, _)| seen[i + key.len()..].chars().next().is_some_and(|c| c != '"'))
+    seen.match_indices(key).any(|(i, _)| {
+        seen[i + key.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c != '"')
+    })
 }
 
 /// Reads a stream to its end, logging `(id, "token")` at the first content and `(id, "done")`.
@@ -101,7 +114,10 @@ async fn follow(
             log.lock().unwrap().push((id, "token"));
         }
     }
-    assert!(seen.contains("[DONE]"), "stream {id} ended without [DONE]: {seen}");
+    assert!(
+        seen.contains("[DONE]"),
+        "stream {id} ended without [DONE]: {seen}"
+    );
     log.lock().unwrap().push((id, "done"));
 }
 

@@ -548,8 +548,14 @@ async fn full_queue_refuses_new_requests_and_loses_none() {
             let body = chat_body(user(&format!("burst {i}")), 2);
             tokio::spawn(async move {
                 let r = http.post(url).json(&body).send().await.unwrap();
-                let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_string());
-                (r.status().as_u16(), (retry, r.json::<Value>().await.unwrap()))
+                let retry = r
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_string());
+                (
+                    r.status().as_u16(),
+                    (retry, r.json::<Value>().await.unwrap()),
+                )
             })
         })
         .collect();
@@ -568,7 +574,11 @@ async fn full_queue_refuses_new_requests_and_loses_none() {
         .find(|(st, _)| *st == 503)
         .expect("a full queue refused nothing");
     assert_eq!(refused.1 .1["error"]["code"], "queue_full");
-    assert_eq!(refused.1 .0.as_deref(), Some("1"), "503 without Retry-After");
+    assert_eq!(
+        refused.1 .0.as_deref(),
+        Some("1"),
+        "503 without Retry-After"
+    );
     assert!(answers
         .iter()
         .all(|(st, (retry, _))| (*st == 503) == retry.is_some()));
