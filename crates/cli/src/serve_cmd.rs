@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use q4moe_server::ServeConfig;
+use q4moe_server::{BatchOptions, ServeConfig};
 
 use crate::DeviceArgs;
 
@@ -22,11 +22,24 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine before new ones are refused with 503.
     #[arg(long, default_value_t = 64)]
     queue: usize,
+    /// Sequences decoded together in one batched step (1 to 256), where the backend has one;
+    /// other backends serve one request at a time.
+    #[arg(long, default_value_t = 16)]
+    max_batch: usize,
+    /// Prompt tokens prefilled per step across newly admitted requests, so running streams keep
+    /// flowing while a long prompt comes in.
+    #[arg(long, default_value_t = 512)]
+    prefill_budget: usize,
     #[command(flatten)]
     device: DeviceArgs,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let batch = BatchOptions {
+        max_batch: a.max_batch,
+        prefill_budget: a.prefill_budget,
+    };
+    batch.validate()?;
     let engine = crate::load_engine(&a.model, &a.device)?;
     let stem = a
         .model
@@ -39,6 +52,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         api_key: a.api_key,
         model_name: a.model_name.unwrap_or(stem),
         queue_capacity: a.queue.max(1),
+        batch,
         ..ServeConfig::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

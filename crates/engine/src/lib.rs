@@ -1,11 +1,14 @@
 //! The engine: a model, a backend, a tokenizer and the sessions' token histories, with the
 //! generation loop every front end (run, chat, serve, bench) drives.
 
+mod batch;
+mod collect;
 mod device;
 mod generate;
 mod sessions;
 mod stop;
 
+pub use batch::{BatchOptions, Batcher, SequenceSink};
 pub use device::{open_backend, Device, EngineOptions};
 pub use generate::{Finish, GenerateOutput, GenerateRequest, PromptInput};
 pub use sessions::SessionStore;
@@ -34,6 +37,9 @@ pub enum EngineError {
     PromptTooLong { prompt: usize, context: usize },
     #[error("{0}")]
     Invalid(String),
+    /// A sequence was stopped by a failure outside its own request (a batched step it was in).
+    #[error("generation aborted: {0}")]
+    Aborted(String),
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;
@@ -41,7 +47,7 @@ pub type Result<T> = std::result::Result<T, EngineError>;
 pub struct Engine {
     pub model: Arc<Model>,
     backend: Box<dyn Backend>,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     sessions: SessionStore,
 }
@@ -53,7 +59,7 @@ impl Engine {
     }
 
     pub fn from_model(model: Arc<Model>, opts: &EngineOptions) -> Result<Engine> {
-        let tokenizer = Tokenizer::from_spec(&model.tokenizer)?;
+        let tokenizer = Arc::new(Tokenizer::from_spec(&model.tokenizer)?);
         let template = match tokenizer.chat_template() {
             Some(src) => Some(ChatTemplate::new(src)?),
             None => None,
@@ -80,6 +86,12 @@ impl Engine {
 
     pub fn backend_mut(&mut self) -> &mut dyn Backend {
         self.backend.as_mut()
+    }
+
+    /// Whether the backend runs a batched step (continuous batching with `Batcher`); without
+    /// one, sequences run one at a time through `generate`.
+    pub fn batched_step(&self) -> bool {
+        self.backend.info().batched_step
     }
 
     /// Positions one sequence may hold.

@@ -1,7 +1,9 @@
 //! OpenAI-compatible HTTP server over the engine: `/v1/chat/completions`, `/v1/completions`
 //! (streaming or not), `/v1/models`, `/health`, `/metrics`. One engine worker serves a bounded
-//! FIFO queue, one request at a time (no batched step yet).
+//! FIFO queue: as a continuous batch where the backend has a batched step, else one request at
+//! a time.
 
+mod batching;
 pub mod errors;
 pub mod metrics;
 pub mod openai;
@@ -17,6 +19,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 
+pub use q4moe_engine::BatchOptions;
 pub use scheduler::EngineHandle;
 
 #[derive(Debug, Clone)]
@@ -30,6 +33,9 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Requests that may wait for the engine; beyond it new ones get 503.
     pub queue_capacity: usize,
+    /// The continuous batch's size and prefill budget (used where the backend has a batched
+    /// step).
+    pub batch: BatchOptions,
 }
 
 impl Default for ServeConfig {
@@ -41,6 +47,7 @@ impl Default for ServeConfig {
             model_name: "q4moe".into(),
             max_body_bytes: 4 << 20,
             queue_capacity: 64,
+            batch: BatchOptions::default(),
         }
     }
 }
@@ -92,9 +99,20 @@ pub async fn serve_on(
     cfg: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let handle = EngineHandle::spawn(engine, cfg.queue_capacity);
+    let mode = if engine.batched_step() {
+        format!(
+            "continuous batching: up to {} sequences, {} prompt tokens a step",
+            cfg.batch.max_batch, cfg.batch.prefill_budget
+        )
+    } else {
+        format!(
+            "one request at a time: the {} backend has no batched step",
+            engine.backend().info().kind
+        )
+    };
+    let handle = EngineHandle::spawn(engine, cfg.queue_capacity, Some(cfg.batch))?;
     tracing::info!(
-        "serving '{}' on http://{}",
+        "serving '{}' on http://{} ({mode})",
         cfg.model_name,
         listener.local_addr()?
     );
