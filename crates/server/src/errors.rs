@@ -104,6 +104,11 @@ pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError
             ),
         )
         .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded"),
+        E::PromptOverContext { context } => ApiError::invalid(
+            prompt_param,
+            format!("the prompt is longer than this model's context of {context} positions"),
+        )
+        .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded"),
         E::Invalid(msg) => ApiError::invalid(prompt_param, msg),
         E::Tokenizer(t) => ApiError::invalid(prompt_param, t.to_string()),
         other => ApiError::internal(other.to_string()),
