@@ -23,17 +23,18 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     queue: usize,
     #[command(flatten)]
+    limits: crate::serve_limits::ServeLimitArgs,
+    #[command(flatten)]
     device: DeviceArgs,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
-    let engine = crate::load_engine(&a.model, &a.device)?;
     let stem = a
         .model
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "q4moe".into());
-    let cfg = ServeConfig {
+    let mut cfg = ServeConfig {
         host: a.host,
         port: a.port,
         api_key: a.api_key,
@@ -41,6 +42,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         queue_capacity: a.queue.max(1),
         ..ServeConfig::default()
     };
+    a.limits.apply(&mut cfg);
+    // Refused before the (slow) model load: an empty key, a bad origin.
+    cfg.validate()?;
+    let engine = crate::load_engine(&a.model, &a.device)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
