@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU check and the benchmark of record, in ONE device call from the repository root.
 # The device machine has no Rust toolchain: build here first, then carry the binaries.
-#   cargo build --release --bin q4moe && cargo test --release -p q4moe-cuda --no-run
+#   cargo build --release --bin q4moe && cargo test --release -p q4moe-cuda -p q4moe-engine --no-run
 #   run(command="bash dev/gpu-check.sh tests sanitize bench:q4_0 bench:q4_k_m",
 #       carry=["target/release/q4moe", "target/release/deps/kernels-<hash>",
-#              "target/release/deps/parity-<hash>"])
+#              "target/release/deps/moe_kernels-<hash>", "target/release/deps/parity-<hash>",
+#              "target/release/deps/generate-<hash>"])
 # Steps (default: tests bench:q4_0 bench:q4_k_m):
-#   tests          every carried CUDA test binary (TEST_BINS, default "kernels parity": the newest
+#   tests          every carried CUDA test binary (TEST_BINS, default "kernels moe_kernels parity generate": the newest
 #                  target/release/deps/<name>-*) with --include-ignored; pass/fail counts. The
 #                  probe's test: TEST_BINS="timeline" (`cargo test --release -p q4moe-cuda --features timeline --no-run`).
 #   sanitize       compute-sanitizer memcheck on the tiny parity tests and on the kernel tests.
@@ -26,7 +27,6 @@ mkdir -p "$OUT"
 Q=${Q:-target/release/q4moe}
 BASE=${BASE:-target/baseline/q4moe}
 ROUNDS=${ROUNDS:-5}
-export Q4MOE_NO_PROGRESS=1  # no progress bars in the logs (the records were made so)
 steps=${*:-tests bench:q4_0 bench:q4_k_m}
 failed=0
 
@@ -47,7 +47,7 @@ RECORD=(--device cuda --prompt-len 128 --decode-len 256 --long-context 4096)
 
 run_tests() {
   local t b r
-  for t in ${TEST_BINS:-kernels parity}; do
+  for t in ${TEST_BINS:-kernels moe_kernels parity generate}; do
     b=$(newest "$t")
     [ -n "$b" ] || { say "tests $t: NOT CARRIED"; failed=1; continue; }
     timeout 500 "$b" --include-ignored --test-threads=1 > "$OUT/tests-$t.log" 2>&1

@@ -153,6 +153,7 @@ fn open(model: &Arc<Model>, a: &BenchArgs, ctx: usize) -> anyhow::Result<AnyBack
         kv_type,
         profile_kernels: a.profile.as_deref() == Some("kernels"),
         prefill_chunk: prefill_chunk(a),
+        progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
         ..Default::default()
     };
     let opts = crate::cuda_opts::apply(opts, &a.cuda_opt)?;

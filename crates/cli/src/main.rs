@@ -78,6 +78,7 @@ impl DeviceArgs {
         let mut cuda = defaults.cuda.clone();
         cuda.setup_cache = self.setup_cache == "on";
         cuda.in_flight = self.in_flight.max(1);
+        cuda.progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
         if let Some(chunk) = self.prefill_chunk {
             cuda.prefill_chunk = chunk;
         }

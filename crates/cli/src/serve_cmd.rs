@@ -1,7 +1,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use q4moe_server::ServeConfig;
+use q4moe_server::{BatchOptions, ServeConfig};
 
 use crate::DeviceArgs;
 
@@ -22,6 +22,14 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine before new ones are refused with 503.
     #[arg(long, default_value_t = 64)]
     queue: usize,
+    /// Sequences decoded together in one batched step (1 to 256), where the backend has one;
+    /// other backends serve one request at a time.
+    #[arg(long, default_value_t = 16)]
+    max_batch: usize,
+    /// Prompt tokens prefilled per step across newly admitted requests, so running streams keep
+    /// flowing while a long prompt comes in.
+    #[arg(long, default_value_t = 512)]
+    prefill_budget: usize,
     #[command(flatten)]
     limits: crate::serve_limits::ServeLimitArgs,
     #[command(flatten)]
@@ -29,6 +37,11 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let batch = BatchOptions {
+        max_batch: a.max_batch,
+        prefill_budget: a.prefill_budget,
+    };
+    batch.validate()?;
     let stem = a
         .model
         .file_stem()
@@ -40,6 +53,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         api_key: a.api_key,
         model_name: a.model_name.unwrap_or(stem),
         queue_capacity: a.queue.max(1),
+        batch,
         ..ServeConfig::default()
     };
     a.limits.apply(&mut cfg);

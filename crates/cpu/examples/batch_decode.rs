@@ -6,7 +6,7 @@
 //! on a machine shared with other work, CPU time with `RAYON_NUM_THREADS=1` is the steadier.
 //!
 //! cargo run --release -p q4moe-cpu --example batch_decode -- [--geometry mid] [--layers N]
-//!     [--quant q4_0] [--tokens 64] [--batch 1,2,4,8] [--reps 5]
+//!     [--vocab N] [--quant q4_0] [--tokens 64] [--batch 1,2,4,8] [--reps 5]
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,6 +20,7 @@ use q4moe_model::{Config, Model};
 struct Opts {
     geometry: String,
     layers: Option<usize>,
+    vocab: Option<usize>,
     quant: String,
     tokens: usize,
     batch: Vec<usize>,
@@ -30,6 +31,7 @@ fn parse() -> Result<Opts, String> {
     let mut o = Opts {
         geometry: "mid".into(),
         layers: None,
+        vocab: None,
         quant: "q4_0".into(),
         tokens: 64,
         batch: vec![1, 2, 4, 8],
@@ -44,6 +46,7 @@ fn parse() -> Result<Opts, String> {
         match flag.as_str() {
             "--geometry" => o.geometry = value.clone(),
             "--layers" => o.layers = Some(num(value)?),
+            "--vocab" => o.vocab = Some(num(value)?),
             "--quant" => o.quant = value.clone(),
             "--tokens" => o.tokens = num(value)?,
             "--reps" => o.reps = num(value)?.max(1),
@@ -55,7 +58,9 @@ fn parse() -> Result<Opts, String> {
 }
 
 fn prompt(seq: usize, vocab: usize) -> Vec<u32> {
-    (0..16).map(|i| ((seq * 131 + i * 17 + 3) % vocab) as u32).collect()
+    (0..16)
+        .map(|i| ((seq * 131 + i * 17 + 3) % vocab) as u32)
+        .collect()
 }
 
 /// Seconds for `b` sequences of `tokens` greedy tokens each through `step_batch`.
@@ -162,9 +167,8 @@ fn measure(reps: usize, mut f: impl FnMut() -> f64) -> (Spread, Spread) {
 fn main() -> Result<(), String> {
     let o = parse()?;
     let mut cfg = Config::geometry(&o.geometry).map_err(|e| e.to_string())?;
-    if let Some(l) = o.layers {
-        cfg.n_layer = l;
-    }
+    cfg.n_layer = o.layers.unwrap_or(cfg.n_layer);
+    cfg.vocab_size = o.vocab.unwrap_or(cfg.vocab_size);
     let quant = SynthQuant::parse(&o.quant).map_err(|e| e.to_string())?;
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let path = dir.path().join("bench.gguf");
@@ -173,9 +177,10 @@ fn main() -> Result<(), String> {
     let capacity = 16 + o.tokens + 1;
     let mut be = CpuBackend::new(model, capacity);
     println!(
-        "{} ({} layers, {}), {} tokens a sequence, {}, median of {} (min..max)",
+        "{} ({} layers, vocab {}, {}), {} tokens a sequence, {}, median of {} (min..max)",
         o.geometry,
         cfg.n_layer,
+        cfg.vocab_size,
         o.quant,
         o.tokens,
         be.info().device,
@@ -184,11 +189,7 @@ fn main() -> Result<(), String> {
     println!("aggregate tok/s by wall time | by CPU time; time of the B sequences / one decode");
     let n = o.tokens as f64;
     let (wall1, cpu1) = measure(o.reps, || time_decode(&mut be, o.tokens));
-    println!(
-        "decode  B=1  {} | {}",
-        wall1.rate(n),
-        cpu1.rate(n)
-    );
+    println!("decode  B=1  {} | {}", wall1.rate(n), cpu1.rate(n));
     for &b in &o.batch {
         let (wall, cpu) = measure(o.reps, || time_batched(&mut be, b, o.tokens));
         let agg = b as f64 * n;

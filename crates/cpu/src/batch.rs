@@ -9,6 +9,7 @@
 //! (thread splits cut between rows, never inside one row's dot product), which is what makes
 //! the batched step batch-invariant.
 
+use q4moe_gguf::quant::vec_dot_q4_0x_rows_acts;
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
@@ -75,46 +76,90 @@ impl Seats<'_> {
     }
 }
 
-/// `out[r * acts.len() + t]` = row r . acts[t] for every row of a matrix (raw bytes): the rows
-/// split across the threads, each run of RUN_ROWS rows dotted with every activation vector.
-fn matmul(ty: GgmlType, data: &[u8], row_bytes: usize, acts: &[Act<'_>], out: &mut [f32]) {
-    let mut rows: Vec<&mut [f32]> = out.chunks_mut(acts.len()).collect();
-    par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
-        let mut buf = [0f32; RUN_ROWS];
-        for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
-            for (t, act) in acts.iter().enumerate() {
-                dot_column(
-                    ty,
-                    data,
-                    row_bytes,
-                    r0 + j * RUN_ROWS,
-                    *act,
-                    t,
-                    run,
-                    &mut buf,
-                );
-            }
-        }
-    });
+/// A quantised matrix (or one expert's) as raw bytes.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    ty: GgmlType,
+    data: &'a [u8],
+    row_bytes: usize,
 }
 
-/// Rows [r, r + run.len()) of a matrix against `act` into column `col` of the run's output rows.
-#[allow(clippy::too_many_arguments)]
-fn dot_column(
-    ty: GgmlType,
-    data: &[u8],
-    row_bytes: usize,
+impl<'a> Rows<'a> {
+    fn of(m: &'a Model, t: &QTensor) -> Self {
+        Rows {
+            ty: t.ty,
+            data: m.data(t),
+            row_bytes: t.row_bytes(),
+        }
+    }
+
+    fn expert(m: &'a Model, t: &QTensor, e: usize) -> Self {
+        Rows {
+            ty: t.ty,
+            data: m.expert(t, e),
+            row_bytes: t.row_bytes(),
+        }
+    }
+}
+
+/// Activations the batched Q4_0 kernel takes at a call.
+const ACTS_AT_ONCE: usize = 32;
+
+/// Rows [r, r + len) of `w` (len <= RUN_ROWS) against every one of `acts`: `put(i, j, v)` with
+/// v = row r + i . acts[j]. Q4_0 rows with Q8_0x8 activations go through the batched kernel
+/// (each row read and unpacked once for all of them), the rest through a `rows_dot` an
+/// activation; either way v is bit for bit what `rows_dot` computes for that row alone.
+fn dots(
+    w: Rows<'_>,
     r: usize,
-    act: Act<'_>,
-    col: usize,
-    run: &mut [&mut [f32]],
-    buf: &mut [f32; RUN_ROWS],
+    len: usize,
+    acts: &[Act<'_>],
+    mut put: impl FnMut(usize, usize, f32),
 ) {
-    let b = &mut buf[..run.len()];
-    rows_dot(ty, data, row_bytes, r, act, b);
-    run.iter_mut()
-        .zip(b.iter())
-        .for_each(|(row, v)| row[col] = *v);
+    let rb = w.row_bytes;
+    // One activation: the one-activation kernel (the same values, less bookkeeping).
+    if let (Some(Act::Q4x(..)), 2..) = (acts.first(), acts.len()) {
+        let mut q = [&[][..]; ACTS_AT_ONCE];
+        let mut buf = [0f32; ACTS_AT_ONCE * RUN_ROWS];
+        for (c, chunk) in acts.chunks(ACTS_AT_ONCE).enumerate() {
+            for (q, a) in q.iter_mut().zip(chunk) {
+                *q = match a {
+                    Act::Q4x(bytes, _) => bytes,
+                    _ => panic!("a matrix's activations are prepared alike"),
+                };
+            }
+            let n = chunk.len();
+            let out = &mut buf[..len * n];
+            vec_dot_q4_0x_rows_acts(&w.data[r * rb..(r + len) * rb], rb, &q[..n], out);
+            for (i, o) in out.chunks(n).enumerate() {
+                o.iter()
+                    .enumerate()
+                    .for_each(|(j, &v)| put(i, c * ACTS_AT_ONCE + j, v));
+            }
+        }
+        return;
+    }
+    let mut buf = [0f32; RUN_ROWS];
+    for (j, &act) in acts.iter().enumerate() {
+        rows_dot(w.ty, w.data, rb, r, act, &mut buf[..len]);
+        buf[..len]
+            .iter()
+            .enumerate()
+            .for_each(|(i, &v)| put(i, j, v));
+    }
+}
+
+/// `out[r * acts.len() + t]` = row r . acts[t] for every row of `w`: the rows split across the
+/// threads, each run of RUN_ROWS rows dotted with every activation vector.
+fn matmul(w: Rows<'_>, acts: &[Act<'_>], out: &mut [f32]) {
+    let mut rows: Vec<&mut [f32]> = out.chunks_mut(acts.len()).collect();
+    par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
+        for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
+            dots(w, r0 + j * RUN_ROWS, run.len(), acts, |i, t, v| {
+                run[i][t] = v
+            });
+        }
+    });
 }
 
 /// `t`'s column of `out` ([rows, n] from `matmul`) into `dst`.
@@ -205,13 +250,7 @@ impl Batch {
         let n = x.len() / k;
         self.out.resize(tensor.rows() * n, 0.0);
         let a = acts(s, tensor.ty, x, k, &mut self.xq);
-        matmul(
-            tensor.ty,
-            m.data(tensor),
-            tensor.row_bytes(),
-            &a,
-            &mut self.out,
-        );
+        matmul(Rows::of(m, tensor), &a, &mut self.out);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -236,11 +275,11 @@ impl Batch {
         }
         self.n = n;
         self.attn.resize(t * c.q_dim(), 0.0);
-        for i in 0..t {
+        for (i, &pos) in pos.iter().enumerate() {
             column(&qkv[0], t, i, &mut s.q);
             column(&qkv[1], t, i, &mut s.k);
             column(&qkv[2], t, i, &mut s.v);
-            attend_token(c, w, seats.kv(i), li, pos[i], s);
+            attend_token(c, w, seats.kv(i), li, pos, s);
             self.attn[i * c.q_dim()..(i + 1) * c.q_dim()].copy_from_slice(&s.attn);
         }
         let attn = std::mem::take(&mut self.attn);
@@ -274,7 +313,10 @@ impl Batch {
         }
         // Token i's k-th choice is slot i * nu + k.
         let mut groups = std::mem::take(&mut self.groups);
-        groups.build(c.n_expert, picks.iter().flat_map(|(e, _)| e.iter().copied()));
+        groups.build(
+            c.n_expert,
+            picks.iter().flat_map(|(e, _)| e.iter().copied()),
+        );
         self.gate_up(m, l, s, &n, &groups, t * nu);
         self.n = n;
         self.down(m, l, s, &groups, t * nu);
@@ -316,22 +358,23 @@ impl Batch {
         let shared = up_shares_act(gate.ty, up.ty, a[0]);
         let exact: Vec<Act<'_>> = n.chunks(c.d_model).map(Act::F32).collect();
         let up_acts = if shared { &a } else { &exact };
+        // Each slot's token's activations, in the groups' order (an expert's are contiguous).
+        let ga: Vec<Act<'_>> = groups.slots().iter().map(|&s| a[s / nu]).collect();
+        let ua: Vec<Act<'_>> = groups.slots().iter().map(|&s| up_acts[s / nu]).collect();
         self.hidden.resize(ff * total, 0.0);
         let mut rows: Vec<&mut [f32]> = self.hidden.chunks_mut(total).collect();
-        let (grb, urb) = (gate.row_bytes(), up.row_bytes());
         par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
-            let (mut g, mut u) = ([0f32; RUN_ROWS], [0f32; RUN_ROWS]);
             for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
                 let (r, len) = (r0 + j * RUN_ROWS, run.len());
-                for (e, list) in groups.iter() {
-                    for &slot in list {
-                        let tok = slot / nu;
-                        rows_dot(gate.ty, m.expert(gate, e), grb, r, a[tok], &mut g[..len]);
-                        rows_dot(up.ty, m.expert(up, e), urb, r, up_acts[tok], &mut u[..len]);
-                        for (i, row) in run.iter_mut().enumerate() {
-                            row[slot] = silu(g[i]) * u[i];
-                        }
-                    }
+                for (e, at, list) in groups.iter() {
+                    let span = at..at + list.len();
+                    let g = Rows::expert(m, gate, e);
+                    dots(g, r, len, &ga[span.clone()], |i, k, v| run[i][list[k]] = v);
+                    let u = Rows::expert(m, up, e);
+                    dots(u, r, len, &ua[span], |i, k, v| {
+                        let h = &mut run[i][list[k]];
+                        *h = silu(*h) * v;
+                    });
                 }
             }
         });
@@ -358,18 +401,17 @@ impl Batch {
         let c = &m.config;
         let (down, ff) = (&l.ffn_down_exps, c.d_ff_expert);
         let h = acts(s, down.ty, &self.hidden_t, ff, &mut self.xq);
+        let gh: Vec<Act<'_>> = groups.slots().iter().map(|&s| h[s]).collect();
         self.out.resize(c.d_model * total, 0.0);
         let mut rows: Vec<&mut [f32]> = self.out.chunks_mut(total).collect();
-        let drb = down.row_bytes();
         par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
-            let mut buf = [0f32; RUN_ROWS];
             for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
-                let r = r0 + j * RUN_ROWS;
-                for (e, list) in groups.iter() {
-                    let data = m.expert(down, e);
-                    for &slot in list {
-                        dot_column(down.ty, data, drb, r, h[slot], slot, run, &mut buf);
-                    }
+                let (r, len) = (r0 + j * RUN_ROWS, run.len());
+                for (e, at, list) in groups.iter() {
+                    let d = Rows::expert(m, down, e);
+                    dots(d, r, len, &gh[at..at + list.len()], |i, k, v| {
+                        run[i][list[k]] = v
+                    });
                 }
             }
         });

@@ -37,13 +37,19 @@ impl ExpertGroups {
         self.start = fill;
     }
 
-    /// Every expert with at least one slot, and its slots.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, &[usize])> + '_ {
+    /// Every expert with at least one slot: the expert, where its slots start in `slots()`,
+    /// and its slots.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (usize, usize, &[usize])> + '_ {
         self.start
             .windows(2)
             .enumerate()
             .filter(|(_, w)| w[1] > w[0])
-            .map(|(e, w)| (e, &self.slots[w[0]..w[1]]))
+            .map(|(e, w)| (e, w[0], &self.slots[w[0]..w[1]]))
+    }
+
+    /// Every slot, grouped by expert.
+    pub(crate) fn slots(&self) -> &[usize] {
+        &self.slots
     }
 }
 
@@ -56,7 +62,9 @@ mod tests {
         let chosen = [3usize, 0, 3, 5, 0, 3, 7, 1];
         let mut g = ExpertGroups::default();
         g.build(8, chosen.iter().copied());
-        let got: Vec<(usize, Vec<usize>)> = g.iter().map(|(e, s)| (e, s.to_vec())).collect();
+        let got: Vec<(usize, Vec<usize>)> = g.iter().map(|(e, _, s)| (e, s.to_vec())).collect();
+        assert_eq!(g.slots(), &[1, 4, 7, 0, 2, 5, 3, 6]);
+        assert!(g.iter().all(|(_, at, s)| &g.slots()[at..at + s.len()] == s));
         assert_eq!(
             got,
             vec![
@@ -69,7 +77,7 @@ mod tests {
         );
         // Reused for a smaller batch: nothing of the first is left.
         g.build(8, [2usize, 2].into_iter());
-        let got: Vec<(usize, Vec<usize>)> = g.iter().map(|(e, s)| (e, s.to_vec())).collect();
+        let got: Vec<(usize, Vec<usize>)> = g.iter().map(|(e, _, s)| (e, s.to_vec())).collect();
         assert_eq!(got, vec![(2, vec![0, 1])]);
         g.build(8, std::iter::empty());
         assert_eq!(g.iter().count(), 0);

@@ -170,6 +170,7 @@ impl Backend for CpuBackend {
             kv_type: self.kv_type,
             cache_policy: String::new(),
             step_readback: String::new(),
+            batched_step: true,
         }
     }
 

@@ -126,8 +126,7 @@ fn check_scenario(b: &mut CpuBackend, seqs: &[Seq], refs: &[Alone], rng: &mut Lc
             done[i] += 1;
         }
     }
-    for i in 0..seqs.len() {
-        let s = &seqs[i];
+    for (i, s) in seqs.iter().enumerate() {
         assert_eq!(b.kv_len(base + i as u64), s.prompt.len() + s.steps, "{tag}");
         b.drop_session(base + i as u64);
     }
@@ -136,7 +135,9 @@ fn check_scenario(b: &mut CpuBackend, seqs: &[Seq], refs: &[Alone], rng: &mut Lc
 fn random_seqs(rng: &mut Lcg, n: usize, vocab: usize, staggered: bool) -> Vec<Seq> {
     (0..n)
         .map(|_| Seq {
-            prompt: (0..1 + rng.next(12)).map(|_| rng.next(vocab) as u32).collect(),
+            prompt: (0..1 + rng.next(12))
+                .map(|_| rng.next(vocab) as u32)
+                .collect(),
             join: if staggered { rng.next(4) } else { 0 },
             steps: if staggered { 1 + rng.next(6) } else { 4 },
         })
@@ -256,7 +257,10 @@ fn refused_steps_change_no_session() {
     let err = b
         .step_batch(&mut [row(1, 5), row(3, vocab)], &mut out)
         .unwrap_err();
-    assert!(matches!(err, BackendError::BadToken { token, .. } if token == vocab), "{err}");
+    assert!(
+        matches!(err, BackendError::BadToken { token, .. } if token == vocab),
+        "{err}"
+    );
     let err = b
         .step_batch(&mut [row(1, 5), row(1, 6)], &mut out)
         .unwrap_err();
@@ -264,7 +268,10 @@ fn refused_steps_change_no_session() {
     let err = b
         .step_batch(&mut [row(1, 5), row(2, 6)], &mut out)
         .unwrap_err();
-    assert!(matches!(err, BackendError::ContextFull { session: 2, .. }), "{err}");
+    assert!(
+        matches!(err, BackendError::ContextFull { session: 2, .. }),
+        "{err}"
+    );
     assert_eq!((b.kv_len(1), b.kv_len(2), b.kv_len(3)), (3, 8, 0));
     b.step_batch(&mut [], &mut out).unwrap();
     assert!(out.logits.is_empty() && out.tokens.is_empty());

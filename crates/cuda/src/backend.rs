@@ -558,6 +558,7 @@ impl Backend for CudaBackend {
             kv_type: self.opts.kv_type,
             cache_policy: self.scratch.l2.describe(),
             step_readback: self.describe_readback(),
+            batched_step: false,
         }
     }
 

@@ -5,10 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use q4moe_model::backend::{DecodeRequest, DecodeStats, Flow, Logits, TokenEvent};
+use q4moe_model::backend::{DecodeRequest, DecodeStats, Flow, Logits, SessionId, TokenEvent};
 use q4moe_model::sampling::SamplingParams;
 
-use crate::stop::StopMatcher;
+use crate::collect::{Collector, Outcome};
 use crate::{Engine, EngineError, Result};
 
 /// A prompt as text (special tokens parsed) or as token ids.
@@ -76,66 +76,6 @@ pub struct GenerateOutput {
     pub logits: Vec<Vec<f32>>,
 }
 
-/// Per-token bookkeeping of the decode loop.
-struct Collector<'a, 't> {
-    stop_ids: Vec<u32>,
-    stop_at_eos: bool,
-    decoder: q4moe_tokenizer::StreamDecoder<'t>,
-    matcher: StopMatcher,
-    on_text: &'a mut dyn FnMut(&str) -> Flow,
-    tokens: Vec<u32>,
-    text: String,
-    logits: Vec<Vec<f32>>,
-    finish: Option<crate::Finish>,
-    /// When the first token arrived.
-    first_at: Option<Instant>,
-}
-
-impl Collector<'_, '_> {
-    fn accept(&mut self, token: u32, logits: Option<&[f32]>) -> Flow {
-        self.first_at.get_or_insert_with(Instant::now);
-        self.tokens.push(token);
-        if let Some(l) = logits {
-            self.logits.push(l.to_vec());
-        }
-        if self.stop_at_eos && self.stop_ids.contains(&token) {
-            self.finish = Some(Finish::Stop);
-            return Flow::Stop;
-        }
-        let piece = self.decoder.push(token).unwrap_or_default();
-        let (out, hit) = self.matcher.push(&piece);
-        self.emit(&out);
-        if hit {
-            self.finish = Some(Finish::Stop);
-        }
-        if self.finish.is_some() {
-            Flow::Stop
-        } else {
-            Flow::Continue
-        }
-    }
-
-    fn emit(&mut self, s: &str) {
-        if s.is_empty() || self.finish.is_some() {
-            return;
-        }
-        self.text.push_str(s);
-        if (self.on_text)(s) == Flow::Stop {
-            self.finish = Some(Finish::Cancelled);
-        }
-    }
-
-    fn flush(&mut self) {
-        if self.finish.is_none() {
-            let tail = self.decoder.finish();
-            let (out, _) = self.matcher.push(&tail);
-            self.emit(&out);
-            let held = self.matcher.finish();
-            self.emit(&held);
-        }
-    }
-}
-
 impl Engine {
     /// Generates a completion, streaming text through `on_text` (return `Flow::Stop` to cancel).
     pub fn generate(
@@ -149,22 +89,30 @@ impl Engine {
                 .acquire(self.backend.as_mut(), &req.prompt, req.reuse_prefix);
         let result = self.run_session(req, session, cached, max_tokens, on_text);
         match &result {
-            Ok(out) => {
-                // The KV holds a prefix of what was fed: the prompt, then the generated tokens.
-                let held = self.backend.kv_len(session);
-                let mut in_kv = req.prompt.clone();
-                in_kv.extend_from_slice(&out.tokens);
-                in_kv.truncate(held);
-                self.sessions.release(self.backend.as_mut(), session, in_kv);
-            }
+            Ok(out) => self.release_session(session, &req.prompt, &out.tokens),
             Err(_) => self.sessions.discard(self.backend.as_mut(), session),
         }
         result
     }
 
+    /// Returns a finished sequence's session to the store for prefix reuse.
+    pub(crate) fn release_session(
+        &mut self,
+        session: SessionId,
+        prompt: &[u32],
+        generated: &[u32],
+    ) {
+        // The KV holds a prefix of what was fed: the prompt, then the generated tokens.
+        let held = self.backend.kv_len(session);
+        let mut in_kv = prompt.to_vec();
+        in_kv.extend_from_slice(generated);
+        in_kv.truncate(held);
+        self.sessions.release(self.backend.as_mut(), session, in_kv);
+    }
+
     /// The request's checks, once, before any backend work: a non-empty prompt inside the
     /// vocabulary with room after it, valid sampling. Returns `max_tokens` clamped to the room.
-    fn check_request(&self, req: &GenerateRequest) -> Result<usize> {
+    pub(crate) fn check_request(&self, req: &GenerateRequest) -> Result<usize> {
         let capacity = self.context_capacity();
         if req.prompt.is_empty() {
             return Err(EngineError::Invalid("the prompt is empty".into()));
@@ -203,18 +151,7 @@ impl Engine {
         let (&last, before) = req.prompt.split_last().expect("checked: not empty");
         self.backend
             .prefill(session, &before[cached..], Logits::None)?;
-        let mut c = Collector {
-            stop_ids: self.tokenizer.stop_ids(),
-            stop_at_eos: req.stop_at_eos,
-            decoder: self.tokenizer.stream_decoder(true),
-            matcher: StopMatcher::new(&req.stop),
-            on_text,
-            tokens: Vec::new(),
-            text: String::new(),
-            logits: Vec::new(),
-            finish: None,
-            first_at: None,
-        };
+        let mut c = Collector::new(&self.tokenizer, req);
         let mut stats = DecodeStats::default();
         if max_tokens > 0 {
             let dreq = DecodeRequest {
@@ -226,22 +163,15 @@ impl Engine {
                 want_logits: req.want_logits,
             };
             stats = self.backend.decode(&dreq, &mut |ev: TokenEvent<'_>| {
-                c.accept(ev.token, ev.logits)
+                c.accept(ev.token, ev.logits, on_text)
             })?;
         }
-        let end = Instant::now();
-        let first_at = c.first_at.unwrap_or(end);
-        c.flush();
-        Ok(GenerateOutput {
-            finish: c.finish.unwrap_or(Finish::Length),
-            tokens: c.tokens,
-            text: c.text,
+        let outcome = Outcome {
             prompt_tokens: req.prompt.len(),
             cached_tokens: cached,
-            prefill_time: first_at - t0,
-            decode_time: end - first_at,
+            started: t0,
             stats,
-            logits: c.logits,
-        })
+        };
+        Ok(c.finish(outcome, on_text))
     }
 }

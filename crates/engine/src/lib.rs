@@ -1,11 +1,14 @@
 //! The engine: a model, a backend, a tokenizer and the sessions' token histories, with the
 //! generation loop every front end (run, chat, serve, bench) drives.
 
+mod batch;
+mod collect;
 mod device;
 mod generate;
 mod sessions;
 mod stop;
 
+pub use batch::{BatchOptions, Batcher, SequenceSink};
 pub use device::{open_backend, Device, EngineOptions};
 pub use generate::{Finish, GenerateOutput, GenerateRequest, PromptInput};
 pub use sessions::SessionStore;
@@ -37,6 +40,9 @@ pub enum EngineError {
     PromptOverContext { context: usize },
     #[error("{0}")]
     Invalid(String),
+    /// A sequence was stopped by a failure outside its own request (a batched step it was in).
+    #[error("generation aborted: {0}")]
+    Aborted(String),
 }
 
 /// A prompt to tokenise: a rendered chat, whose messages' control tokens stay text, or raw text
@@ -49,6 +55,12 @@ pub enum PromptText<'a> {
 
 impl<'a> From<&'a str> for PromptText<'a> {
     fn from(t: &'a str) -> Self {
+        PromptText::Raw(t)
+    }
+}
+
+impl<'a, 'b: 'a> From<&'a &'b str> for PromptText<'a> {
+    fn from(t: &'a &'b str) -> Self {
         PromptText::Raw(t)
     }
 }
@@ -70,7 +82,7 @@ pub type Result<T> = std::result::Result<T, EngineError>;
 pub struct Engine {
     pub model: Arc<Model>,
     backend: Box<dyn Backend>,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     sessions: SessionStore,
 }
@@ -82,7 +94,7 @@ impl Engine {
     }
 
     pub fn from_model(model: Arc<Model>, opts: &EngineOptions) -> Result<Engine> {
-        let tokenizer = Tokenizer::from_spec(&model.tokenizer)?;
+        let tokenizer = Arc::new(Tokenizer::from_spec(&model.tokenizer)?);
         let template = match tokenizer.chat_template() {
             Some(src) => Some(ChatTemplate::new(src)?),
             None => None,
@@ -109,6 +121,12 @@ impl Engine {
 
     pub fn backend_mut(&mut self) -> &mut dyn Backend {
         self.backend.as_mut()
+    }
+
+    /// Whether the backend runs a batched step (continuous batching with `Batcher`); without
+    /// one, sequences run one at a time through `generate`.
+    pub fn batched_step(&self) -> bool {
+        self.backend.info().batched_step
     }
 
     /// Positions one sequence may hold.

@@ -301,6 +301,37 @@ fn vec_dot_q4_0x_rows_matches_reference() {
     }
 }
 
+/// The batched kernel gives every activation exactly what the one-activation kernel gives it
+/// (the batched CPU decode step's invariance rests on this), for 1 to 19 activations.
+#[test]
+fn vec_dot_q4_0x_acts_is_bit_exact_with_one_activation_at_a_time() {
+    let mut rng = StdRng::seed_from_u64(13);
+    for (n, rows) in [(768usize, 5usize), (2048, 3), (256, 2)] {
+        let data: Vec<u8> = (0..rows)
+            .flat_map(|r| random_rows(&mut rng, Q4_0, n).swap_remove(r % 2))
+            .collect();
+        let row_bytes = data.len() / rows;
+        for count in [1usize, 2, 7, 8, 9, 19] {
+            let acts: Vec<Vec<u8>> = (0..count)
+                .map(|_| q4_0x_activations(&randn(&mut rng, n)).1)
+                .collect();
+            let refs: Vec<&[u8]> = acts.iter().map(|a| a.as_slice()).collect();
+            // From every row to the last (prefetching up to the end of `data`, never past it).
+            for r0 in 0..rows {
+                let mut got = vec![0f32; count * (rows - r0)];
+                quant::vec_dot_q4_0x_rows_acts(&data[r0 * row_bytes..], row_bytes, &refs, &mut got);
+                for (r, got) in (r0..rows).zip(got.chunks(count)) {
+                    let row = &data[r * row_bytes..(r + 1) * row_bytes];
+                    for (j, a) in refs.iter().enumerate() {
+                        let want = quant::vec_dot_q4_0x(row, a);
+                        assert_eq!(got[j].to_bits(), want.to_bits(), "n={n} row {r} act {j}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn activation_q8_0_is_bit_exact_with_quantize_row() {
     let mut rng = StdRng::seed_from_u64(11);

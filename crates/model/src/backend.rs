@@ -161,6 +161,9 @@ pub struct BackendInfo {
     pub cache_policy: String,
     /// How a decode step hands its token back (empty where there is nothing to choose).
     pub step_readback: String,
+    /// `step_batch` runs (continuous batching can drive it); false where it answers
+    /// `Unsupported`, and front ends run one sequence at a time through `decode`.
+    pub batched_step: bool,
 }
 
 /// One decode-n run: feed `first_token` at the session's current length, sample the next token
@@ -362,12 +365,22 @@ mod tests {
         check_batch(&c, &[row(1, 0), row(3, 7), row(4, 9)], 16, held).unwrap();
         let vocab = c.vocab_size as u32;
         let err = check_batch(&c, &[row(1, 0), row(3, vocab)], 16, held).unwrap_err();
-        assert!(matches!(err, BackendError::BadToken { token, .. } if token == vocab), "{err}");
+        assert!(
+            matches!(err, BackendError::BadToken { token, .. } if token == vocab),
+            "{err}"
+        );
         let err = check_batch(&c, &[row(1, 0), row(3, 1), row(1, 2)], 16, held).unwrap_err();
         assert!(err.to_string().contains("session 1 appears twice"), "{err}");
         let err = check_batch(&c, &[row(1, 0), row(2, 1)], 16, held).unwrap_err();
         assert!(
-            matches!(err, BackendError::ContextFull { session: 2, needed: 17, capacity: 16 }),
+            matches!(
+                err,
+                BackendError::ContextFull {
+                    session: 2,
+                    needed: 17,
+                    capacity: 16
+                }
+            ),
             "{err}"
         );
     }

@@ -14,6 +14,9 @@ pub struct ApiError {
     /// The request field at fault, as the client named it.
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// Seconds a client should wait before trying again (`Retry-After`), for a refusal that
+    /// is about load, not about the request.
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -25,6 +28,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: Some(param.into()),
             code: Some("invalid_value"),
+            retry_after: None,
         }
     }
 
@@ -50,6 +54,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: None,
             code: Some("invalid_api_key"),
+            retry_after: None,
         }
     }
 
@@ -69,6 +74,7 @@ impl ApiError {
             kind: "server_error",
             param: None,
             code: Some("queue_full"),
+            retry_after: Some(1),
         }
     }
 
@@ -79,6 +85,7 @@ impl ApiError {
             kind: "server_error",
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -89,7 +96,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut r = (self.status, Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        r
     }
 }
 

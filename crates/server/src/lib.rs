@@ -1,8 +1,10 @@
 //! OpenAI-compatible HTTP server over the engine: `/v1/chat/completions`, `/v1/completions`
 //! (streaming or not), `/v1/models`, `/health`, `/metrics`. One engine worker serves a bounded
-//! FIFO queue, one request at a time (no batched step yet).
+//! FIFO queue: as a continuous batch where the backend has a batched step, else one request at
+//! a time.
 
 pub mod auth;
+mod batching;
 mod conn;
 pub mod cors;
 pub mod errors;
@@ -24,6 +26,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 pub use limits::ConnLimits;
+pub use q4moe_engine::BatchOptions;
 pub use scheduler::EngineHandle;
 
 #[derive(Debug, Clone)]
@@ -37,6 +40,9 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Requests that may wait for the engine; beyond it new ones get 503.
     pub queue_capacity: usize,
+    /// The continuous batch's size and prefill budget (used where the backend has a batched
+    /// step).
+    pub batch: BatchOptions,
     /// Connection cap and timeouts.
     pub conn: ConnLimits,
     /// `/metrics` needs the API key too (when one is set).
@@ -67,6 +73,7 @@ impl Default for ServeConfig {
             model_name: "q4moe".into(),
             max_body_bytes: 4 << 20,
             queue_capacity: 64,
+            batch: BatchOptions::default(),
             conn: ConnLimits::default(),
             metrics_auth: true,
             cors_origins: Vec::new(),
@@ -146,10 +153,21 @@ pub async fn serve_on(
     if let Some(w) = auth::open_server_warning(&cfg.host, cfg.api_key.as_deref()) {
         tracing::warn!("{w}");
     }
-    let handle = EngineHandle::spawn(engine, cfg.queue_capacity);
+    let mode = if engine.batched_step() {
+        format!(
+            "continuous batching: up to {} sequences, {} prompt tokens a step",
+            cfg.batch.max_batch, cfg.batch.prefill_budget
+        )
+    } else {
+        format!(
+            "one request at a time: the {} backend has no batched step",
+            engine.backend().info().kind
+        )
+    };
+    let handle = EngineHandle::spawn(engine, cfg.queue_capacity, Some(cfg.batch))?;
     let app = router(handle, &cfg)?;
     tracing::info!(
-        "serving '{}' on http://{}",
+        "serving '{}' on http://{} ({mode})",
         cfg.model_name,
         listener.local_addr()?
     );

@@ -1,5 +1,5 @@
-//! Prometheus text metrics, kept by hand: a few counters, one gauge and two histograms do not
-//! justify a metrics stack.
+//! Prometheus text metrics, kept by hand: a few counters, gauges and histograms do not justify
+//! a metrics stack.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -61,8 +61,14 @@ pub struct Metrics {
     completion_tokens: AtomicU64,
     cancelled: AtomicU64,
     queue_depth: AtomicI64,
+    /// Sequences in the running batch after the last admission.
+    batch_size: AtomicI64,
+    /// Finish reason ("stop", "length", "cancelled", "error") -> sequences.
+    finished: Mutex<BTreeMap<&'static str, u64>>,
     ttft: Mutex<Histogram>,
     tpot: Mutex<Histogram>,
+    queue_wait: Mutex<Histogram>,
+    inter_token: Mutex<Histogram>,
 }
 
 impl Default for Metrics {
@@ -74,8 +80,12 @@ impl Default for Metrics {
             completion_tokens: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             queue_depth: AtomicI64::new(0),
+            batch_size: AtomicI64::new(0),
+            finished: Mutex::default(),
             ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
             tpot: Mutex::new(Histogram::new(TPOT_BUCKETS)),
+            queue_wait: Mutex::new(Histogram::new(TTFT_BUCKETS)),
+            inter_token: Mutex::new(Histogram::new(TPOT_BUCKETS)),
         }
     }
 }
@@ -98,6 +108,25 @@ impl Metrics {
 
     pub fn queue_depth(&self) -> i64 {
         self.queue_depth.load(Ordering::Relaxed)
+    }
+
+    pub fn batch_size(&self, running: usize) {
+        self.batch_size.store(running as i64, Ordering::Relaxed);
+    }
+
+    /// From acceptance into the queue to admission by the engine.
+    pub fn queue_wait(&self, secs: f64) {
+        lock(&self.queue_wait).observe(secs);
+    }
+
+    /// The gap between two pieces of one sequence's streamed text.
+    pub fn inter_token(&self, secs: f64) {
+        lock(&self.inter_token).observe(secs);
+    }
+
+    /// A sequence ended, with its finish reason.
+    pub fn finished(&self, reason: &'static str) {
+        *lock(&self.finished).entry(reason).or_default() += 1;
     }
 
     pub fn cancelled(&self) {
@@ -169,6 +198,28 @@ impl Metrics {
             out,
             "# HELP q4moe_queue_depth Requests waiting for the engine.\n# TYPE q4moe_queue_depth gauge\nq4moe_queue_depth {}",
             self.queue_depth()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP q4moe_batch_size Sequences in the running batch.\n# TYPE q4moe_batch_size gauge\nq4moe_batch_size {}",
+            self.batch_size.load(Ordering::Relaxed)
+        );
+        out.push_str("# HELP q4moe_sequences_finished_total Sequences ended, by finish reason.\n# TYPE q4moe_sequences_finished_total counter\n");
+        for (reason, n) in lock(&self.finished).iter() {
+            let _ = writeln!(
+                out,
+                "q4moe_sequences_finished_total{{reason=\"{reason}\"}} {n}"
+            );
+        }
+        lock(&self.queue_wait).render(
+            "q4moe_queue_wait_seconds",
+            "From acceptance to admission by the engine.",
+            &mut out,
+        );
+        lock(&self.inter_token).render(
+            "q4moe_inter_token_latency_seconds",
+            "Gaps between streamed pieces of one sequence's text.",
+            &mut out,
         );
         lock(&self.ttft).render(
             "q4moe_time_to_first_token_seconds",

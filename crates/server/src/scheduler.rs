@@ -1,12 +1,18 @@
 //! One engine, one worker thread, one bounded FIFO queue. The engine is Send but not Sync, so it
 //! lives on the worker; handlers talk to it only through jobs and event channels. Every accepted
 //! job gets exactly one `Done` or `Error` unless its client has gone (then nobody is listening).
+//!
+//! The worker runs the continuous batch (`batching`) when the backend has a batched step, and
+//! otherwise, explicitly, one job at a time here (`serial_worker`).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use q4moe_engine::{ChatMessage, Engine, Finish, Flow, GenerateRequest};
+use q4moe_engine::{
+    BatchOptions, Batcher, ChatMessage, Engine, EngineError, Finish, Flow, GenerateOutput,
+    GenerateRequest,
+};
 use tokio::sync::mpsc;
 
 use crate::errors::{from_engine, ApiError};
@@ -31,11 +37,11 @@ impl JobPrompt {
     }
 }
 
-struct Job {
-    prompt: JobPrompt,
-    gen: GenParams,
-    accepted: Instant,
-    events: mpsc::UnboundedSender<Event>,
+pub(crate) struct Job {
+    pub prompt: JobPrompt,
+    pub gen: GenParams,
+    pub accepted: Instant,
+    pub events: mpsc::UnboundedSender<Event>,
 }
 
 #[derive(Debug)]
@@ -101,21 +107,34 @@ impl Ticket {
 }
 
 impl EngineHandle {
-    /// Moves the engine onto its worker thread, with room for `queue` waiting jobs.
-    pub fn spawn(engine: Engine, queue: usize) -> EngineHandle {
+    /// Moves the engine onto its worker thread, with room for `queue` waiting jobs. With
+    /// `batch` and a backend that has a batched step, the worker runs a continuous batch;
+    /// otherwise it serves one job at a time.
+    pub fn spawn(
+        engine: Engine,
+        queue: usize,
+        batch: Option<BatchOptions>,
+    ) -> Result<EngineHandle, EngineError> {
+        let batcher = match batch {
+            Some(opts) if engine.batched_step() => Some(Batcher::new(opts)?),
+            _ => None,
+        };
         let (tx, rx) = mpsc::channel(queue.max(1));
         let metrics = Arc::new(Metrics::default());
         let context = engine.context_capacity();
         let m = metrics.clone();
         std::thread::Builder::new()
             .name("q4moe-engine".into())
-            .spawn(move || worker(engine, rx, m))
+            .spawn(move || match batcher {
+                Some(b) => crate::batching::worker(engine, b, rx, m),
+                None => serial_worker(engine, rx, m),
+            })
             .expect("spawning the engine worker thread");
-        EngineHandle {
+        Ok(EngineHandle {
             tx: Arc::new(Mutex::new((0, tx))),
             metrics,
             context,
-        }
+        })
     }
 
     /// Positions one sequence may hold.
@@ -155,35 +174,52 @@ impl EngineHandle {
     }
 }
 
-fn worker(mut engine: Engine, mut rx: mpsc::Receiver<Job>, metrics: Arc<Metrics>) {
-    let (mut seq, mut run) = (0, 0);
+/// Jobs counted as the worker takes them off the queue.
+#[derive(Default)]
+pub(crate) struct Order {
+    seq: u64,
+    run: u64,
+}
+
+/// Takes a job off the queue: `None` when its client already left (it costs the engine
+/// nothing), else the ids it starts with.
+pub(crate) fn take(job: &Job, order: &mut Order, metrics: &Metrics) -> Option<Started> {
+    metrics.queue_delta(-1);
+    order.seq += 1;
+    if job.events.is_closed() {
+        metrics.cancelled();
+        metrics.finished("cancelled");
+        return None;
+    }
+    order.run += 1;
+    metrics.queue_wait(job.accepted.elapsed().as_secs_f64());
+    Some(Started {
+        think_open: false,
+        run: order.run,
+        seq: order.seq,
+    })
+}
+
+/// The fallback for backends without a batched step: one job at a time, each to its end.
+fn serial_worker(mut engine: Engine, mut rx: mpsc::Receiver<Job>, metrics: Arc<Metrics>) {
+    let mut order = Order::default();
     while let Some(job) = rx.blocking_recv() {
-        metrics.queue_delta(-1);
-        seq += 1;
-        // A client that left while queued costs the engine nothing.
-        if job.events.is_closed() {
-            metrics.cancelled();
+        let Some(ids) = take(&job, &mut order, &metrics) else {
             continue;
-        }
-        run += 1;
-        let ids = Started {
-            think_open: false,
-            run,
-            seq,
         };
+        metrics.batch_size(1);
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
             run_job(&mut engine, &job, ids, &metrics)
         }));
-        let err = match outcome {
-            Ok(Ok(())) => continue,
-            Ok(Err(e)) => e,
-            Err(_) => {
-                // The sessions' KV may be half-written: forget them and keep serving.
-                engine.reset_sessions();
-                ApiError::internal("the engine panicked on this request")
-            }
-        };
-        let _ = job.events.send(Event::Error(err));
+        metrics.batch_size(0);
+        if outcome.is_err() {
+            // The sessions' KV may be half-written: forget them and keep serving.
+            engine.reset_sessions();
+            metrics.finished("error");
+            let _ = job.events.send(Event::Error(ApiError::internal(
+                "the engine panicked on this request",
+            )));
+        }
     }
 }
 
@@ -248,12 +284,12 @@ fn budget(prompt: usize, context: usize, gen: &GenParams, param: &str) -> Result
     }
 }
 
-fn run_job(
-    engine: &mut Engine,
+/// Builds the engine's request for a job; on success the client is told it started.
+pub(crate) fn prepare(
+    engine: &Engine,
     job: &Job,
     ids: Started,
-    metrics: &Metrics,
-) -> Result<(), ApiError> {
+) -> Result<GenerateRequest, ApiError> {
     let (prompt, think_open) = build_prompt(engine, &job.prompt)?;
     let max_tokens = budget(
         prompt.len(),
@@ -261,7 +297,10 @@ fn run_job(
         &job.gen,
         job.prompt.param(),
     )?;
-    let req = GenerateRequest {
+    let _ = job
+        .events
+        .send(Event::Started(Started { think_open, ..ids }));
+    Ok(GenerateRequest {
         prompt,
         max_tokens,
         sampling: job.gen.sampling.clone(),
@@ -269,23 +308,48 @@ fn run_job(
         stop_at_eos: !job.gen.ignore_eos,
         want_logits: false,
         reuse_prefix: true,
-    };
-    let _ = job
-        .events
-        .send(Event::Started(Started { think_open, ..ids }));
-    let t0 = Instant::now();
-    // A closed channel means the client went away: stop generating at once.
-    let mut on_text = |s: &str| {
-        if job.events.send(Event::Text(s.to_string())).is_ok() {
+    })
+}
+
+/// Streams a job's text to its client, timing the gaps; `Stop` once the client is gone.
+pub(crate) struct TextSender {
+    pub events: mpsc::UnboundedSender<Event>,
+    pub metrics: Arc<Metrics>,
+    pub last: Option<Instant>,
+}
+
+impl TextSender {
+    pub fn send(&mut self, text: &str) -> Flow {
+        let now = Instant::now();
+        if let Some(last) = self.last.replace(now) {
+            self.metrics.inter_token((now - last).as_secs_f64());
+        }
+        if self.events.send(Event::Text(text.to_string())).is_ok() {
             Flow::Continue
         } else {
             Flow::Stop
         }
+    }
+}
+
+/// A job's one `Done` or `Error`, and its metrics. `admitted` is when the engine took it.
+pub(crate) fn report(
+    job: &Job,
+    admitted: Instant,
+    result: Result<GenerateOutput, EngineError>,
+    metrics: &Metrics,
+) {
+    let out = match result {
+        Ok(out) => out,
+        Err(e) => {
+            metrics.finished("error");
+            let _ = job
+                .events
+                .send(Event::Error(from_engine(e, job.prompt.param())));
+            return;
+        }
     };
-    let out = engine
-        .generate(&req, &mut on_text)
-        .map_err(|e| from_engine(e, job.prompt.param()))?;
-    let ttft = (t0 - job.accepted + out.prefill_time).as_secs_f64();
+    let ttft = (admitted - job.accepted + out.prefill_time).as_secs_f64();
     let n = out.tokens.len();
     let tpot = (n > 1).then(|| out.decode_time.as_secs_f64() / (n - 1) as f64);
     metrics.generation(
@@ -298,6 +362,11 @@ fn run_job(
     if out.finish == Finish::Cancelled {
         metrics.cancelled();
     }
+    metrics.finished(match out.finish {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+        Finish::Cancelled => "cancelled",
+    });
     let usage = Usage {
         prompt_tokens: out.prompt_tokens,
         completion_tokens: n,
@@ -307,5 +376,23 @@ fn run_job(
         finish: out.finish,
         usage,
     });
-    Ok(())
+}
+
+fn run_job(engine: &mut Engine, job: &Job, ids: Started, metrics: &Arc<Metrics>) {
+    let admitted = Instant::now();
+    let req = match prepare(engine, job, ids) {
+        Ok(req) => req,
+        Err(e) => {
+            metrics.finished("error");
+            let _ = job.events.send(Event::Error(e));
+            return;
+        }
+    };
+    let mut sender = TextSender {
+        events: job.events.clone(),
+        metrics: metrics.clone(),
+        last: None,
+    };
+    let result = engine.generate(&req, &mut |s: &str| sender.send(s));
+    report(job, admitted, result, metrics);
 }

@@ -1,117 +1,12 @@
 //! The real server on 127.0.0.1:0 over a tiny synthetic model (CPU), driven over HTTP.
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
+mod common;
+
 use std::time::Duration;
 
-use q4moe_engine::{Device, Engine, EngineOptions};
+use common::{chat_body, metric, start, start_default, user};
 use q4moe_server::ServeConfig;
 use serde_json::{json, Value};
-
-fn model_path() -> &'static PathBuf {
-    static PATH: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &PATH
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("tiny.gguf");
-            let cfg = q4moe_model::Config::tiny();
-            q4moe_model::synth::write(&path, &cfg, q4moe_model::synth::SynthQuant::Q4_0, 7, false)
-                .unwrap();
-            (dir, path)
-        })
-        .1
-}
-
-struct Server {
-    base: String,
-    http: reqwest::Client,
-}
-
-async fn start(cfg: ServeConfig) -> Server {
-    let opts = EngineOptions {
-        device: Device::Cpu,
-        ..Default::default()
-    };
-    let engine = Engine::load(model_path(), &opts).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(q4moe_server::serve_on(
-        listener,
-        engine,
-        cfg,
-        std::future::pending(),
-    ));
-    Server {
-        base,
-        http: reqwest::Client::new(),
-    }
-}
-
-async fn start_default() -> Server {
-    start(ServeConfig {
-        model_name: "tiny".into(),
-        max_body_bytes: 64 << 10,
-        ..Default::default()
-    })
-    .await
-}
-
-impl Server {
-    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.post_raw(path, body.to_string().into_bytes()).await
-    }
-
-    async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn get_text(&self, path: &str) -> (u16, String) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.text().await.unwrap())
-    }
-
-    /// Posts a streaming request and returns every `data:` payload.
-    async fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-        assert!(r.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream"));
-        let text = r.text().await.unwrap();
-        text.lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .map(String::from)
-            .collect()
-    }
-}
-
-fn chat_body(messages: Value, max_tokens: usize) -> Value {
-    json!({ "model": "tiny", "messages": messages, "max_tokens": max_tokens, "temperature": 0 })
-}
-
-fn user(text: &str) -> Value {
-    json!([{ "role": "user", "content": text }])
-}
 
 #[tokio::test]
 async fn chat_non_streaming_has_openai_shape() {
@@ -582,13 +477,6 @@ async fn client_disconnect_mid_stream_frees_the_engine() {
     assert!(metric(&metrics, "q4moe_cancelled_total") >= 1);
 }
 
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn metrics_models_health_and_unknown_paths() {
     let s = start_default().await;
@@ -632,6 +520,11 @@ async fn full_queue_refuses_new_requests_and_loses_none() {
     let s = start(ServeConfig {
         model_name: "tiny".into(),
         queue_capacity: 1,
+        // One sequence at a time, so the busy stream holds the engine and the queue fills.
+        batch: q4moe_server::BatchOptions {
+            max_batch: 1,
+            ..Default::default()
+        },
         ..Default::default()
     })
     .await;
@@ -655,7 +548,14 @@ async fn full_queue_refuses_new_requests_and_loses_none() {
             let body = chat_body(user(&format!("burst {i}")), 2);
             tokio::spawn(async move {
                 let r = http.post(url).json(&body).send().await.unwrap();
-                (r.status().as_u16(), r.json::<Value>().await.unwrap())
+                let retry = r
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_string());
+                (
+                    r.status().as_u16(),
+                    (retry, r.json::<Value>().await.unwrap()),
+                )
             })
         })
         .collect();
@@ -673,7 +573,15 @@ async fn full_queue_refuses_new_requests_and_loses_none() {
         .iter()
         .find(|(st, _)| *st == 503)
         .expect("a full queue refused nothing");
-    assert_eq!(refused.1["error"]["code"], "queue_full");
+    assert_eq!(refused.1 .1["error"]["code"], "queue_full");
+    assert_eq!(
+        refused.1 .0.as_deref(),
+        Some("1"),
+        "503 without Retry-After"
+    );
+    assert!(answers
+        .iter()
+        .all(|(st, (retry, _))| (*st == 503) == retry.is_some()));
 }
 
 #[tokio::test]

@@ -1,19 +1,23 @@
 //! Incremental detokenizer: text arrives token by token without ever splitting a UTF-8 char.
 
+use std::ops::Deref;
+
 use crate::Tokenizer;
 
 /// Feeds ids one at a time and returns text as soon as it forms complete UTF-8. The concatenation of
 /// every `push` result and `finish()` equals `Tokenizer::decode` of the same ids (invalid sequences
-/// become U+FFFD exactly as `String::from_utf8_lossy` does).
-pub struct StreamDecoder<'a> {
-    tokenizer: &'a Tokenizer,
+/// become U+FFFD exactly as `String::from_utf8_lossy` does). `T` is how the decoder holds the
+/// tokenizer: a borrow, or an `Arc` where the decoder outlives any one borrow (a sequence in a
+/// running batch).
+pub struct StreamDecoder<T: Deref<Target = Tokenizer>> {
+    tokenizer: T,
     skip_special: bool,
     /// Bytes not yet returned: at most an incomplete char's prefix between calls.
     pending: Vec<u8>,
 }
 
-impl<'a> StreamDecoder<'a> {
-    pub fn new(tokenizer: &'a Tokenizer, skip_special: bool) -> Self {
+impl<T: Deref<Target = Tokenizer>> StreamDecoder<T> {
+    pub fn new(tokenizer: T, skip_special: bool) -> Self {
         Self {
             tokenizer,
             skip_special,

@@ -254,7 +254,7 @@ impl Tokenizer {
     }
 
     /// Incremental detokenizer over this vocabulary.
-    pub fn stream_decoder(&self, skip_special: bool) -> crate::StreamDecoder<'_> {
+    pub fn stream_decoder(&self, skip_special: bool) -> crate::StreamDecoder<&Tokenizer> {
         crate::StreamDecoder::new(self, skip_special)
     }
 }

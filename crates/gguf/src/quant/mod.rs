@@ -423,6 +423,38 @@ pub fn vec_dot_q4_0x_isa(isa: Isa, row: &[u8], act: &[u8]) -> f32 {
     q4_0x::vec_dot_ref(row, act)
 }
 
+/// `out[i * acts.len() + j] = vec_dot_q4_0x(row i, acts[j])` bit for bit, for the first
+/// `out.len() / acts.len()` rows of `rows` (`row_bytes` each): each row is read and unpacked
+/// once for all the activations (a batch's tokens). The rest of `rows` (what the caller reads
+/// next) is only prefetched.
+pub fn vec_dot_q4_0x_rows_acts(rows: &[u8], row_bytes: usize, acts: &[&[u8]], out: &mut [f32]) {
+    let n = out.len() / acts.len().max(1);
+    assert!(
+        !acts.is_empty()
+            && out.len() == n * acts.len()
+            && rows.len() >= n * row_bytes
+            && row_bytes % GROUP_ROW_BYTES == 0,
+        "vec_dot_q4_0x_rows_acts: rows, activations and outputs differ"
+    );
+    let act_bytes = row_bytes / GROUP_ROW_BYTES * q4_0x::GROUP_BYTES;
+    assert!(
+        acts.iter().all(|a| a.len() == act_bytes),
+        "vec_dot_q4_0x_rows_acts: row and activations differ"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if detected_isa() >= Isa::Avx2 {
+        // SAFETY: AVX2/FMA/F16C detected; n rows and activations of their length (asserted).
+        unsafe { x86_q8::q4_0x_rows_acts(rows, row_bytes, acts, out) };
+        return;
+    }
+    for (i, o) in out.chunks_mut(acts.len()).enumerate() {
+        let row = &rows[i * row_bytes..(i + 1) * row_bytes];
+        for (o, a) in o.iter_mut().zip(acts) {
+            *o = q4_0x::vec_dot_ref(row, a);
+        }
+    }
+}
+
 /// Bytes of a Q4_0 row per Q8_0x8 group.
 const GROUP_ROW_BYTES: usize = std::mem::size_of::<BlockQ4_0>() * q4_0x::GROUP_BLOCKS;
 

@@ -274,18 +274,36 @@ unsafe fn q4_0_scales8(b: *const BlockQ4_0) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_0x_group(acc: __m256, b: *const BlockQ4_0, y: *const u8) -> __m256 {
+    q4_0x_group_dot(acc, &q4_0x_nibbles(b), q4_0_scales8(b), y)
+}
+
+/// A group's weights as `q4_0x_group_dot` pairs them with the activations: for k = 0..4, the
+/// low and the high nibbles of blocks k (low lane) and k + 4 (high lane).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0x_nibbles(b: *const BlockQ4_0) -> [[__m256i; 2]; 4] {
     let m4 = _mm256_set1_epi8(15);
-    let p: [__m256i; 4] = std::array::from_fn(|k| {
+    std::array::from_fn(|k| {
         let lo128 = _mm_loadu_si128((*b.add(k)).qs.as_ptr().cast());
         let hi128 = _mm_loadu_si128((*b.add(k + 4)).qs.as_ptr().cast());
         let w = _mm256_inserti128_si256(_mm256_castsi128_si256(lo128), hi128, 1);
-        let lo = _mm256_and_si256(w, m4);
-        let hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+        [
+            _mm256_and_si256(w, m4),
+            _mm256_and_si256(_mm256_srli_epi16(w, 4), m4),
+        ]
+    })
+}
+
+/// `acc` plus a group's unpacked weights `w` (scales `d_w`) against one prepared group `y`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0x_group_dot(acc: __m256, w: &[[__m256i; 2]; 4], d_w: __m256, y: *const u8) -> __m256 {
+    let p: [__m256i; 4] = std::array::from_fn(|k| {
         let yk = y.add(64 * k);
         // Each i16 lane sums 4 products of <= 15 * 128, so the adds below cannot overflow.
         _mm256_add_epi16(
-            _mm256_maddubs_epi16(lo, _mm256_loadu_si256(yk.cast())),
-            _mm256_maddubs_epi16(hi, _mm256_loadu_si256(yk.add(32).cast())),
+            _mm256_maddubs_epi16(w[k][0], _mm256_loadu_si256(yk.cast())),
+            _mm256_maddubs_epi16(w[k][1], _mm256_loadu_si256(yk.add(32).cast())),
         )
     });
     // Pairwise i16 adds leave 2 lanes per block (<= 8 * 3840 < 2^15), in block order.
@@ -294,8 +312,74 @@ unsafe fn q4_0x_group(acc: __m256, b: *const BlockQ4_0, y: *const u8) -> __m256 
         _mm256_madd_epi16(h, _mm256_set1_epi16(1)),
         _mm256_loadu_si256(y.add(256).cast()),
     );
-    let d = _mm256_mul_ps(q4_0_scales8(b), _mm256_loadu_ps(y.add(288).cast()));
+    let d = _mm256_mul_ps(d_w, _mm256_loadu_ps(y.add(288).cast()));
     _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc)
+}
+
+/// `out[j] = q4_0x(bs, acts[j])` bit for bit, for every j: each group's weights are unpacked
+/// once for up to 4 activations at a time (the same operations per activation, in the same
+/// order; more accumulators would spill on AVX2's 16 registers).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0x_acts(bs: &[BlockQ4_0], acts: &[&[u8]], out: &mut [f32]) {
+    for (ys, o) in acts.chunks(4).zip(out.chunks_mut(4)) {
+        match ys.len() {
+            4 => q4_0x_n::<4>(bs, ys, o),
+            3 => q4_0x_n::<3>(bs, ys, o),
+            2 => q4_0x_n::<2>(bs, ys, o),
+            _ => q4_0x_n::<1>(bs, ys, o),
+        }
+    }
+}
+
+/// `q4_0x_acts` for exactly N activations (N accumulators the compiler keeps in registers).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0x_n<const N: usize>(bs: &[BlockQ4_0], ys: &[&[u8]], out: &mut [f32]) {
+    use super::q4_0x::{GROUP_BLOCKS, GROUP_BYTES};
+    let groups = bs.len() / GROUP_BLOCKS;
+    let y: [*const u8; N] = std::array::from_fn(|j| {
+        debug_assert!(ys[j].len() >= groups * GROUP_BYTES);
+        ys[j].as_ptr()
+    });
+    let mut acc = [_mm256_setzero_ps(); N];
+    for g in 0..groups {
+        let b = bs.as_ptr().add(GROUP_BLOCKS * g);
+        let (w, d_w) = (q4_0x_nibbles(b), q4_0_scales8(b));
+        for j in 0..N {
+            acc[j] = q4_0x_group_dot(acc[j], &w, d_w, y[j].add(GROUP_BYTES * g));
+        }
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}
+
+/// `q4_0x_acts` for each of the first `out.len() / acts.len()` rows of `rows` into its
+/// `acts.len()` outputs, prefetching `PREFETCH_AHEAD` bytes ahead (never past `rows`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_0x_rows_acts(
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
+    let nb = row_bytes / std::mem::size_of::<BlockQ4_0>();
+    let base = rows.as_ptr();
+    let limit = base as usize + rows.len();
+    for (i, o) in out.chunks_mut(acts.len()).enumerate() {
+        let r = base.add(i * row_bytes);
+        let mut line = (r as usize + PREFETCH_AHEAD) & !63;
+        let end = (r as usize + PREFETCH_AHEAD + row_bytes).min(limit);
+        while line < end {
+            _mm_prefetch::<_MM_HINT_T0>(line as *const i8);
+            line += 64;
+        }
+        q4_0x_acts(
+            std::slice::from_raw_parts(r.cast::<BlockQ4_0>(), nb),
+            acts,
+            o,
+        );
+    }
 }
 
 /// Q4_0 row x Q8_0x8 activations (`q4_0x`), AVX2. `bs.len()` is a multiple of 8 and `act`

@@ -1,0 +1,297 @@
+//! Continuous batching over the backend's batched step: sequences join at step boundaries,
+//! their prompts are prefilled in chunks under a per-iteration token budget, every sequence
+//! whose prompt is in advances one token per `Backend::step_batch`, and a finished or cancelled
+//! sequence leaves at once, its session back in the store for prefix reuse.
+//!
+//! A sequence's output is the same as `Engine::generate` gives the same request alone: the
+//! backend's step is batch-invariant, each sequence keeps its own seeded `Sampler` (built from
+//! the prompt as `decode` builds it), and tokens are accepted by the same `Collector`.
+
+use std::time::Instant;
+
+use q4moe_model::backend::{BatchOut, BatchRow, DecodeStats, Flow, Logits, SessionId};
+use q4moe_model::sampling::Sampler;
+
+use crate::collect::{Collector, Outcome};
+use crate::{Engine, EngineError, GenerateOutput, GenerateRequest, Result};
+
+/// How many sequences run at once and how much prompt a step takes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchOptions {
+    /// Sequences in the running batch, 1 to `MAX_BATCH`.
+    pub max_batch: usize,
+    /// Prompt tokens prefilled per iteration, across the sequences still taking in their
+    /// prompts, before the batch's decode step: bounds how long running streams wait.
+    pub prefill_budget: usize,
+}
+
+impl BatchOptions {
+    pub const MAX_BATCH: usize = 256;
+
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=Self::MAX_BATCH).contains(&self.max_batch) {
+            return Err(EngineError::Invalid(format!(
+                "the batch size {} is outside 1..={}",
+                self.max_batch,
+                Self::MAX_BATCH
+            )));
+        }
+        if self.prefill_budget == 0 {
+            return Err(EngineError::Invalid(
+                "the prefill budget must be at least one token a step".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for BatchOptions {
+    fn default() -> Self {
+        BatchOptions {
+            max_batch: 16,
+            prefill_budget: 512,
+        }
+    }
+}
+
+/// Where one sequence's results go. Every admitted sequence gets exactly one `finished`.
+pub trait SequenceSink: Send {
+    /// Text as it becomes safe to show; `Flow::Stop` cancels the sequence.
+    fn text(&mut self, text: &str) -> Flow;
+    /// Checked at every step boundary: true frees the sequence's slot at once (a client that
+    /// went away), whether or not it had text to take.
+    fn cancelled(&self) -> bool;
+    fn finished(self: Box<Self>, result: Result<GenerateOutput>);
+}
+
+struct Sequence {
+    req: GenerateRequest,
+    session: SessionId,
+    /// Prompt tokens already in the session's KV before this request.
+    cached: usize,
+    /// Prompt tokens in the KV now; decoding starts at `prompt.len() - 1` (the last prompt
+    /// token is the first decode step's input, as in `generate`).
+    fed: usize,
+    max_tokens: usize,
+    /// The token the next step feeds.
+    next: u32,
+    sampler: Sampler,
+    collector: Collector,
+    sink: Box<dyn SequenceSink>,
+    admitted: Instant,
+    /// Finished (stopped, out of tokens, cancelled): leaves at the next retirement.
+    done: bool,
+}
+
+impl Sequence {
+    fn prompt_in(&self) -> bool {
+        self.fed + 1 == self.req.prompt.len()
+    }
+}
+
+/// The running batch. The caller owns the loop: `admit` at step boundaries, then `step`.
+pub struct Batcher {
+    opts: BatchOptions,
+    /// In admission order: prompts are prefilled first come, first served.
+    seqs: Vec<Sequence>,
+    out: BatchOut,
+}
+
+impl Batcher {
+    pub fn new(opts: BatchOptions) -> Result<Batcher> {
+        opts.validate()?;
+        Ok(Batcher {
+            opts,
+            seqs: Vec::new(),
+            out: BatchOut::default(),
+        })
+    }
+
+    pub fn options(&self) -> BatchOptions {
+        self.opts
+    }
+
+    /// Sequences admitted and not yet finished.
+    pub fn running(&self) -> usize {
+        self.seqs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    pub fn has_room(&self) -> bool {
+        self.seqs.len() < self.opts.max_batch
+    }
+
+    /// Takes a request into the batch (its prompt is prefilled by the next steps). A request
+    /// the engine refuses is finished at once with the error.
+    pub fn admit(
+        &mut self,
+        engine: &mut Engine,
+        req: GenerateRequest,
+        sink: Box<dyn SequenceSink>,
+    ) {
+        let max_tokens = match engine.check_request(&req) {
+            Ok(m) => m,
+            Err(e) => return sink.finished(Err(e)),
+        };
+        let (session, cached) =
+            engine
+                .sessions
+                .acquire(engine.backend.as_mut(), &req.prompt, req.reuse_prefix);
+        let last = *req.prompt.last().expect("checked: not empty");
+        self.seqs.push(Sequence {
+            session,
+            cached,
+            fed: cached,
+            max_tokens,
+            next: last,
+            sampler: Sampler::new(req.sampling.clone(), &req.prompt),
+            collector: Collector::new(&engine.tokenizer, &req),
+            sink,
+            admitted: Instant::now(),
+            done: false,
+            req,
+        });
+    }
+
+    /// One iteration: drop cancelled sequences, prefill prompts under the budget, then one
+    /// batched decode step for every sequence whose prompt is in.
+    pub fn step(&mut self, engine: &mut Engine) {
+        for s in &mut self.seqs {
+            if s.sink.cancelled() {
+                s.collector.cancel();
+                s.done = true;
+            }
+        }
+        self.retire_done(engine);
+        self.prefill(engine);
+        // A request for no tokens is done once its prompt is in.
+        for s in &mut self.seqs {
+            s.done = s.prompt_in() && s.max_tokens == 0;
+        }
+        self.retire_done(engine);
+        self.decode(engine);
+        self.retire_done(engine);
+    }
+
+    /// Ends every running sequence with `why` (after a failure that leaves their state in
+    /// doubt) and forgets their sessions.
+    pub fn abort(&mut self, engine: &mut Engine, why: &str) {
+        for s in self.seqs.drain(..) {
+            engine.sessions.discard(engine.backend.as_mut(), s.session);
+            s.sink.finished(Err(EngineError::Aborted(why.to_string())));
+        }
+    }
+
+    fn prefill(&mut self, engine: &mut Engine) {
+        let mut budget = self.opts.prefill_budget;
+        let mut failed = Vec::new();
+        for (i, s) in self.seqs.iter_mut().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            let end = (s.fed + budget).min(s.req.prompt.len() - 1);
+            if end <= s.fed {
+                continue;
+            }
+            let chunk = &s.req.prompt[s.fed..end];
+            match engine.backend.prefill(s.session, chunk, Logits::None) {
+                Ok(_) => {
+                    budget -= chunk.len();
+                    s.fed = end;
+                }
+                Err(e) => failed.push((i, EngineError::from(e))),
+            }
+        }
+        for (i, e) in failed.into_iter().rev() {
+            self.fail(engine, i, e);
+        }
+    }
+
+    fn decode(&mut self, engine: &mut Engine) {
+        let ready: Vec<bool> = self.seqs.iter().map(Sequence::prompt_in).collect();
+        if !ready.contains(&true) {
+            return;
+        }
+        let mut rows: Vec<BatchRow<'_>> = self
+            .seqs
+            .iter_mut()
+            .zip(&ready)
+            .filter(|(_, &r)| r)
+            .map(|(s, _)| BatchRow {
+                session: s.session,
+                token: s.next,
+                sampler: Some(&mut s.sampler),
+            })
+            .collect();
+        let stepped = engine.backend.step_batch(&mut rows, &mut self.out);
+        drop(rows);
+        if let Err(e) = stepped {
+            let why = format!("the batched step failed: {e}");
+            for i in (0..self.seqs.len()).rev().filter(|&i| ready[i]) {
+                self.fail(engine, i, EngineError::Aborted(why.clone()));
+            }
+            return;
+        }
+        let mut row = 0;
+        for s in self
+            .seqs
+            .iter_mut()
+            .zip(&ready)
+            .filter(|(_, &r)| r)
+            .map(|(s, _)| s)
+        {
+            let token = self.out.tokens[row].expect("every row carried its sampler");
+            let logits = s.req.want_logits.then(|| self.out.row(row));
+            row += 1;
+            let sink = &mut s.sink;
+            let flow = s.collector.accept(token, logits, &mut |t| sink.text(t));
+            s.next = token;
+            s.done = flow == Flow::Stop || s.collector.generated() >= s.max_tokens;
+        }
+    }
+
+    /// Finishes the sequences marked done and returns their sessions to the store.
+    fn retire_done(&mut self, engine: &mut Engine) {
+        if !self.seqs.iter().any(|s| s.done) {
+            return;
+        }
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.seqs)
+            .into_iter()
+            .partition(|s| s.done);
+        self.seqs = kept;
+        for s in gone {
+            finish_ok(engine, s);
+        }
+    }
+
+    /// Ends sequence `i` with an error; its KV is in doubt, so its session is dropped.
+    fn fail(&mut self, engine: &mut Engine, i: usize, e: EngineError) {
+        let s = self.seqs.remove(i);
+        engine.sessions.discard(engine.backend.as_mut(), s.session);
+        s.sink.finished(Err(e));
+    }
+}
+
+fn finish_ok(engine: &mut Engine, s: Sequence) {
+    let Sequence {
+        req,
+        session,
+        cached,
+        collector,
+        mut sink,
+        admitted,
+        ..
+    } = s;
+    engine.release_session(session, &req.prompt, collector.tokens());
+    let outcome = Outcome {
+        prompt_tokens: req.prompt.len(),
+        cached_tokens: cached,
+        started: admitted,
+        stats: DecodeStats::default(),
+    };
+    let out = collector.finish(outcome, &mut |t| sink.text(t));
+    sink.finished(Ok(out));
+}

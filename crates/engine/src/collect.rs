@@ -1,0 +1,136 @@
+//! Accepting a generated token, the one implementation both generation loops share (the
+//! single-sequence `Engine::generate` and the continuous batch): stop ids, the streaming
+//! decoder, stop strings, the text sink, and the output a finished sequence reports.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use q4moe_model::backend::{DecodeStats, Flow};
+use q4moe_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::generate::{Finish, GenerateOutput, GenerateRequest};
+use crate::stop::StopMatcher;
+
+/// One sequence's bookkeeping while it generates. The text sink is passed to each call rather
+/// than held, so the batch can keep its sinks beside the collectors.
+pub(crate) struct Collector {
+    stop_ids: Vec<u32>,
+    stop_at_eos: bool,
+    decoder: StreamDecoder<Arc<Tokenizer>>,
+    matcher: StopMatcher,
+    tokens: Vec<u32>,
+    text: String,
+    logits: Vec<Vec<f32>>,
+    finish: Option<Finish>,
+    /// When the first token arrived.
+    first_at: Option<Instant>,
+}
+
+/// What a finished sequence reports beside its tokens and text.
+pub(crate) struct Outcome {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    /// When the request's work began (its prefill), for the time to first token.
+    pub started: Instant,
+    pub stats: DecodeStats,
+}
+
+impl Collector {
+    pub fn new(tokenizer: &Arc<Tokenizer>, req: &GenerateRequest) -> Self {
+        Collector {
+            stop_ids: tokenizer.stop_ids(),
+            stop_at_eos: req.stop_at_eos,
+            decoder: StreamDecoder::new(tokenizer.clone(), true),
+            matcher: StopMatcher::new(&req.stop),
+            tokens: Vec::new(),
+            text: String::new(),
+            logits: Vec::new(),
+            finish: None,
+            first_at: None,
+        }
+    }
+
+    /// Tokens accepted so far.
+    pub fn generated(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The tokens accepted so far, in order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Takes one generated token (and the logits it came from, when kept); `Stop` once the
+    /// sequence is finished by a stop id, a stop string or the sink.
+    pub fn accept(
+        &mut self,
+        token: u32,
+        logits: Option<&[f32]>,
+        on_text: &mut dyn FnMut(&str) -> Flow,
+    ) -> Flow {
+        self.first_at.get_or_insert_with(Instant::now);
+        self.tokens.push(token);
+        if let Some(l) = logits {
+            self.logits.push(l.to_vec());
+        }
+        if self.stop_at_eos && self.stop_ids.contains(&token) {
+            self.finish = Some(Finish::Stop);
+            return Flow::Stop;
+        }
+        let piece = self.decoder.push(token).unwrap_or_default();
+        let (out, hit) = self.matcher.push(&piece);
+        self.emit(&out, on_text);
+        if hit {
+            self.finish = Some(Finish::Stop);
+        }
+        if self.finish.is_some() {
+            Flow::Stop
+        } else {
+            Flow::Continue
+        }
+    }
+
+    /// The client went away: nothing more is emitted.
+    pub fn cancel(&mut self) {
+        self.finish.get_or_insert(Finish::Cancelled);
+    }
+
+    fn emit(&mut self, s: &str, on_text: &mut dyn FnMut(&str) -> Flow) {
+        if s.is_empty() || self.finish.is_some() {
+            return;
+        }
+        self.text.push_str(s);
+        if on_text(s) == Flow::Stop {
+            self.finish = Some(Finish::Cancelled);
+        }
+    }
+
+    /// Emits the text held back (an incomplete char, a possible stop string's start) unless the
+    /// sequence already finished, and reports it.
+    pub fn finish(
+        mut self,
+        outcome: Outcome,
+        on_text: &mut dyn FnMut(&str) -> Flow,
+    ) -> GenerateOutput {
+        let end = Instant::now();
+        let first_at = self.first_at.unwrap_or(end);
+        if self.finish.is_none() {
+            let tail = self.decoder.finish();
+            let (out, _) = self.matcher.push(&tail);
+            self.emit(&out, on_text);
+            let held = self.matcher.finish();
+            self.emit(&held, on_text);
+        }
+        GenerateOutput {
+            finish: self.finish.unwrap_or(Finish::Length),
+            tokens: self.tokens,
+            text: self.text,
+            prompt_tokens: outcome.prompt_tokens,
+            cached_tokens: outcome.cached_tokens,
+            prefill_time: first_at - outcome.started,
+            decode_time: end - first_at,
+            stats: outcome.stats,
+            logits: self.logits,
+        }
+    }
+}
