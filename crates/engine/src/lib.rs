@@ -36,7 +36,9 @@ pub enum EngineError {
     #[error("prompt of {prompt} tokens leaves no room in the context of {context} positions")]
     PromptTooLong { prompt: usize, context: usize },
     /// Refused before the prompt was tokenised whole, so its exact length is unknown.
-    #[error("the prompt is longer than the context of {context} positions leaves room for")]
+    #[error(
+        "prompt of {context} or more tokens leaves no room in the context of {context} positions"
+    )]
     PromptOverContext { context: usize },
     #[error("{0}")]
     Invalid(String),
