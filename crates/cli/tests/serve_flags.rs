@@ -61,12 +61,26 @@ fn a_public_address_without_a_key_is_warned_about() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny.gguf").display().to_string();
     let synth = Command::new(env!("CARGO_BIN_EXE_q4moe"))
-        .args(["synth", "--geometry", "tiny", "--out", &model, "--layers", "1"])
+        .args([
+            "synth",
+            "--geometry",
+            "tiny",
+            "--out",
+            &model,
+            "--layers",
+            "1",
+        ])
         .output()
         .unwrap();
-    assert!(synth.status.success(), "{}", String::from_utf8_lossy(&synth.stderr));
+    assert!(
+        synth.status.success(),
+        "{}",
+        String::from_utf8_lossy(&synth.stderr)
+    );
     let mut child = Command::new(env!("CARGO_BIN_EXE_q4moe"))
-        .args(["serve", "--model", &model, "--host", "0.0.0.0", "--port", "0"])
+        .args([
+            "serve", "--model", &model, "--host", "0.0.0.0", "--port", "0",
+        ])
         .env_remove("Q4MOE_API_KEY")
         .env_remove("Q4MOE_LOG")
         .stderr(Stdio::piped())
