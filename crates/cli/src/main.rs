@@ -8,6 +8,7 @@ mod inspect;
 mod npy;
 mod run;
 mod serve_cmd;
+mod serve_limits;
 mod synth_cmd;
 
 use clap::{Args, Parser, Subcommand};

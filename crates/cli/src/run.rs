@@ -2,7 +2,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use q4moe_engine::{ChatMessage, Engine, Flow, GenerateRequest, SamplingParams};
+use q4moe_engine::{ChatMessage, Engine, Flow, GenerateRequest, RenderedPrompt, SamplingParams};
 
 use crate::DeviceArgs;
 
@@ -69,9 +69,10 @@ pub struct RunArgs {
     pub device: DeviceArgs,
 }
 
-fn prompt_text(engine: &Engine, a: &RunArgs) -> anyhow::Result<String> {
+/// The raw prompt keeps parsing control tokens; a chat's messages do not.
+fn prompt_text(engine: &Engine, a: &RunArgs) -> anyhow::Result<RenderedPrompt> {
     if !a.chat {
-        return Ok(a.prompt.clone());
+        return Ok(RenderedPrompt::plain(a.prompt.as_str()));
     }
     let mut msgs = Vec::new();
     if let Some(s) = &a.system {

@@ -31,6 +31,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 512)]
     prefill_budget: usize,
     #[command(flatten)]
+    limits: crate::serve_limits::ServeLimitArgs,
+    #[command(flatten)]
     device: DeviceArgs,
 }
 
@@ -40,13 +42,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         prefill_budget: a.prefill_budget,
     };
     batch.validate()?;
-    let engine = crate::load_engine(&a.model, &a.device)?;
     let stem = a
         .model
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "q4moe".into());
-    let cfg = ServeConfig {
+    let mut cfg = ServeConfig {
         host: a.host,
         port: a.port,
         api_key: a.api_key,
@@ -55,6 +56,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         batch,
         ..ServeConfig::default()
     };
+    a.limits.apply(&mut cfg);
+    // Refused before the (slow) model load: an empty key, a bad origin.
+    cfg.validate()?;
+    let engine = crate::load_engine(&a.model, &a.device)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

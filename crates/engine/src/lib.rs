@@ -18,7 +18,7 @@ pub use q4moe_model::backend::{
     Backend, BackendError, BackendInfo, DecodeStats, Flow, PhaseTimes, SessionId,
 };
 pub use q4moe_model::sampling::SamplingParams;
-pub use q4moe_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+pub use q4moe_tokenizer::{ChatMessage, ChatTemplate, RenderedPrompt, Tokenizer};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -35,11 +35,48 @@ pub enum EngineError {
     Tokenizer(#[from] q4moe_tokenizer::TokenizerError),
     #[error("prompt of {prompt} tokens leaves no room in the context of {context} positions")]
     PromptTooLong { prompt: usize, context: usize },
+    /// Refused before the prompt was tokenised whole, so its exact length is unknown.
+    #[error(
+        "prompt of {context} or more tokens leaves no room in the context of {context} positions"
+    )]
+    PromptOverContext { context: usize },
     #[error("{0}")]
     Invalid(String),
     /// A sequence was stopped by a failure outside its own request (a batched step it was in).
     #[error("generation aborted: {0}")]
     Aborted(String),
+}
+
+/// A prompt to tokenise: a rendered chat, whose messages' control tokens stay text, or raw text
+/// (a completion prompt, the CLI's `--prompt`), whose control tokens all count.
+#[derive(Debug, Clone, Copy)]
+pub enum PromptText<'a> {
+    Raw(&'a str),
+    Chat(&'a RenderedPrompt),
+}
+
+impl<'a> From<&'a str> for PromptText<'a> {
+    fn from(t: &'a str) -> Self {
+        PromptText::Raw(t)
+    }
+}
+
+impl<'a, 'b: 'a> From<&'a &'b str> for PromptText<'a> {
+    fn from(t: &'a &'b str) -> Self {
+        PromptText::Raw(t)
+    }
+}
+
+impl<'a> From<&'a String> for PromptText<'a> {
+    fn from(t: &'a String) -> Self {
+        PromptText::Raw(t)
+    }
+}
+
+impl<'a> From<&'a RenderedPrompt> for PromptText<'a> {
+    fn from(p: &'a RenderedPrompt) -> Self {
+        PromptText::Chat(p)
+    }
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;
@@ -99,26 +136,46 @@ impl Engine {
         self.backend.info().kv_capacity
     }
 
-    /// Renders a conversation with the model's chat template.
+    /// Renders a conversation with the model's chat template. The messages' text is marked so
+    /// that [`Self::encode_prompt`] reads control tokens typed in it as text (no forged turns).
     pub fn render_chat(
         &self,
         messages: &[ChatMessage],
         enable_thinking: Option<bool>,
-    ) -> Result<String> {
+    ) -> Result<RenderedPrompt> {
         let t = self.template.as_ref().ok_or_else(|| {
             EngineError::Invalid("the model has no tokenizer.chat_template".into())
         })?;
-        Ok(t.render(messages, true, enable_thinking)?)
+        let marked = self.tokenizer.mark_messages(messages);
+        Ok(RenderedPrompt::from_marked(&t.render(
+            &marked,
+            true,
+            enable_thinking,
+        )?))
     }
 
-    /// Tokenises a prompt (special tokens parsed, BOS added if the model asks for it).
-    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
-        let mut ids = Vec::new();
-        if self.tokenizer.add_bos() {
-            ids.extend(self.tokenizer.bos_id());
+    /// Tokenises a prompt (BOS first if the model asks for it). A prompt that cannot leave room
+    /// in the context is refused with [`EngineError::PromptOverContext`] before it is tokenised
+    /// whole, so a multi-megabyte prompt costs no more than one that fits.
+    pub fn encode_prompt<'p>(&self, prompt: impl Into<PromptText<'p>>) -> Result<Vec<u32>> {
+        let plain;
+        let rendered = match prompt.into() {
+            PromptText::Chat(p) => p,
+            PromptText::Raw(t) => {
+                plain = RenderedPrompt::plain(t);
+                &plain
+            }
+        };
+        let context = self.context_capacity();
+        match self
+            .tokenizer
+            .encode_within(rendered, context.saturating_sub(1))
+        {
+            Err(q4moe_tokenizer::TokenizerError::TooLong { .. }) => {
+                Err(EngineError::PromptOverContext { context })
+            }
+            other => Ok(other?),
         }
-        ids.extend(self.tokenizer.encode(text, true)?);
-        Ok(ids)
     }
 
     /// Forgets every cached conversation.

@@ -116,6 +116,11 @@ pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError
             ),
         )
         .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded"),
+        E::PromptOverContext { context } => ApiError::invalid(
+            prompt_param,
+            format!("the prompt is {context} tokens or more; this model's context holds {context} positions"),
+        )
+        .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded"),
         E::Invalid(msg) => ApiError::invalid(prompt_param, msg),
         E::Tokenizer(t) => ApiError::invalid(prompt_param, t.to_string()),
         other => ApiError::internal(other.to_string()),

@@ -3,13 +3,19 @@
 //! FIFO queue: as a continuous batch where the backend has a batched step, else one request at
 //! a time.
 
+pub mod auth;
 mod batching;
+mod conn;
+pub mod cors;
 pub mod errors;
+mod guards;
+pub mod limits;
 pub mod metrics;
 pub mod openai;
 mod routes;
 pub mod scheduler;
 mod sse;
+mod unsupported;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,6 +25,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 
+pub use limits::ConnLimits;
 pub use q4moe_engine::BatchOptions;
 pub use scheduler::EngineHandle;
 
@@ -36,6 +43,25 @@ pub struct ServeConfig {
     /// The continuous batch's size and prefill budget (used where the backend has a batched
     /// step).
     pub batch: BatchOptions,
+    /// Connection cap and timeouts.
+    pub conn: ConnLimits,
+    /// `/metrics` needs the API key too (when one is set).
+    pub metrics_auth: bool,
+    /// Origins whose pages may call the API (`*`: any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
+}
+
+impl ServeConfig {
+    /// Refuses settings that would weaken the server silently (an empty key, a bad origin).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        auth::check_key(self.api_key.as_deref())?;
+        cors::layer(&self.cors_origins)?;
+        anyhow::ensure!(
+            self.conn.max_connections > 0,
+            "the connection cap must be at least 1"
+        );
+        Ok(())
+    }
 }
 
 impl Default for ServeConfig {
@@ -48,40 +74,64 @@ impl Default for ServeConfig {
             max_body_bytes: 4 << 20,
             queue_capacity: 64,
             batch: BatchOptions::default(),
+            conn: ConnLimits::default(),
+            metrics_auth: true,
+            cors_origins: Vec::new(),
         }
     }
 }
 
-/// The application over an engine worker (tests bind it to their own listener).
-pub fn router(handle: EngineHandle, cfg: &ServeConfig) -> Router {
+/// The application over an engine worker (tests bind it to their own listener). Fails only on
+/// settings [`ServeConfig::validate`] refuses.
+pub fn router(handle: EngineHandle, cfg: &ServeConfig) -> anyhow::Result<Router> {
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    auth::check_key(cfg.api_key.as_deref())?;
     let app = Arc::new(routes::AppState {
         engine: handle,
         model_name: cfg.model_name.clone(),
-        api_key: cfg.api_key.clone().filter(|k| !k.is_empty()),
         created,
     });
+    let key =
+        axum::middleware::from_fn_with_state(auth::ApiKey(cfg.api_key.clone()), auth::require_key);
     let v1 = Router::new()
         .route("/v1/chat/completions", post(routes::chat_completions))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/models", get(routes::models))
-        .route_layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            routes::require_key,
-        ));
-    Router::new()
+        .route_layer(key.clone());
+    let metrics = Router::new().route("/metrics", get(routes::metrics));
+    let metrics = if cfg.metrics_auth {
+        metrics.route_layer(key)
+    } else {
+        metrics
+    };
+    let body = limits::BodyLimits {
+        timeout: cfg.conn.body_timeout,
+        max_bytes: cfg.max_body_bytes,
+    };
+    let router = Router::new()
         .merge(v1)
+        .merge(metrics)
         .route("/health", get(routes::health))
-        .route("/metrics", get(routes::metrics))
         .fallback(routes::not_found)
+        .method_not_allowed_fallback(guards::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            body,
+            limits::read_body,
+        ))
+        .layer(axum::middleware::from_fn(guards::require_json))
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
             routes::observe,
         ))
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
-        .with_state(app)
+        .with_state(app);
+    // Outermost, so a browser's preflight is answered before the key is asked for.
+    Ok(match cors::layer(&cfg.cors_origins)? {
+        Some(c) => router.layer(c),
+        None => router,
+    })
 }
 
 /// Serves until Ctrl-C (or SIGTERM), letting requests in flight finish.
@@ -99,6 +149,10 @@ pub async fn serve_on(
     cfg: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    cfg.validate()?;
+    if let Some(w) = auth::open_server_warning(&cfg.host, cfg.api_key.as_deref()) {
+        tracing::warn!("{w}");
+    }
     let mode = if engine.batched_step() {
         format!(
             "continuous batching: up to {} sequences, {} prompt tokens a step",
@@ -111,14 +165,13 @@ pub async fn serve_on(
         )
     };
     let handle = EngineHandle::spawn(engine, cfg.queue_capacity, Some(cfg.batch))?;
+    let app = router(handle, &cfg)?;
     tracing::info!(
         "serving '{}' on http://{} ({mode})",
         cfg.model_name,
         listener.local_addr()?
     );
-    axum::serve(listener, router(handle, &cfg))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    conn::serve(listener, app, cfg.conn, shutdown).await?;
     Ok(())
 }
 

@@ -263,6 +263,7 @@ fn message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
 }
 
 pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
+    crate::unsupported::check_chat(o)?;
     let messages = match o.get("messages") {
         Some(Value::Array(items)) if !items.is_empty() => items
             .iter()
@@ -308,6 +309,7 @@ pub fn finish_reason(f: Finish) -> &'static str {
 }
 
 pub fn completion_request(o: &Obj) -> Result<CompletionRequest, ApiError> {
+    crate::unsupported::check_completion(o)?;
     let bad = || {
         ApiError::invalid(
             "prompt",

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -20,7 +20,6 @@ use crate::sse;
 pub struct AppState {
     pub engine: EngineHandle,
     pub model_name: String,
-    pub api_key: Option<String>,
     pub created: u64,
 }
 
@@ -186,25 +185,4 @@ pub async fn observe(State(app): State<App>, req: Request, next: Next) -> Respon
     let r = next.run(req).await;
     app.engine.metrics.request(&endpoint, r.status().as_u16());
     r
-}
-
-/// With a key configured, `/v1/*` needs `Authorization: Bearer <key>`.
-pub async fn require_key(
-    State(app): State<App>,
-    headers: HeaderMap,
-    req: Request,
-    next: Next,
-) -> Response {
-    let Some(key) = &app.api_key else {
-        return next.run(req).await;
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given.map(str::trim) == Some(key.as_str()) {
-        next.run(req).await
-    } else {
-        ApiError::unauthorized().into_response()
-    }
 }

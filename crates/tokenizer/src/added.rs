@@ -74,12 +74,24 @@ impl AddedTokens {
 
     /// Splits `text` into plain text and added tokens; control tokens count only with
     /// `parse_special`. Empty text pieces are left out.
+    #[cfg(test)]
     pub(crate) fn split<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Segment<'t>> {
+        self.split_except(text, parse_special, &[])
+    }
+
+    /// [`Self::split`], except that a control token straddling one of the sorted byte offsets in
+    /// `literal_at` stays text: it was typed into a message, not written by the template.
+    pub(crate) fn split_except<'t>(
+        &self,
+        text: &'t str,
+        parse_special: bool,
+        literal_at: &[usize],
+    ) -> Vec<Segment<'t>> {
         let mut out = Vec::new();
         let mut start = 0;
         for m in self.matcher.iter().flat_map(|ac| ac.find_iter(text)) {
             let entry = self.entries[m.pattern().as_usize()];
-            if entry.control && !parse_special {
+            if entry.control && (!parse_special || straddles(literal_at, m.start(), m.end())) {
                 continue;
             }
             if start < m.start() {
@@ -93,6 +105,24 @@ impl AddedTokens {
         }
         out
     }
+
+    /// Byte offsets, one inside each control token spelled in `text` (after its first char), where
+    /// [`crate::literal`] puts a mark so the token cannot match once the text is rendered.
+    pub(crate) fn control_cuts(&self, text: &str) -> Vec<usize> {
+        let Some(ac) = &self.matcher else {
+            return Vec::new();
+        };
+        ac.find_iter(text)
+            .filter(|m| self.entries[m.pattern().as_usize()].control)
+            .map(|m| m.start() + text[m.start()..].chars().next().map_or(1, char::len_utf8))
+            .collect()
+    }
+}
+
+/// Whether a sorted offset lies strictly inside `start..end`.
+fn straddles(sorted: &[usize], start: usize, end: usize) -> bool {
+    let i = sorted.partition_point(|&p| p <= start);
+    sorted.get(i).is_some_and(|&p| p < end)
 }
 
 #[cfg(test)]
@@ -121,6 +151,22 @@ mod tests {
         let got = a.split(text, false);
         assert_eq!(got, [Text("hi<|a|>"), Token(11), Text("yo<x")]);
         assert_eq!(a.split("", true), []);
+    }
+
+    #[test]
+    fn a_control_token_straddling_a_literal_offset_stays_text() {
+        let a = added();
+        let text = "<|a|>x<|a|>";
+        assert_eq!(a.control_cuts(text), [1, 7]);
+        assert_eq!(
+            a.split_except(text, true, &[7]),
+            [Token(10), Text("x<|a|>")]
+        );
+        // An offset at a token's edge does not protect it.
+        assert_eq!(
+            a.split_except(text, true, &[6]),
+            [Token(10), Text("x"), Token(10)]
+        );
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub enum TokenizerError {
     },
     #[error("token id {id} out of range (vocab size {vocab_size})")]
     UnknownId { id: u32, vocab_size: usize },
+    /// The text is more tokens than the caller allows (counting stopped there).
+    #[error("the text is longer than {max_tokens} tokens")]
+    TooLong { max_tokens: usize },
     #[error("tokenizer backend: {0}")]
     Backend(String),
     #[error("chat template: {0}")]

@@ -13,7 +13,7 @@ use tokenizers::SplitDelimiterBehavior;
 
 use crate::added::{AddedTokens, Segment};
 use crate::bytes::{decode_piece, encode_bytes, in_alphabet};
-use crate::{TokenType, TokenizerError, TokenizerSpec};
+use crate::{ChatMessage, RenderedPrompt, TokenType, TokenizerError, TokenizerSpec};
 
 /// llama.cpp's `LLAMA_VOCAB_PRE_TYPE_QWEN2` regex (identical to transformers' Qwen2 PRETOKENIZE_REGEX).
 pub(crate) const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -37,6 +37,8 @@ pub struct Tokenizer {
     add_bos: bool,
     stop_ids: Vec<u32>,
     chat_template: Option<String>,
+    /// The longest spelling in the vocabulary: no token stands for more bytes of text.
+    max_token_len: usize,
 }
 
 impl Tokenizer {
@@ -80,6 +82,13 @@ impl Tokenizer {
             token_bytes,
             is_control,
             ids,
+            max_token_len: spec
+                .tokens
+                .iter()
+                .map(String::len)
+                .max()
+                .unwrap_or(1)
+                .max(1),
             bos_id: spec.bos_id,
             eos_id: spec.eos_id,
             add_bos: spec.add_bos,
@@ -92,24 +101,97 @@ impl Tokenizer {
     /// tokens written in the text (`<|im_start|>`) become their ids; user-defined tokens (`<think>`)
     /// are always matched whole, as in llama.cpp and transformers.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_except(text, parse_special, &[])
+    }
+
+    fn encode_except(
+        &self,
+        text: &str,
+        parse_special: bool,
+        literal_at: &[usize],
+    ) -> Result<Vec<u32>, TokenizerError> {
         let mut ids = Vec::new();
         if let (true, Some(bos)) = (self.add_bos, self.bos_id) {
             ids.push(bos);
         }
         // Each text piece is pre-tokenized on its own, as `tokenizers` does around added tokens.
-        for segment in self.added.split(text, parse_special) {
+        for segment in self.added.split_except(text, parse_special, literal_at) {
             match segment {
                 Segment::Token(id) => ids.push(id),
-                Segment::Text(piece) => {
-                    let enc = self
-                        .bpe
-                        .encode(piece, false)
-                        .map_err(|e| TokenizerError::Backend(e.to_string()))?;
-                    ids.extend_from_slice(enc.get_ids());
-                }
+                Segment::Text(piece) => ids.extend_from_slice(&self.bpe_ids(piece)?),
             }
         }
         Ok(ids)
+    }
+
+    fn bpe_ids(&self, piece: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .bpe
+            .encode(piece, false)
+            .map_err(|e| TokenizerError::Backend(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// `messages` with every control token in their text marked as typed, not markup: render them
+    /// and tokenise the result with [`Self::encode_within`] via [`RenderedPrompt::from_marked`].
+    pub fn mark_messages(&self, messages: &[ChatMessage]) -> Vec<ChatMessage> {
+        messages
+            .iter()
+            .map(|m| crate::literal::mark_message(&self.added, m))
+            .collect()
+    }
+
+    /// Token ids of a prompt (control tokens parsed except where the prompt marks them literal),
+    /// refused with [`TokenizerError::TooLong`] once it is sure to exceed `max_tokens`: at once
+    /// when the text is longer than `max_tokens` of the longest token, else after counting at
+    /// most about `max_tokens` tokens, so a huge prompt costs no more than a fitting one.
+    pub fn encode_within(
+        &self,
+        prompt: &RenderedPrompt,
+        max_tokens: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let (text, literal_at) = (prompt.text(), prompt.literal_at());
+        let too_long = || TokenizerError::TooLong { max_tokens };
+        if text.len() > max_tokens.saturating_mul(self.max_token_len) {
+            return Err(too_long());
+        }
+        // Every token spells at least one byte, so a text this short cannot exceed the bound.
+        if text.len() >= max_tokens && self.count_exceeds(text, literal_at, max_tokens)? {
+            return Err(too_long());
+        }
+        let ids = self.encode_except(text, true, literal_at)?;
+        if ids.len() > max_tokens {
+            return Err(too_long());
+        }
+        Ok(ids)
+    }
+
+    /// Counts tokens piece by piece, stopping as soon as the count passes `max_tokens`. The pieces
+    /// are cut where the split regex cuts anyway, so the count matches the full encoding.
+    fn count_exceeds(
+        &self,
+        text: &str,
+        literal_at: &[usize],
+        max_tokens: usize,
+    ) -> Result<bool, TokenizerError> {
+        const MIN_PIECE: usize = 4096;
+        let mut count = usize::from(self.add_bos && self.bos_id.is_some());
+        for segment in self.added.split_except(text, true, literal_at) {
+            let Segment::Text(piece) = segment else {
+                count += 1;
+                continue;
+            };
+            let mut from = 0;
+            let cuts = crate::literal::piece_cuts(piece, MIN_PIECE);
+            for to in cuts.into_iter().chain([piece.len()]) {
+                count += self.bpe_ids(&piece[from..to])?.len();
+                if count > max_tokens {
+                    return Ok(true);
+                }
+                from = to;
+            }
+        }
+        Ok(count > max_tokens)
     }
 
     /// Text of `ids`; invalid UTF-8 (a cut multi-byte char) becomes U+FFFD, as in transformers.
