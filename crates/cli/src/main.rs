@@ -35,7 +35,8 @@ enum Command {
     Chat(chat_cmd::ChatArgs),
     /// OpenAI-compatible HTTP server.
     Serve(serve_cmd::ServeArgs),
-    /// Isolated decode benchmark (setup cache off vs on, in-flight 1 vs N).
+    /// Isolated decode benchmark (GPU: setup cache off vs on, in-flight 1 vs N; --batch: the
+    /// batched decode step at several batch sizes, with its invariance check).
     Bench(bench::BenchArgs),
     /// Write a GGUF with random weights and a real geometry.
     Synth(synth_cmd::SynthArgs),
