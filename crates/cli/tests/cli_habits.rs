@@ -21,8 +21,21 @@ fn prompt_from_a_file_or_stdin_and_llama_cpp_flag_names() {
     let file = dir.path().join("prompt.txt");
     std::fs::write(&file, "Hello there").unwrap();
     let common = [
-        "-m", &model, "-n", "4", "--device", "cpu", "--ignore-eos", "-t", "1", "-c", "64",
-        "--temp", "0", "-s", "5",
+        "-m",
+        &model,
+        "-n",
+        "4",
+        "--device",
+        "cpu",
+        "--ignore-eos",
+        "-t",
+        "1",
+        "-c",
+        "64",
+        "--temp",
+        "0",
+        "-s",
+        "5",
     ];
     let from_text = q4moe(&[&["run", "-p", "Hello there"][..], &common].concat());
     assert!(from_text.status.success(), "{}", stderr_of(&from_text));
@@ -61,16 +74,30 @@ fn each_failure_is_one_error_line() {
         let e = stderr_of(&out);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {e}");
         assert_eq!(e.lines().count(), 1, "{args:?}: {e}");
-        assert!(e.starts_with("error: ") && e.contains(want), "{args:?}: {e}");
+        assert!(
+            e.starts_with("error: ") && e.contains(want),
+            "{args:?}: {e}"
+        );
         e
     };
     let e = one_line(
-        &["run", "-m", "/nonexistent/m.gguf", "-p", "x", "--device", "cpu"],
+        &[
+            "run",
+            "-m",
+            "/nonexistent/m.gguf",
+            "-p",
+            "x",
+            "--device",
+            "cpu",
+        ],
         "/nonexistent/m.gguf",
     );
     assert_eq!(e.matches("/nonexistent/m.gguf").count(), 1, "{e}");
     let d = dir.path().to_str().unwrap();
-    let e = one_line(&["run", "-m", d, "-p", "x", "--device", "cpu"], "is a directory");
+    let e = one_line(
+        &["run", "-m", d, "-p", "x", "--device", "cpu"],
+        "is a directory",
+    );
     assert!(!e.contains("No such device"), "{e}");
     one_line(&["bench", "-m", d, "--device", "cpu"], "is a directory");
     let model = synth_tiny(dir.path());
@@ -94,7 +121,10 @@ fn help_documents_the_device_values_and_every_flag() {
     for cmd in ["run", "chat", "bench"] {
         let out = q4moe(&[cmd, "--help"]);
         let help = String::from_utf8_lossy(&out.stdout);
-        assert!(help.contains("[possible values: auto, cpu, cuda, gpu]"), "{cmd}: {help}");
+        assert!(
+            help.contains("[possible values: auto, cpu, cuda, gpu]"),
+            "{cmd}: {help}"
+        );
         // clap prints a flag without help text as the bare flag on its own line.
         for line in help.lines().map(str::trim) {
             let bare = line.starts_with('-') && !line.contains("  ") && !line.ends_with(']');
@@ -112,17 +142,39 @@ fn bench_batch_reports_invariance_and_a_dated_structured_record() {
     let model = synth_tiny(dir.path());
     let outdir = dir.path().join("results");
     let out = q4moe(&[
-        "bench", "-m", &model, "--device", "cpu", "--batch", "1,2,3", "-p", "5", "-n", "4",
-        "-r", "2", "--json-out", outdir.to_str().unwrap(),
+        "bench",
+        "-m",
+        &model,
+        "--device",
+        "cpu",
+        "--batch",
+        "1,2,3",
+        "-p",
+        "5",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "--json-out",
+        outdir.to_str().unwrap(),
     ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_eq!(stdout.matches("bit-identical").count(), 3, "{stdout}");
-    assert!(!stdout.contains("DIFFERS") && !stdout.contains("\"cpu\""), "{stdout}");
-    let files: Vec<_> = std::fs::read_dir(&outdir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(
+        !stdout.contains("DIFFERS") && !stdout.contains("\"cpu\""),
+        "{stdout}"
+    );
+    let files: Vec<_> = std::fs::read_dir(&outdir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     assert_eq!(files.len(), 1);
     let name = files[0].file_name().unwrap().to_str().unwrap().to_string();
-    assert!(name.starts_with("bench-cpu-batch-20") && name.ends_with("Z.json"), "{name}");
+    assert!(
+        name.starts_with("bench-cpu-batch-20") && name.ends_with("Z.json"),
+        "{name}"
+    );
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&files[0]).unwrap()).unwrap();
     assert_eq!(r["geometry"]["n_layer"], 3);
@@ -131,11 +183,19 @@ fn bench_batch_reports_invariance_and_a_dated_structured_record() {
     for (s, b) in sizes.iter().zip(1..) {
         assert_eq!(s["batch"], b);
         assert_eq!(s["invariance"], "bit-identical");
+        assert_eq!(s["first_step_logits_compared"], true);
         assert!(s["aggregate_tok_s"]["median"].as_f64().unwrap() > 0.0);
     }
-    let b1 = sizes[0]["distinct_weight_bytes_per_step_max"].as_u64().unwrap();
-    let b3 = sizes[2]["distinct_weight_bytes_per_step_max"].as_u64().unwrap();
-    assert!(b3 > b1, "three rows may touch more experts than one: {b1} {b3}");
+    let b1 = sizes[0]["distinct_weight_bytes_per_step_max"]
+        .as_u64()
+        .unwrap();
+    let b3 = sizes[2]["distinct_weight_bytes_per_step_max"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        b3 > b1,
+        "three rows may touch more experts than one: {b1} {b3}"
+    );
 }
 
 /// `--output md`: llama-bench's table, a pp and a tg row with the thread count; the plain table
@@ -146,7 +206,10 @@ fn bench_prints_llama_benchs_table_and_no_gpu_columns_on_the_cpu() {
     let model = synth_tiny(dir.path());
     let bench = |extra: &[&str]| {
         let args = [
-            &["bench", "-m", &model, "--device", "cpu", "-p", "5", "-n", "4", "-r", "2", "-t", "1"][..],
+            &[
+                "bench", "-m", &model, "--device", "cpu", "-p", "5", "-n", "4", "-r", "2", "-t",
+                "1",
+            ][..],
             extra,
         ]
         .concat();
@@ -155,11 +218,20 @@ fn bench_prints_llama_benchs_table_and_no_gpu_columns_on_the_cpu() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let md = bench(&["-o", "md"]);
-    assert!(md.contains("| model | size | params | backend | threads | test | t/s |"), "{md}");
-    assert!(md.contains("| cpu | 1 | pp5 | ") && md.contains("| cpu | 1 | tg4 | "), "{md}");
+    assert!(
+        md.contains("| model | size | params | backend | threads | test | t/s |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| cpu | 1 | pp5 | ") && md.contains("| cpu | 1 | tg4 | "),
+        "{md}"
+    );
     assert!(md.contains(" ± "), "{md}");
     let table = bench(&[]);
-    assert!(table.contains("tok/s") && table.contains("ms/tok"), "{table}");
+    assert!(
+        table.contains("tok/s") && table.contains("ms/tok"),
+        "{table}"
+    );
     for gpu_only in ["setup %", "submit ms", "% copy", "\"cpu\""] {
         assert!(!table.contains(gpu_only), "{gpu_only} in {table}");
     }

@@ -207,6 +207,11 @@ pub fn set_threads(n: usize) -> Result<(), ThreadsError> {
             wanted: n,
         });
     }
+    // Rayon's global pool does the rest of the CPU work (the sampler's sorts, the weights'
+    // checks); it takes the same count where it has not started yet, and keeps its own if it has.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global();
     Ok(())
 }
 

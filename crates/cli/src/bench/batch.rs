@@ -192,10 +192,15 @@ pub fn run(b: &mut dyn Backend, m: &Model, plan: &BatchPlan<'_>) -> anyhow::Resu
         }
         let same = runs.iter().all(|r| invariant(r, &refs[..size]));
         let bytes = distinct_bytes_bound(m, size);
-        let rec = size_record(size, &runs, plan.decode_len, same, bytes);
+        let mut rec = size_record(size, &runs, plan.decode_len, same, bytes);
+        // `decode` hands logits back where the backend can; the tokens are compared regardless.
+        rec["first_step_logits_compared"] =
+            json!(refs[..size].iter().all(|r| !r.first_logits.is_empty()));
         eprintln!(
             "  B = {size:<3} {:.1} tok/s aggregate, {}",
-            rec["aggregate_tok_s"]["median"].as_f64().unwrap_or(f64::NAN),
+            rec["aggregate_tok_s"]["median"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
             verdict(same)
         );
         sizes.push(rec);

@@ -194,9 +194,7 @@ pub fn print_markdown(r: &Value) {
 fn markdown_lines(r: &Value) -> Vec<String> {
     let size = format!("{:.2} GiB", num(&r["weight_bytes"]) / (1u64 << 30) as f64);
     let params = format!("{:.2} B", num(&r["parameters"]) / 1e9);
-    let threads = r["threads"]
-        .as_u64()
-        .map_or("-".into(), |t| t.to_string());
+    let threads = r["threads"].as_u64().map_or("-".into(), |t| t.to_string());
     let prefix = format!(
         "| {} | {size} | {params} | {} | {threads} |",
         text(&r["model"]),
@@ -208,8 +206,14 @@ fn markdown_lines(r: &Value) -> Vec<String> {
     ];
     let (pp, tg) = (&r["prompt_len"], &r["decode_len"]);
     if let Some(v) = r["variants"].as_array().and_then(|v| v.first()) {
-        rows.push(format!("{prefix} pp{pp} | {} |", mean_std(&v["prefill_tok_s"])));
-        rows.push(format!("{prefix} tg{tg} | {} |", mean_std(&v["decode_tok_s"])));
+        rows.push(format!(
+            "{prefix} pp{pp} | {} |",
+            mean_std(&v["prefill_tok_s"])
+        ));
+        rows.push(format!(
+            "{prefix} tg{tg} | {} |",
+            mean_std(&v["decode_tok_s"])
+        ));
     }
     for s in r["batched"]["sizes"].as_array().into_iter().flatten() {
         rows.push(format!(
@@ -262,7 +266,10 @@ mod tests {
             "batched": null,
         });
         let l = markdown_lines(&r);
-        assert_eq!(l[0], "| model | size | params | backend | threads | test | t/s |");
+        assert_eq!(
+            l[0],
+            "| model | size | params | backend | threads | test | t/s |"
+        );
         assert_eq!(
             l[2],
             "| synthetic tiny q4_0 | 3.00 GiB | 1.50 B | cpu | 2 | pp128 | 12.00 ± 2.83 |"

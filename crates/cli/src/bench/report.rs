@@ -197,7 +197,11 @@ pub fn write_json(out: &Path, record: &Value) -> anyhow::Result<PathBuf> {
     use anyhow::Context;
     let path = if out.is_dir() || out.extension().is_none() {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-        let batch = if record["batched"].is_null() { "" } else { "-batch" };
+        let batch = if record["batched"].is_null() {
+            ""
+        } else {
+            "-batch"
+        };
         out.join(format!(
             "bench-{}{batch}-{}.json",
             record["backend"].as_str().unwrap_or("x"),
