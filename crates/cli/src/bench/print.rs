@@ -153,7 +153,7 @@ fn print_batched(b: &Value) {
     for s in b["sizes"].as_array().into_iter().flatten() {
         println!(
             "{:>4} {:>26} {:>22} {:>22} {:>12.1} {:>12.1}  {}",
-            s["batch"],
+            s["batch"].as_u64().unwrap_or(0),
             span(&s["aggregate_tok_s"], 1),
             span(&s["per_sequence_tok_s"], 1),
             span(&s["step_ms"], 2),
