@@ -14,26 +14,44 @@ use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
 use serde_json::{json, Value};
 
+mod batch;
+mod print;
 mod report;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// A GGUF to benchmark; without it a synthetic model is written to the temp dir.
-    #[arg(long)]
+    #[arg(short = 'm', long)]
     model: Option<PathBuf>,
     /// Geometry of the synthetic model (tiny, mid, qwen3-30b-a3b).
     #[arg(long, default_value = "mid")]
     geometry: String,
+    /// Weight type of the synthetic model (q4_0, q4_k_m, ...: as `q4moe synth --quant`).
     #[arg(long, default_value = "q4_0")]
     quant: String,
-    #[arg(long, default_value = "auto")]
+    /// Where the model runs: auto (the GPU when one is usable), cpu, or cuda (`gpu` is another
+    /// name for cuda).
+    #[arg(long, default_value = "auto", value_parser = crate::DEVICES)]
     device: String,
-    #[arg(long, default_value_t = 128)]
+    /// CPU threads for the forward pass (default: every core, or RAYON_NUM_THREADS).
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Prompt tokens of each run (random tokens), prefilled before decoding (llama-bench's pp).
+    #[arg(short = 'p', long, default_value_t = 128)]
     prompt_len: usize,
-    #[arg(long, default_value_t = 256)]
+    /// Tokens decoded each run (llama-bench's tg); the first step is warm-up, not timed.
+    #[arg(short = 'n', long, default_value_t = 256)]
     decode_len: usize,
-    #[arg(long, default_value_t = 5)]
+    /// Runs of each configuration (median, min and max are reported).
+    #[arg(short = 'r', long, default_value_t = 5)]
     runs: usize,
+    /// Batch sizes of the batched decode step to measure, e.g. 1,2,4,8 (1 to 256). Replaces the
+    /// single-stream variants; each size is checked for batch invariance against `decode`.
+    #[arg(long, value_delimiter = ',', value_name = "B,B,..")]
+    batch: Vec<usize>,
+    /// Printed output: `table` (every figure), or `md` (llama-bench's markdown pp/tg table).
+    #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "md"])]
+    output: String,
     /// KV cache element type, f16 or f32 (f16 halves what attention reads a position).
     #[arg(long, default_value = "f16", value_parser = KvType::parse)]
     kv_type: KvType,
@@ -52,13 +70,15 @@ pub struct BenchArgs {
     /// Also decode after this many positions of context (0 = skip).
     #[arg(long, default_value_t = 0)]
     long_context: usize,
-    /// `kernels`: per-kernel GPU times (on the eager path).
-    #[arg(long)]
+    /// GPU: `kernels` times every kernel (on the eager path).
+    #[arg(long, value_parser = ["kernels"])]
     profile: Option<String>,
-    /// Write the JSON record here (a directory gets a dated file name).
+    /// Write the JSON record here: a file, or a directory (existing, or a path without an
+    /// extension), where it gets a dated name (bench-cpu-2026-01-31T12-00-00Z.json).
     #[arg(long)]
     json_out: Option<PathBuf>,
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the synthetic model's weights and of the random prompts.
+    #[arg(short = 's', long, default_value_t = 0)]
     seed: u64,
     /// GPU: also measure sampled decoding (cache on) with Qwen3's recommended settings
     /// (temperature 0.6, top-k 20, top-p 0.95: the device sampler), with top-k off (the host
@@ -127,9 +147,7 @@ fn load_model(a: &BenchArgs) -> anyhow::Result<(Arc<Model>, String)> {
             (p, format!("synthetic {} {}", a.geometry, a.quant))
         }
     };
-    let model =
-        Arc::new(Model::load(&path).with_context(|| format!("loading {}", path.display()))?);
-    Ok((model, label))
+    Ok((crate::load_model(&path)?, label))
 }
 
 fn open(model: &Arc<Model>, a: &BenchArgs, ctx: usize) -> anyhow::Result<AnyBackend> {
@@ -314,6 +332,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         a.runs >= 1 && a.decode_len >= 2 && a.prompt_len >= 1,
         "need runs >= 1, decode-len >= 2, prompt-len >= 1"
     );
+    anyhow::ensure!(
+        a.batch.iter().all(|&b| (1..=batch::MAX_BATCH).contains(&b)),
+        "--batch sizes must be 1 to {}",
+        batch::MAX_BATCH
+    );
+    crate::apply_threads(a.threads)?;
     let (model, label) = load_model(&a)?;
     let ctx =
         (a.prompt_len.max(a.long_context) + a.decode_len + 8).min(model.config.context_length);
@@ -327,6 +351,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     if !info.step_readback.is_empty() {
         eprintln!("step read-back: {}", info.step_readback);
+    }
+    if !a.batch.is_empty() {
+        return run_batched(&a, &label, &model, &mut backend, open_s);
     }
     let prompt = random_prompt(a.prompt_len, model.config.vocab_size, a.seed);
     let mut results = Vec::new();
@@ -377,12 +404,44 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         },
     };
     let record = report::build(&a, &label, &model, &info, &results, long.as_ref(), &extras);
-    report::print_table(&record);
+    finish(&a, &record)
+}
+
+/// Prints the record as `--output` asks and writes it where `--json-out` says.
+fn finish(a: &BenchArgs, record: &Value) -> anyhow::Result<()> {
+    match a.output.as_str() {
+        "md" => print::print_markdown(record),
+        _ => print::print_table(record),
+    }
     if let Some(out) = &a.json_out {
-        let path = report::write_json(out, &record)?;
+        let path = report::write_json(out, record)?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// `--batch`: the batched decode step at every size asked for.
+fn run_batched(
+    a: &BenchArgs,
+    label: &str,
+    model: &Model,
+    backend: &mut AnyBackend,
+    open_s: f64,
+) -> anyhow::Result<()> {
+    let plan = batch::BatchPlan {
+        batch: &a.batch,
+        prompt_len: a.prompt_len,
+        decode_len: a.decode_len,
+        runs: a.runs,
+        seed: a.seed,
+    };
+    let Some(batched) = batch::run(backend.get(), model, &plan)? else {
+        return Ok(());
+    };
+    let info = backend.get().info();
+    let mut record = report::conditions(a, label, model, &info, open_s);
+    record["batched"] = batched;
+    finish(a, &record)
 }
 
 /// Decode steady tok/s after `long_context` positions, and the prefill of those positions: each

@@ -8,8 +8,10 @@ use crate::DeviceArgs;
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
+    /// The GGUF model file.
     #[arg(long, short)]
     model: PathBuf,
+    /// The system message that opens the conversation.
     #[arg(long)]
     system: Option<String>,
     /// Tokens per answer at most.

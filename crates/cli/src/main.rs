@@ -36,7 +36,8 @@ enum Command {
     Chat(chat_cmd::ChatArgs),
     /// OpenAI-compatible HTTP server.
     Serve(serve_cmd::ServeArgs),
-    /// Isolated decode benchmark (setup cache off vs on, in-flight 1 vs N).
+    /// Isolated decode benchmark (GPU: setup cache off vs on, in-flight 1 vs N; --batch: the
+    /// batched decode step at several batch sizes, with its invariance check).
     Bench(bench::BenchArgs),
     /// Write a GGUF with random weights and a real geometry.
     Synth(synth_cmd::SynthArgs),
@@ -47,17 +48,24 @@ enum Command {
 /// Options shared by every command that loads a model onto a backend.
 #[derive(Args, Clone, Debug)]
 pub struct DeviceArgs {
-    /// auto picks the GPU when one is usable.
-    #[arg(long, default_value = "auto")]
+    /// Where the model runs: auto (the GPU when one is usable, else the CPU), cpu, or cuda
+    /// (`gpu` is accepted as another name for cuda).
+    #[arg(long, default_value = "auto", value_parser = DEVICES)]
     pub device: String,
-    /// Reuse per-session setup (offset tables, argument buffers, captured step) across tokens.
+    /// CPU threads for the forward pass, the calling thread included (default: every core,
+    /// or RAYON_NUM_THREADS). Set once a process.
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// GPU: reuse per-session setup (offset tables, argument buffers, captured step) across
+    /// tokens (on, off).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub setup_cache: String,
-    /// Decode steps kept in flight on the GPU before reading tokens back.
+    /// GPU: decode steps kept in flight before reading tokens back.
     #[arg(long, default_value_t = 2)]
     pub in_flight: usize,
-    /// Positions a session may hold (KV capacity), at most the model's context length.
-    #[arg(long, default_value_t = 4096)]
+    /// Positions a session may hold (KV capacity, llama.cpp's -c), at most the model's context
+    /// length.
+    #[arg(short = 'c', long, default_value_t = 4096)]
     pub ctx: usize,
     /// KV cache element type, f16 or f32: f16 halves the bytes attention reads a position (long
     /// contexts are bound by them) at a rounding of at most 2^-11 a value; f32 keeps them exact.
@@ -74,6 +82,7 @@ pub struct DeviceArgs {
 
 impl DeviceArgs {
     pub fn engine_options(&self) -> anyhow::Result<EngineOptions> {
+        apply_threads(self.threads)?;
         let defaults = EngineOptions::default();
         let mut cuda = defaults.cuda.clone();
         cuda.setup_cache = self.setup_cache == "on";
@@ -98,15 +107,36 @@ pub fn load_engine(
     path: &std::path::Path,
     device: &DeviceArgs,
 ) -> anyhow::Result<q4moe_engine::Engine> {
-    use anyhow::Context;
     let opts = device.engine_options()?;
-    let model = std::sync::Arc::new(
-        q4moe_model::Model::load(path).with_context(|| format!("loading {}", path.display()))?,
-    );
+    let model = load_model(path)?;
     if opts.device == Device::Cpu || q4moe_cuda::cuda_available().is_err() {
         model.prefault(true);
     }
     Ok(q4moe_engine::Engine::from_model(model, &opts)?)
+}
+
+/// The values `--device` takes.
+pub const DEVICES: [&str; 4] = ["auto", "cpu", "cuda", "gpu"];
+
+/// Sets the CPU pool's thread count where `--threads` gave one.
+pub fn apply_threads(threads: Option<usize>) -> anyhow::Result<()> {
+    if let Some(n) = threads {
+        q4moe_cpu::set_threads(n).map_err(|e| anyhow::anyhow!("--threads {n}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Maps a model file, with one error line naming the path once (the loader's own message names
+/// it already) and a plain word for a directory, which the kernel would call "No such device".
+pub fn load_model(path: &std::path::Path) -> anyhow::Result<std::sync::Arc<q4moe_model::Model>> {
+    use anyhow::Context;
+    anyhow::ensure!(
+        !path.is_dir(),
+        "loading the model: {} is a directory, not a GGUF file",
+        path.display()
+    );
+    let model = q4moe_model::Model::load(path).context("loading the model")?;
+    Ok(std::sync::Arc::new(model))
 }
 
 fn main() {

@@ -1,5 +1,5 @@
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use q4moe_engine::{ChatMessage, Engine, Flow, GenerateRequest, RenderedPrompt, SamplingParams};
@@ -8,18 +8,23 @@ use crate::DeviceArgs;
 
 #[derive(Args, Debug, Clone)]
 pub struct SamplingArgs {
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
+    /// Sampling temperature (also --temp); 0 picks the most likely token (greedy).
+    #[arg(long, visible_alias = "temp", default_value_t = 0.0)]
     pub temperature: f32,
+    /// Keep only the k most likely tokens before sampling; 0 keeps all.
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
+    /// Nucleus sampling: keep the most likely tokens whose probabilities sum to p; 1 keeps all.
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
+    /// Drop tokens less likely than min-p times the most likely one; 0 keeps all.
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
+    /// Penalty on tokens already in the context (1 = none; llama.cpp's --repeat-penalty).
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
-    #[arg(long, default_value_t = 0)]
+    /// Seed of the sampler's random draws (the same seed gives the same text).
+    #[arg(short = 's', long, default_value_t = 0)]
     pub seed: u64,
 }
 
@@ -39,16 +44,22 @@ impl SamplingArgs {
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
+    /// The GGUF model file.
     #[arg(long, short)]
     pub model: PathBuf,
-    #[arg(long, short)]
-    pub prompt: String,
+    /// The prompt text; `-` reads it from standard input.
+    #[arg(long, short, required_unless_present = "file", conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from this file.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<PathBuf>,
     /// Tokens to generate at most.
     #[arg(short = 'n', long, default_value_t = 128)]
     pub max_tokens: usize,
     /// Wrap the prompt in the model's chat template.
     #[arg(long)]
     pub chat: bool,
+    /// With --chat: the system message.
     #[arg(long)]
     pub system: Option<String>,
     /// With --chat: Qwen3's thinking switch (on/off); default is the template's.
@@ -69,22 +80,41 @@ pub struct RunArgs {
     pub device: DeviceArgs,
 }
 
+/// The prompt as given: `-p TEXT`, `-p -` (standard input) or `-f FILE`.
+pub fn read_prompt(prompt: Option<&str>, file: Option<&Path>) -> anyhow::Result<String> {
+    use anyhow::Context;
+    match (prompt, file) {
+        (_, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading the prompt file {}", f.display())),
+        (Some("-"), None) => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading the prompt from standard input")?;
+            Ok(s)
+        }
+        (Some(p), None) => Ok(p.to_string()),
+        (None, None) => anyhow::bail!("no prompt: give -p TEXT, -p - (stdin) or -f FILE"),
+    }
+}
+
 /// The raw prompt keeps parsing control tokens; a chat's messages do not.
-fn prompt_text(engine: &Engine, a: &RunArgs) -> anyhow::Result<RenderedPrompt> {
+fn prompt_text(engine: &Engine, a: &RunArgs, prompt: String) -> anyhow::Result<RenderedPrompt> {
     if !a.chat {
-        return Ok(RenderedPrompt::plain(a.prompt.as_str()));
+        return Ok(RenderedPrompt::plain(prompt));
     }
     let mut msgs = Vec::new();
     if let Some(s) = &a.system {
         msgs.push(ChatMessage::system(s.clone()));
     }
-    msgs.push(ChatMessage::user(a.prompt.clone()));
+    msgs.push(ChatMessage::user(prompt));
     Ok(engine.render_chat(&msgs, a.think.as_deref().map(|t| t == "on"))?)
 }
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
+    let text = read_prompt(a.prompt.as_deref(), a.file.as_deref())?;
     let mut engine = crate::load_engine(&a.model, &a.device)?;
-    let prompt = engine.encode_prompt(&prompt_text(&engine, &a)?)?;
+    let prompt = engine.encode_prompt(&prompt_text(&engine, &a, text)?)?;
     let mut req = GenerateRequest::new(prompt, a.max_tokens);
     req.sampling = a.sampling.params();
     req.stop = a.stop.clone();

@@ -1,37 +1,8 @@
 //! The `q4moe` binary end to end on a tiny synthetic model (CPU).
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn q4moe(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_q4moe"))
-        .args(args)
-        .output()
-        .expect("run q4moe")
-}
-
-fn synth_tiny(dir: &Path) -> String {
-    let p = dir.join("tiny.gguf").display().to_string();
-    let out = q4moe(&[
-        "synth",
-        "--geometry",
-        "tiny",
-        "--quant",
-        "q4_k_m",
-        "--seed",
-        "3",
-        "--out",
-        &p,
-        "--layers",
-        "3",
-    ]);
-    assert!(
-        out.status.success(),
-        "synth failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    p
-}
+use common::{q4moe, synth_tiny};
 
 #[test]
 fn run_streams_text_summarises_and_writes_logits() {

@@ -7,6 +7,7 @@ mod group;
 mod kv;
 mod ops;
 mod par;
+pub use par::{set_threads, threads, ThreadsError};
 mod step_batch;
 
 use std::collections::HashMap;

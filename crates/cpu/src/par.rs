@@ -176,10 +176,56 @@ fn helper(s: &Shared, h: usize) {
     }
 }
 
-/// The process-wide pool (`RAYON_NUM_THREADS` or all cores).
+/// The thread count `set_threads` chose, read once when the pool starts.
+static CHOSEN: OnceLock<usize> = OnceLock::new();
+static POOL: OnceLock<Pool> = OnceLock::new();
+
+/// `set_threads` could not take effect.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ThreadsError {
+    #[error("the thread count must be at least 1")]
+    Zero,
+    /// The pool starts once per process (its helpers spin between regions), so a second,
+    /// different count cannot be honoured; saying so beats silently running with the old one.
+    #[error("the CPU pool's thread count is already {running}; cannot switch to {wanted}")]
+    AlreadyStarted { running: usize, wanted: usize },
+}
+
+/// Sets the CPU pool's thread count (the calling thread included) for the whole process. Call
+/// it at the edge (the CLI's `--threads`) before the first forward pass; setting the count the
+/// pool already runs with is accepted. Without it the pool takes rayon's count
+/// (`RAYON_NUM_THREADS`, else every core), read when the pool starts.
+pub fn set_threads(n: usize) -> Result<(), ThreadsError> {
+    if n == 0 {
+        return Err(ThreadsError::Zero);
+    }
+    let chosen = *CHOSEN.get_or_init(|| n);
+    let running = POOL.get().map_or(chosen, Pool::threads);
+    if running != n {
+        return Err(ThreadsError::AlreadyStarted {
+            running,
+            wanted: n,
+        });
+    }
+    // Rayon's global pool does the rest of the CPU work (the sampler's sorts, the weights'
+    // checks); it takes the same count where it has not started yet, and keeps its own if it has.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global();
+    Ok(())
+}
+
+/// The CPU pool's thread count (starting the pool if it has not started).
+pub fn threads() -> usize {
+    pool().threads()
+}
+
+/// The process-wide pool (`set_threads`, else `RAYON_NUM_THREADS` or all cores).
 pub(crate) fn pool() -> &'static Pool {
-    static P: OnceLock<Pool> = OnceLock::new();
-    P.get_or_init(|| Pool::new(rayon::current_num_threads()))
+    POOL.get_or_init(|| {
+        let n = *CHOSEN.get_or_init(rayon::current_num_threads);
+        Pool::new(n)
+    })
 }
 
 /// A raw pointer that may cross threads (disjoint chunks are written through it).
@@ -252,6 +298,25 @@ pub(crate) fn chunks_mut2<A: Send, B: Send>(
 
 #[cfg(test)]
 mod tests {
+    use super::{set_threads, ThreadsError};
+
+    /// The count is set once: the running count is accepted again, another is refused, 0 never.
+    #[test]
+    fn set_threads_accepts_the_running_count_and_refuses_another() {
+        let running = super::pool().threads();
+        assert_eq!(set_threads(0), Err(ThreadsError::Zero));
+        assert_eq!(set_threads(running), Ok(()));
+        let err = set_threads(running + 1).unwrap_err();
+        assert_eq!(
+            err,
+            ThreadsError::AlreadyStarted {
+                running,
+                wanted: running + 1
+            }
+        );
+        assert!(err.to_string().contains(&format!("already {running}")));
+    }
+
     /// A panicking task is raised in the caller (not a hang), and the pool keeps working.
     #[test]
     fn a_panicking_task_is_raised_and_the_pool_recovers() {

@@ -86,6 +86,44 @@ fn variant_json(
     })
 }
 
+/// The model's geometry as named fields.
+fn geometry(c: &q4moe_model::Config) -> Value {
+    json!({
+        "arch": c.arch.gguf_name(), "n_layer": c.n_layer, "d_model": c.d_model,
+        "n_head": c.n_head, "n_kv_head": c.n_kv_head, "head_dim": c.head_dim,
+        "n_expert": c.n_expert, "n_expert_used": c.n_expert_used, "d_ff_expert": c.d_ff_expert,
+        "vocab_size": c.vocab_size, "context_length": c.context_length, "rms_eps": c.rms_eps,
+        "rope_theta": c.rope_theta, "norm_topk_prob": c.norm_topk_prob,
+    })
+}
+
+/// The conditions every record carries: what ran, where, on what, with which settings.
+pub fn conditions(a: &BenchArgs, label: &str, m: &Model, info: &BackendInfo, open_s: f64) -> Value {
+    let cpu = info.kind == "cpu";
+    json!({
+        "kind": "q4moe-bench",
+        "commit": crate::COMMIT,
+        "date_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        "model": label,
+        "geometry": geometry(&m.config),
+        "parameters": m.file.tensors().iter().map(|t| t.n_elements()).sum::<u64>(),
+        "weight_bytes": m.weight_bytes(),
+        "quant_bytes_by_type": quant_summary(m),
+        "backend": info.kind, "device": info.device,
+        "threads": cpu.then(q4moe_cpu::threads),
+        "resident_bytes": info.resident_bytes,
+        "cache_policy": info.cache_policy,
+        "step_readback": info.step_readback,
+        "backend_open_seconds": open_s,
+        "kv_type": info.kv_type.name(),
+        "gpu_prefill_chunk": (!cpu).then(|| super::prefill_chunk(a)),
+        "prompt_len": a.prompt_len, "decode_len": a.decode_len, "runs": a.runs,
+        "bytes_read_per_token": m.bytes_per_token(),
+        // Q4MOE_* settings (kernel paths, tunables) are conditions of the figures too.
+        "environment": std::env::vars().filter(|(k, _)| k.starts_with("Q4MOE_")).collect::<std::collections::BTreeMap<_, _>>(),
+    })
+}
+
 pub fn build(
     a: &BenchArgs,
     label: &str,
@@ -115,163 +153,65 @@ pub fn build(
                     "pct_of_copy_bandwidth": extras.copy_gbs.map(|c| 100.0 * gbs / c) })
         })
         .collect();
-    json!({
-        "kind": "q4moe-bench",
-        "commit": crate::COMMIT,
-        "date_unix": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        "model": label,
-        "geometry": format!("{:?}", m.config),
-        "quant_bytes_by_type": quant_summary(m),
-        "backend": info.kind, "device": info.device,
-        "resident_bytes": info.resident_bytes,
-        "cache_policy": info.cache_policy,
-        "step_readback": info.step_readback,
-        "backend_open_seconds": extras.open_s,
-        "kv_type": info.kv_type.name(),
-        "gpu_prefill_chunk": super::prefill_chunk(a),
-        "prompt_len": a.prompt_len, "decode_len": a.decode_len, "runs": a.runs, "batch": 1,
-        "bytes_read_per_token": bpt,
+    let mut r = conditions(a, label, m, info, extras.open_s);
+    let more = json!({
+        "batch": 1,
         "copy_bandwidth_gb_s": extras.copy_gbs,
         "variants": variants,
         "parity_all_variants_identical": parity,
         "long_context": long,
         "kernel_profile": kernels,
         "graph_captures": extras.graph_setups.map(|g| g.captures),
-        // Q4MOE_* settings (kernel paths, tunables) are conditions of the figures too.
-        "environment": std::env::vars().filter(|(k, _)| k.starts_with("Q4MOE_")).collect::<std::collections::BTreeMap<_, _>>(),
         "note": "steady decode excludes the first decode step; tok/s from token arrival times on the host",
-    })
+    });
+    if let (Some(r), Value::Object(more)) = (r.as_object_mut(), more) {
+        r.extend(more);
+    }
+    r
 }
 
-pub fn print_table(r: &Value) {
-    println!(
-        "\nq4moe bench | {} | {} | {} | commit {}",
-        r["model"].as_str().unwrap_or(""),
-        r["backend"],
-        r["device"],
-        r["commit"]
-    );
-    println!(
-        "prompt {} tok, decode {} tok, {} runs, KV {}, {:.3} GB read per token",
-        r["prompt_len"],
-        r["decode_len"],
-        r["runs"],
-        r["kv_type"].as_str().unwrap_or("?"),
-        r["bytes_read_per_token"].as_f64().unwrap_or(0.0) / 1e9
-    );
-    println!(
-        "{:<24} {:>10} {:>10} {:>10} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7}",
-        "variant",
-        "tok/s",
-        "min",
-        "max",
-        "ms/tok",
-        "setup%",
-        "submit",
-        "wait",
-        "tail",
-        "GB/s",
-        "%copy"
-    );
-    let f = num;
-    for v in r["variants"].as_array().into_iter().flatten() {
-        let p = &v["phases_ms"];
-        println!(
-            "{:<24} {:>10.1} {:>10.1} {:>10.1} {:>9.3} {:>8.2} {:>8.3} {:>8.3} {:>8.3} {:>8.0} {:>7}",
-            v["name"].as_str().unwrap_or(""),
-            f(&v["decode_tok_s"]["median"]), f(&v["decode_tok_s"]["min"]), f(&v["decode_tok_s"]["max"]),
-            f(&v["ms_per_token"]), f(&p["setup_pct_of_wall"]), f(&p["submit"]), f(&p["wait"]), f(&p["tail"]),
-            f(&v["achieved_gb_s"]), pct(&v["pct_of_copy_bandwidth"]),
-        );
-    }
-    if let Some(v) = r["variants"].as_array().and_then(|v| v.first()) {
-        let p = &v["prefill_tok_s"];
-        println!(
-            "prefill of the {}-token prompt but its last token ({}): median {:.0} tok/s ({:.0}-{:.0})",
-            r["prompt_len"],
-            v["name"].as_str().unwrap_or(""),
-            f(&p["median"]),
-            f(&p["min"]),
-            f(&p["max"])
-        );
-    }
-    if let Some(l) = r.get("long_context").filter(|l| !l.is_null()) {
-        let (p, t) = (&l["prefill_seconds"], &l["prefill_tok_s"]);
-        println!(
-            "decode at {} context: median {:.1} tok/s (its prefill: {:.3} s, {:.3}-{:.3}; {:.0} tok/s)",
-            l["context"],
-            f(&l["tok_s"]["median"]),
-            f(&p["median"]),
-            f(&p["min"]),
-            f(&p["max"]),
-            f(&t["median"])
-        );
-    }
-    println!(
-        "parity (greedy tokens identical across variants): {}",
-        r["parity_all_variants_identical"]
-    );
-    if let Some(c) = r["graph_captures"].as_u64() {
-        println!("setup cache over the bench: {c} graph captures");
-    }
-    let kernels = kernel_lines(r);
-    if !kernels.is_empty() {
-        println!("kernel profile (largest total first; --profile kernels: the setup-cache-off runs' eager launches timed with events; the fused step's stamps and the launch timeline add their rows):");
-        println!(
-            "{:<24} {:>10} {:>10} {:>10} {:>8} {:>7}",
-            "kernel", "calls", "ms", "us/call", "GB/s", "%copy"
-        );
-        kernels.iter().for_each(|l| println!("{l}"));
-    }
+/// `secs` since the Unix epoch as a UTC date and time fit for a file name,
+/// 2026-01-31T12-00-00Z (days to a civil date: Howard Hinnant's algorithm).
+pub fn utc_stamp(secs: u64) -> String {
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}-{:02}-{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
-/// A number of the record, NaN where it is missing.
-fn num(x: &Value) -> f64 {
-    x.as_f64().unwrap_or(f64::NAN)
-}
-
-/// A share of the copy bandwidth, or "-" where none was measured (the CPU).
-fn pct(x: &Value) -> String {
-    x.as_f64().map_or("-".into(), |p| format!("{p:.1}"))
-}
-
-/// The kernel profile's rows, largest total time first: each kernel's time set against the
-/// weight bytes it reads.
-fn kernel_lines(r: &Value) -> Vec<String> {
-    let f = num;
-    let mut ks: Vec<&Value> = r["kernel_profile"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .collect();
-    ks.sort_by(|a, b| f(&b["total_ms"]).total_cmp(&f(&a["total_ms"])));
-    ks.iter()
-        .map(|k| {
-            format!(
-                "{:<24} {:>10} {:>10.3} {:>10.2} {:>8.0} {:>7}",
-                k["name"].as_str().unwrap_or(""),
-                k["calls"],
-                f(&k["total_ms"]),
-                f(&k["us_per_call"]),
-                f(&k["gb_s"]),
-                pct(&k["pct_of_copy_bandwidth"])
-            )
-        })
-        .collect()
-}
-
+/// Writes the record to `out`; a directory (or a path without an extension, created) gets a
+/// dated name: bench-<backend>[-batch]-<UTC date>.json.
 pub fn write_json(out: &Path, record: &Value) -> anyhow::Result<PathBuf> {
+    use anyhow::Context;
     let path = if out.is_dir() || out.extension().is_none() {
-        std::fs::create_dir_all(out)?;
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let batch = if record["batched"].is_null() {
+            ""
+        } else {
+            "-batch"
+        };
         out.join(format!(
-            "bench-{}-{}.json",
+            "bench-{}{batch}-{}.json",
             record["backend"].as_str().unwrap_or("x"),
-            record["date_unix"]
+            utc_stamp(record["date_unix"].as_u64().unwrap_or(0))
         ))
     } else {
         out.to_path_buf()
     };
-    std::fs::write(&path, serde_json::to_string_pretty(record)?)?;
+    std::fs::write(&path, serde_json::to_string_pretty(record)?)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
 
@@ -280,28 +220,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kernel_lines_put_the_largest_total_first_with_its_bandwidth() {
-        let r = json!({ "kernel_profile": [
-            { "name": "qkv", "calls": 10, "total_ms": 0.05, "us_per_call": 5.0, "gb_s": 1180.0, "pct_of_copy_bandwidth": 27.6 },
-            { "name": "moe_gate_up", "calls": 10, "total_ms": 0.11, "us_per_call": 11.0, "gb_s": 1290.0, "pct_of_copy_bandwidth": 30.2 },
-            { "name": "argmax", "calls": 5, "total_ms": 0.01, "us_per_call": 2.0, "gb_s": 0.0, "pct_of_copy_bandwidth": null },
-        ]});
-        let lines = kernel_lines(&r);
-        let names: Vec<&str> = lines
-            .iter()
-            .map(|l| l.split_whitespace().next().unwrap())
-            .collect();
-        assert_eq!(names, ["moe_gate_up", "qkv", "argmax"]);
-        let cols: Vec<&str> = lines[0].split_whitespace().collect();
+    fn utc_stamps_name_the_calendar_date() {
+        assert_eq!(utc_stamp(0), "1970-01-01T00-00-00Z");
+        assert_eq!(utc_stamp(951_782_400 + 3_723), "2000-02-29T01-02-03Z");
+        assert_eq!(utc_stamp(1_798_761_599), "2026-12-31T23-59-59Z");
+    }
+
+    #[test]
+    fn a_directory_gets_a_dated_file_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = json!({ "backend": "cpu", "date_unix": 0 });
+        let p = write_json(dir.path(), &r).unwrap();
         assert_eq!(
-            cols,
-            ["moe_gate_up", "10", "0.110", "11.00", "1290", "30.2"]
+            p.file_name().unwrap().to_str().unwrap(),
+            "bench-cpu-1970-01-01T00-00-00Z.json"
         );
-        assert!(
-            lines[2].ends_with(" -"),
-            "no copy bandwidth, no percentage: {}",
-            lines[2]
-        );
-        assert!(kernel_lines(&json!({ "kernel_profile": [] })).is_empty());
+        let back: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, r);
     }
 }

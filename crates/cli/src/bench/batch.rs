@@ -1,0 +1,253 @@
+//! `q4moe bench --batch 1,2,4,..`: the batched decode step (`Backend::step_batch`). For each B,
+//! B sequences with distinct random prompts are prefilled, then advanced together one token a
+//! step with greedy samplers; every row's tokens (and its first step's logits, bit for bit) are
+//! checked against the same sequence decoded alone through `decode`: batch invariance.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use q4moe_engine::{Backend, Flow, SamplingParams};
+use q4moe_model::backend::{BackendError, BatchOut, BatchRow, DecodeRequest, Logits};
+use q4moe_model::sampling::Sampler;
+use q4moe_model::Model;
+use serde_json::{json, Value};
+
+use super::report::{median, stats};
+
+/// The most sequences one step may carry here.
+pub const MAX_BATCH: usize = 256;
+
+/// Sessions of the batched bench start here, clear of the single-stream bench's.
+const SESSION_BASE: u64 = 1 << 32;
+
+/// One sequence decoded alone: its greedy tokens and its first step's logits.
+struct Alone {
+    tokens: Vec<u32>,
+    first_logits: Vec<f32>,
+}
+
+/// What the batched bench needs from the command line.
+pub struct BatchPlan<'a> {
+    pub batch: &'a [usize],
+    pub prompt_len: usize,
+    pub decode_len: usize,
+    pub runs: usize,
+    pub seed: u64,
+}
+
+/// Row `i`'s prompt: the same for every B, so one reference serves them all.
+fn prompt(plan: &BatchPlan<'_>, vocab: usize, i: usize) -> Vec<u32> {
+    super::random_prompt(plan.prompt_len, vocab, plan.seed.wrapping_add(1 + i as u64))
+}
+
+/// Prefills every row's prompt but its last token (that one is the first step's input, the
+/// engine's shape), returning the sessions' first tokens.
+fn prefill_rows(b: &mut dyn Backend, prompts: &[Vec<u32>]) -> anyhow::Result<Vec<u32>> {
+    let mut first = Vec::with_capacity(prompts.len());
+    for (i, p) in prompts.iter().enumerate() {
+        let (&last, before) = p.split_last().context("the bench prompt is empty")?;
+        b.prefill(SESSION_BASE + i as u64, before, Logits::None)?;
+        first.push(last);
+    }
+    Ok(first)
+}
+
+/// Row `i` decoded alone through `decode` (greedy), the invariance reference.
+fn alone(b: &mut dyn Backend, prompt: &[u32], n: usize) -> anyhow::Result<Alone> {
+    let s = SESSION_BASE - 1;
+    let (&last, before) = prompt.split_last().context("the bench prompt is empty")?;
+    b.prefill(s, before, Logits::None)?;
+    let greedy = SamplingParams::greedy();
+    let req = DecodeRequest {
+        session: s,
+        first_token: last,
+        max_tokens: n,
+        sampling: &greedy,
+        history: prompt,
+        want_logits: true,
+    };
+    let (mut tokens, mut first_logits) = (Vec::with_capacity(n), Vec::new());
+    b.decode(&req, &mut |ev| {
+        if tokens.is_empty() {
+            first_logits = ev.logits.map(<[f32]>::to_vec).unwrap_or_default();
+        }
+        tokens.push(ev.token);
+        Flow::Continue
+    })?;
+    b.drop_session(s);
+    Ok(Alone {
+        tokens,
+        first_logits,
+    })
+}
+
+/// One timed run at batch size `prompts.len()`: the steps' seconds, every row's tokens and the
+/// first step's logits.
+struct BatchRun {
+    step_s: Vec<f64>,
+    tokens: Vec<Vec<u32>>,
+    first_logits: Vec<Vec<f32>>,
+}
+
+fn one_batch(
+    b: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    steps: usize,
+) -> Result<BatchRun, anyhow::Error> {
+    let n = prompts.len();
+    let mut next = prefill_rows(b, prompts)?;
+    let mut samplers: Vec<Sampler> = prompts
+        .iter()
+        .map(|p| Sampler::new(SamplingParams::greedy(), p))
+        .collect();
+    let mut out = BatchOut::default();
+    let mut run = BatchRun {
+        step_s: Vec::with_capacity(steps),
+        tokens: vec![Vec::with_capacity(steps); n],
+        first_logits: Vec::new(),
+    };
+    for step in 0..steps {
+        let mut rows: Vec<BatchRow<'_>> = samplers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, s)| BatchRow {
+                session: SESSION_BASE + i as u64,
+                token: next[i],
+                sampler: Some(s),
+            })
+            .collect();
+        let t0 = Instant::now();
+        b.step_batch(&mut rows, &mut out)?;
+        run.step_s.push(t0.elapsed().as_secs_f64());
+        if step == 0 {
+            run.first_logits = (0..n).map(|i| out.row(i).to_vec()).collect();
+        }
+        for (i, t) in next.iter_mut().enumerate() {
+            *t = out.tokens[i].context("a row with a sampler came back without a token")?;
+            run.tokens[i].push(*t);
+        }
+    }
+    (0..n).for_each(|i| b.drop_session(SESSION_BASE + i as u64));
+    Ok(run)
+}
+
+/// Weight bytes one step reads at batch size `b`: attention, router and head once, the token
+/// embeddings' `b` rows, and at most min(b * used, experts) distinct experts a layer (a bound:
+/// the backend does not report which experts its routers chose).
+pub fn distinct_bytes_bound(m: &Model, b: usize) -> u64 {
+    let c = &m.config;
+    let one_expert: u64 = m
+        .layers
+        .iter()
+        .map(|l| {
+            [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps]
+                .iter()
+                .map(|t| t.slab_bytes() as u64)
+                .sum::<u64>()
+        })
+        .sum();
+    let extra_experts = (b * c.n_expert_used).min(c.n_expert) - c.n_expert_used.min(c.n_expert);
+    m.bytes_per_token()
+        + extra_experts as u64 * one_expert
+        + (b.saturating_sub(1) * m.token_embd.row_bytes()) as u64
+}
+
+/// Every row's tokens equal to its sequence alone, and its first logits bit for bit.
+fn invariant(run: &BatchRun, refs: &[Alone]) -> bool {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    run.tokens.iter().zip(refs).all(|(t, r)| *t == r.tokens)
+        && run
+            .first_logits
+            .iter()
+            .zip(refs)
+            .all(|(l, r)| r.first_logits.is_empty() || bits(l) == bits(&r.first_logits))
+}
+
+/// Runs the batched bench; `None` where the backend has no batched step (the CUDA one today),
+/// after saying so on stderr.
+pub fn run(b: &mut dyn Backend, m: &Model, plan: &BatchPlan<'_>) -> anyhow::Result<Option<Value>> {
+    let vocab = m.config.vocab_size;
+    let mut refs: Vec<Alone> = Vec::new();
+    let mut sizes = Vec::new();
+    for &size in plan.batch {
+        let prompts: Vec<Vec<u32>> = (0..size).map(|i| prompt(plan, vocab, i)).collect();
+        let mut runs = Vec::with_capacity(plan.runs);
+        for _ in 0..plan.runs {
+            match one_batch(b, &prompts, plan.decode_len) {
+                Ok(r) => runs.push(r),
+                Err(e) if is_unsupported(&e) => {
+                    eprintln!(
+                        "batched decode: this backend's batched step is not built yet ({}); skipped",
+                        b.info().kind
+                    );
+                    (0..size).for_each(|i| b.drop_session(SESSION_BASE + i as u64));
+                    return Ok(None);
+                }
+                Err(e) => return Err(e.context(format!("batched step at B = {size}"))),
+            }
+        }
+        while refs.len() < size {
+            let p = prompt(plan, vocab, refs.len());
+            refs.push(alone(b, &p, plan.decode_len)?);
+        }
+        let same = runs.iter().all(|r| invariant(r, &refs[..size]));
+        let bytes = distinct_bytes_bound(m, size);
+        let mut rec = size_record(size, &runs, plan.decode_len, same, bytes);
+        // `decode` hands logits back where the backend can; the tokens are compared regardless.
+        rec["first_step_logits_compared"] =
+            json!(refs[..size].iter().all(|r| !r.first_logits.is_empty()));
+        eprintln!(
+            "  B = {size:<3} {:.1} tok/s aggregate, {}",
+            rec["aggregate_tok_s"]["median"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+            verdict(same)
+        );
+        sizes.push(rec);
+    }
+    Ok(Some(json!({
+        "prompt_len": plan.prompt_len,
+        "decode_len": plan.decode_len,
+        "runs": plan.runs,
+        "sampling": "greedy, one sampler a row",
+        "distinct_bytes_are_a_bound": true,
+        "sizes": sizes,
+    })))
+}
+
+fn is_unsupported(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<BackendError>(),
+        Some(BackendError::Unsupported(_))
+    )
+}
+
+pub fn verdict(same: bool) -> &'static str {
+    if same {
+        "bit-identical"
+    } else {
+        "DIFFERS"
+    }
+}
+
+/// One batch size's figures: the steps of a run after its first (warm-up) are timed.
+fn size_record(size: usize, runs: &[BatchRun], steps: usize, same: bool, bytes: u64) -> Value {
+    let timed = |r: &BatchRun| r.step_s[1.min(r.step_s.len() - 1)..].to_vec();
+    let secs: Vec<f64> = runs.iter().map(|r| timed(r).iter().sum()).collect();
+    let counted = timed(&runs[0]).len() as f64;
+    let agg: Vec<f64> = secs.iter().map(|s| size as f64 * counted / s).collect();
+    let per_seq: Vec<f64> = agg.iter().map(|a| a / size as f64).collect();
+    let step_ms: Vec<f64> = secs.iter().map(|s| 1e3 * s / counted).collect();
+    let gbs = bytes as f64 / (median(&step_ms) / 1e3) / 1e9;
+    json!({
+        "batch": size,
+        "decode_steps": steps,
+        "aggregate_tok_s": stats(&agg),
+        "per_sequence_tok_s": stats(&per_seq),
+        "step_ms": stats(&step_ms),
+        "distinct_weight_bytes_per_step_max": bytes,
+        "weight_gb_s_at_bound": gbs,
+        "invariance": verdict(same),
+        "bit_identical_to_alone": same,
+    })
+}
