@@ -41,7 +41,11 @@ mod tests {
     fn applies_in_order_and_names_a_bad_option() {
         let o = apply(
             CudaOptions::default(),
-            &["graph_steps=1".into(), "router_fold=off".into(), "graph_steps=3".into()],
+            &[
+                "graph_steps=1".into(),
+                "router_fold=off".into(),
+                "graph_steps=3".into(),
+            ],
         )
         .unwrap();
         assert_eq!(o.graph_steps, 3);

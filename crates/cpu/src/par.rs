@@ -202,10 +202,7 @@ pub fn set_threads(n: usize) -> Result<(), ThreadsError> {
     let chosen = *CHOSEN.get_or_init(|| n);
     let running = POOL.get().map_or(chosen, Pool::threads);
     if running != n {
-        return Err(ThreadsError::AlreadyStarted {
-            running,
-            wanted: n,
-        });
+        return Err(ThreadsError::AlreadyStarted { running, wanted: n });
     }
     // Rayon's global pool does the rest of the CPU work (the sampler's sorts, the weights'
     // checks); it takes the same count where it has not started yet, and keeps its own if it has.

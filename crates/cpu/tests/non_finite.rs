@@ -70,8 +70,16 @@ fn nan_or_infinite_weights_are_an_error_on_prefill_and_decode() {
         assert_eq!(emitted, 0, "no token may come from non-finite logits");
         b.prefill(4, &[1, 2], Logits::None).unwrap();
         let mut rows = [
-            BatchRow { session: 5, token: 7, sampler: None },
-            BatchRow { session: 4, token: 3, sampler: None },
+            BatchRow {
+                session: 5,
+                token: 7,
+                sampler: None,
+            },
+            BatchRow {
+                session: 4,
+                token: 3,
+                sampler: None,
+            },
         ];
         expect_non_finite(b.step_batch(&mut rows, &mut BatchOut::default()), 0);
     }

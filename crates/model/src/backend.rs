@@ -256,7 +256,13 @@ pub fn check_batch(
     held: impl Fn(SessionId) -> usize,
 ) -> BackendResult<()> {
     for (i, row) in rows.iter().enumerate() {
-        check_span(config, row.session, held(row.session), capacity, &[row.token])?;
+        check_span(
+            config,
+            row.session,
+            held(row.session),
+            capacity,
+            &[row.token],
+        )?;
         if rows[..i].iter().any(|r| r.session == row.session) {
             return Err(BackendError::Invalid(format!(
                 "session {} appears twice in one batched step",

@@ -33,4 +33,3 @@ pub const EVERY_TYPE: [GgmlType; 6] = [
     GgmlType::F32,
     GgmlType::F16,
 ];
-
