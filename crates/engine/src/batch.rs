@@ -148,7 +148,7 @@ impl Batcher {
             max_tokens,
             next: last,
             sampler: Sampler::new(req.sampling.clone(), &req.prompt),
-            collector: Collector::new(&engine.tokenizer, &req),
+            collector: Collector::new(engine.prompter.tokenizer(), &req),
             sink,
             admitted: Instant::now(),
             done: false,

@@ -151,7 +151,7 @@ impl Engine {
         let (&last, before) = req.prompt.split_last().expect("checked: not empty");
         self.backend
             .prefill(session, &before[cached..], Logits::None)?;
-        let mut c = Collector::new(&self.tokenizer, req);
+        let mut c = Collector::new(self.prompter.tokenizer(), req);
         let mut stats = DecodeStats::default();
         if max_tokens > 0 {
             let dreq = DecodeRequest {

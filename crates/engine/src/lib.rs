@@ -5,12 +5,14 @@ mod batch;
 mod collect;
 mod device;
 mod generate;
+mod prompt;
 mod sessions;
 mod stop;
 
 pub use batch::{BatchOptions, Batcher, SequenceSink};
 pub use device::{open_backend, Device, EngineOptions};
 pub use generate::{Finish, GenerateOutput, GenerateRequest, PromptInput};
+pub use prompt::{PromptText, Prompter};
 pub use sessions::SessionStore;
 pub use stop::StopMatcher;
 
@@ -47,45 +49,12 @@ pub enum EngineError {
     Aborted(String),
 }
 
-/// A prompt to tokenise: a rendered chat, whose messages' control tokens stay text, or raw text
-/// (a completion prompt, the CLI's `--prompt`), whose control tokens all count.
-#[derive(Debug, Clone, Copy)]
-pub enum PromptText<'a> {
-    Raw(&'a str),
-    Chat(&'a RenderedPrompt),
-}
-
-impl<'a> From<&'a str> for PromptText<'a> {
-    fn from(t: &'a str) -> Self {
-        PromptText::Raw(t)
-    }
-}
-
-impl<'a, 'b: 'a> From<&'a &'b str> for PromptText<'a> {
-    fn from(t: &'a &'b str) -> Self {
-        PromptText::Raw(t)
-    }
-}
-
-impl<'a> From<&'a String> for PromptText<'a> {
-    fn from(t: &'a String) -> Self {
-        PromptText::Raw(t)
-    }
-}
-
-impl<'a> From<&'a RenderedPrompt> for PromptText<'a> {
-    fn from(p: &'a RenderedPrompt) -> Self {
-        PromptText::Chat(p)
-    }
-}
-
 pub type Result<T> = std::result::Result<T, EngineError>;
 
 pub struct Engine {
     pub model: Arc<Model>,
     backend: Box<dyn Backend>,
-    tokenizer: Arc<Tokenizer>,
-    template: Option<ChatTemplate>,
+    prompter: Prompter,
     sessions: SessionStore,
 }
 
@@ -97,24 +66,26 @@ impl Engine {
 
     pub fn from_model(model: Arc<Model>, opts: &EngineOptions) -> Result<Engine> {
         let tokenizer = Arc::new(Tokenizer::from_spec(&model.tokenizer)?);
-        let template = match tokenizer.chat_template() {
-            Some(src) => Some(ChatTemplate::new(src)?),
-            None => None,
-        };
         let backend = open_backend(model.clone(), opts)?;
         let capacity = backend.info().kv_capacity;
+        let prompter = Prompter::new(tokenizer, capacity, model.config.vocab_size)?;
         let sessions = SessionStore::new(opts.max_cached_positions.max(capacity));
         Ok(Engine {
             model,
             backend,
-            tokenizer,
-            template,
+            prompter,
             sessions,
         })
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        self.prompter.tokenizer()
+    }
+
+    /// The prompt builder (chat template and tokenizer, shared): a front end renders and
+    /// tokenises with a clone of it on its own threads, off the engine's.
+    pub fn prompter(&self) -> Prompter {
+        self.prompter.clone()
     }
 
     pub fn backend(&self) -> &dyn Backend {
@@ -136,46 +107,18 @@ impl Engine {
         self.backend.info().kv_capacity
     }
 
-    /// Renders a conversation with the model's chat template. The messages' text is marked so
-    /// that [`Self::encode_prompt`] reads control tokens typed in it as text (no forged turns).
+    /// Renders a conversation with the model's chat template (`Prompter::render_chat`).
     pub fn render_chat(
         &self,
         messages: &[ChatMessage],
         enable_thinking: Option<bool>,
     ) -> Result<RenderedPrompt> {
-        let t = self.template.as_ref().ok_or_else(|| {
-            EngineError::Invalid("the model has no tokenizer.chat_template".into())
-        })?;
-        let marked = self.tokenizer.mark_messages(messages);
-        Ok(RenderedPrompt::from_marked(&t.render(
-            &marked,
-            true,
-            enable_thinking,
-        )?))
+        self.prompter.render_chat(messages, enable_thinking)
     }
 
-    /// Tokenises a prompt (BOS first if the model asks for it). A prompt that cannot leave room
-    /// in the context is refused with [`EngineError::PromptOverContext`] before it is tokenised
-    /// whole, so a multi-megabyte prompt costs no more than one that fits.
+    /// Tokenises a prompt within the context (`Prompter::encode_prompt`).
     pub fn encode_prompt<'p>(&self, prompt: impl Into<PromptText<'p>>) -> Result<Vec<u32>> {
-        let plain;
-        let rendered = match prompt.into() {
-            PromptText::Chat(p) => p,
-            PromptText::Raw(t) => {
-                plain = RenderedPrompt::plain(t);
-                &plain
-            }
-        };
-        let context = self.context_capacity();
-        match self
-            .tokenizer
-            .encode_within(rendered, context.saturating_sub(1))
-        {
-            Err(q4moe_tokenizer::TokenizerError::TooLong { .. }) => {
-                Err(EngineError::PromptOverContext { context })
-            }
-            other => Ok(other?),
-        }
+        self.prompter.encode_prompt(prompt)
     }
 
     /// Forgets every cached conversation.

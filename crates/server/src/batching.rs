@@ -10,7 +10,7 @@ use q4moe_engine::{Batcher, Engine, EngineError, Flow, GenerateOutput, SequenceS
 use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
-use crate::scheduler::{prepare, report, take, Event, Job, Order, TextSender};
+use crate::scheduler::{prepare, report, take, Job, Order, TextSender};
 
 /// One job's sequence in the batch: its text goes to the client, its end to `report`.
 struct JobSink {
@@ -76,24 +76,7 @@ fn admit(engine: &mut Engine, batch: &mut Batcher, job: Job, order: &mut Order, 
         return;
     };
     let admitted = Instant::now();
-    let prepared = std::panic::catch_unwind(AssertUnwindSafe(|| prepare(engine, &job, ids)));
-    let req = match prepared {
-        Ok(Ok(req)) => req,
-        Ok(Err(e)) => {
-            m.finished("error");
-            let _ = job.events.send(Event::Error(e));
-            return;
-        }
-        Err(_) => {
-            m.finished("error");
-            let _ = job
-                .events
-                .send(Event::Error(crate::errors::ApiError::internal(
-                    "the engine panicked preparing this request",
-                )));
-            return;
-        }
-    };
+    let req = prepare(&job, ids);
     let text = TextSender {
         events: job.events.clone(),
         metrics: m.clone(),

@@ -94,7 +94,7 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
         messages: req.messages,
         enable_thinking: req.enable_thinking,
     };
-    let mut ticket = app.engine.submit(prompt, req.gen)?;
+    let mut ticket = app.engine.submit(prompt, req.gen).await?;
     let started = ticket.started().await?;
     let meta = Meta::new("chatcmpl", &app.model_name);
     if stream {
@@ -134,7 +134,8 @@ async fn completion(app: App, body: Result<Bytes, BytesRejection>) -> Result<Res
     let (stream, include_usage) = (req.gen.stream, req.gen.include_usage);
     let mut ticket = app
         .engine
-        .submit(JobPrompt::Completion(req.prompt), req.gen)?;
+        .submit(JobPrompt::Completion(req.prompt), req.gen)
+        .await?;
     let started = ticket.started().await?;
     let meta = Meta::new("cmpl", &app.model_name);
     if stream {

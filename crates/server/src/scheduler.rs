@@ -3,7 +3,10 @@
 //! job gets exactly one `Done` or `Error` unless its client has gone (then nobody is listening).
 //!
 //! The worker runs the continuous batch (`batching`) when the backend has a batched step, and
-//! otherwise, explicitly, one job at a time here (`serial_worker`).
+//! otherwise, explicitly, one job at a time here (`serial_worker`). Prompts are rendered and
+//! tokenised before a job is queued, on tokio's blocking pool with a clone of the engine's
+//! `Prompter`: a hostile chat template or a huge prompt costs that request, never the engine
+//! thread the running streams depend on.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -11,7 +14,7 @@ use std::time::Instant;
 
 use q4moe_engine::{
     BatchOptions, Batcher, ChatMessage, Engine, EngineError, Finish, Flow, GenerateOutput,
-    GenerateRequest,
+    GenerateRequest, Prompter,
 };
 use tokio::sync::mpsc;
 
@@ -37,8 +40,19 @@ impl JobPrompt {
     }
 }
 
+/// A job's prompt, rendered and tokenised off the engine thread.
+pub(crate) struct BuiltPrompt {
+    pub ids: Vec<u32>,
+    /// The chat template's generation prompt opened a `<think>` block.
+    pub think_open: bool,
+    /// Tokens to generate (what was asked, or what fits beside the prompt).
+    pub max_tokens: usize,
+    /// The request field a prompt error is about.
+    pub param: &'static str,
+}
+
 pub(crate) struct Job {
-    pub prompt: JobPrompt,
+    pub prompt: BuiltPrompt,
     pub gen: GenParams,
     pub accepted: Instant,
     pub events: mpsc::UnboundedSender<Event>,
@@ -72,7 +86,7 @@ pub struct EngineHandle {
     /// Held with the next sequence number, so numbering and queue order agree.
     tx: Arc<Mutex<(u64, mpsc::Sender<Job>)>>,
     pub metrics: Arc<Metrics>,
-    context: usize,
+    prompter: Prompter,
 }
 
 /// A submitted job's event stream.
@@ -121,7 +135,7 @@ impl EngineHandle {
         };
         let (tx, rx) = mpsc::channel(queue.max(1));
         let metrics = Arc::new(Metrics::default());
-        let context = engine.context_capacity();
+        let prompter = engine.prompter();
         let m = metrics.clone();
         std::thread::Builder::new()
             .name("q4moe-engine".into())
@@ -133,17 +147,26 @@ impl EngineHandle {
         Ok(EngineHandle {
             tx: Arc::new(Mutex::new((0, tx))),
             metrics,
-            context,
+            prompter,
         })
     }
 
     /// Positions one sequence may hold.
     pub fn context_capacity(&self) -> usize {
-        self.context
+        self.prompter.context()
     }
 
-    /// Queues a job; a full queue is refused at once (503) rather than waited on.
-    pub fn submit(&self, prompt: JobPrompt, gen: GenParams) -> Result<Ticket, ApiError> {
+    /// Renders and tokenises the prompt on the blocking pool, then queues the job; a full queue
+    /// is refused at once (503) rather than waited on.
+    pub async fn submit(&self, prompt: JobPrompt, gen: GenParams) -> Result<Ticket, ApiError> {
+        let prompter = self.prompter.clone();
+        let (prompt, gen) = tokio::task::spawn_blocking(move || {
+            let built = build_prompt(&prompter, &prompt, &gen);
+            (built, gen)
+        })
+        .await
+        .map_err(|_| ApiError::internal("building the prompt failed (a panic)"))?;
+        let prompt = prompt?;
         let (etx, erx) = mpsc::unbounded_channel();
         let job = Job {
             prompt,
@@ -223,40 +246,49 @@ fn serial_worker(mut engine: Engine, mut rx: mpsc::Receiver<Job>, metrics: Arc<M
     }
 }
 
-/// Renders and tokenises the prompt; returns its ids and whether a `<think>` block is open.
-fn build_prompt(engine: &Engine, p: &JobPrompt) -> Result<(Vec<u32>, bool), ApiError> {
-    let param = p.param();
-    match p {
+/// Renders and tokenises the prompt and sets the tokens to generate.
+fn build_prompt(
+    p: &Prompter,
+    prompt: &JobPrompt,
+    gen: &GenParams,
+) -> Result<BuiltPrompt, ApiError> {
+    let param = prompt.param();
+    let (ids, think_open) = match prompt {
         JobPrompt::Chat {
             messages,
             enable_thinking,
         } => {
-            let text = engine
+            let text = p
                 .render_chat(messages, *enable_thinking)
                 .map_err(|e| from_engine(e, param))?;
             let open = text.trim_end_matches('\n').ends_with("<think>");
-            Ok((
-                engine
-                    .encode_prompt(&text)
-                    .map_err(|e| from_engine(e, param))?,
+            (
+                p.encode_prompt(&text).map_err(|e| from_engine(e, param))?,
                 open,
-            ))
+            )
         }
-        JobPrompt::Completion(Prompt::Text(t)) => Ok((
-            engine.encode_prompt(t).map_err(|e| from_engine(e, param))?,
+        JobPrompt::Completion(Prompt::Text(t)) => (
+            p.encode_prompt(t).map_err(|e| from_engine(e, param))?,
             false,
-        )),
+        ),
         JobPrompt::Completion(Prompt::Tokens(ids)) => {
-            let vocab = engine.model.config.vocab_size;
-            match ids.iter().find(|&&t| t as usize >= vocab) {
-                Some(t) => Err(ApiError::invalid(
+            let vocab = p.vocab();
+            if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::invalid(
                     param,
                     format!("token id {t} is outside the vocabulary of {vocab}"),
-                )),
-                None => Ok((ids.clone(), false)),
+                ));
             }
+            (ids.clone(), false)
         }
-    }
+    };
+    let max_tokens = budget(ids.len(), p.context(), gen, param)?;
+    Ok(BuiltPrompt {
+        ids,
+        think_open,
+        max_tokens,
+        param,
+    })
 }
 
 /// Tokens to generate: what was asked, which must fit beside the prompt, else what fits.
@@ -284,31 +316,22 @@ fn budget(prompt: usize, context: usize, gen: &GenParams, param: &str) -> Result
     }
 }
 
-/// Builds the engine's request for a job; on success the client is told it started.
-pub(crate) fn prepare(
-    engine: &Engine,
-    job: &Job,
-    ids: Started,
-) -> Result<GenerateRequest, ApiError> {
-    let (prompt, think_open) = build_prompt(engine, &job.prompt)?;
-    let max_tokens = budget(
-        prompt.len(),
-        engine.context_capacity(),
-        &job.gen,
-        job.prompt.param(),
-    )?;
+/// The engine's request for a job (its prompt was built when it was submitted); the client is
+/// told it started.
+pub(crate) fn prepare(job: &Job, ids: Started) -> GenerateRequest {
+    let think_open = job.prompt.think_open;
     let _ = job
         .events
         .send(Event::Started(Started { think_open, ..ids }));
-    Ok(GenerateRequest {
-        prompt,
-        max_tokens,
+    GenerateRequest {
+        prompt: job.prompt.ids.clone(),
+        max_tokens: job.prompt.max_tokens,
         sampling: job.gen.sampling.clone(),
         stop: job.gen.stop.clone(),
         stop_at_eos: !job.gen.ignore_eos,
         want_logits: false,
         reuse_prefix: true,
-    })
+    }
 }
 
 /// Streams a job's text to its client, timing the gaps; `Stop` once the client is gone.
@@ -345,7 +368,7 @@ pub(crate) fn report(
             metrics.finished("error");
             let _ = job
                 .events
-                .send(Event::Error(from_engine(e, job.prompt.param())));
+                .send(Event::Error(from_engine(e, job.prompt.param)));
             return;
         }
     };
@@ -380,14 +403,7 @@ pub(crate) fn report(
 
 fn run_job(engine: &mut Engine, job: &Job, ids: Started, metrics: &Arc<Metrics>) {
     let admitted = Instant::now();
-    let req = match prepare(engine, job, ids) {
-        Ok(req) => req,
-        Err(e) => {
-            metrics.finished("error");
-            let _ = job.events.send(Event::Error(e));
-            return;
-        }
-    };
+    let req = prepare(job, ids);
     let mut sender = TextSender {
         events: job.events.clone(),
         metrics: metrics.clone(),
