@@ -1,36 +1,14 @@
 //! Issue 55 items 6, 7 and 9: slow, idle, flooding and careless clients, over real sockets.
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use q4moe_engine::{Device, Engine, EngineOptions};
 use q4moe_server::{ConnLimits, ServeConfig};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn model_path() -> &'static PathBuf {
-    static PATH: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &PATH
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("tiny.gguf");
-            let cfg = q4moe_model::Config::tiny();
-            q4moe_model::synth::write(&path, &cfg, q4moe_model::synth::SynthQuant::Q4_0, 7, false)
-                .unwrap();
-            (dir, path)
-        })
-        .1
-}
-
-fn engine() -> Engine {
-    let opts = EngineOptions {
-        device: Device::Cpu,
-        ..Default::default()
-    };
-    Engine::load(model_path(), &opts).unwrap()
-}
+mod common;
+use common::engine;
 
 /// Short timeouts, so the tests see them fire.
 fn quick() -> ServeConfig {

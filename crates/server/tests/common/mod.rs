@@ -28,12 +28,17 @@ pub struct Server {
     pub http: reqwest::Client,
 }
 
-pub async fn start(cfg: ServeConfig) -> Server {
+/// An engine on the CPU over the tiny model.
+pub fn engine() -> Engine {
     let opts = EngineOptions {
         device: Device::Cpu,
         ..Default::default()
     };
-    let engine = Engine::load(model_path(), &opts).unwrap();
+    Engine::load(model_path(), &opts).unwrap()
+}
+
+pub async fn start(cfg: ServeConfig) -> Server {
+    let engine = engine();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(q4moe_server::serve_on(
