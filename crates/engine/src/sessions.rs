@@ -33,26 +33,34 @@ impl SessionStore {
     }
 
     /// Takes the session to run `prompt` in: with `reuse`, the cached one sharing the longest
-    /// prefix, truncated to it (at most all but the last prompt token: decode feeds that one to
-    /// produce the first generated token); else a new one. Returns the session and how many
-    /// prompt tokens its KV already holds.
+    /// prefix (at most all but the last prompt token: decode feeds that one to produce the first
+    /// generated token), truncated to it; else a new one. Returns the session and how many prompt
+    /// tokens its KV already holds.
+    ///
+    /// A cached conversation is taken over only when the prompt keeps at least as much of it as
+    /// the truncation would throw away (a next turn, whose history may render a little
+    /// differently from the tokens generated), or shares at least half the prompt (a regenerated
+    /// or edited turn): a prompt that shares only the chat template's first tokens with another
+    /// conversation gets a new session instead of truncating that conversation, whose next turn
+    /// still finds it whole. (Sharing such prefixes without copies needs paged KV.)
     pub fn acquire(
         &mut self,
         backend: &mut dyn Backend,
         prompt: &[u32],
         reuse: bool,
     ) -> (SessionId, usize) {
+        let usable = prompt.len().saturating_sub(1);
         let best = reuse
             .then(|| {
                 self.entries
                     .iter()
                     .map(|(&id, e)| {
-                        (
-                            id,
-                            common_prefix(&e.tokens, prompt).min(prompt.len().saturating_sub(1)),
-                        )
+                        let n = common_prefix(&e.tokens, prompt).min(usable);
+                        let lost = e.tokens.len() - n;
+                        (id, n, lost <= n || 2 * n >= prompt.len())
                     })
-                    .filter(|&(_, n)| n > 0)
+                    .filter(|&(_, n, worth_it)| n > 0 && worth_it)
+                    .map(|(id, n, _)| (id, n))
                     .max_by_key(|&(id, n)| (n, std::cmp::Reverse(id)))
             })
             .flatten();

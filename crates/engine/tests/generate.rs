@@ -335,3 +335,42 @@ fn bad_requests_are_refused_before_the_backend_runs() {
     let mut fresh = tiny_engine(&dir, SynthQuant::Q4_0);
     assert_eq!(greedy(&mut e, "hello", 4), greedy(&mut fresh, "hello", 4));
 }
+
+/// Two conversations sharing only their first tokens (a chat template's opening) each keep
+/// their own session: the second does not take over and truncate the first, whose next turn
+/// reuses all it had (issue 54: it used to reuse 4 of 208 tokens).
+#[test]
+fn a_conversation_sharing_only_an_opening_keeps_the_other_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut e = tiny_engine(&dir, SynthQuant::Q4_0);
+    let opening = [1u32, 2, 3, 4];
+    let turn = |seed: u32| -> Vec<u32> {
+        let mut p = opening.to_vec();
+        p.extend((0..40).map(|i| 10 + (i * 7 + seed * 13) % 200));
+        p
+    };
+    let run = |e: &mut Engine, prompt: Vec<u32>| {
+        let mut req = GenerateRequest::new(prompt, 6);
+        req.stop_at_eos = false;
+        req.reuse_prefix = true;
+        e.generate(&req, &mut |_| Flow::Continue).unwrap()
+    };
+    let a1 = turn(1);
+    let a_out = run(&mut e, a1.clone());
+    let b_out = run(&mut e, turn(2));
+    assert_eq!(b_out.cached_tokens, 0, "B took over A's session");
+    let mut a2 = a1.clone();
+    a2.extend(&a_out.tokens);
+    a2.extend([7u32, 8, 9]);
+    let a2_out = run(&mut e, a2.clone());
+    assert!(
+        a2_out.cached_tokens >= a1.len(),
+        "A's second turn reused {} of {} tokens",
+        a2_out.cached_tokens,
+        a2.len()
+    );
+    // A regenerated turn (the same prompt again) still reuses all but its last token.
+    let again = run(&mut e, a2.clone());
+    assert_eq!(again.cached_tokens, a2.len() - 1);
+    assert_eq!(again.tokens, a2_out.tokens);
+}
