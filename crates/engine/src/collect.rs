@@ -8,7 +8,7 @@ use std::time::Instant;
 use q4moe_model::backend::{DecodeStats, Flow};
 use q4moe_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::generate::{Finish, GenerateOutput, GenerateRequest};
+use crate::request::{Finish, GenerateOutput, GenerateRequest};
 use crate::stop::StopMatcher;
 
 /// One sequence's bookkeeping while it generates. The text sink is passed to each call rather

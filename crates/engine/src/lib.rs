@@ -6,13 +6,14 @@ mod collect;
 mod device;
 mod generate;
 mod prompt;
+mod request;
 mod sessions;
 mod stop;
 
 pub use batch::{BatchOptions, Batcher, SequenceSink};
 pub use device::{open_backend, Device, EngineOptions};
-pub use generate::{Finish, GenerateOutput, GenerateRequest, PromptInput};
 pub use prompt::{PromptText, Prompter};
+pub use request::{Finish, GenerateOutput, GenerateRequest, PromptInput};
 pub use sessions::SessionStore;
 pub use stop::StopMatcher;
 

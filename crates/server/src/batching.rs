@@ -9,8 +9,8 @@ use std::time::Instant;
 use q4moe_engine::{Batcher, Engine, EngineError, Flow, GenerateOutput, SequenceSink};
 use tokio::sync::mpsc;
 
+use crate::job::{prepare, report, take, Job, Order, TextSender};
 use crate::metrics::Metrics;
-use crate::scheduler::{prepare, report, take, Job, Order, TextSender};
 
 /// One job's sequence in the batch: its text goes to the client, its end to `report`.
 struct JobSink {

@@ -9,6 +9,7 @@ mod conn;
 pub mod cors;
 pub mod errors;
 mod guards;
+mod job;
 pub mod limits;
 pub mod metrics;
 pub mod openai;
