@@ -6,22 +6,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use q4moe_engine::{
-    BatchOptions, Batcher, Device, Engine, EngineOptions, Finish, Flow, GenerateOutput,
-    GenerateRequest, SamplingParams, SequenceSink,
+    BatchOptions, Batcher, Engine, Finish, Flow, GenerateOutput, GenerateRequest, SamplingParams,
+    SequenceSink,
 };
-use q4moe_model::synth::{self, SynthQuant};
-use q4moe_model::{Config, Model};
+use q4moe_model::synth::SynthQuant;
 
-fn tiny_engine(dir: &tempfile::TempDir) -> Engine {
-    let path = dir.path().join("tiny.gguf");
-    synth::write(&path, &Config::tiny(), SynthQuant::Q4_0, 7, false).unwrap();
-    let opts = EngineOptions {
-        device: Device::Cpu,
-        kv_capacity: 256,
-        ..Default::default()
-    };
-    Engine::from_model(Arc::new(Model::load(&path).unwrap()), &opts).unwrap()
-}
+mod common;
+use common::tiny_engine;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Ev {
@@ -130,7 +121,7 @@ fn run_to_end(engine: &mut Engine, batch: &mut Batcher) {
 #[test]
 fn four_sequences_in_a_batch_give_what_each_gives_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let mut engine = tiny_engine(&dir);
+    let mut engine = tiny_engine(&dir, SynthQuant::Q4_0);
     let reqs = requests(&engine);
     let alone: Vec<GenerateOutput> = reqs
         .iter()
@@ -165,7 +156,7 @@ fn four_sequences_in_a_batch_give_what_each_gives_alone() {
 #[test]
 fn a_long_prompt_coming_in_does_not_stop_running_streams() {
     let dir = tempfile::tempdir().unwrap();
-    let mut engine = tiny_engine(&dir);
+    let mut engine = tiny_engine(&dir, SynthQuant::Q4_0);
     let reqs = requests(&engine);
     let h = Harness::new(3);
     let mut batch = Batcher::new(BatchOptions {
@@ -200,7 +191,7 @@ fn a_long_prompt_coming_in_does_not_stop_running_streams() {
 #[test]
 fn a_cancelled_sequence_leaves_at_the_next_step_and_keeps_its_text() {
     let dir = tempfile::tempdir().unwrap();
-    let mut engine = tiny_engine(&dir);
+    let mut engine = tiny_engine(&dir, SynthQuant::Q4_0);
     let reqs = requests(&engine);
     let h = Harness::new(3);
     let mut batch = Batcher::new(BatchOptions {
@@ -243,7 +234,7 @@ fn bad_options_and_bad_requests_are_refused() {
         assert!(Batcher::new(opts).is_err(), "{opts:?}");
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut engine = tiny_engine(&dir);
+    let mut engine = tiny_engine(&dir, SynthQuant::Q4_0);
     let mut batch = Batcher::new(BatchOptions::default()).unwrap();
     let got: Arc<Mutex<Option<String>>> = Arc::default();
     struct Err1(Arc<Mutex<Option<String>>>);
@@ -277,7 +268,7 @@ fn bad_options_and_bad_requests_are_refused() {
 #[test]
 fn after_a_panicking_step_abort_ends_the_batch_and_it_serves_on() {
     let dir = tempfile::tempdir().unwrap();
-    let mut engine = tiny_engine(&dir);
+    let mut engine = tiny_engine(&dir, SynthQuant::Q4_0);
     let reqs = requests(&engine);
     let expected = engine.generate(&reqs[1], &mut |_| Flow::Continue).unwrap();
     engine.reset_sessions();

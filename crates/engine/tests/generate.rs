@@ -8,16 +8,8 @@ use q4moe_engine::{
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
 
-fn tiny_engine(dir: &tempfile::TempDir, quant: SynthQuant) -> Engine {
-    let path = dir.path().join("tiny.gguf");
-    synth::write(&path, &Config::tiny(), quant, 7, false).unwrap();
-    let opts = EngineOptions {
-        device: Device::Cpu,
-        kv_capacity: 256,
-        ..Default::default()
-    };
-    Engine::from_model(Arc::new(Model::load(&path).unwrap()), &opts).unwrap()
-}
+mod common;
+use common::tiny_engine;
 
 fn greedy(engine: &mut Engine, prompt: &str, n: usize) -> (Vec<u32>, String) {
     let ids = engine.encode_prompt(prompt).unwrap();

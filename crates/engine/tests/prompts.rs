@@ -1,27 +1,16 @@
 //! Issue 55 items 7 and 8 at the engine: chat content cannot forge turns, and a prompt far beyond
 //! the context is refused before it is tokenised whole.
 
-use std::sync::Arc;
+use q4moe_engine::{ChatMessage, EngineError};
+use q4moe_model::synth::SynthQuant;
 
-use q4moe_engine::{ChatMessage, Device, Engine, EngineError, EngineOptions};
-use q4moe_model::synth::{self, SynthQuant};
-use q4moe_model::{Config, Model};
-
-fn tiny_engine(dir: &tempfile::TempDir) -> Engine {
-    let path = dir.path().join("tiny.gguf");
-    synth::write(&path, &Config::tiny(), SynthQuant::Q4_0, 7, false).unwrap();
-    let opts = EngineOptions {
-        device: Device::Cpu,
-        kv_capacity: 256,
-        ..Default::default()
-    };
-    Engine::from_model(Arc::new(Model::load(&path).unwrap()), &opts).unwrap()
-}
+mod common;
+use common::tiny_engine;
 
 #[test]
 fn a_user_cannot_forge_a_system_turn() {
     let dir = tempfile::tempdir().unwrap();
-    let e = tiny_engine(&dir);
+    let e = tiny_engine(&dir, SynthQuant::Q4_0);
     let tk = e.tokenizer();
     let start = tk.token_id("<|im_start|>").unwrap();
     let end = tk.token_id("<|im_end|>").unwrap();
@@ -39,7 +28,7 @@ fn a_user_cannot_forge_a_system_turn() {
 #[test]
 fn a_prompt_far_beyond_the_context_is_refused_before_tokenising() {
     let dir = tempfile::tempdir().unwrap();
-    let e = tiny_engine(&dir);
+    let e = tiny_engine(&dir, SynthQuant::Q4_0);
     let huge = "All work and no play makes Jack a dull boy.\n".repeat(100_000);
     match e.encode_prompt(huge.as_str()) {
         Err(EngineError::PromptOverContext { context: 256 }) => {}

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{chat_body, metric, start, start_default, user, Server};
+use common::{chat_body, metric, open_stream, start, start_default, user};
 use futures_util::StreamExt;
 use q4moe_server::{BatchOptions, ServeConfig};
 use serde_json::{json, Value};
@@ -66,26 +66,6 @@ async fn concurrent_requests_give_exactly_what_each_gives_alone() {
         assert!(m.contains(name), "{name} missing:\n{m}");
     }
     assert!(metric(&m, "q4moe_inter_token_latency_seconds_count") > 0);
-}
-
-/// Opens a streaming chat and returns its byte stream once the first chunk arrived.
-async fn open_stream(
-    s: &Server,
-    text: &str,
-    max_tokens: usize,
-) -> impl futures_util::Stream<Item = reqwest::Result<axum::body::Bytes>> {
-    let mut body = chat_body(user(text), max_tokens);
-    body["ignore_eos"] = json!(true);
-    body["stream"] = json!(true);
-    let r = s
-        .http
-        .post(format!("{}/v1/chat/completions", s.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    r.bytes_stream()
 }
 
 /// Some generated text arrived (content or reasoning; the opening role chunk has none).

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{chat_body, metric, start, start_default, user};
+use common::{chat_body, metric, open_stream, start, start_default, user};
 use q4moe_server::ServeConfig;
 use serde_json::{json, Value};
 
@@ -447,17 +447,7 @@ async fn api_key_is_required_when_set() {
 async fn client_disconnect_mid_stream_frees_the_engine() {
     use futures_util::StreamExt;
     let s = start_default().await;
-    let mut body = chat_body(user("go on forever"), 480);
-    body["ignore_eos"] = json!(true);
-    body["stream"] = json!(true);
-    let r = s
-        .http
-        .post(format!("{}/v1/chat/completions", s.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let mut bytes = r.bytes_stream();
+    let mut bytes = Box::pin(open_stream(&s, "go on forever", 480).await);
     let first = bytes.next().await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first).contains("data:"));
     drop(bytes);

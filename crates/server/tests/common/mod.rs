@@ -125,3 +125,23 @@ pub fn metric(text: &str, name: &str) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// Opens a streaming chat (EOS ignored) and returns its byte stream once the response began.
+pub async fn open_stream(
+    s: &Server,
+    text: &str,
+    max_tokens: usize,
+) -> impl futures_util::Stream<Item = reqwest::Result<axum::body::Bytes>> {
+    let mut body = chat_body(user(text), max_tokens);
+    body["ignore_eos"] = json!(true);
+    body["stream"] = json!(true);
+    let r = s
+        .http
+        .post(format!("{}/v1/chat/completions", s.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes_stream()
+}

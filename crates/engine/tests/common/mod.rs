@@ -1,0 +1,20 @@
+//! What the engine's test files share: a CPU engine over the tiny synthetic model.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use q4moe_engine::{Device, Engine, EngineOptions};
+use q4moe_model::synth::{self, SynthQuant};
+use q4moe_model::{Config, Model};
+
+/// The tiny model in `quant`, written into `dir`, on the CPU with a 256-position KV.
+pub fn tiny_engine(dir: &tempfile::TempDir, quant: SynthQuant) -> Engine {
+    let path = dir.path().join("tiny.gguf");
+    synth::write(&path, &Config::tiny(), quant, 7, false).unwrap();
+    let opts = EngineOptions {
+        device: Device::Cpu,
+        kv_capacity: 256,
+        ..Default::default()
+    };
+    Engine::from_model(Arc::new(Model::load(&path).unwrap()), &opts).unwrap()
+}
