@@ -7,7 +7,7 @@
 #              "target/release/deps/moe_kernels-<hash>", "target/release/deps/parity-<hash>",
 #              "target/release/deps/generate-<hash>"])
 # Steps (default: tests bench:q4_0 bench:q4_k_m):
-#   tests          every carried CUDA test binary (TEST_BINS, default "kernels moe_kernels parity generate": the newest
+#   tests          every carried CUDA test binary (TEST_BINS, default "batch kernels moe_kernels parity generate": the newest
 #                  target/release/deps/<name>-*) with --include-ignored; pass/fail counts. The
 #                  probe's test: TEST_BINS="timeline" (`cargo test --release -p q4moe-cuda --features timeline --no-run`).
 #   sanitize       compute-sanitizer memcheck on the tiny parity tests and on the kernel tests.
@@ -47,7 +47,7 @@ RECORD=(--device cuda --prompt-len 128 --decode-len 256 --long-context 4096)
 
 run_tests() {
   local t b r
-  for t in ${TEST_BINS:-kernels moe_kernels parity generate}; do
+  for t in ${TEST_BINS:-batch kernels moe_kernels parity generate}; do
     b=$(newest "$t")
     [ -n "$b" ] || { say "tests $t: NOT CARRIED"; failed=1; continue; }
     timeout 500 "$b" --include-ignored --test-threads=1 > "$OUT/tests-$t.log" 2>&1

@@ -3,7 +3,7 @@
 //! for all B. Each token attends over its own session's cache at its own position; its logits
 //! are bit-identical to running it alone (batch.rs says why).
 
-use q4moe_model::backend::{check_batch, BackendResult, BatchOut, BatchRow};
+use q4moe_model::backend::{check_batch, choose_tokens, BackendResult, BatchOut, BatchRow};
 
 use crate::batch::Seats;
 use crate::kv::KvCache;
@@ -50,19 +50,5 @@ impl CpuBackend {
         }
         choose_tokens(rows, out, &mut self.scratch.logits);
         Ok(())
-    }
-}
-
-/// Each row with a sampler samples from a copy of its logits (the penalties change them in
-/// place; `out.logits` keeps them as computed), as `decode` samples a token.
-fn choose_tokens(rows: &mut [BatchRow<'_>], out: &mut BatchOut, tmp: &mut Vec<f32>) {
-    let vocab = out.logits.len() / rows.len();
-    for (row, logits) in rows.iter_mut().zip(out.logits.chunks(vocab)) {
-        let token = row.sampler.as_deref_mut().map(|sampler| {
-            tmp.clear();
-            tmp.extend_from_slice(logits);
-            sampler.sample(tmp)
-        });
-        out.tokens.push(token);
     }
 }

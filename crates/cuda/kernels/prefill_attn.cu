@@ -6,13 +6,17 @@
 // queries, partials and outputs sit at the token's offset and whose position is its own
 // StepState's. Every token's keys and values are in the cache first (pf_qk_norm_rope over the
 // chunk), so token t attends to the positions up to its own.
-extern "C" __global__ void pf_qk_norm_rope(RopeParams p) {
-    pdl_start();
+__device__ __forceinline__ RopeParams pf_rope_token(RopeParams p) {
     u64 z = blockIdx.z, q_dim = (u64)p.n_head * p.head_dim;
     p.qkv += z * (q_dim + 2ull * p.n_kv_head * p.head_dim) * 4;
     p.q_out += z * q_dim * 4;
     p.state += z * sizeof(StepState);
-    qk_norm_rope_head(p);
+    return p;
+}
+
+extern "C" __global__ void pf_qk_norm_rope(RopeParams p) {
+    pdl_start();
+    qk_norm_rope_head(pf_rope_token(p));
 }
 
 __device__ __forceinline__ AttnParams pf_token(AttnParams p) {
@@ -32,6 +36,40 @@ extern "C" __global__ void pf_attn_split(const AttnParams p) {
 extern "C" __global__ void pf_attn_combine(const AttnParams p) {
     pdl_start();
     attn_combine_unit(pf_token(p), this_unit());
+}
+
+// The batched decode step's attention (batch.rs): the same per-token kernels, but token z of
+// the step is one session's next token, so its keys and values live in that session's cache:
+// this layer's K and V of token z are at kv[2z] and kv[2z + 1], a table the host writes each
+// step. The merge (pf_attn_combine) reads no cache and serves both.
+struct BtRopeParams {
+    RopeParams r;
+    u64 kv;  // const u64* [tokens][2]
+};
+SIZE_IS(BtRopeParams, 88); FIELD_AT(BtRopeParams, r, 0); FIELD_AT(BtRopeParams, kv, 80);
+
+struct BtAttnParams {
+    AttnParams a;
+    u64 kv;  // const u64* [tokens][2]
+};
+SIZE_IS(BtAttnParams, 80); FIELD_AT(BtAttnParams, a, 0); FIELD_AT(BtAttnParams, kv, 72);
+
+extern "C" __global__ void bt_qk_norm_rope(const BtRopeParams b) {
+    pdl_start();
+    RopeParams p = pf_rope_token(b.r);
+    const u64* kv = (const u64*)b.kv + 2ull * blockIdx.z;
+    p.k_cache = kv[0];
+    p.v_cache = kv[1];
+    qk_norm_rope_head(p);
+}
+
+extern "C" __global__ void bt_attn_split(const BtAttnParams b) {
+    pdl_start();
+    AttnParams p = pf_token(b.a);
+    const u64* kv = (const u64*)b.kv + 2ull * blockIdx.z;
+    p.k_cache = kv[0];
+    p.v_cache = kv[1];
+    attn_split_chunk(p);
 }
 
 // Attention of a chunk's tokens on tensor cores (Qwen3-MoE's shapes: head_dim 128, 8 or 16

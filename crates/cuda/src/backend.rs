@@ -13,6 +13,7 @@ use q4moe_model::backend::{
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
 
+use crate::batch::{BatchBufs, Row};
 use crate::device::Device;
 use crate::l2::L2Plan;
 use crate::launch::Launch;
@@ -69,6 +70,8 @@ pub struct CudaBackend {
     timeline: Timeline,
     /// The batched prefill's buffers (CudaOptions::prefill_chunk), where the geometry allows.
     prefill: Option<Prefill>,
+    /// The batched step's buffers (batch.rs).
+    batch: BatchBufs,
     graph_setups: GraphSetups,
     dev: Device,
 }
@@ -130,6 +133,7 @@ impl CudaBackend {
             sessions: HashMap::new(),
             scratch,
             prefill,
+            batch: BatchBufs::default(),
             w,
             pipeline,
             prompt_states: Pinned::new(PREFILL_RING)?,
@@ -330,6 +334,41 @@ impl CudaBackend {
             self.launch_eager(&ls)?;
         }
         self.dev.sync()
+    }
+
+    /// One batched submission: `group`'s tokens through every layer and the head, their
+    /// logits appended to `out.logits`, their sessions one position longer.
+    fn batch_group(
+        &mut self,
+        group: &[backend::BatchRow<'_>],
+        out: &mut backend::BatchOut,
+    ) -> Result<()> {
+        for row in group {
+            self.session(row.session)?;
+        }
+        let c = &self.model.config;
+        let rows: Vec<Row<'_>> = group
+            .iter()
+            .map(|r| {
+                let s = &self.sessions[&r.session];
+                Row {
+                    token: r.token,
+                    kv: &s.kv,
+                    pos: s.len,
+                }
+            })
+            .collect();
+        let p = self.prefill.as_mut().expect("checked by step_batch");
+        let launches = self.batch.prepare(&self.dev, c, &self.w, p, &rows)?;
+        drop(rows);
+        self.launch_eager(&launches)?;
+        let vocab = self.model.config.vocab_size;
+        self.batch
+            .logits_to(&self.dev, group.len(), vocab, &mut out.logits)?;
+        for row in group {
+            self.session(row.session)?.len += 1;
+        }
+        Ok(())
     }
 
     /// Adds what the timeline recorded in this decode's recorded steps, launches named after
@@ -558,7 +597,7 @@ impl Backend for CudaBackend {
             kv_type: self.opts.kv_type,
             cache_policy: self.scratch.l2.describe(),
             step_readback: self.describe_readback(),
-            batched_step: false,
+            batched_step: self.prefill.is_some(),
         }
     }
 
@@ -666,16 +705,36 @@ impl Backend for CudaBackend {
         Ok(stats)
     }
 
-    /// The CUDA batched step is issue 54's next part (slot tables on the device, the MoE
-    /// grouped by expert on the device); until then a batched step is refused, changing nothing.
+    /// The batched step (batch.rs) on the batched prefill's kernels; where the geometry has
+    /// none (prefill::supports), refused, changing nothing.
     fn step_batch(
         &mut self,
-        _rows: &mut [backend::BatchRow<'_>],
-        _out: &mut backend::BatchOut,
+        rows: &mut [backend::BatchRow<'_>],
+        out: &mut backend::BatchOut,
     ) -> BackendResult<()> {
-        Err(BackendError::Unsupported(
-            "the batched decode step on CUDA (issue 54)".into(),
-        ))
+        let c = &self.model.config;
+        let held = |s| self.sessions.get(&s).map_or(0, |x: &Session| x.len);
+        backend::check_batch(c, rows, self.opts.kv_capacity, held)?;
+        out.logits.clear();
+        out.tokens.clear();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let Some(max) = self.prefill.as_ref().map(|p| p.chunk) else {
+            return Err(BackendError::Unsupported(
+                "the batched decode step for this geometry (rows must be multiples of 32, at \
+                 most 4,096), or with the batched kernels off (--cuda-opt prefill_chunk=0)"
+                    .into(),
+            ));
+        };
+        self.dev.bind()?;
+        // More rows than one submission takes run as several: a row's result is its own.
+        for group in rows.chunks(max) {
+            self.batch_group(group, out)?;
+        }
+        let tmp = &mut self.batch.tmp;
+        backend::choose_tokens(rows, out, tmp);
+        Ok(())
     }
 
     fn kv_len(&self, session: SessionId) -> usize {

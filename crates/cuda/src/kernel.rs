@@ -207,10 +207,13 @@ pub enum Kernel {
     PfAttnCombine,
     PfAttnTc,
     PfAttnTcG16,
+    /// The batched decode step's attention over each token's own session (prefill_attn.cu).
+    BtQkNormRope,
+    BtAttnSplit,
 }
 
 /// The kernels with no mode.
-const SINGLE: [Kernel; 34] = [
+const SINGLE: [Kernel; 36] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -245,6 +248,8 @@ const SINGLE: [Kernel; 34] = [
     Kernel::PfAttnCombine,
     Kernel::PfAttnTc,
     Kernel::PfAttnTcG16,
+    Kernel::BtQkNormRope,
+    Kernel::BtAttnSplit,
 ];
 
 impl Kernel {
@@ -335,6 +340,8 @@ impl Kernel {
             Kernel::PfAttnCombine => "pf_attn_combine",
             Kernel::PfAttnTc => "pf_attn_tc",
             Kernel::PfAttnTcG16 => "pf_attn_tc_g16",
+            Kernel::BtQkNormRope => "bt_qk_norm_rope",
+            Kernel::BtAttnSplit => "bt_attn_split",
         }
     }
 }
@@ -361,12 +368,12 @@ fn down_symbol(m: DownMode) -> &'static str {
 mod tests {
     use super::*;
 
-    /// The table holds each kernel once and each symbol once: 34 without a mode, 18 matvecs,
+    /// The table holds each kernel once and each symbol once: 36 without a mode, 18 matvecs,
     /// 4 gate/up, 10 down, 8 o_proj_router, 8 head_argmax.
     #[test]
     fn every_kernel_has_one_distinct_symbol() {
         let all = Kernel::all();
-        assert_eq!(all.len(), 82);
+        assert_eq!(all.len(), 84);
         let mut symbols: Vec<&str> = all.iter().map(|k| k.symbol()).collect();
         symbols.sort();
         symbols.dedup();

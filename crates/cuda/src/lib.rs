@@ -12,6 +12,7 @@
 //! in-flight read-back ring, `backend` the `Backend` implementation.
 
 mod backend;
+mod batch;
 mod device;
 mod error;
 mod graph;

@@ -103,6 +103,24 @@ pub struct AttnParams {
     pub scale: f32,
 }
 
+/// `BtRopeParams` in prefill_attn.cu: the batched step's norm, RoPE and KV append, `kv` a
+/// device table of each token's K and V cache for the layer ([tokens][2] addresses).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BtRopeParams {
+    pub r: RopeParams,
+    pub kv: u64,
+}
+
+/// `BtAttnParams` in prefill_attn.cu: the batched step's attention partials, `kv` as in
+/// BtRopeParams.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BtAttnParams {
+    pub a: AttnParams,
+    pub kv: u64,
+}
+
 /// `ProbeParams` in probe.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -412,6 +430,8 @@ layout!(RopeParams, 80; qkv @ 0, q_out @ 8, q_norm @ 16, k_norm @ 24, k_cache @ 
     v_cache @ 40, state @ 48, n_head @ 56, n_kv_head @ 60, head_dim @ 64, eps @ 68, theta @ 72);
 layout!(AttnParams, 72; q @ 0, k_cache @ 8, v_cache @ 16, part @ 24, out @ 32, state @ 40,
     n_head @ 48, n_kv_head @ 52, head_dim @ 56, n_split @ 60, scale @ 64);
+layout!(BtRopeParams, 88; r @ 0, kv @ 80);
+layout!(BtAttnParams, 80; a @ 0, kv @ 72);
 layout!(ProbeParams, 8; cell @ 0);
 layout!(TopkParams, 40; logits @ 0, ids @ 8, weights @ 16, n_expert @ 24, n_used @ 28,
     norm_topk @ 32);

@@ -182,6 +182,23 @@ impl Prefill {
         Ok(())
     }
 
+    /// Uploads the batched step's rows (each its token at its session's next position) and
+    /// makes room for their attention partials at `len` positions at most.
+    pub fn load_rows(
+        &mut self,
+        dev: &Device,
+        c: &Config,
+        rows: &[StepState],
+        len: usize,
+    ) -> Result<()> {
+        self.states.upload(dev, 0, rows)?;
+        let part = rows.len().min(self.part_tokens(c, len)) * part_bytes(c, len);
+        if part > self.part.bytes {
+            self.part = DevBuf::new(dev, part)?;
+        }
+        Ok(())
+    }
+
     /// Tokens whose attention partials at `len` positions fit the budget.
     fn part_tokens(&self, c: &Config, len: usize) -> usize {
         (self.part_budget / part_bytes(c, len).max(1)).max(1)
@@ -189,6 +206,41 @@ impl Prefill {
 
     /// Every layer for the `n` tokens `load` put up, which sit at positions pos0.. of `kv`.
     pub fn launches(&self, c: &Config, w: &Weights, kv: &Kv, pos0: usize, n: usize) -> Vec<Launch> {
+        let keys = |l| Keys::Prompt(kv.layer(c, l), pos0);
+        self.layers(c, w, keys, n, false)
+    }
+
+    /// The batched decode step (batch.rs) for the `n` rows `load_rows` put up: every layer,
+    /// each token attending over its own session's cache (`tab` holds each layer's
+    /// [n][2] cache addresses, layer after layer; `len` the longest context a row reaches),
+    /// then the output head: logits[t * vocab + i] at `logits`.
+    pub fn step_launches(
+        &self,
+        c: &Config,
+        w: &Weights,
+        (tab, len): (u64, usize),
+        n: usize,
+        logits: u64,
+    ) -> Vec<Launch> {
+        let layer_bytes = (n * 2 * 8) as u64;
+        let keys = |l: usize| Keys::Rows(tab + l as u64 * layer_bytes, len);
+        let mut out = self.layers(c, w, keys, n, true);
+        out.push(self.quant(c, self.x.ptr, w.output_norm, c.d_model, n));
+        let head = self.dense(w.output, c.vocab_size, logits, c.vocab_size, n, false);
+        out.push(named(head, "pf head"));
+        out
+    }
+
+    /// The embedding and every layer; the last layer's experts only with `last_experts` (a
+    /// prompt's chunk needs no output from them: only the keys and values matter).
+    fn layers(
+        &self,
+        c: &Config,
+        w: &Weights,
+        keys: impl Fn(usize) -> Keys,
+        n: usize,
+        last_experts: bool,
+    ) -> Vec<Launch> {
         let e = EmbedParams {
             w: w.embd,
             state: self.states.ptr,
@@ -204,8 +256,8 @@ impl Prefill {
             0,
         )];
         for (l, lw) in w.layers.iter().enumerate() {
-            self.attention(c, lw, kv.layer(c, l), pos0, n, &mut out);
-            if l + 1 < w.layers.len() {
+            self.attention(c, lw, keys(l), n, &mut out);
+            if last_experts || l + 1 < w.layers.len() {
                 self.experts(c, lw, n, &mut out);
             }
         }
@@ -223,15 +275,12 @@ impl Prefill {
         dense_launch(self.mma, w, rows, x, (out, stride), n, add)
     }
 
-    fn attention(
-        &self,
-        c: &Config,
-        lw: &LayerW,
-        (kc, vc): (u64, u64),
-        pos0: usize,
-        n: usize,
-        out: &mut Vec<Launch>,
-    ) {
+    fn attention(&self, c: &Config, lw: &LayerW, keys: Keys, n: usize, out: &mut Vec<Launch>) {
+        let ((kc, vc), len) = match keys {
+            Keys::Prompt(kv, pos0) => (kv, pos0 + n),
+            // The rows' caches come from the table (bt_*); these two are unused.
+            Keys::Rows(_, len) => ((0, 0), len),
+        };
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let stride = q_dim + 2 * kv_dim;
         out.push(self.quant(c, self.x.ptr, lw.attn_norm, c.d_model, n));
@@ -246,15 +295,20 @@ impl Prefill {
         }
         let r = rope_params(c, lw, (kc, vc), (self.qkv.ptr, self.q.ptr), self.states.ptr);
         let bufs = (self.q.ptr, self.part.ptr, self.att.ptr, self.states.ptr);
-        let a = attn_params(c, (kc, vc), bufs, n_split(pos0 + n));
+        let a = attn_params(c, (kc, vc), bufs, n_split(len));
         let kernels = [
             Kernel::PfQkNormRope,
             Kernel::PfAttnSplit,
             Kernel::PfAttnCombine,
         ];
         let [rope, ..] = split_attention(c, &r, &a, n as u32, kernels);
-        out.push(rope);
-        if let Some((kernel, tokens)) = self.attn_tc {
+        out.push(match keys {
+            Keys::Prompt(..) => rope,
+            Keys::Rows(tab, _) => {
+                rows_form(&rope, Kernel::BtQkNormRope, &BtRopeParams { r, kv: tab })
+            }
+        });
+        if let (Keys::Prompt(..), Some((kernel, tokens))) = (keys, self.attn_tc) {
             let tc = AttnParams {
                 n_split: n as i32,
                 ..a
@@ -264,7 +318,7 @@ impl Prefill {
             out.push(Launch::new(kernel, name, grid, THREADS, PFA_SMEM, &tc, 0));
         } else {
             // The chunk's tokens in sub-batches whose partials fit the budget.
-            let sub = self.part_tokens(c, pos0 + n);
+            let sub = self.part_tokens(c, len);
             for z0 in (0..n).step_by(sub) {
                 let (qz, sz) = (
                     (z0 * q_dim * 4) as u64,
@@ -278,6 +332,13 @@ impl Prefill {
                 };
                 let [_, split, combine] =
                     split_attention(c, &r, &az, sub.min(n - z0) as u32, kernels);
+                let split = match keys {
+                    Keys::Prompt(..) => split,
+                    Keys::Rows(tab, _) => {
+                        let kv = tab + (z0 * 2 * 8) as u64;
+                        rows_form(&split, Kernel::BtAttnSplit, &BtAttnParams { a: az, kv })
+                    }
+                };
                 out.extend([split, combine]);
             }
         }
@@ -487,6 +548,21 @@ pub(crate) fn dense_launch(
         ..Default::default()
     };
     rows_launch(mma, p, n, 1)
+}
+
+/// Whose keys and values a layer's attention reads and appends to.
+#[derive(Clone, Copy)]
+enum Keys {
+    /// A prompt's chunk: the layer's (K, V) of one session, the chunk at positions pos0..
+    Prompt((u64, u64), usize),
+    /// The batched step's rows, each at its own session's next position: the device table of
+    /// the rows' [n][2] cache addresses for the layer, and the longest context a row reaches.
+    Rows(u64, usize),
+}
+
+/// `l`'s launch (grid, block) on the batched step's form of its kernel, with that form's params.
+fn rows_form<P: Copy>(l: &Launch, kernel: Kernel, p: &P) -> Launch {
+    Launch::new(kernel, kernel.symbol(), l.grid, l.block, l.smem, p, 0)
 }
 
 /// A weight launch under its matrix's name in the kernel profile (pf_mma or pf_rows runs it).

@@ -246,6 +246,21 @@ impl BatchOut {
     }
 }
 
+/// A batched step's token choice, the same on every backend that chooses on the host: each
+/// row with a sampler samples from a copy of its logits (the penalties change them in
+/// place; `out.logits` keeps them as computed), as `decode` samples a token.
+pub fn choose_tokens(rows: &mut [BatchRow<'_>], out: &mut BatchOut, tmp: &mut Vec<f32>) {
+    let vocab = out.logits.len() / rows.len();
+    for (row, logits) in rows.iter_mut().zip(out.logits.chunks(vocab)) {
+        let token = row.sampler.as_deref_mut().map(|sampler| {
+            tmp.clear();
+            tmp.extend_from_slice(logits);
+            sampler.sample(tmp)
+        });
+        out.tokens.push(token);
+    }
+}
+
 /// A batched step's checks, the same on every backend, before anything runs: every row's
 /// token inside the vocabulary, no session twice (a session advances one token a step), room
 /// for one more position in each (`held(session)` positions of `capacity`).

@@ -1,9 +1,14 @@
 //! Test bodies every backend runs (candle's habit: one body, each device): the CPU's tests call
 //! them here, crates/cuda/tests/parity.rs includes this file (`#[path]`) and calls them on the
 //! CUDA backend. A body takes `make`, which builds a fresh backend over one model, and the bound
-//! its backend's logits keep (0: bit for bit).
+//! its backend's logits keep (0: bit for bit). Not every file that includes this one runs every
+//! body.
+#![allow(dead_code)]
 
 use q4moe_model::backend::{Backend, Logits};
+
+/// The batched step's bodies.
+pub mod batch;
 
 /// Largest |a - b| over the largest |b|; infinite where `a` holds a NaN or an infinity.
 pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {

@@ -1,0 +1,110 @@
+//! The CUDA batched decode step (`Backend::step_batch`, batch.rs): the batch-invariance gate
+//! (a sequence's logits bit-identical alone, as the only row, or in any batch, any slot, with
+//! companions joining and leaving), its logits against the CPU's within 2e-3 of the largest
+//! |logit| (the bound of tests/parity.rs), refused steps, and more rows than one submission
+//! takes. Bodies shared with the CPU (crates/cpu/tests/shared/batch.rs). Every test needs a
+//! CUDA GPU and is ignored by default: `cargo test -p q4moe-cuda --release --test batch --
+//! --include-ignored`.
+
+#[path = "../../cpu/tests/shared/mod.rs"]
+mod shared;
+
+use std::sync::Arc;
+
+use q4moe_cpu::{CpuBackend, Precision};
+use q4moe_cuda::{CudaBackend, CudaOptions, KvType};
+use q4moe_model::backend::Backend;
+use q4moe_model::synth::{self, SynthQuant};
+use q4moe_model::{Config, Model};
+use shared::batch::{self as body, AloneBy, Lcg};
+
+fn require_gpu() {
+    if let Err(why) = q4moe_cuda::cuda_available() {
+        panic!("this test needs a CUDA GPU: {why}");
+    }
+}
+
+fn model(cfg: &Config, q: SynthQuant, dir: &tempfile::TempDir) -> Arc<Model> {
+    let path = dir.path().join(format!("m-{}-{q:?}.gguf", cfg.d_model));
+    synth::write(&path, cfg, q, 23, false).unwrap();
+    Arc::new(Model::load(&path).unwrap())
+}
+
+fn cuda(m: &Arc<Model>, cap: usize, prefill_chunk: usize) -> CudaBackend {
+    let opts = CudaOptions {
+        kv_capacity: cap,
+        prefill_chunk,
+        ..CudaOptions::default()
+    };
+    let b = CudaBackend::new(m.clone(), opts).unwrap();
+    assert!(b.info().batched_step, "the geometry has batched kernels");
+    b
+}
+
+/// The gate and the CPU comparison on one geometry and quant: for 1 to 9 sequences, together
+/// and staggered, bit for bit against each alone; then 6 staggered sequences against the
+/// CPU's `decode`.
+fn check(cfg: Config, q: SynthQuant) {
+    require_gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let m = model(&cfg, q, &dir);
+    let mut gpu = cuda(&m, 256, 1024);
+    let tag = format!("{q:?} d_model {}", cfg.d_model);
+    body::invariance(&mut gpu, cfg.vocab_size, 9, AloneBy::BatchOfOne, &tag);
+    let mut cpu = CpuBackend::with_precision(m, 256, Precision::Exact).with_kv_type(KvType::F16);
+    let mut rng = Lcg(11);
+    let seqs = body::random_seqs(&mut rng, 6, cfg.vocab_size, true);
+    let refs = body::alone_all(&mut cpu, &seqs, AloneBy::Decode);
+    let worst = body::check_scenario(&mut gpu, &seqs, &refs, &mut rng, 2e-3, &tag);
+    eprintln!("{tag}: batched CUDA logits vs the CPU's: largest relative error {worst:.2e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tiny_q4_0() {
+    check(Config::tiny(), SynthQuant::Q4_0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tiny_q4_k_m() {
+    check(Config::tiny(), SynthQuant::Q4_K_M);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn mid_q4_0() {
+    check(Config::mid(), SynthQuant::Q4_0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn mid_q4_k_m() {
+    check(Config::mid(), SynthQuant::Q4_K_M);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn refused_steps_change_no_session() {
+    require_gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::tiny();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    body::refused_steps_change_no_session(&mut cuda(&m, 8, 1024), cfg.vocab_size);
+}
+
+/// More rows than one submission takes (a prefill chunk of 32 rows: 3 submissions for 70
+/// rows) give each row what it gives alone.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn more_rows_than_a_submission() {
+    require_gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::tiny();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    let mut gpu = cuda(&m, 64, 32);
+    let mut rng = Lcg(3);
+    let seqs = body::random_seqs(&mut rng, 70, cfg.vocab_size, false);
+    let refs = body::alone_all(&mut gpu, &seqs, AloneBy::BatchOfOne);
+    body::check_scenario(&mut gpu, &seqs, &refs, &mut rng, 0.0, "70 rows, chunk 32");
+}
