@@ -13,6 +13,9 @@
 #   sanitize       compute-sanitizer memcheck on the tiny parity tests and on the kernel tests.
 #   bench:<quant>  `q4moe bench` of record (q4_0, q4_k_m) on a synthetic Qwen3-30B-A3B written
 #                  once per quant to /tmp; JSON to $OUT/bench-<quant>.json.
+#   batch:<quant>  `q4moe bench --batch` (BATCH, default 1,2,4,8,16,32,64) on the synthetic model:
+#                  aggregate tok/s, step ms and the invariance verdict per B; JSON to
+#                  $OUT/batch-<quant>.json.
 #   ab:<quant>     the before/after gate: binaries $Q and $BASE (default target/baseline/q4moe)
 #                  benched alternately for ROUNDS rounds (default 5) under the record's decode
 #                  conditions (cache on, in-flight 2); a median/min/max table per binary of the
@@ -86,6 +89,15 @@ run_bench() {
   say "bench $q: $(grep -E '^cache on, in-flight 2' "$OUT/bench-$q.log" | head -1)"
 }
 
+run_batch() {
+  local q=$1
+  model "$q" || return
+  timeout 450 "$Q" bench --model "/tmp/$q.gguf" --device cuda --prompt-len 128 --decode-len 64 \
+    --runs 5 --batch "${BATCH:-1,2,4,8,16,32,64}" --json-out "$OUT/batch-$q.json" > "$OUT/batch-$q.log" 2>&1 \
+    || { say "batch $q FAILED: $(tail -3 "$OUT/batch-$q.log")"; failed=1; }
+  grep -E 'B = ' "$OUT/batch-$q.log" | while read -r l; do say "batch $q: $l"; done
+}
+
 # ab_one <binary> <quant> <json> <extra args>: one bench of the gate, cache on, in-flight 2, 5 runs.
 ab_one() {
   # shellcheck disable=SC2086  # the extra arguments are words
@@ -135,8 +147,9 @@ for s in $steps; do
     sanitize) run_sanitize ;;
     bench:*) run_bench "${s#bench:}" ;;
     ab:*) run_ab "${s#ab:}" ;;
+    batch:*) run_batch "${s#batch:}" ;;
     ab) run_ab q4_0 ;;
-    *) say "unknown step: $s (tests, sanitize, bench:<quant>, ab:<quant>)"; failed=1 ;;
+    *) say "unknown step: $s (tests, sanitize, bench:<quant>, ab:<quant>, batch:<quant>)"; failed=1 ;;
   esac
   say "  ($s done at ${SECONDS} s)"
 done

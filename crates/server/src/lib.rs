@@ -154,18 +154,23 @@ pub async fn serve_on(
     if let Some(w) = auth::open_server_warning(&cfg.host, cfg.api_key.as_deref()) {
         tracing::warn!("{w}");
     }
-    let mode = if engine.batched_step() {
+    // --max-batch 1 serves one request at a time through `decode`, the single-stream path (on
+    // CUDA its own kernels, not the batched step's).
+    let batched = engine.batched_step() && cfg.batch.max_batch > 1;
+    let mode = if batched {
         format!(
             "continuous batching: up to {} sequences, {} prompt tokens a step",
             cfg.batch.max_batch, cfg.batch.prefill_budget
         )
+    } else if engine.batched_step() {
+        "one request at a time (--max-batch 1)".to_string()
     } else {
         format!(
             "one request at a time: the {} backend has no batched step",
             engine.backend().info().kind
         )
     };
-    let handle = EngineHandle::spawn(engine, cfg.queue_capacity, Some(cfg.batch))?;
+    let handle = EngineHandle::spawn(engine, cfg.queue_capacity, batched.then_some(cfg.batch))?;
     let app = router(handle, &cfg)?;
     tracing::info!(
         "serving '{}' on http://{} ({mode})",
