@@ -12,7 +12,7 @@ use futures_util::stream::{self, StreamExt};
 use q4moe_tokenizer::{ReasoningSplitter, Split};
 use serde_json::{json, Value};
 
-use crate::anthropic::{error_body, stop_reason, usage_json};
+use crate::anthropic_shape::{error_body, stop_reason, usage_json};
 use crate::errors::ApiError;
 use crate::openai::{Meta, Usage};
 use crate::scheduler::{Event, Started, Ticket};

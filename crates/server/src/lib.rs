@@ -6,6 +6,7 @@
 
 pub mod access_log;
 pub mod anthropic;
+pub mod anthropic_shape;
 mod anthropic_sse;
 pub mod auth;
 mod batching;
@@ -136,7 +137,7 @@ pub fn router(handle: EngineHandle, cfg: &ServeConfig) -> anyhow::Result<Router>
             app.clone(),
             routes::observe,
         ))
-        .layer(axum::middleware::from_fn(anthropic::reshape_errors))
+        .layer(axum::middleware::from_fn(anthropic_shape::reshape_errors))
         .layer(axum::middleware::from_fn(access_log::log_requests))
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
         .with_state(app);
