@@ -29,7 +29,7 @@ Ctrl-C stops an answer";
 /// Where lines come from.
 pub enum Lines {
     Editor {
-        editor: rustyline::DefaultEditor,
+        editor: Box<rustyline::DefaultEditor>,
         history: Option<PathBuf>,
     },
     Plain(Box<dyn BufRead>),
@@ -45,7 +45,10 @@ impl Lines {
                     // A first run has no history file yet.
                     let _ = editor.load_history(h);
                 }
-                return Lines::Editor { editor, history };
+                return Lines::Editor {
+                    editor: Box::new(editor),
+                    history,
+                };
             }
         }
         Lines::Plain(Box::new(std::io::BufReader::new(std::io::stdin())))

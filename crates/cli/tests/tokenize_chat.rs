@@ -166,6 +166,7 @@ fn serve(
         }
     }
     let _ = child.kill();
+    let _ = child.wait();
     panic!("the server did not start: {line}");
 }
 
