@@ -5,7 +5,8 @@
 //! The token counts come from the engine worker, which learns them when the job ends: the
 //! middleware opens a per-request [`UsageCell`] as a task-local for the handler's run, and
 //! `EngineHandle::submit` hands it to the job. A task-local, not a handler argument, so that
-//! every endpoint that generates is logged without each threading the cell through.
+//! every endpoint that generates is logged without each threading the cell through. (tower-http's
+//! `TraceLayer` times requests too, but cannot see the engine's token counts.)
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
