@@ -1,8 +1,9 @@
-//! The `q4moe` command line: run, chat, serve, bench, synth, inspect.
+//! The `q4moe` command line: run, chat, serve, bench, synth, inspect, tokenize, detokenize.
 
 mod bench;
 mod chat;
 mod chat_cmd;
+mod chat_input;
 mod cuda_opts;
 mod inspect;
 mod npy;
@@ -10,6 +11,7 @@ mod run;
 mod serve_cmd;
 mod serve_limits;
 mod synth_cmd;
+mod tokenize_cmd;
 
 use clap::{Args, Parser, Subcommand};
 use q4moe_engine::{Device, EngineOptions};
@@ -43,6 +45,10 @@ enum Command {
     Synth(synth_cmd::SynthArgs),
     /// Print a GGUF file's metadata and tensors.
     Inspect(inspect::InspectArgs),
+    /// Token ids of a text (from an argument, -f FILE or standard input).
+    Tokenize(tokenize_cmd::TokenizeArgs),
+    /// Text of token ids (a JSON array or a list; from an argument, -f FILE or standard input).
+    Detokenize(tokenize_cmd::DetokenizeArgs),
 }
 
 /// Options shared by every command that loads a model onto a backend.
@@ -146,6 +152,8 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,q4moe_server=info")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only where a person reads them: not in a log file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -155,6 +163,8 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Synth(a) => synth_cmd::run(a),
         Command::Inspect(a) => inspect::run(a),
+        Command::Tokenize(a) => tokenize_cmd::tokenize(a),
+        Command::Detokenize(a) => tokenize_cmd::detokenize(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

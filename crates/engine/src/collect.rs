@@ -123,6 +123,7 @@ impl Collector {
         }
         GenerateOutput {
             finish: self.finish.unwrap_or(Finish::Length),
+            stop_sequence: self.matcher.matched().map(String::from),
             tokens: self.tokens,
             text: self.text,
             prompt_tokens: outcome.prompt_tokens,

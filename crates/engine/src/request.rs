@@ -58,6 +58,8 @@ pub struct GenerateOutput {
     pub tokens: Vec<u32>,
     pub text: String,
     pub finish: Finish,
+    /// The stop string that ended the generation, when one did (`finish` is then `Stop`).
+    pub stop_sequence: Option<String>,
     pub prompt_tokens: usize,
     /// Prompt tokens whose KV was reused rather than recomputed.
     pub cached_tokens: usize,

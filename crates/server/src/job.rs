@@ -8,6 +8,7 @@ use std::time::Instant;
 use q4moe_engine::{EngineError, Finish, Flow, GenerateOutput, GenerateRequest};
 use tokio::sync::mpsc;
 
+use crate::access_log::UsageCell;
 use crate::errors::{from_engine, ApiError};
 use crate::metrics::Metrics;
 use crate::openai::{GenParams, Usage};
@@ -28,6 +29,8 @@ pub(crate) struct Job {
     pub gen: GenParams,
     pub accepted: Instant,
     pub events: mpsc::UnboundedSender<Event>,
+    /// The request's access-log line learns the token counts here.
+    pub usage_log: Option<UsageCell>,
 }
 
 #[derive(Debug)]
@@ -38,6 +41,8 @@ pub enum Event {
     Done {
         finish: Finish,
         usage: Usage,
+        /// The stop string that ended the text, if one did.
+        stop_sequence: Option<String>,
     },
     Error(ApiError),
 }
@@ -50,6 +55,8 @@ pub struct Started {
     pub run: u64,
     /// Order in which jobs were accepted into the queue.
     pub seq: u64,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: usize,
 }
 
 /// Jobs counted as the worker takes them off the queue.
@@ -75,6 +82,7 @@ pub(crate) fn take(job: &Job, order: &mut Order, metrics: &Metrics) -> Option<St
         think_open: false,
         run: order.run,
         seq: order.seq,
+        prompt_tokens: job.prompt.ids.len(),
     })
 }
 
@@ -157,8 +165,12 @@ pub(crate) fn report(
         completion_tokens: n,
         cached_tokens: out.cached_tokens,
     };
+    if let Some(cell) = &job.usage_log {
+        cell.set(usage);
+    }
     let _ = job.events.send(Event::Done {
         finish: out.finish,
         usage,
+        stop_sequence: out.stop_sequence,
     });
 }

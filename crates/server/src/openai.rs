@@ -42,7 +42,7 @@ pub struct CompletionRequest {
     pub gen: GenParams,
 }
 
-type Obj = Map<String, Value>;
+pub(crate) type Obj = Map<String, Value>;
 
 /// Parses a body: UTF-8, then JSON, then a JSON object.
 pub fn parse_body(body: &[u8]) -> Result<Obj, ApiError> {
@@ -57,11 +57,11 @@ pub fn parse_body(body: &[u8]) -> Result<Obj, ApiError> {
     }
 }
 
-fn present<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
+pub(crate) fn present<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
     o.get(name).filter(|v| !v.is_null())
 }
 
-fn opt_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
+pub(crate) fn opt_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
     present(o, name)
         .map(|v| {
             v.as_f64()
@@ -71,7 +71,7 @@ fn opt_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
         .transpose()
 }
 
-fn opt_uint(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
+pub(crate) fn opt_uint(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
     present(o, name)
         .map(|v| {
             v.as_u64().ok_or_else(|| {
@@ -81,7 +81,7 @@ fn opt_uint(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
         .transpose()
 }
 
-fn opt_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
+pub(crate) fn opt_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
     present(o, name)
         .map(|v| {
             v.as_bool()
@@ -90,7 +90,7 @@ fn opt_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
         .transpose()
 }
 
-fn opt_str(o: &Obj, name: &str) -> Result<Option<String>, ApiError> {
+pub(crate) fn opt_str(o: &Obj, name: &str) -> Result<Option<String>, ApiError> {
     present(o, name)
         .map(|v| {
             v.as_str()
@@ -100,7 +100,13 @@ fn opt_str(o: &Obj, name: &str) -> Result<Option<String>, ApiError> {
         .transpose()
 }
 
-fn in_range(name: &str, v: f32, lo: f32, hi: f32, lo_open: bool) -> Result<f32, ApiError> {
+pub(crate) fn in_range(
+    name: &str,
+    v: f32,
+    lo: f32,
+    hi: f32,
+    lo_open: bool,
+) -> Result<f32, ApiError> {
     let ok = v.is_finite() && v <= hi && if lo_open { v > lo } else { v >= lo };
     let bound = if lo_open {
         format!("({lo}, {hi}]")
@@ -136,7 +142,7 @@ fn sampling(o: &Obj) -> Result<SamplingParams, ApiError> {
     })
 }
 
-fn fresh_seed() -> u64 {
+pub(crate) fn fresh_seed() -> u64 {
     use std::time::{SystemTime, UNIX_EPOCH};
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -26,7 +26,7 @@ pub struct AppState {
 pub type App = Arc<AppState>;
 
 /// The body, or the extractor's complaint in OpenAI's shape (413 when over the size limit).
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         let status = r.status();
         let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -43,7 +43,7 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
 }
 
 impl AppState {
-    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+    pub(crate) fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
             Some(m) if m != self.model_name => Err(ApiError::unknown_model(m, &self.model_name)),
             _ => Ok(()),
@@ -52,7 +52,7 @@ impl AppState {
 
     /// Rejects a `max_tokens` no prompt could fit beside; the exact check needs the prompt's
     /// length, which only the worker knows.
-    fn check_max_tokens(&self, gen: &GenParams) -> Result<(), ApiError> {
+    pub(crate) fn check_max_tokens(&self, gen: &GenParams) -> Result<(), ApiError> {
         let ctx = self.engine.context_capacity();
         match gen.max_tokens {
             Some(m) if m >= ctx => Err(ApiError::invalid(

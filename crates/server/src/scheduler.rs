@@ -48,6 +48,16 @@ pub struct EngineHandle {
     prompter: Prompter,
 }
 
+/// A whole generation, gathered.
+#[derive(Debug, Clone)]
+pub struct Collected {
+    pub text: String,
+    pub finish: Finish,
+    pub usage: Usage,
+    /// The stop string that ended the text, if one did.
+    pub stop_sequence: Option<String>,
+}
+
 /// A submitted job's event stream.
 pub struct Ticket {
     pub seq: u64,
@@ -66,11 +76,28 @@ impl Ticket {
 
     /// Gathers a whole (non-streamed) generation.
     pub async fn collect(&mut self) -> Result<(String, Finish, Usage), ApiError> {
+        let c = self.collect_all().await?;
+        Ok((c.text, c.finish, c.usage))
+    }
+
+    /// [`Self::collect`], with the stop string that ended the text.
+    pub async fn collect_all(&mut self) -> Result<Collected, ApiError> {
         let mut text = String::new();
         loop {
             match self.events.recv().await {
                 Some(Event::Text(t)) => text.push_str(&t),
-                Some(Event::Done { finish, usage }) => return Ok((text, finish, usage)),
+                Some(Event::Done {
+                    finish,
+                    usage,
+                    stop_sequence,
+                }) => {
+                    return Ok(Collected {
+                        text,
+                        finish,
+                        usage,
+                        stop_sequence,
+                    })
+                }
                 Some(Event::Error(e)) => return Err(e),
                 Some(Event::Started(_)) => {}
                 None => return Err(ApiError::internal("the engine worker stopped")),
@@ -115,6 +142,28 @@ impl EngineHandle {
         self.prompter.context()
     }
 
+    /// The chat template and tokenizer, for work that needs no engine (`/tokenize`).
+    pub fn prompter(&self) -> &Prompter {
+        &self.prompter
+    }
+
+    /// The length in tokens of a chat prompt, rendered and tokenised as [`Self::submit`] would,
+    /// on the blocking pool.
+    pub async fn count_chat_tokens(
+        &self,
+        messages: Vec<ChatMessage>,
+        enable_thinking: Option<bool>,
+    ) -> Result<usize, ApiError> {
+        let p = self.prompter.clone();
+        tokio::task::spawn_blocking(move || {
+            let text = p.render_chat(&messages, enable_thinking)?;
+            p.encode_prompt(&text).map(|ids| ids.len())
+        })
+        .await
+        .map_err(|_| ApiError::internal("counting the prompt failed (a panic)"))?
+        .map_err(|e| from_engine(e, "messages"))
+    }
+
     /// Renders and tokenises the prompt on the blocking pool, then queues the job; a full queue
     /// is refused at once (503) rather than waited on.
     pub async fn submit(&self, prompt: JobPrompt, gen: GenParams) -> Result<Ticket, ApiError> {
@@ -132,6 +181,7 @@ impl EngineHandle {
             gen,
             accepted: Instant::now(),
             events: etx,
+            usage_log: crate::access_log::current(),
         };
         let mut guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         self.metrics.queue_delta(1);

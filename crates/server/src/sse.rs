@@ -93,7 +93,7 @@ impl StreamState {
         match self.ticket.events.recv().await {
             Some(Event::Text(t)) => self.text_chunks(&t, &mut out),
             Some(Event::Started(_)) => {}
-            Some(Event::Done { finish, usage }) => {
+            Some(Event::Done { finish, usage, .. }) => {
                 self.finish_chunks(openai::finish_reason(finish), usage, &mut out);
                 self.done = true;
             }

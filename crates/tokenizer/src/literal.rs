@@ -81,10 +81,34 @@ pub(crate) fn mark(added: &AddedTokens, s: &str) -> String {
 }
 
 pub(crate) fn mark_message(added: &AddedTokens, m: &ChatMessage) -> ChatMessage {
+    let mut calls = m.tool_calls.clone();
+    for c in &mut calls {
+        c.function.name = mark(added, &c.function.name);
+        mark_json(added, &mut c.function.arguments);
+    }
     ChatMessage {
         role: m.role.clone(),
         content: mark(added, &m.content),
         reasoning_content: m.reasoning_content.as_deref().map(|r| mark(added, r)),
+        tool_calls: calls,
+        tool_call_id: m.tool_call_id.clone(),
+    }
+}
+
+/// Marks every string in a JSON value (a tool call's arguments), keys included.
+fn mark_json(added: &AddedTokens, v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => *s = mark(added, s),
+        Value::Array(items) => items.iter_mut().for_each(|i| mark_json(added, i)),
+        Value::Object(map) => {
+            let old = std::mem::take(map);
+            for (k, mut item) in old {
+                mark_json(added, &mut item);
+                map.insert(mark(added, &k), item);
+            }
+        }
+        _ => {}
     }
 }
 
