@@ -81,6 +81,11 @@ pub struct DeviceArgs {
     /// decode step once a prompt token. Default 1,024.
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
+    /// CPU: how activations meet the 4-bit weights: q8 (quantised to 8 bits as llama.cpp does;
+    /// fast) or exact (f32 activations against the dequantised blocks: the float reference,
+    /// several times slower).
+    #[arg(long, default_value = "q8", value_parser = ["q8", "exact"])]
+    pub precision: String,
     /// A CUDA backend option, KEY=VALUE (repeatable; `--cuda-opt help` lists the keys).
     #[arg(long = "cuda-opt", value_name = "KEY=VALUE", long_help = cuda_opts::long_help())]
     pub cuda_opt: Vec<String>,
@@ -102,6 +107,10 @@ impl DeviceArgs {
             kv_capacity: self.ctx,
             kv_type: self.kv_type,
             cuda: cuda_opts::apply(cuda, &self.cuda_opt)?,
+            cpu_precision: match self.precision.as_str() {
+                "exact" => q4moe_cpu::Precision::Exact,
+                _ => q4moe_cpu::Precision::Q8,
+            },
             ..defaults
         })
     }
