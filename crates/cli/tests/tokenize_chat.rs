@@ -7,24 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{q4moe, synth_tiny};
-
-fn with_stdin(args: &[&str], input: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_q4moe"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
+use common::{q4moe, synth_tiny, with_stdin};
 
 fn stdout_ok(out: &Output) -> String {
     assert!(

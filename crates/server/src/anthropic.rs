@@ -24,8 +24,8 @@ use serde_json::{json, Value};
 use crate::anthropic_shape::{error_response, message_json, stop_reason};
 use crate::errors::ApiError;
 use crate::openai::{
-    fresh_seed, in_range, opt_bool, opt_f32, opt_str, opt_uint, parse_body, present, GenParams,
-    Meta, Obj,
+    self, fresh_seed, in_range, opt_bool, opt_f32, opt_str, opt_uint, parse_body, present,
+    GenParams, Meta, Obj,
 };
 use crate::routes::{body_bytes, App};
 use crate::scheduler::JobPrompt;
@@ -193,20 +193,7 @@ fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
 }
 
 fn stop_sequences(o: &Obj) -> Result<Vec<String>, ApiError> {
-    let bad = || {
-        ApiError::invalid(
-            "stop_sequences",
-            "'stop_sequences' must be an array of at most 16 strings",
-        )
-    };
-    match present(o, "stop_sequences") {
-        None => Ok(Vec::new()),
-        Some(Value::Array(items)) if items.len() <= 16 => items
-            .iter()
-            .map(|v| v.as_str().map(String::from).ok_or_else(bad))
-            .collect(),
-        Some(_) => Err(bad()),
-    }
+    openai::string_list(o, "stop_sequences", false)
 }
 
 /// `system`: a string or an array of text blocks; the opening system message, if any.

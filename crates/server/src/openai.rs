@@ -150,15 +150,26 @@ pub(crate) fn fresh_seed() -> u64 {
 }
 
 fn stop_list(o: &Obj) -> Result<Vec<String>, ApiError> {
+    string_list(o, "stop", true)
+}
+
+/// Field `name`: an array of at most 16 strings (or, with `one_ok`, a single string); absent,
+/// none. The stop strings of every endpoint.
+pub(crate) fn string_list(o: &Obj, name: &str, one_ok: bool) -> Result<Vec<String>, ApiError> {
     let bad = || {
+        let what = if one_ok {
+            "a string or an array"
+        } else {
+            "an array"
+        };
         ApiError::invalid(
-            "stop",
-            "'stop' must be a string or an array of at most 16 strings",
+            name,
+            format!("'{name}' must be {what} of at most 16 strings"),
         )
     };
-    match present(o, "stop") {
+    match present(o, name) {
         None => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::String(s)) if one_ok => Ok(vec![s.clone()]),
         Some(Value::Array(items)) if items.len() <= 16 => items
             .iter()
             .map(|v| v.as_str().map(String::from).ok_or_else(bad))
