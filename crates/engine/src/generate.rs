@@ -8,6 +8,7 @@ use std::time::Instant;
 use q4moe_model::backend::{DecodeRequest, DecodeStats, Flow, Logits, SessionId, TokenEvent};
 
 use crate::collect::{Collector, Outcome};
+use crate::logprobs::{prompt_logprobs, LogprobOptions, Piece};
 use crate::request::{GenerateOutput, GenerateRequest};
 use crate::{Engine, EngineError, Result};
 
@@ -18,11 +19,25 @@ impl Engine {
         req: &GenerateRequest,
         on_text: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<GenerateOutput> {
+        self.generate_pieces(req, &mut |p| match p {
+            Piece::Text { text, .. } => on_text(text),
+            Piece::Prompt(_) => Flow::Continue,
+        })
+    }
+
+    /// `generate`, with the logprobs (`GenerateRequest::logprobs`) handed over beside the text.
+    pub fn generate_pieces(
+        &mut self,
+        req: &GenerateRequest,
+        on_piece: &mut dyn FnMut(Piece<'_>) -> Flow,
+    ) -> Result<GenerateOutput> {
         let max_tokens = self.check_request(req)?;
-        let (session, cached) =
-            self.sessions
-                .acquire(self.backend.as_mut(), &req.prompt, req.reuse_prefix);
-        let result = self.run_session(req, session, cached, max_tokens, on_text);
+        let (session, cached) = self.sessions.acquire(
+            self.backend.as_mut(),
+            &req.prompt,
+            req.reuse_prefix && !req.prompt_logprobs(),
+        );
+        let result = self.run_session(req, session, cached, max_tokens, on_piece);
         match &result {
             Ok(out) => self.release_session(session, &req.prompt, &out.tokens),
             Err(_) => self.sessions.discard(self.backend.as_mut(), session),
@@ -70,6 +85,23 @@ impl Engine {
             )));
         }
         req.sampling.validate().map_err(EngineError::Invalid)?;
+        if let Some(&(t, _)) = req
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|(t, _)| *t as usize >= vocab)
+        {
+            return Err(EngineError::Invalid(format!(
+                "logit_bias names token id {t}, outside the vocabulary of {vocab}"
+            )));
+        }
+        if let Some(o) = req.logprobs.filter(|o| o.top > LogprobOptions::MAX_TOP) {
+            return Err(EngineError::Invalid(format!(
+                "top_logprobs = {} is above {}",
+                o.top,
+                LogprobOptions::MAX_TOP
+            )));
+        }
         Ok(req.max_tokens.min(capacity - req.prompt.len()))
     }
 
@@ -79,14 +111,23 @@ impl Engine {
         session: u64,
         cached: usize,
         max_tokens: usize,
-        on_text: &mut dyn FnMut(&str) -> Flow,
+        on_piece: &mut dyn FnMut(Piece<'_>) -> Flow,
     ) -> Result<GenerateOutput> {
         let t0 = Instant::now();
         // The session store leaves at least the last prompt token uncached: decode runs it.
         let (&last, before) = req.prompt.split_last().expect("checked: not empty");
-        self.backend
-            .prefill(session, &before[cached..], Logits::None)?;
         let mut c = Collector::new(self.prompter.tokenizer(), req);
+        let chunk = &before[cached..];
+        match req.logprobs.filter(|o| o.prompt && !chunk.is_empty()) {
+            Some(o) => {
+                let all = self.backend.prefill(session, chunk, Logits::All)?;
+                let vocab = self.model.config.vocab_size;
+                c.push_prompt_logprobs(prompt_logprobs(&req.prompt, cached, &all, vocab, o.top));
+            }
+            None => {
+                self.backend.prefill(session, chunk, Logits::None)?;
+            }
+        }
         let mut stats = DecodeStats::default();
         if max_tokens > 0 {
             let dreq = DecodeRequest {
@@ -95,10 +136,10 @@ impl Engine {
                 max_tokens,
                 sampling: &req.sampling,
                 history: &req.prompt,
-                want_logits: req.want_logits,
+                want_logits: req.needs_logits(),
             };
             stats = self.backend.decode(&dreq, &mut |ev: TokenEvent<'_>| {
-                c.accept(ev.token, ev.logits, on_text)
+                c.accept(ev.token, ev.logits, on_piece)
             })?;
         }
         let outcome = Outcome {
@@ -107,6 +148,6 @@ impl Engine {
             started: t0,
             stats,
         };
-        Ok(c.finish(outcome, on_text))
+        Ok(c.finish(outcome, on_piece))
     }
 }

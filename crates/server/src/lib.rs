@@ -5,12 +5,14 @@
 
 pub mod auth;
 mod batching;
+mod choices;
 mod conn;
 pub mod cors;
 pub mod errors;
 mod guards;
 mod job;
 pub mod limits;
+mod logprobs;
 pub mod metrics;
 pub mod openai;
 mod routes;

@@ -12,7 +12,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use q4moe_engine::{BatchOptions, Batcher, ChatMessage, Engine, EngineError, Finish, Prompter};
+use q4moe_engine::{
+    BatchOptions, Batcher, ChatMessage, Engine, EngineError, Finish, Prompter, TokenLogprob,
+    Tokenizer,
+};
 use tokio::sync::mpsc;
 
 use crate::errors::{from_engine, ApiError};
@@ -21,6 +24,7 @@ pub use crate::job::{Event, Started};
 use crate::metrics::Metrics;
 use crate::openai::{GenParams, Prompt, Usage};
 
+#[derive(Clone)]
 pub enum JobPrompt {
     Chat {
         messages: Vec<ChatMessage>,
@@ -66,17 +70,42 @@ impl Ticket {
 
     /// Gathers a whole (non-streamed) generation.
     pub async fn collect(&mut self) -> Result<(String, Finish, Usage), ApiError> {
-        let mut text = String::new();
+        let c = self.collect_all().await?;
+        Ok((c.text, c.finish, c.usage))
+    }
+
+    /// Gathers a whole generation with its logprobs: exactly what its stream would carry.
+    pub async fn collect_all(&mut self) -> Result<Collected, ApiError> {
+        let (mut text, mut logprobs, mut prompt_logprobs) = (String::new(), vec![], vec![]);
         loop {
             match self.events.recv().await {
                 Some(Event::Text(t)) => text.push_str(&t),
-                Some(Event::Done { finish, usage }) => return Ok((text, finish, usage)),
+                Some(Event::Logprobs(l)) => logprobs.extend(l),
+                Some(Event::PromptLogprobs(l)) => prompt_logprobs = l,
+                Some(Event::Done { finish, usage }) => {
+                    return Ok(Collected {
+                        text,
+                        finish,
+                        usage,
+                        logprobs,
+                        prompt_logprobs,
+                    })
+                }
                 Some(Event::Error(e)) => return Err(e),
                 Some(Event::Started(_)) => {}
                 None => return Err(ApiError::internal("the engine worker stopped")),
             }
         }
     }
+}
+
+/// A whole generation as `Ticket::collect_all` gathers it.
+pub struct Collected {
+    pub text: String,
+    pub finish: Finish,
+    pub usage: Usage,
+    pub logprobs: Vec<TokenLogprob>,
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 impl EngineHandle {
@@ -113,6 +142,11 @@ impl EngineHandle {
     /// Positions one sequence may hold.
     pub fn context_capacity(&self) -> usize {
         self.prompter.context()
+    }
+
+    /// The model's tokenizer (token texts for logprobs, echoed token prompts).
+    pub fn tokenizer(&self) -> &std::sync::Arc<Tokenizer> {
+        self.prompter.tokenizer()
     }
 
     /// Renders and tokenises the prompt on the blocking pool, then queues the job; a full queue
@@ -215,6 +249,7 @@ fn build_prompt(
             (ids.clone(), false)
         }
     };
+    crate::logprobs::check_bias_ids(&gen.sampling.logit_bias, p.vocab())?;
     let max_tokens = budget(ids.len(), p.context(), gen, param)?;
     Ok(BuiltPrompt {
         ids,
@@ -257,6 +292,6 @@ fn run_job(engine: &mut Engine, job: &Job, ids: Started, metrics: &Arc<Metrics>)
         metrics: metrics.clone(),
         last: None,
     };
-    let result = engine.generate(&req, &mut |s: &str| sender.send(s));
+    let result = engine.generate_pieces(&req, &mut |p| sender.piece(p));
     report(job, admitted, result, metrics);
 }
