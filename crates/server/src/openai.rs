@@ -391,6 +391,12 @@ fn prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
             "prompt",
             format!("at most {MAX_CHOICES} prompts a request"),
         )),
+        // All strings or all token arrays, as OpenAI takes them.
+        Some(Value::Array(items))
+            if items.iter().any(|v| v.is_string() != items[0].is_string()) =>
+        {
+            Err(bad())
+        }
         Some(Value::Array(items)) => items.iter().map(one).collect(),
         Some(v) => Ok(vec![one(v)?]),
     }
