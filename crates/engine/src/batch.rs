@@ -13,7 +13,7 @@ use q4moe_model::backend::{BatchOut, BatchRow, DecodeStats, Flow, Logits, Sessio
 use q4moe_model::sampling::Sampler;
 
 use crate::collect::{Collector, Outcome};
-use crate::logprobs::{prompt_logprobs, Piece};
+use crate::logprobs::{prompt_logprobs, Piece, PROMPT_LOGITS_CHUNK};
 use crate::{Engine, EngineError, GenerateOutput, GenerateRequest, Result};
 
 /// How many sequences run at once and how much prompt a step takes in.
@@ -195,12 +195,13 @@ impl Batcher {
             if budget == 0 {
                 break;
             }
-            let end = (s.fed + budget).min(s.req.prompt.len() - 1);
+            let wanted = s.req.logprobs.filter(|o| o.prompt);
+            let take = wanted.map_or(budget, |_| budget.min(PROMPT_LOGITS_CHUNK));
+            let end = (s.fed + take).min(s.req.prompt.len() - 1);
             if end <= s.fed {
                 continue;
             }
             let chunk = &s.req.prompt[s.fed..end];
-            let wanted = s.req.logprobs.filter(|o| o.prompt);
             let mode = wanted.map_or(Logits::None, |_| Logits::All);
             match engine.backend.prefill(s.session, chunk, mode) {
                 Ok(all) => {

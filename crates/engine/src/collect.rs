@@ -158,6 +158,12 @@ impl Collector {
             let held = self.matcher.finish();
             self.emit(&held, on_piece);
         }
+        // The tokens whose text never showed (an end-of-sequence id, a stop string).
+        if self.shown < self.logprobs.len() && self.finish != Some(Finish::Cancelled) {
+            let logprobs = &self.logprobs[self.shown..];
+            on_piece(Piece::Text { text: "", logprobs });
+            self.shown = self.logprobs.len();
+        }
         GenerateOutput {
             finish: self.finish.unwrap_or(Finish::Length),
             tokens: self.tokens,

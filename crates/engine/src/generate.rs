@@ -8,7 +8,7 @@ use std::time::Instant;
 use q4moe_model::backend::{DecodeRequest, DecodeStats, Flow, Logits, SessionId, TokenEvent};
 
 use crate::collect::{Collector, Outcome};
-use crate::logprobs::{prompt_logprobs, LogprobOptions, Piece};
+use crate::logprobs::{prompt_logprobs, LogprobOptions, Piece, PROMPT_LOGITS_CHUNK};
 use crate::request::{GenerateOutput, GenerateRequest};
 use crate::{Engine, EngineError, Result};
 
@@ -85,23 +85,7 @@ impl Engine {
             )));
         }
         req.sampling.validate().map_err(EngineError::Invalid)?;
-        if let Some(&(t, _)) = req
-            .sampling
-            .logit_bias
-            .iter()
-            .find(|(t, _)| *t as usize >= vocab)
-        {
-            return Err(EngineError::Invalid(format!(
-                "logit_bias names token id {t}, outside the vocabulary of {vocab}"
-            )));
-        }
-        if let Some(o) = req.logprobs.filter(|o| o.top > LogprobOptions::MAX_TOP) {
-            return Err(EngineError::Invalid(format!(
-                "top_logprobs = {} is above {}",
-                o.top,
-                LogprobOptions::MAX_TOP
-            )));
-        }
+        check_bias_and_logprobs(req, vocab)?;
         Ok(req.max_tokens.min(capacity - req.prompt.len()))
     }
 
@@ -117,15 +101,22 @@ impl Engine {
         // The session store leaves at least the last prompt token uncached: decode runs it.
         let (&last, before) = req.prompt.split_last().expect("checked: not empty");
         let mut c = Collector::new(self.prompter.tokenizer(), req);
-        let chunk = &before[cached..];
-        match req.logprobs.filter(|o| o.prompt && !chunk.is_empty()) {
+        match req.logprobs.filter(|o| o.prompt) {
+            // In bounded chunks: every position's logits are vocab floats each.
             Some(o) => {
-                let all = self.backend.prefill(session, chunk, Logits::All)?;
                 let vocab = self.model.config.vocab_size;
-                c.push_prompt_logprobs(prompt_logprobs(&req.prompt, cached, &all, vocab, o.top));
+                for start in (cached..before.len()).step_by(PROMPT_LOGITS_CHUNK) {
+                    let end = (start + PROMPT_LOGITS_CHUNK).min(before.len());
+                    let all = self
+                        .backend
+                        .prefill(session, &before[start..end], Logits::All)?;
+                    let lps = prompt_logprobs(&req.prompt, start, &all, vocab, o.top);
+                    c.push_prompt_logprobs(lps);
+                }
             }
             None => {
-                self.backend.prefill(session, chunk, Logits::None)?;
+                self.backend
+                    .prefill(session, &before[cached..], Logits::None)?;
             }
         }
         let mut stats = DecodeStats::default();
@@ -149,5 +140,23 @@ impl Engine {
             stats,
         };
         Ok(c.finish(outcome, on_piece))
+    }
+}
+
+/// A bias on an id the model does not have, or more alternatives than OpenAI allows.
+fn check_bias_and_logprobs(req: &GenerateRequest, vocab: usize) -> Result<()> {
+    let bias = &req.sampling.logit_bias;
+    if let Some(&(t, _)) = bias.iter().find(|(t, _)| *t as usize >= vocab) {
+        return Err(EngineError::Invalid(format!(
+            "logit_bias names token id {t}, outside the vocabulary of {vocab}"
+        )));
+    }
+    match req.logprobs.filter(|o| o.top > LogprobOptions::MAX_TOP) {
+        Some(o) => Err(EngineError::Invalid(format!(
+            "top_logprobs = {} is above {}",
+            o.top,
+            LogprobOptions::MAX_TOP
+        ))),
+        None => Ok(()),
     }
 }

@@ -3,6 +3,10 @@
 //! its step: before the logit bias, the penalties and the temperature, so it describes the
 //! model, not the sampler's settings (as llama-server and vLLM's default report it).
 
+/// Prompt positions whose logits one prefill returns when the prompt's logprobs are wanted:
+/// each is `vocab` floats (600 KB for Qwen3's 151,936), so a long prompt goes in bounded chunks.
+pub const PROMPT_LOGITS_CHUNK: usize = 64;
+
 /// What a request asks for beside its tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogprobOptions {
@@ -34,8 +38,9 @@ pub enum Piece<'a> {
     /// The prompt's logprobs (with `LogprobOptions::prompt`), once, before any text.
     Prompt(&'a [TokenLogprob]),
     /// Text as it becomes safe to show, with the logprobs of the tokens accepted since the last
-    /// piece (empty unless asked for). Tokens whose text is never shown (an end-of-sequence
-    /// id, a stop string) are not reported.
+    /// piece (empty unless asked for). Every generated token's logprob is handed over: those
+    /// whose text never shows (an end-of-sequence id, a stop string) go with the last piece,
+    /// whose text may be empty. A cancelled sequence hands over no more.
     Text {
         text: &'a str,
         logprobs: &'a [TokenLogprob],

@@ -61,16 +61,24 @@ fn each_token_logprob_is_the_log_softmax_of_its_step() {
             assert!((v as f64 - reference(logits, id)).abs() < 1e-5);
         }
     }
-    // What the pieces carried is the output's list, up to tokens whose text was held back.
-    assert!(!streamed.is_empty());
-    assert_eq!(streamed[..], out.logprobs[..streamed.len()]);
+    // The pieces carried every token's logprob, the ones without text included.
+    assert_eq!(streamed, out.logprobs);
 }
 
 #[test]
 fn prompt_logprobs_come_from_every_position_of_a_prefill() {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = tiny_engine(&dir, SynthQuant::Q4_0);
-    let req = request(2, true);
+    // A short prompt, and one longer than a prompt-logits chunk.
+    let long: Vec<u32> = (0..150).map(|i| (i * 37 + 11) % 1000).collect();
+    for prompt in [request(2, true).prompt, long] {
+        let mut req = request(2, true);
+        req.prompt = prompt;
+        check_prompt_logprobs(&mut engine, &req);
+    }
+}
+
+fn check_prompt_logprobs(engine: &mut q4moe_engine::Engine, req: &GenerateRequest) {
     let vocab = engine.model.config.vocab_size;
     let all = engine
         .backend_mut()
@@ -81,7 +89,7 @@ fn prompt_logprobs_come_from_every_position_of_a_prefill() {
     for _ in 0..2 {
         let mut prompt_piece = Vec::new();
         let out = engine
-            .generate_pieces(&req, &mut |p| {
+            .generate_pieces(req, &mut |p| {
                 if let Piece::Prompt(lps) = p {
                     prompt_piece = lps.to_vec();
                 }
@@ -92,7 +100,7 @@ fn prompt_logprobs_come_from_every_position_of_a_prefill() {
         let lps = &out.prompt_logprobs;
         assert_eq!(lps, &prompt_piece);
         assert_eq!(lps.len(), req.prompt.len());
-        assert_eq!((lps[0].token, lps[0].logprob), (3, None));
+        assert_eq!((lps[0].token, lps[0].logprob), (req.prompt[0], None));
         for (i, lp) in lps.iter().enumerate().skip(1) {
             assert_eq!(lp.token, req.prompt[i]);
             let want = reference(&all[(i - 1) * vocab..i * vocab], req.prompt[i]);

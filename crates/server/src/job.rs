@@ -115,6 +115,9 @@ impl TextSender {
     pub fn piece(&mut self, piece: Piece<'_>) -> Flow {
         let sent = match piece {
             Piece::Prompt(lps) => self.events.send(Event::PromptLogprobs(lps.to_vec())),
+            Piece::Text { text, logprobs } if text.is_empty() => {
+                self.events.send(Event::Logprobs(logprobs.to_vec()))
+            }
             Piece::Text { text, logprobs } => {
                 if !logprobs.is_empty() {
                     let _ = self.events.send(Event::Logprobs(logprobs.to_vec()));
