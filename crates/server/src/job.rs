@@ -115,7 +115,8 @@ impl TextSender {
     pub fn piece(&mut self, piece: Piece<'_>) -> Flow {
         let sent = match piece {
             Piece::Prompt(lps) => self.events.send(Event::PromptLogprobs(lps.to_vec())),
-            Piece::Text { text, logprobs } if text.is_empty() => {
+            // Tokens without text (the last ones): only their logprobs.
+            Piece::Text { text: "", logprobs } => {
                 self.events.send(Event::Logprobs(logprobs.to_vec()))
             }
             Piece::Text { text, logprobs } => {
