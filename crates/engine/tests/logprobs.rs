@@ -160,3 +160,51 @@ fn the_batch_reports_what_generate_reports_and_applies_the_bias() {
     // The logprob stays the model's (raw logits), whatever the bias.
     assert_eq!(biased.logprobs[0].top, alone.logprobs[0].top);
 }
+
+/// On CUDA: logprobs come from the device's logits, and a logit bias (which the device
+/// sampler cannot apply) sends the choice to the host sampler, greedy or not.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn logprobs_and_logit_bias_on_cuda() {
+    use q4moe_engine::{Device, Engine, EngineOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    let config = q4moe_model::Config::tiny();
+    q4moe_model::synth::write(&path, &config, SynthQuant::Q4_0, 7, false).unwrap();
+    let opts = EngineOptions {
+        device: Device::Cuda,
+        kv_capacity: 256,
+        ..Default::default()
+    };
+    let mut engine = Engine::load(&path, &opts).unwrap();
+    let req = request(3, true);
+    let out = engine.generate(&req, &mut |_| Flow::Continue).unwrap();
+    assert_eq!(out.logprobs.len(), out.tokens.len());
+    assert_eq!(out.prompt_logprobs.len(), req.prompt.len());
+    for ((lp, logits), &t) in out.logprobs.iter().zip(&out.logits).zip(&out.tokens) {
+        assert!((lp.logprob.unwrap() as f64 - reference(logits, t)).abs() < 1e-5);
+        assert_eq!(lp.top[0].0, t);
+    }
+    // Without logits wanted, greedy and sampled requests would run on the device sampler.
+    for temperature in [0.0, 0.8] {
+        let mut req = GenerateRequest::new(req.prompt.clone(), 6);
+        req.stop_at_eos = false;
+        let sampling = |bias| SamplingParams {
+            temperature,
+            seed: 3,
+            logit_bias: bias,
+            ..SamplingParams::greedy()
+        };
+        req.sampling = sampling(vec![]);
+        let plain = engine.generate(&req, &mut |_| Flow::Continue).unwrap();
+        req.sampling = sampling(vec![(plain.tokens[0], -100.0)]);
+        let banned = engine.generate(&req, &mut |_| Flow::Continue).unwrap();
+        assert_ne!(
+            banned.tokens[0], plain.tokens[0],
+            "temperature {temperature}"
+        );
+        req.sampling = sampling(vec![(5, 100.0)]);
+        let forced = engine.generate(&req, &mut |_| Flow::Continue).unwrap();
+        assert_eq!(forced.tokens, vec![5; 6], "temperature {temperature}");
+    }
+}
