@@ -28,11 +28,12 @@ pub fn chat_options(o: &Obj) -> Result<Option<LogprobOptions>, ApiError> {
             top: top.unwrap_or(0),
             prompt: false,
         })),
+        // 0 asks for nothing; some clients send it by default.
+        (false, Some(0) | None) => Ok(None),
         (false, Some(_)) => Err(ApiError::invalid(
             "top_logprobs",
             "'top_logprobs' needs 'logprobs': true",
         )),
-        (false, None) => Ok(None),
     }
 }
 
