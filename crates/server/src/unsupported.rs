@@ -1,5 +1,5 @@
 //! Request fields q4moe does not implement yet. Ignoring them would answer a different question
-//! than the client asked (no tool call, no logprobs, no JSON mode), so a value that asks for the
+//! than the client asked (no tool call, no JSON mode), so a value that asks for the
 //! feature is a 400 naming the field; a value that asks for nothing (`tools: []`,
 //! `best_of: 1`, `response_format: {"type": "text"}`) is accepted.
 
