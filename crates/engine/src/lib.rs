@@ -5,6 +5,7 @@ mod batch;
 mod collect;
 mod device;
 mod generate;
+mod logprobs;
 mod prompt;
 mod request;
 mod sessions;
@@ -12,6 +13,7 @@ mod stop;
 
 pub use batch::{BatchOptions, Batcher, SequenceSink};
 pub use device::{open_backend, Device, EngineOptions};
+pub use logprobs::{token_logprob, LogprobOptions, Piece, TokenLogprob};
 pub use prompt::{PromptText, Prompter};
 pub use request::{Finish, GenerateOutput, GenerateRequest, PromptInput};
 pub use sessions::SessionStore;

@@ -189,6 +189,10 @@ fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
         include_usage: false,
         // Extension (as on the OpenAI endpoints): keep going past end-of-sequence.
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
+        // The Messages API has one answer a request and no logprobs or echo.
+        n: 1,
+        logprobs: None,
+        echo: false,
     })
 }
 

@@ -125,7 +125,8 @@ impl StreamState {
                 let s = self.splitter.push(&t);
                 self.split(s, &mut out);
             }
-            Some(Event::Started(_)) => {}
+            // Logprobs are never asked for here (the Messages API has none).
+            Some(Event::Started(_) | Event::Logprobs(_) | Event::PromptLogprobs(_)) => {}
             Some(Event::Done {
                 finish,
                 usage,

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use q4moe_engine::{EngineError, Finish, Flow, GenerateOutput, GenerateRequest};
+use q4moe_engine::{
+    EngineError, Finish, Flow, GenerateOutput, GenerateRequest, Piece, TokenLogprob,
+};
 use tokio::sync::mpsc;
 
 use crate::access_log::UsageCell;
@@ -37,6 +39,10 @@ pub(crate) struct Job {
 pub enum Event {
     /// The prompt was accepted by the engine; generation begins.
     Started(Started),
+    /// The logprobs of the tokens behind the next `Text` (sent just before it).
+    Logprobs(Vec<TokenLogprob>),
+    /// With `echo` and logprobs: the prompt's, before any text.
+    PromptLogprobs(Vec<TokenLogprob>),
     Text(String),
     Done {
         finish: Finish,
@@ -101,6 +107,7 @@ pub(crate) fn prepare(job: &Job, ids: Started) -> GenerateRequest {
         stop_at_eos: !job.gen.ignore_eos,
         want_logits: false,
         reuse_prefix: true,
+        logprobs: job.gen.logprobs,
     }
 }
 
@@ -112,6 +119,28 @@ pub(crate) struct TextSender {
 }
 
 impl TextSender {
+    /// A piece of the generation: its logprobs (when any) go just before its text.
+    pub fn piece(&mut self, piece: Piece<'_>) -> Flow {
+        let sent = match piece {
+            Piece::Prompt(lps) => self.events.send(Event::PromptLogprobs(lps.to_vec())),
+            // Tokens without text (the last ones): only their logprobs.
+            Piece::Text { text: "", logprobs } => {
+                self.events.send(Event::Logprobs(logprobs.to_vec()))
+            }
+            Piece::Text { text, logprobs } => {
+                if !logprobs.is_empty() {
+                    let _ = self.events.send(Event::Logprobs(logprobs.to_vec()));
+                }
+                return self.send(text);
+            }
+        };
+        if sent.is_ok() {
+            Flow::Continue
+        } else {
+            Flow::Stop
+        }
+    }
+
     pub fn send(&mut self, text: &str) -> Flow {
         let now = Instant::now();
         if let Some(last) = self.last.replace(now) {

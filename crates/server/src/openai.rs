@@ -1,7 +1,7 @@
 //! OpenAI request parsing and response shapes. Requests are read field by field from a JSON value
 //! (not derived with serde) so that every rejection names the field the client got wrong.
 
-use q4moe_engine::{ChatMessage, Finish, SamplingParams};
+use q4moe_engine::{ChatMessage, Finish, LogprobOptions, SamplingParams};
 use serde_json::{json, Map, Value};
 
 use crate::errors::ApiError;
@@ -19,7 +19,15 @@ pub struct GenParams {
     pub include_usage: bool,
     /// Extension (as vLLM): keep going past end-of-sequence, for benchmarks.
     pub ignore_eos: bool,
+    /// Choices per prompt (`n`), each its own sequence.
+    pub n: usize,
+    pub logprobs: Option<LogprobOptions>,
+    /// Completions: the prompt's text goes before each choice's text.
+    pub echo: bool,
 }
+
+/// The most sequences one request may start (its prompts times `n`).
+pub const MAX_CHOICES: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
@@ -38,7 +46,8 @@ pub enum Prompt {
 #[derive(Debug, Clone)]
 pub struct CompletionRequest {
     pub model: Option<String>,
-    pub prompt: Prompt,
+    /// One choice (or `n`) each.
+    pub prompts: Vec<Prompt>,
     pub gen: GenParams,
 }
 
@@ -139,6 +148,7 @@ fn sampling(o: &Obj) -> Result<SamplingParams, ApiError> {
         presence_penalty: f("presence_penalty", d.presence_penalty, -2.0, 2.0, false)?,
         frequency_penalty: f("frequency_penalty", d.frequency_penalty, -2.0, 2.0, false)?,
         seed,
+        logit_bias: crate::logprobs::logit_bias(o)?,
     })
 }
 
@@ -179,11 +189,18 @@ pub(crate) fn string_list(o: &Obj, name: &str, one_ok: bool) -> Result<Vec<Strin
 }
 
 fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
-    if let Some(n) = present(o, "n") {
-        if n.as_u64() != Some(1) {
-            return Err(ApiError::invalid("n", "only n=1 is supported"));
-        }
-    }
+    let n = match present(o, "n") {
+        None => 1,
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..) if n as usize <= MAX_CHOICES => n as usize,
+            _ => {
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("'n' must be an integer in [1, {MAX_CHOICES}]"),
+                ))
+            }
+        },
+    };
     // `max_completion_tokens` is the newer name; it wins when both are sent.
     let (name, max) = match opt_uint(o, "max_completion_tokens")? {
         Some(m) => ("max_completion_tokens", Some(m)),
@@ -220,6 +237,9 @@ fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
         stream: opt_bool(o, "stream")?.unwrap_or(false),
         include_usage,
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
+        n,
+        logprobs: None,
+        echo: false,
     })
 }
 
@@ -309,11 +329,13 @@ pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
         }
     };
     let explicit = opt_bool(o, "enable_thinking")?.or(kwargs_thinking);
+    let mut gen = gen_params(o)?;
+    gen.logprobs = crate::logprobs::chat_options(o)?;
     Ok(ChatRequest {
         model: opt_str(o, "model")?,
         enable_thinking: q4moe_tokenizer::thinking_switch(&messages, explicit),
         messages,
-        gen: gen_params(o)?,
+        gen,
     })
 }
 
@@ -327,47 +349,74 @@ pub fn finish_reason(f: Finish) -> &'static str {
 
 pub fn completion_request(o: &Obj) -> Result<CompletionRequest, ApiError> {
     crate::unsupported::check_completion(o)?;
+    let prompts = prompts(o.get("prompt"))?;
+    let mut gen = gen_params(o)?;
+    if prompts.len() * gen.n > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "{} prompts times n = {} is over {MAX_CHOICES} choices a request",
+                prompts.len(),
+                gen.n
+            ),
+        ));
+    }
+    gen.echo = opt_bool(o, "echo")?.unwrap_or(false);
+    gen.logprobs = crate::logprobs::completion_options(o, gen.echo)?;
+    Ok(CompletionRequest {
+        model: opt_str(o, "model")?,
+        prompts,
+        gen,
+    })
+}
+
+/// `prompt`: a string, token ids, or an array of either (one choice each).
+fn prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
     let bad = || {
         ApiError::invalid(
             "prompt",
-            "'prompt' must be a string, an array of one string, or an array of token ids",
+            "'prompt' must be a string, an array of token ids, or an array of either",
         )
     };
-    let prompt = match o.get("prompt") {
-        None | Some(Value::Null) => {
-            return Err(ApiError::invalid("prompt", "'prompt' is required"))
+    let empty = || ApiError::invalid("prompt", "'prompt' must not be empty");
+    let ids = |items: &[Value]| -> Result<Prompt, ApiError> {
+        let ids = items
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .filter(|&t| t <= u32::MAX as u64)
+                    .map(|t| t as u32)
+                    .ok_or_else(bad)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if ids.is_empty() {
+            return Err(empty());
         }
-        Some(Value::String(s)) => Prompt::Text(s.clone()),
-        Some(Value::Array(items)) => match items.as_slice() {
-            [] => return Err(ApiError::invalid("prompt", "'prompt' must not be empty")),
-            [Value::String(s)] => Prompt::Text(s.clone()),
-            [Value::String(_), ..] => {
-                return Err(ApiError::invalid(
-                    "prompt",
-                    "only one prompt per request is supported",
-                ))
-            }
-            ids => Prompt::Tokens(
-                ids.iter()
-                    .map(|v| {
-                        v.as_u64()
-                            .filter(|&t| t <= u32::MAX as u64)
-                            .map(|t| t as u32)
-                            .ok_or_else(bad)
-                    })
-                    .collect::<Result<_, _>>()?,
-            ),
-        },
-        Some(_) => return Err(bad()),
+        Ok(Prompt::Tokens(ids))
     };
-    if matches!(&prompt, Prompt::Text(s) if s.is_empty()) {
-        return Err(ApiError::invalid("prompt", "'prompt' must not be empty"));
+    let one = |v: &Value| match v {
+        Value::String(s) if s.is_empty() => Err(empty()),
+        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::Array(items) => ids(items),
+        _ => Err(bad()),
+    };
+    match v {
+        None | Some(Value::Null) => Err(ApiError::invalid("prompt", "'prompt' is required")),
+        Some(Value::Array(items)) if items.is_empty() => Err(empty()),
+        Some(Value::Array(items)) if items[0].is_number() => Ok(vec![ids(items)?]),
+        Some(Value::Array(items)) if items.len() > MAX_CHOICES => Err(ApiError::invalid(
+            "prompt",
+            format!("at most {MAX_CHOICES} prompts a request"),
+        )),
+        // All strings or all token arrays, as OpenAI takes them.
+        Some(Value::Array(items))
+            if items.iter().any(|v| v.is_string() != items[0].is_string()) =>
+        {
+            Err(bad())
+        }
+        Some(Value::Array(items)) => items.iter().map(one).collect(),
+        Some(v) => Ok(vec![one(v)?]),
     }
-    Ok(CompletionRequest {
-        model: opt_str(o, "model")?,
-        prompt,
-        gen: gen_params(o)?,
-    })
 }
 
 /// Token counts reported back.

@@ -12,8 +12,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::choices::{gather, set_choice, submit_all, total_usage};
 use crate::errors::ApiError;
-use crate::openai::{self, finish_reason, GenParams, Meta};
+use crate::logprobs::{chat_logprobs, completion_logprobs};
+use crate::openai::{self, finish_reason, GenParams, Meta, Prompt};
 use crate::scheduler::{EngineHandle, JobPrompt, Started};
 use crate::sse;
 
@@ -68,6 +70,18 @@ impl AppState {
     }
 }
 
+impl AppState {
+    fn stream_common(&self, meta: Meta, gen: &GenParams) -> sse::Common {
+        sse::Common {
+            meta,
+            tokenizer: self.engine.tokenizer().clone(),
+            logprobs: gen.logprobs.is_some(),
+            include_usage: gen.include_usage,
+            n: gen.n,
+        }
+    }
+}
+
 /// Queue order headers, so clients (and tests) can see the queue is served first in, first out.
 fn order_headers(seq: u64, started: &Started, mut r: Response) -> Response {
     let h = r.headers_mut();
@@ -89,36 +103,33 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
     let req = openai::chat_request(&openai::parse_body(&body_bytes(body)?)?)?;
     app.check_model(req.model.as_deref())?;
     app.check_max_tokens(&req.gen)?;
-    let (stream, include_usage) = (req.gen.stream, req.gen.include_usage);
+    let gen = req.gen;
     let prompt = JobPrompt::Chat {
         messages: req.messages,
         enable_thinking: req.enable_thinking,
     };
-    let mut ticket = app.engine.submit(prompt, req.gen).await?;
-    let started = ticket.started().await?;
+    let mut tickets = submit_all(&app.engine, &[prompt], &gen).await?;
+    let started = tickets[0].started().await?;
+    let seq = tickets[0].seq;
     let meta = Meta::new("chatcmpl", &app.model_name);
-    if stream {
-        let seq = ticket.seq;
-        return Ok(order_headers(
-            seq,
-            &started,
-            sse::chat(meta, started, ticket, include_usage),
-        ));
+    if gen.stream {
+        let c = app.stream_common(meta, &gen);
+        return Ok(order_headers(seq, &started, sse::chat(c, started, tickets)));
     }
-    let (text, finish, usage) = ticket.collect().await?;
-    let (reasoning, content) = q4moe_tokenizer::split_whole(&text, started.think_open);
-    let body = openai::chat_completion(
-        &meta,
-        &content,
-        reasoning.as_deref(),
-        finish_reason(finish),
-        usage,
-    );
-    Ok(order_headers(
-        ticket.seq,
-        &started,
-        Json(body).into_response(),
-    ))
+    let tok = app.engine.tokenizer();
+    let (mut bodies, mut usages) = (Vec::new(), Vec::new());
+    for (i, t) in tickets.iter_mut().enumerate() {
+        let c = t.collect_all().await?;
+        let (reasoning, content) = q4moe_tokenizer::split_whole(&c.text, started.think_open);
+        let finish = finish_reason(c.finish);
+        let mut b = openai::chat_completion(&meta, &content, reasoning.as_deref(), finish, c.usage);
+        let logprobs = gen.logprobs.map(|_| chat_logprobs(tok, &c.logprobs));
+        set_choice(&mut b, i, logprobs);
+        bodies.push(b);
+        usages.push(c.usage);
+    }
+    let body = gather(bodies, total_usage(&usages, gen.n));
+    Ok(order_headers(seq, &started, Json(body).into_response()))
 }
 
 pub async fn completions(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -131,28 +142,50 @@ async fn completion(app: App, body: Result<Bytes, BytesRejection>) -> Result<Res
     let req = openai::completion_request(&openai::parse_body(&body_bytes(body)?)?)?;
     app.check_model(req.model.as_deref())?;
     app.check_max_tokens(&req.gen)?;
-    let (stream, include_usage) = (req.gen.stream, req.gen.include_usage);
-    let mut ticket = app
-        .engine
-        .submit(JobPrompt::Completion(req.prompt), req.gen)
-        .await?;
-    let started = ticket.started().await?;
+    let gen = req.gen;
+    let tok = app.engine.tokenizer().clone();
+    // The prompts' text: echoed, and where the logprobs' text offsets start.
+    let texts: Vec<String> = req
+        .prompts
+        .iter()
+        .map(|p| match p {
+            Prompt::Text(s) => s.clone(),
+            Prompt::Tokens(ids) => tok.decode(ids, false).unwrap_or_default(),
+        })
+        .collect();
+    let prompts: Vec<JobPrompt> = req.prompts.into_iter().map(JobPrompt::Completion).collect();
+    let mut tickets = submit_all(&app.engine, &prompts, &gen).await?;
+    let started = tickets[0].started().await?;
+    let seq = tickets[0].seq;
     let meta = Meta::new("cmpl", &app.model_name);
-    if stream {
-        let seq = ticket.seq;
-        return Ok(order_headers(
-            seq,
-            &started,
-            sse::completion(meta, ticket, include_usage),
-        ));
+    if gen.stream {
+        let c = app.stream_common(meta, &gen);
+        let r = sse::completion(c, tickets, &texts, gen.echo);
+        return Ok(order_headers(seq, &started, r));
     }
-    let (text, finish, usage) = ticket.collect().await?;
-    let body = openai::completion(&meta, &text, Some(finish_reason(finish)), Some(usage));
-    Ok(order_headers(
-        ticket.seq,
-        &started,
-        Json(body).into_response(),
-    ))
+    let (mut bodies, mut usages) = (Vec::new(), Vec::new());
+    for (i, t) in tickets.iter_mut().enumerate() {
+        let c = t.collect_all().await?;
+        let prompt = &texts[i / gen.n];
+        let text = if gen.echo {
+            format!("{prompt}{}", c.text)
+        } else {
+            c.text
+        };
+        let finish = Some(finish_reason(c.finish));
+        let mut b = openai::completion(&meta, &text, finish, Some(c.usage));
+        let logprobs = gen.logprobs.map(|_| {
+            let mut offset = if gen.echo { 0 } else { prompt.chars().count() };
+            let mut lps = c.prompt_logprobs;
+            lps.extend(c.logprobs);
+            completion_logprobs(&tok, &lps, &mut offset)
+        });
+        set_choice(&mut b, i, logprobs);
+        bodies.push(b);
+        usages.push(c.usage);
+    }
+    let body = gather(bodies, total_usage(&usages, gen.n));
+    Ok(order_headers(seq, &started, Json(body).into_response()))
 }
 
 pub async fn models(State(app): State<App>) -> Response {

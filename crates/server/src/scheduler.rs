@@ -12,7 +12,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use q4moe_engine::{BatchOptions, Batcher, ChatMessage, Engine, EngineError, Finish, Prompter};
+use q4moe_engine::{
+    BatchOptions, Batcher, ChatMessage, Engine, EngineError, Finish, Prompter, TokenLogprob,
+    Tokenizer,
+};
 use tokio::sync::mpsc;
 
 use crate::errors::{from_engine, ApiError};
@@ -21,6 +24,7 @@ pub use crate::job::{Event, Started};
 use crate::metrics::Metrics;
 use crate::openai::{GenParams, Prompt, Usage};
 
+#[derive(Clone)]
 pub enum JobPrompt {
     Chat {
         messages: Vec<ChatMessage>,
@@ -48,16 +52,6 @@ pub struct EngineHandle {
     prompter: Prompter,
 }
 
-/// A whole generation, gathered.
-#[derive(Debug, Clone)]
-pub struct Collected {
-    pub text: String,
-    pub finish: Finish,
-    pub usage: Usage,
-    /// The stop string that ended the text, if one did.
-    pub stop_sequence: Option<String>,
-}
-
 /// A submitted job's event stream.
 pub struct Ticket {
     pub seq: u64,
@@ -80,12 +74,15 @@ impl Ticket {
         Ok((c.text, c.finish, c.usage))
     }
 
-    /// [`Self::collect`], with the stop string that ended the text.
+    /// Gathers a whole generation with its logprobs and the stop string that ended it:
+    /// exactly what its stream would carry.
     pub async fn collect_all(&mut self) -> Result<Collected, ApiError> {
-        let mut text = String::new();
+        let (mut text, mut logprobs, mut prompt_logprobs) = (String::new(), vec![], vec![]);
         loop {
             match self.events.recv().await {
                 Some(Event::Text(t)) => text.push_str(&t),
+                Some(Event::Logprobs(l)) => logprobs.extend(l),
+                Some(Event::PromptLogprobs(l)) => prompt_logprobs = l,
                 Some(Event::Done {
                     finish,
                     usage,
@@ -96,6 +93,8 @@ impl Ticket {
                         finish,
                         usage,
                         stop_sequence,
+                        logprobs,
+                        prompt_logprobs,
                     })
                 }
                 Some(Event::Error(e)) => return Err(e),
@@ -104,6 +103,18 @@ impl Ticket {
             }
         }
     }
+}
+
+/// A whole generation as `Ticket::collect_all` gathers it.
+#[derive(Debug, Clone)]
+pub struct Collected {
+    pub text: String,
+    pub finish: Finish,
+    pub usage: Usage,
+    /// The stop string that ended the text, if one did.
+    pub stop_sequence: Option<String>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 impl EngineHandle {
@@ -162,6 +173,11 @@ impl EngineHandle {
         .await
         .map_err(|_| ApiError::internal("counting the prompt failed (a panic)"))?
         .map_err(|e| from_engine(e, "messages"))
+    }
+
+    /// The model's tokenizer (token texts for logprobs, echoed token prompts).
+    pub fn tokenizer(&self) -> &std::sync::Arc<Tokenizer> {
+        self.prompter.tokenizer()
     }
 
     /// Renders and tokenises the prompt on the blocking pool, then queues the job; a full queue
@@ -265,6 +281,7 @@ fn build_prompt(
             (ids.clone(), false)
         }
     };
+    crate::logprobs::check_bias_ids(&gen.sampling.logit_bias, p.vocab())?;
     let max_tokens = budget(ids.len(), p.context(), gen, param)?;
     Ok(BuiltPrompt {
         ids,
@@ -307,6 +324,6 @@ fn run_job(engine: &mut Engine, job: &Job, ids: Started, metrics: &Arc<Metrics>)
         metrics: metrics.clone(),
         last: None,
     };
-    let result = engine.generate(&req, &mut |s: &str| sender.send(s));
+    let result = engine.generate_pieces(&req, &mut |p| sender.piece(p));
     report(job, admitted, result, metrics);
 }

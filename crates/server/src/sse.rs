@@ -1,30 +1,53 @@
-//! Server-sent event streams for both endpoints: chunks as the engine produces text, a final
-//! chunk with `finish_reason`, an optional usage chunk, then `data: [DONE]`. Dropping the stream
-//! (client gone) drops the ticket's receiver, which makes the worker's text callback stop.
+//! Server-sent event streams for both endpoints: chunks as the engine produces text (each with
+//! its choice's index and, when asked for, the logprobs of its tokens), a final chunk a choice
+//! with `finish_reason`, an optional usage chunk once every choice is done, then
+//! `data: [DONE]`. Several choices interleave as their text comes. Dropping the stream (client
+//! gone) drops the tickets' receivers, which makes the worker's text callbacks stop.
 
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures_util::stream::{self, StreamExt};
+use futures_util::stream::{self, BoxStream, StreamExt};
 use serde_json::{json, Value};
 
+use q4moe_engine::{TokenLogprob, Tokenizer};
 use q4moe_tokenizer::{ReasoningSplitter, Split};
 
+use crate::choices::{set_choice, total_usage};
+use crate::logprobs::{chat_logprobs, completion_logprobs};
 use crate::openai::{self, Meta, Usage};
 use crate::scheduler::{Event, Started, Ticket};
+
+/// What every choice of one response shares.
+pub struct Common {
+    pub meta: Meta,
+    pub tokenizer: Arc<Tokenizer>,
+    /// Logprobs were asked for: chunks carry them.
+    pub logprobs: bool,
+    pub include_usage: bool,
+    /// Choices per prompt, for the usage.
+    pub n: usize,
+}
 
 /// What differs between the chat and completion streams.
 enum Shape {
     Chat(ReasoningSplitter),
-    Completion,
+    Completion {
+        /// With `echo`: the prompt's text, sent before the first generated text.
+        echo: Option<String>,
+        /// Where the next token's text starts in the choice's text (`text_offset`).
+        offset: usize,
+    },
 }
 
-struct StreamState {
+struct ChoiceState {
     ticket: Ticket,
+    index: usize,
     shape: Shape,
-    meta: Meta,
-    include_usage: bool,
+    /// Logprobs of tokens whose text has not gone out in a chunk yet.
+    pending: Vec<TokenLogprob>,
     done: bool,
 }
 
@@ -32,123 +55,187 @@ fn data(v: &Value) -> SseEvent {
     SseEvent::default().data(v.to_string())
 }
 
-impl StreamState {
-    fn object(&self) -> &'static str {
-        match self.shape {
-            Shape::Chat(_) => "chat.completion.chunk",
-            Shape::Completion => "text_completion",
-        }
+impl ChoiceState {
+    /// Sends `v` as this choice's chunk, with the logprobs pending.
+    fn chunk(&mut self, c: &Common, mut v: Value, out: &mut Vec<Value>) {
+        let lps = std::mem::take(&mut self.pending);
+        let logprobs = c.logprobs.then(|| match &mut self.shape {
+            Shape::Chat(_) => chat_logprobs(&c.tokenizer, &lps),
+            Shape::Completion { offset, .. } => completion_logprobs(&c.tokenizer, &lps, offset),
+        });
+        set_choice(&mut v, self.index, logprobs);
+        out.push(v);
     }
 
-    fn text_chunks(&mut self, text: &str, out: &mut Vec<SseEvent>) {
+    fn text(&mut self, c: &Common, text: &str, out: &mut Vec<Value>) {
         match &mut self.shape {
             Shape::Chat(splitter) => {
                 let split = splitter.push(text);
-                self.split_chunks(split, out);
+                self.split_chunks(c, split, out);
             }
-            Shape::Completion if !text.is_empty() => {
-                out.push(data(&openai::completion(&self.meta, text, None, None)))
+            Shape::Completion { .. } if !text.is_empty() => {
+                self.chunk(c, openai::completion(&c.meta, text, None, None), out)
             }
-            Shape::Completion => {}
+            Shape::Completion { .. } => {}
         }
     }
 
-    fn split_chunks(&self, s: Split, out: &mut Vec<SseEvent>) {
+    fn split_chunks(&mut self, c: &Common, s: Split, out: &mut Vec<Value>) {
         if !s.reasoning.is_empty() {
-            out.push(data(&openai::chat_chunk(
-                &self.meta,
-                json!({ "reasoning_content": s.reasoning }),
-                None,
-            )));
+            let delta = json!({ "reasoning_content": s.reasoning });
+            self.chunk(c, openai::chat_chunk(&c.meta, delta, None), out);
         }
         if !s.content.is_empty() {
-            out.push(data(&openai::chat_chunk(
-                &self.meta,
-                json!({ "content": s.content }),
-                None,
-            )));
+            let delta = json!({ "content": s.content });
+            self.chunk(c, openai::chat_chunk(&c.meta, delta, None), out);
         }
     }
 
-    fn finish_chunks(&mut self, finish: &str, usage: Usage, out: &mut Vec<SseEvent>) {
+    /// The echoed prompt (completions with `echo`), once, with the prompt's logprobs.
+    fn echo(&mut self, c: &Common, prompt_lps: Vec<TokenLogprob>, out: &mut Vec<Value>) {
+        if let Shape::Completion { echo, .. } = &mut self.shape {
+            if let Some(text) = echo.take() {
+                self.pending.splice(0..0, prompt_lps);
+                self.chunk(c, openai::completion(&c.meta, &text, None, None), out);
+            }
+        }
+    }
+
+    fn finish(&mut self, c: &Common, finish: &str, out: &mut Vec<Value>) {
         if let Shape::Chat(splitter) = &mut self.shape {
             let rest = splitter.finish();
-            self.split_chunks(rest, out);
+            self.split_chunks(c, rest, out);
         }
-        out.push(data(&match self.shape {
-            Shape::Chat(_) => openai::chat_chunk(&self.meta, json!({}), Some(finish)),
-            Shape::Completion => openai::completion(&self.meta, "", Some(finish), None),
-        }));
-        if self.include_usage {
-            out.push(data(&openai::usage_chunk(&self.meta, self.object(), usage)));
-        }
+        let last = match self.shape {
+            Shape::Chat(_) => openai::chat_chunk(&c.meta, json!({}), Some(finish)),
+            Shape::Completion { .. } => openai::completion(&c.meta, "", Some(finish), None),
+        };
+        self.chunk(c, last, out);
     }
 
-    /// The SSE events for the next engine event; `None` once the stream is over.
-    async fn next(mut self) -> Option<(Vec<SseEvent>, Self)> {
-        if self.done {
-            return None;
-        }
+    /// The chunks for the next engine event, and the choice's usage when it is done.
+    async fn next(&mut self, c: &Common) -> (Vec<Value>, Option<Usage>) {
         let mut out = Vec::new();
         match self.ticket.events.recv().await {
-            Some(Event::Text(t)) => self.text_chunks(&t, &mut out),
             Some(Event::Started(_)) => {}
+            Some(Event::Logprobs(l)) => self.pending.extend(l),
+            Some(Event::PromptLogprobs(l)) => self.echo(c, l, &mut out),
+            Some(Event::Text(t)) => {
+                self.echo(c, Vec::new(), &mut out);
+                self.text(c, &t, &mut out);
+            }
             Some(Event::Done { finish, usage, .. }) => {
-                self.finish_chunks(openai::finish_reason(finish), usage, &mut out);
+                self.echo(c, Vec::new(), &mut out);
+                self.finish(c, openai::finish_reason(finish), &mut out);
                 self.done = true;
+                return (out, Some(usage));
             }
             Some(Event::Error(e)) => {
                 // Headers are already sent: the error travels in the stream, as OpenAI does.
-                out.push(data(&e.body()));
+                out.push(e.body());
                 self.done = true;
             }
             None => {
-                out.push(data(
-                    &crate::errors::ApiError::internal("the engine worker stopped").body(),
-                ));
+                out.push(crate::errors::ApiError::internal("the engine worker stopped").body());
                 self.done = true;
             }
         }
-        if self.done {
-            out.push(SseEvent::default().data("[DONE]"));
-        }
-        Some((out, self))
+        (out, None)
     }
 }
 
-fn respond(state: StreamState, first: Option<Value>) -> Response {
-    let head = stream::iter(first.map(|v| data(&v)));
-    let body = stream::unfold(state, StreamState::next).flat_map(stream::iter);
-    Sse::new(head.chain(body).map(Ok::<_, Infallible>))
+/// One choice's chunks until it is done; its usage lands in `usages[index]`.
+fn choice_stream(
+    state: ChoiceState,
+    c: Arc<Common>,
+    usages: Arc<Mutex<Vec<Usage>>>,
+) -> BoxStream<'static, SseEvent> {
+    stream::unfold(state, move |mut s| {
+        let (c, usages) = (c.clone(), usages.clone());
+        async move {
+            if s.done {
+                return None;
+            }
+            let (chunks, usage) = s.next(&c).await;
+            if let Some(u) = usage {
+                usages.lock().unwrap_or_else(|p| p.into_inner())[s.index] = u;
+            }
+            Some((chunks.iter().map(data).collect::<Vec<_>>(), s))
+        }
+    })
+    .flat_map(stream::iter)
+    .boxed()
+}
+
+fn respond(
+    c: Common,
+    choices: Vec<ChoiceState>,
+    head: Vec<Value>,
+    object: &'static str,
+) -> Response {
+    let c = Arc::new(c);
+    let usages = Arc::new(Mutex::new(vec![Usage::default(); choices.len()]));
+    let merged = stream::select_all(
+        choices
+            .into_iter()
+            .map(|s| choice_stream(s, c.clone(), usages.clone())),
+    );
+    let tail = stream::once(async move {
+        let mut out = Vec::new();
+        if c.include_usage {
+            let all = usages.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let usage = total_usage(&all, c.n);
+            out.push(data(&openai::usage_chunk(&c.meta, object, usage)));
+        }
+        out.push(SseEvent::default().data("[DONE]"));
+        stream::iter(out)
+    })
+    .flatten();
+    let head = stream::iter(head.iter().map(data).collect::<Vec<_>>());
+    Sse::new(head.chain(merged).chain(tail).map(Ok::<_, Infallible>))
         .keep_alive(KeepAlive::default())
         .into_response()
 }
 
-pub fn chat(meta: Meta, started: Started, ticket: Ticket, include_usage: bool) -> Response {
-    // OpenAI opens with the role in an otherwise empty delta.
-    let first = openai::chat_chunk(&meta, json!({ "role": "assistant", "content": "" }), None);
-    let shape = Shape::Chat(ReasoningSplitter::new(started.think_open));
-    respond(
-        StreamState {
+fn states(tickets: Vec<Ticket>, mut shape: impl FnMut(usize) -> Shape) -> Vec<ChoiceState> {
+    tickets
+        .into_iter()
+        .enumerate()
+        .map(|(index, ticket)| ChoiceState {
             ticket,
-            shape,
-            meta,
-            include_usage,
+            index,
+            shape: shape(index),
+            pending: Vec::new(),
             done: false,
-        },
-        Some(first),
-    )
+        })
+        .collect()
 }
 
-pub fn completion(meta: Meta, ticket: Ticket, include_usage: bool) -> Response {
-    respond(
-        StreamState {
-            ticket,
-            shape: Shape::Completion,
-            meta,
-            include_usage,
-            done: false,
-        },
-        None,
-    )
+pub fn chat(c: Common, started: Started, tickets: Vec<Ticket>) -> Response {
+    // OpenAI opens each choice with the role in an otherwise empty delta.
+    let head = (0..tickets.len())
+        .map(|i| {
+            let delta = json!({ "role": "assistant", "content": "" });
+            let mut v = openai::chat_chunk(&c.meta, delta, None);
+            set_choice(&mut v, i, None);
+            v
+        })
+        .collect();
+    let choices = states(tickets, |_| {
+        Shape::Chat(ReasoningSplitter::new(started.think_open))
+    });
+    respond(c, choices, head, "chat.completion.chunk")
+}
+
+/// `prompts[i / n]` is choice i's prompt text (for `echo` and the logprobs' text offsets).
+pub fn completion(c: Common, tickets: Vec<Ticket>, prompts: &[String], echo: bool) -> Response {
+    let n = c.n.max(1);
+    let choices = states(tickets, |i| {
+        let prompt = prompts.get(i / n).cloned().unwrap_or_default();
+        Shape::Completion {
+            offset: if echo { 0 } else { prompt.chars().count() },
+            echo: echo.then_some(prompt),
+        }
+    });
+    respond(c, choices, Vec::new(), "text_completion")
 }

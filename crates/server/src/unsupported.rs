@@ -1,7 +1,7 @@
 //! Request fields q4moe does not implement yet. Ignoring them would answer a different question
-//! than the client asked (no tool call, no logprobs, no JSON mode), so a value that asks for the
-//! feature is a 400 naming the field; a value that asks for nothing (`tools: []`, `echo: false`,
-//! `logprobs: false`, `n: 1`, `response_format: {"type": "text"}`) is accepted.
+//! than the client asked (no tool call, no JSON mode), so a value that asks for the
+//! feature is a 400 naming the field; a value that asks for nothing (`tools: []`,
+//! `best_of: 1`, `response_format: {"type": "text"}`) is accepted.
 
 use serde_json::{Map, Value};
 
@@ -15,7 +15,7 @@ fn asks(name: &str, v: &Value) -> bool {
         ("response_format", Value::Object(o)) => {
             o.get("type").and_then(Value::as_str) != Some("text") || o.len() > 1
         }
-        ("n" | "best_of", v) => v.as_u64() != Some(1),
+        ("best_of", v) => v.as_u64() != Some(1),
         (_, Value::Bool(b)) => *b,
         (_, Value::Number(n)) => n.as_f64() != Some(0.0),
         (_, Value::String(s)) => !s.is_empty(),
@@ -29,14 +29,10 @@ const CHAT: &[&str] = &[
     "tool_choice",
     "functions",
     "function_call",
-    "logprobs",
-    "top_logprobs",
     "response_format",
-    "logit_bias",
-    "n",
 ];
 
-const COMPLETION: &[&str] = &["logprobs", "logit_bias", "echo", "n", "best_of", "suffix"];
+const COMPLETION: &[&str] = &["best_of", "suffix"];
 
 fn check(o: &Map<String, Value>, fields: &[&str]) -> Result<(), ApiError> {
     match fields
