@@ -1,4 +1,5 @@
 //! Helpers shared by the CLI's end-to-end tests.
+#![allow(dead_code)] // not every test file uses every helper
 
 use std::io::Write;
 use std::path::Path;
