@@ -173,6 +173,7 @@ fn worker(
     corpus: &std::path::Path,
     slot: &std::path::Path,
 ) -> Result<ExitCode> {
+    q4moe_fuzz::supervise::no_core_dumps();
     let mut t = target_by_name(target, &c.out)?;
     let seeds = load_corpus(corpus)?;
     let mut slot = Slot::open(slot)?;

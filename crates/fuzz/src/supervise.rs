@@ -61,6 +61,17 @@ impl CampaignReport {
     }
 }
 
+/// A crashing child is expected here: it must not leave core files behind (where a machine
+/// keeps them in the working directory, CI's checkout would fill up).
+pub fn no_core_dumps() {
+    let zero = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: setrlimit reads the struct and changes only this process's own limit.
+    unsafe { libc::setrlimit(libc::RLIMIT_CORE, &zero) };
+}
+
 /// The child's side: the slot it writes each input to.
 pub struct Slot {
     map: MmapMut,
