@@ -20,7 +20,7 @@ pub use fuzzer::{
     load_corpus, run_one, write_reproducer, Failure, FailureKind, Fuzzer, Options, Report,
 };
 pub use mutate::Mutator;
-pub use targets::{target_by_name, Target, TARGET_NAMES};
+pub use targets::{target_by_name, Target, TargetConfig, TARGET_NAMES};
 
 /// Where each target's committed seed corpus lives.
 pub fn corpus_dir(target: &str) -> std::path::PathBuf {

@@ -15,7 +15,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use q4moe_fuzz::supervise::{supervise, Campaign, Slot, REPORT_PREFIX};
 use q4moe_fuzz::{
-    alloc, corpus_dir, load_corpus, run_one, target_by_name, Fuzzer, Options, TARGET_NAMES,
+    alloc, corpus_dir, load_corpus, run_one, target_by_name, Fuzzer, Options, TargetConfig,
+    TARGET_NAMES,
 };
 
 #[global_allocator]
@@ -44,6 +45,18 @@ struct Common {
     /// A process whose live allocations would pass this is a failure.
     #[arg(long, default_value_t = 1024)]
     mem_cap_mb: usize,
+    /// A GGUF whose tokenizer the `tokenizer` target fuzzes (default: a synthetic one).
+    #[arg(long)]
+    vocab_gguf: Option<PathBuf>,
+}
+
+impl Common {
+    fn target_config(&self, scratch: PathBuf) -> TargetConfig {
+        TargetConfig {
+            scratch,
+            vocab: self.vocab_gguf.clone(),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -64,7 +77,13 @@ enum Cmd {
         corpus: Option<PathBuf>,
     },
     /// Run one input and print its outcome or failure.
-    Repro { target: String, file: PathBuf },
+    Repro {
+        target: String,
+        file: PathBuf,
+        /// The vocabulary the failing run used, if not the default.
+        #[arg(long)]
+        vocab_gguf: Option<PathBuf>,
+    },
     /// Rewrite the generated GGUF seeds.
     Seeds {
         #[arg(long)]
@@ -95,9 +114,17 @@ fn main() -> Result<ExitCode> {
             let limits = (Duration::from_secs(hang_secs), max_crashes);
             run(&target, &common, limits, corpus)
         }
-        Cmd::Repro { target, file } => {
+        Cmd::Repro {
+            target,
+            file,
+            vocab_gguf,
+        } => {
             let input = std::fs::read(&file).with_context(|| file.display().to_string())?;
-            let mut t = target_by_name(&target, &std::env::temp_dir())?;
+            let config = TargetConfig {
+                vocab: vocab_gguf,
+                ..TargetConfig::new(std::env::temp_dir())
+            };
+            let mut t = target_by_name(&target, &config)?;
             match run_one(t.as_mut(), &input) {
                 Ok(outcome) => {
                     println!("ok: {outcome}");
@@ -151,6 +178,7 @@ fn run(
             hang,
             slow: c.slow_ms.map(Duration::from_millis),
             mem_cap_mb: c.mem_cap_mb,
+            vocab: c.vocab_gguf.clone(),
             max_crashes,
         };
         let report = supervise(&exe, &campaign)?;
@@ -174,7 +202,7 @@ fn worker(
     slot: &std::path::Path,
 ) -> Result<ExitCode> {
     q4moe_fuzz::supervise::no_core_dumps();
-    let mut t = target_by_name(target, &c.out)?;
+    let mut t = target_by_name(target, &c.target_config(c.out.clone()))?;
     let seeds = load_corpus(corpus)?;
     let mut slot = Slot::open(slot)?;
     alloc::set_cap(c.mem_cap_mb << 20);

@@ -29,6 +29,8 @@ pub struct Campaign {
     pub hang: Duration,
     pub slow: Option<Duration>,
     pub mem_cap_mb: usize,
+    /// The tokenizer target's vocabulary (see [`crate::TargetConfig`]).
+    pub vocab: Option<PathBuf>,
     /// The campaign stops after this many dead children.
     pub max_crashes: u32,
 }
@@ -154,6 +156,9 @@ fn spawn(exe: &Path, c: &Campaign, slot: &Path, execs: u64, seed: u64) -> std::i
         .arg("--slot")
         .arg(slot)
         .args(["--mem-cap-mb", &c.mem_cap_mb.to_string()]);
+    if let Some(vocab) = &c.vocab {
+        cmd.arg("--vocab-gguf").arg(vocab);
+    }
     if let Some(slow) = c.slow {
         cmd.args(["--slow-ms", &slow.as_millis().to_string()]);
     }

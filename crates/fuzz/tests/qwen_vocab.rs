@@ -111,3 +111,29 @@ fn the_fixture_loads_as_a_model_and_renders_qwen3_chats() {
     assert!(ids.contains(&151_667) && ids.contains(&151_668), "{ids:?}");
     assert_eq!(tok.decode(&ids, false).unwrap(), text);
 }
+
+#[test]
+#[cfg_attr(
+    not(qwen_vocab_fixture),
+    ignore = "needs tests/fixtures/qwen_vocab: run tools/qwen_vocab.py"
+)]
+fn the_tokenizer_fuzz_target_holds_on_the_real_vocabulary() {
+    use q4moe_fuzz::{corpus_dir, load_corpus, target_by_name, Fuzzer, Options, TargetConfig};
+    let scratch = tempfile::tempdir().unwrap();
+    let config = TargetConfig {
+        vocab: Some(dir().join("qwen3_vocab.gguf")),
+        ..TargetConfig::new(scratch.path())
+    };
+    let mut target = target_by_name("tokenizer", &config).unwrap();
+    let seeds = load_corpus(&corpus_dir("tokenizer")).unwrap();
+    let opts = Options {
+        execs: seeds.len() as u64 + 500,
+        seed: 2,
+        ..Options::default()
+    };
+    let report = Fuzzer::new(target.as_mut(), seeds)
+        .run(&opts, |_, _| {})
+        .unwrap();
+    let failures: Vec<_> = report.failures.iter().map(|f| &f.message).collect();
+    assert!(failures.is_empty(), "{}: {failures:?}", report.summary());
+}

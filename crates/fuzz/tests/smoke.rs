@@ -4,11 +4,13 @@
 use std::path::Path;
 use std::process::Command;
 
-use q4moe_fuzz::{corpus_dir, load_corpus, target_by_name, FailureKind, Fuzzer, Options};
+use q4moe_fuzz::{
+    corpus_dir, load_corpus, target_by_name, FailureKind, Fuzzer, Options, TargetConfig,
+};
 
 fn smoke(name: &str, mutants: u64) {
     let scratch = tempfile::tempdir().unwrap();
-    let mut target = target_by_name(name, scratch.path()).unwrap();
+    let mut target = target_by_name(name, &TargetConfig::new(scratch.path())).unwrap();
     let seeds = load_corpus(&corpus_dir(name)).unwrap();
     let n_seeds = seeds.len() as u64;
     let opts = Options {
@@ -66,7 +68,7 @@ fn request_smoke() {
 #[test]
 fn in_process_failures_are_caught_and_written() {
     let out = tempfile::tempdir().unwrap();
-    let mut target = target_by_name("selftest", out.path()).unwrap();
+    let mut target = target_by_name("selftest", &TargetConfig::new(out.path())).unwrap();
     let seeds = vec![b"ok".to_vec(), b"PANIC".to_vec(), b"WRONG".to_vec()];
     let opts = Options {
         execs: 50,

@@ -7,7 +7,7 @@ mod selftest;
 mod template;
 mod tokenizer;
 
-use std::path::Path;
+use std::path::PathBuf;
 
 use crate::FuzzError;
 
@@ -23,12 +23,31 @@ pub trait Target {
 
 pub const TARGET_NAMES: [&str; 4] = ["gguf", "tokenizer", "template", "request"];
 
-/// A target by name; `scratch` is a folder the target may write to (the GGUF loader reads files).
-/// `selftest` is the harness's own target: it panics, aborts, hangs or over-allocates on demand.
-pub fn target_by_name(name: &str, scratch: &Path) -> Result<Box<dyn Target>, FuzzError> {
+/// What a target may need from its caller.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    /// A folder the target may write to (the GGUF loader reads files).
+    pub scratch: PathBuf,
+    /// A GGUF whose tokenizer the `tokenizer` target uses instead of the synthetic one (the
+    /// real Qwen vocabulary from `tools/qwen_vocab.py`).
+    pub vocab: Option<PathBuf>,
+}
+
+impl TargetConfig {
+    pub fn new(scratch: impl Into<PathBuf>) -> Self {
+        Self {
+            scratch: scratch.into(),
+            vocab: None,
+        }
+    }
+}
+
+/// A target by name. `selftest` is the harness's own target: it panics, aborts, hangs or
+/// over-allocates on demand.
+pub fn target_by_name(name: &str, c: &TargetConfig) -> Result<Box<dyn Target>, FuzzError> {
     Ok(match name {
-        "gguf" => Box::new(gguf::Gguf::new(scratch)?),
-        "tokenizer" => Box::new(tokenizer::TokenizerTarget::new()),
+        "gguf" => Box::new(gguf::Gguf::new(&c.scratch)?),
+        "tokenizer" => Box::new(tokenizer::TokenizerTarget::new(c.vocab.as_deref())?),
         "template" => Box::new(template::Template),
         "request" => Box::new(request::Request),
         "selftest" => Box::new(selftest::SelfTest),

@@ -9,10 +9,16 @@ use q4moe_tokenizer::{
     TokenizerError, TokenizerSpec, SYNTHETIC_MIN_VOCAB,
 };
 
+use std::path::Path;
+
+use q4moe_gguf::GgufFile;
+use q4moe_model::spec_from_gguf;
+
 use super::Target;
+use crate::FuzzError;
 
 pub struct TokenizerTarget {
-    /// Qwen3-shaped, 4096 tokens: built once.
+    /// Qwen3-shaped, 4096 tokens (or a GGUF's): built once.
     fixed: Tokenizer,
     fixed_control: Vec<u32>,
     /// The smallest synthetic vocabulary, which added tokens from the input extend.
@@ -20,19 +26,23 @@ pub struct TokenizerTarget {
 }
 
 impl TokenizerTarget {
-    pub fn new() -> Self {
-        let spec = synthetic_spec(4096, 0);
-        Self {
+    /// `vocab`: a GGUF whose tokenizer replaces the synthetic 4096-token one.
+    pub fn new(vocab: Option<&Path>) -> Result<Self, FuzzError> {
+        let spec = match vocab {
+            None => synthetic_spec(4096, 0),
+            Some(path) => {
+                let bad = |e: String| FuzzError::Worker(format!("{}: {e}", path.display()));
+                let file = GgufFile::open(path).map_err(|e| bad(e.to_string()))?;
+                spec_from_gguf(&file.header, &path.display().to_string())
+                    .map_err(|e| bad(e.to_string()))?
+            }
+        };
+        let fixed = Tokenizer::from_spec(&spec).map_err(|e| FuzzError::Worker(e.to_string()))?;
+        Ok(Self {
             fixed_control: control_ids(&spec),
-            fixed: Tokenizer::from_spec(&spec).expect("the synthetic vocabulary builds"),
+            fixed,
             small: synthetic_spec(SYNTHETIC_MIN_VOCAB, 0),
-        }
-    }
-}
-
-impl Default for TokenizerTarget {
-    fn default() -> Self {
-        Self::new()
+        })
     }
 }
 
