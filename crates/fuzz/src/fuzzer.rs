@@ -17,6 +17,9 @@ use crate::{FuzzError, Mutator, Target};
 pub struct Options {
     /// Executions in all, the seeds included.
     pub execs: u64,
+    /// Executions already done by an earlier process of the same campaign: a restarted worker
+    /// goes on from there (seeds before it are not run again, so a crashing seed is not retried).
+    pub resume_at: u64,
     pub seed: u64,
     /// Where reproducers go; `None` keeps failures in the report only.
     pub out_dir: Option<PathBuf>,
@@ -30,6 +33,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             execs: 1000,
+            resume_at: 0,
             seed: 0,
             out_dir: None,
             slow: None,
@@ -240,7 +244,7 @@ impl<'t> Fuzzer<'t> {
         let mut failures: Vec<Failure> = Vec::new();
         let mut failed_kinds = HashSet::new();
         let mut failing_execs = 0;
-        for exec in 0..opts.execs {
+        for exec in opts.resume_at..opts.execs {
             let input = if (exec as usize) < self.seeds {
                 self.corpus[exec as usize].clone()
             } else {
@@ -275,7 +279,7 @@ impl<'t> Fuzzer<'t> {
         }
         Ok(Report {
             target: name,
-            execs: opts.execs,
+            execs: opts.execs.saturating_sub(opts.resume_at),
             outcomes: self.seen.len(),
             corpus: self.corpus.len(),
             failures,

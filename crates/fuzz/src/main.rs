@@ -99,6 +99,8 @@ enum Cmd {
         corpus: PathBuf,
         #[arg(long)]
         slot: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        resume_at: u64,
     },
 }
 
@@ -148,7 +150,8 @@ fn main() -> Result<ExitCode> {
             common,
             corpus,
             slot,
-        } => worker(&target, &common, &corpus, &slot),
+            resume_at,
+        } => worker(&target, &common, (&corpus, &slot), resume_at),
     }
 }
 
@@ -198,8 +201,8 @@ fn run(
 fn worker(
     target: &str,
     c: &Common,
-    corpus: &std::path::Path,
-    slot: &std::path::Path,
+    (corpus, slot): (&std::path::Path, &std::path::Path),
+    resume_at: u64,
 ) -> Result<ExitCode> {
     q4moe_fuzz::supervise::no_core_dumps();
     let mut t = target_by_name(target, &c.target_config(c.out.clone()))?;
@@ -208,6 +211,7 @@ fn worker(
     alloc::set_cap(c.mem_cap_mb << 20);
     let opts = Options {
         execs: c.execs,
+        resume_at,
         seed: c.seed,
         out_dir: Some(c.out.clone()),
         slow: c.slow_ms.map(Duration::from_millis),

@@ -53,10 +53,11 @@ impl CampaignReport {
     pub fn summary(&self) -> String {
         let rate = self.execs as f64 / self.elapsed.as_secs_f64().max(1e-9);
         format!(
-            "{}: {} executions in {:.1} s ({rate:.0}/s), {} failing, {} distinct failures",
+            "{}: {} executions in {:.1} s ({rate:.0}/s), {} distinct outcomes, {} failing, {} distinct failures",
             self.target,
             self.execs,
             self.elapsed.as_secs_f64(),
+            self.outcomes,
             self.failing_execs,
             self.failures.len()
         )
@@ -144,11 +145,12 @@ fn collect(mut r: impl Read + Send + 'static, keep_tail: Option<usize>) -> Arc<M
     buf
 }
 
-fn spawn(exe: &Path, c: &Campaign, slot: &Path, execs: u64, seed: u64) -> std::io::Result<Child> {
+fn spawn(exe: &Path, c: &Campaign, slot: &Path, done: u64, seed: u64) -> std::io::Result<Child> {
     let mut cmd = Command::new(exe);
     cmd.arg("worker")
         .arg(&c.target)
-        .args(["--execs", &execs.to_string(), "--seed", &seed.to_string()])
+        .args(["--execs", &c.execs.to_string(), "--seed", &seed.to_string()])
+        .args(["--resume-at", &done.to_string()])
         .arg("--out")
         .arg(&c.out_dir)
         .arg("--corpus")
@@ -224,9 +226,9 @@ pub fn supervise(exe: &Path, c: &Campaign) -> Result<CampaignReport, FuzzError> 
     let mut crashes = 0;
     while report.execs < c.execs && crashes < c.max_crashes {
         let slot = Slot::create(&slot_path)?;
-        let left = c.execs - report.execs;
         let seed = c.seed.wrapping_add(crashes as u64);
-        let child = spawn(exe, c, &slot_path, left, seed).map_err(|e| FuzzError::io(exe, e))?;
+        let child =
+            spawn(exe, c, &slot_path, report.execs, seed).map_err(|e| FuzzError::io(exe, e))?;
         let (kind, message) = match watch(child, &slot, c.hang)? {
             End::Finished(r) => {
                 absorb(&mut report, &r);
@@ -236,7 +238,8 @@ pub fn supervise(exe: &Path, c: &Campaign) -> Result<CampaignReport, FuzzError> 
             End::Hung => (FailureKind::Hang, format!("no progress for {:?}", c.hang)),
         };
         crashes += 1;
-        report.execs += slot.count();
+        // The slot counts executions from the campaign's start, the failing one included.
+        report.execs = report.execs.max(slot.count());
         report.failing_execs += 1;
         let failure = Failure {
             kind,
