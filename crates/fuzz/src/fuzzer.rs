@@ -2,7 +2,7 @@
 //! failures, time each execution, and write a reproducer for every distinct failure.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Once;
@@ -27,6 +27,8 @@ pub struct Options {
     pub slow: Option<Duration>,
     /// The corpus stops growing here.
     pub max_corpus: usize,
+    /// Print each new kind of outcome to stderr (to see what the feedback tells apart).
+    pub print_outcomes: bool,
 }
 
 impl Default for Options {
@@ -38,6 +40,7 @@ impl Default for Options {
             out_dir: None,
             slow: None,
             max_corpus: 4096,
+            print_outcomes: false,
         }
     }
 }
@@ -84,6 +87,8 @@ pub struct Report {
     /// One per distinct failure; `failing_execs` counts them all.
     pub failures: Vec<Failure>,
     pub failing_execs: u64,
+    /// Executions per outcome class (an outcome's text up to its first ':'): how deep inputs got.
+    pub classes: BTreeMap<String, u64>,
     pub elapsed: Duration,
 }
 
@@ -244,6 +249,7 @@ impl<'t> Fuzzer<'t> {
         let mut failures: Vec<Failure> = Vec::new();
         let mut failed_kinds = HashSet::new();
         let mut failing_execs = 0;
+        let mut classes = BTreeMap::new();
         for exec in opts.resume_at..opts.execs {
             let input = if (exec as usize) < self.seeds {
                 self.corpus[exec as usize].clone()
@@ -265,7 +271,11 @@ impl<'t> Fuzzer<'t> {
                 }
             }
             match result {
-                Ok(outcome) => self.learn(outcome, input, opts.max_corpus),
+                Ok(outcome) => {
+                    let class = outcome.split(':').next().unwrap_or("").to_string();
+                    *classes.entry(class).or_insert(0) += 1;
+                    self.learn(outcome, input, opts)
+                }
                 Err(mut failure) => {
                     failing_execs += 1;
                     if failed_kinds.insert((failure.kind, signature(&failure.message))) {
@@ -284,6 +294,7 @@ impl<'t> Fuzzer<'t> {
             corpus: self.corpus.len(),
             failures,
             failing_execs,
+            classes,
             elapsed: start.elapsed(),
         })
     }
@@ -292,14 +303,24 @@ impl<'t> Fuzzer<'t> {
         if self.corpus.is_empty() {
             return Vec::new();
         }
+        // Half the mutants come from the seeds: entries learned later are mostly early refusals,
+        // and the seeds are what reach deep (a whole model file).
         let n = self.corpus.len();
-        let (a, b) = (mutator.rng().gen_range(0..n), mutator.rng().gen_range(0..n));
+        let from_seeds = self.seeds > 0 && mutator.rng().gen_bool(0.5);
+        let a = mutator
+            .rng()
+            .gen_range(0..if from_seeds { self.seeds } else { n });
+        let b = mutator.rng().gen_range(0..n);
         let dict = self.target.dict();
         mutator.mutate(&self.corpus[a], &self.corpus[b], dict)
     }
 
-    fn learn(&mut self, outcome: String, input: Vec<u8>, max_corpus: usize) {
-        if self.seen.insert(signature(&outcome)) && self.corpus.len() < max_corpus {
+    fn learn(&mut self, outcome: String, input: Vec<u8>, opts: &Options) {
+        let sig = signature(&outcome);
+        if opts.print_outcomes && !self.seen.contains(&sig) {
+            eprintln!("new outcome: {sig}");
+        }
+        if self.seen.insert(sig) && self.corpus.len() < opts.max_corpus {
             self.corpus.push(input);
         }
     }

@@ -101,6 +101,8 @@ enum Cmd {
         slot: PathBuf,
         #[arg(long, default_value_t = 0)]
         resume_at: u64,
+        #[arg(long)]
+        print_outcomes: bool,
     },
 }
 
@@ -151,7 +153,13 @@ fn main() -> Result<ExitCode> {
             corpus,
             slot,
             resume_at,
-        } => worker(&target, &common, (&corpus, &slot), resume_at),
+            print_outcomes,
+        } => worker(
+            &target,
+            &common,
+            (&corpus, &slot),
+            (resume_at, print_outcomes),
+        ),
     }
 }
 
@@ -202,7 +210,7 @@ fn worker(
     target: &str,
     c: &Common,
     (corpus, slot): (&std::path::Path, &std::path::Path),
-    resume_at: u64,
+    (resume_at, print_outcomes): (u64, bool),
 ) -> Result<ExitCode> {
     q4moe_fuzz::supervise::no_core_dumps();
     let mut t = target_by_name(target, &c.target_config(c.out.clone()))?;
@@ -215,6 +223,7 @@ fn worker(
         seed: c.seed,
         out_dir: Some(c.out.clone()),
         slow: c.slow_ms.map(Duration::from_millis),
+        print_outcomes,
         ..Options::default()
     };
     let report = Fuzzer::new(t.as_mut(), seeds).run(&opts, |i, input| slot.record(i, input))?;
@@ -234,6 +243,7 @@ fn worker(
         "failing_execs": report.failing_execs,
         "outcomes": report.outcomes,
         "corpus": report.corpus,
+        "classes": report.classes,
         "failures": failures,
     });
     println!("{REPORT_PREFIX}{json}");

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use q4moe_gguf::{parse_header, GgufHeader, GgufWriter};
+use q4moe_gguf::{parse_header, GgufError, GgufHeader, GgufWriter};
 use q4moe_model::{spec_from_gguf, Model};
 use q4moe_tokenizer::Tokenizer;
 
@@ -70,7 +70,7 @@ impl Target for Gguf {
     fn run(&mut self, input: &[u8]) -> Result<String, String> {
         let header = match parse_header(input) {
             Ok(h) => h,
-            Err(e) => return Ok(format!("header: {e}")),
+            Err(e) => return Ok(format!("header: {}", class(&e))),
         };
         round_trip(&header)?;
         let tokenizer = match spec_from_gguf(&header, "fuzz") {
@@ -83,6 +83,30 @@ impl Target for Gguf {
             Err(e) => format!("model: {e}"),
         };
         Ok(format!("{tokenizer} / {model}"))
+    }
+}
+
+/// A header error's kind, without the names a mutant garbles (so that they do not all count as
+/// new outcomes).
+fn class(e: &GgufError) -> String {
+    let tail = |msg: &str| {
+        let msg = msg.rsplit(": ").next().unwrap_or(msg);
+        msg.split(['[', '('])
+            .next()
+            .unwrap_or(msg)
+            .trim()
+            .to_string()
+    };
+    match e {
+        GgufError::Io { .. } => "io".into(),
+        GgufError::BadMagic(_) => "bad magic".into(),
+        GgufError::BadVersion(_) => "bad version".into(),
+        GgufError::Truncated { .. } => "truncated".into(),
+        GgufError::Absurd { .. } => "absurd count".into(),
+        GgufError::UnknownType(_) => "unknown type".into(),
+        GgufError::Metadata { msg, .. } => format!("metadata {}", tail(msg)),
+        GgufError::Tensor { msg, .. } => format!("tensor {}", tail(msg)),
+        GgufError::Other(msg) => format!("other {}", tail(msg)),
     }
 }
 
