@@ -194,6 +194,9 @@ fn run(
         };
         let report = supervise(&exe, &campaign)?;
         println!("{}", report.summary());
+        for (class, n) in &report.classes {
+            println!("  outcome class {class:?}: {n}");
+        }
         for f in &report.failures {
             println!("  {f}");
         }

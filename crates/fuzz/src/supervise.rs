@@ -46,6 +46,8 @@ pub struct CampaignReport {
     /// One line per distinct failure: kind, reproducer, message.
     pub failures: Vec<String>,
     pub outcomes: u64,
+    /// Executions per outcome class, from the workers that finished (see [`crate::Report`]).
+    pub classes: std::collections::BTreeMap<String, u64>,
     pub elapsed: Duration,
 }
 
@@ -265,6 +267,9 @@ fn absorb(report: &mut CampaignReport, r: &serde_json::Value) {
     report.execs += n("execs");
     report.failing_execs += n("failing_execs");
     report.outcomes = report.outcomes.max(n("outcomes"));
+    for (class, count) in r["classes"].as_object().into_iter().flatten() {
+        *report.classes.entry(class.clone()).or_insert(0) += count.as_u64().unwrap_or(0);
+    }
     for f in r["failures"].as_array().into_iter().flatten() {
         report.failures.push(format!(
             "{}: {} ({})",
