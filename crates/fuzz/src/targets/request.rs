@@ -1,6 +1,9 @@
 //! The server's OpenAI request parser on arbitrary bodies: every body is a parsed request or a
 //! 4xx in the OpenAI error shape naming the field, and what parses respects the documented
-//! ranges, so nothing after the parser sees a value it would have to check again.
+//! ranges, so nothing after the parser sees a value it would have to check again. An input that
+//! starts with `\x01` is a recipe for a JSON object built from known fields and edge values
+//! (byte mutations of JSON text mostly break its syntax; recipes always reach the fields); with
+//! `\x02` the recipe's fields go over a valid request, so they reach the later checks too.
 
 use q4moe_server::errors::ApiError;
 use q4moe_server::openai::{chat_request, completion_request, parse_body, GenParams, Prompt};
@@ -77,6 +80,15 @@ impl Target for Request {
     }
 
     fn run(&mut self, input: &[u8]) -> Result<String, String> {
+        let built;
+        let input = match input.split_first() {
+            Some((mode @ (1 | 2), recipe)) => {
+                let body = recipe_object(recipe, *mode == 2);
+                built = serde_json::to_vec(&body).expect("JSON serialises");
+                &built[..]
+            }
+            _ => input,
+        };
         let o = match parse_body(input) {
             Ok(o) => o,
             Err(e) => return refusal("body", &e),
@@ -113,6 +125,130 @@ impl Target for Request {
         };
         Ok(format!("{chat} / {completion}"))
     }
+}
+
+const FIELDS: &[&str] = &[
+    "messages",
+    "prompt",
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "enable_thinking",
+    "chat_template_kwargs",
+    "ignore_eos",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "logprobs",
+    "logit_bias",
+    "echo",
+    "n",
+    "best_of",
+    "suffix",
+    "role",
+    "content",
+    "type",
+    "text",
+    "include_usage",
+    "reasoning_content",
+];
+
+const STRINGS: &[&str] = &[
+    "",
+    "user",
+    "system",
+    "developer",
+    "assistant",
+    "tool",
+    "robot",
+    "text",
+    "image_url",
+    "q4moe",
+    "auto",
+    "none",
+    "json_object",
+    "<|im_start|>",
+    "\u{0}",
+    "\u{fdd0}",
+];
+
+const NUMBERS: &[f64] = &[
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.5,
+    2.0,
+    2.0000001,
+    10.0,
+    16.0,
+    17.0,
+    1e-30,
+    1e30,
+    4294967295.0,
+    4294967296.0,
+    18446744073709551615.0,
+    -9007199254740993.0,
+];
+
+/// Reads a recipe byte by byte; running out gives zeros.
+struct Recipe<'a>(std::slice::Iter<'a, u8>);
+
+impl Recipe<'_> {
+    fn next(&mut self) -> usize {
+        self.0.next().copied().unwrap_or(0) as usize
+    }
+
+    fn value(&mut self, depth: u32) -> serde_json::Value {
+        use serde_json::Value as V;
+        match (self.next() % 9, depth < 3) {
+            (0, _) => V::Null,
+            (1, _) => V::Bool(self.next() % 2 == 1),
+            (2, _) => serde_json::json!(NUMBERS[self.next() % NUMBERS.len()]),
+            (3, _) => serde_json::json!(self.next() as u64 * 7919),
+            (4, _) => V::from(STRINGS[self.next() % STRINGS.len()]),
+            (5 | 6, true) => {
+                let n = self.next() % 18;
+                V::Array((0..n).map(|_| self.value(depth + 1)).collect())
+            }
+            (7 | 8, true) => self.object(depth + 1),
+            _ => V::from("x"),
+        }
+    }
+
+    fn object(&mut self, depth: u32) -> serde_json::Value {
+        let n = self.next() % 8;
+        let fields = (0..n).map(|_| {
+            let key = FIELDS[self.next() % FIELDS.len()].to_string();
+            (key, self.value(depth))
+        });
+        serde_json::Value::Object(fields.collect())
+    }
+}
+
+fn recipe_object(recipe: &[u8], over_valid: bool) -> serde_json::Value {
+    let mut body = Recipe(recipe.iter()).object(0);
+    if over_valid {
+        let mut valid = serde_json::json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "prompt": "hi",
+        });
+        let fields = body.as_object_mut().expect("an object").clone();
+        valid.as_object_mut().expect("an object").extend(fields);
+        body = valid;
+    }
+    body
 }
 
 /// A refusal is a 4xx with a message, in the OpenAI error shape; a 400 about a field names it.
