@@ -609,7 +609,7 @@ impl Backend for CudaBackend {
             kv_type: self.opts.kv_type,
             cache_policy: self.scratch.l2.describe(),
             step_readback: self.describe_readback(),
-            batched_step: self.prefill.is_some(),
+            batched_step: self.opts.batched_step && self.prefill.is_some(),
         }
     }
 

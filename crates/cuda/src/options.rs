@@ -65,6 +65,11 @@ pub struct CudaOptions {
     pub cache_dir: Option<PathBuf>,
     /// Show a progress bar while the weights upload (large models only).
     pub progress: bool,
+    /// Advertise the batched decode step (`BackendInfo::batched_step`), so the server runs a
+    /// continuous batch on the GPU. Off by default until the step has passed its tests and
+    /// been measured on a GPU (issue 54); `step_batch` itself runs either way (its tests and
+    /// `bench --batch` call it directly).
+    pub batched_step: bool,
 }
 
 impl Default for CudaOptions {
@@ -86,6 +91,7 @@ impl Default for CudaOptions {
             kernel_dir: None,
             cache_dir: None,
             progress: true,
+            batched_step: false,
         }
     }
 }
@@ -157,6 +163,10 @@ impl CudaOptions {
             "progress",
             "on|off: weight upload progress bar (default on)",
         ),
+        (
+            "batched_step",
+            "on|off: serve concurrent requests through the batched step (default off: not yet verified on a GPU)",
+        ),
     ];
 
     /// Sets option `key` from its text form (`KEYS` lists them); the error names the key and
@@ -218,6 +228,7 @@ impl CudaOptions {
             "kernel_dir" => self.kernel_dir = dir("none")?,
             "cache_dir" => self.cache_dir = dir("default")?,
             "progress" => self.progress = flag()?,
+            "batched_step" => self.batched_step = flag()?,
             _ => unreachable!("every key in KEYS has an arm"),
         }
         Ok(())
@@ -264,6 +275,7 @@ mod tests {
             ("kernel_dir", "/tmp/k"),
             ("cache_dir", "/tmp/c"),
             ("progress", "off"),
+            ("batched_step", "on"),
         ];
         assert_eq!(good.len(), CudaOptions::KEYS.len(), "a case for every key");
         for (k, v) in good {
@@ -286,6 +298,7 @@ mod tests {
             kernel_dir: Some("/tmp/k".into()),
             cache_dir: Some("/tmp/c".into()),
             progress: false,
+            batched_step: true,
         };
         assert_eq!(o, want);
         for (k, v) in [("attn_stage", "default"), ("gate_up_cols", "default")] {

@@ -34,6 +34,7 @@ fn cuda(m: &Arc<Model>, cap: usize, prefill_chunk: usize) -> CudaBackend {
     let opts = CudaOptions {
         kv_capacity: cap,
         prefill_chunk,
+        batched_step: true,
         ..CudaOptions::default()
     };
     let b = CudaBackend::new(m.clone(), opts).unwrap();
