@@ -113,9 +113,14 @@ impl Target for Request {
         };
         let completion = match completion_request(&o) {
             Ok(r) => {
-                if matches!(&r.prompt, Prompt::Text(s) if s.is_empty())
-                    || matches!(&r.prompt, Prompt::Tokens(t) if t.is_empty())
-                {
+                if r.prompts.is_empty() {
+                    return Err("a request with no prompt parsed".into());
+                }
+                let empty = |p: &Prompt| match p {
+                    Prompt::Text(s) => s.is_empty(),
+                    Prompt::Tokens(t) => t.is_empty(),
+                };
+                if r.prompts.iter().any(empty) {
                     return Err("an empty prompt parsed".into());
                 }
                 check_gen(&r.gen)?;
@@ -287,7 +292,12 @@ fn check_gen(g: &GenParams) -> Result<(), String> {
         && (-2.0..=2.0).contains(&s.presence_penalty)
         && (-2.0..=2.0).contains(&s.frequency_penalty)
         && g.max_tokens != Some(0)
-        && g.stop.len() <= 16;
+        && g.stop.len() <= 16
+        && (1..=64).contains(&g.n)
+        && g.logprobs.is_none_or(|l| l.top <= 20)
+        && s.logit_bias
+            .iter()
+            .all(|(_, b)| (-100.0..=100.0).contains(b));
     if ok {
         Ok(())
     } else {
