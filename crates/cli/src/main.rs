@@ -73,6 +73,10 @@ pub struct DeviceArgs {
     /// length.
     #[arg(short = 'c', long, default_value_t = 4096)]
     pub ctx: usize,
+    /// MiB of KV the finished conversations keep for prefix reuse (least recently used dropped
+    /// beyond it; a CUDA session holds its whole capacity, a CPU one what it has used).
+    #[arg(long, default_value_t = 4096)]
+    pub kv_cache_mb: usize,
     /// KV cache element type, f16 or f32: f16 halves the bytes attention reads a position (long
     /// contexts are bound by them) at a rounding of at most 2^-11 a value; f32 keeps them exact.
     #[arg(long, default_value = "f16", value_parser = KvType::parse)]
@@ -106,6 +110,7 @@ impl DeviceArgs {
             device: Device::parse(&self.device)?,
             kv_capacity: self.ctx,
             kv_type: self.kv_type,
+            kv_cache_bytes: self.kv_cache_mb.saturating_mul(1 << 20),
             cuda: cuda_opts::apply(cuda, &self.cuda_opt)?,
             cpu_precision: match self.precision.as_str() {
                 "exact" => q4moe_cpu::Precision::Exact,

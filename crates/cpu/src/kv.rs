@@ -35,6 +35,12 @@ impl KvCache {
         self.k.last().map_or(0, |k| k.len() / self.kv_dim)
     }
 
+    /// Bytes the cache's buffers take.
+    pub fn bytes(&self) -> usize {
+        let floats: usize = self.k.iter().chain(&self.v).map(Vec::capacity).sum();
+        floats * std::mem::size_of::<f32>()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

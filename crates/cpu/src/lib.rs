@@ -254,6 +254,10 @@ impl Backend for CpuBackend {
         self.sessions.get(&session).map_or(0, KvCache::len)
     }
 
+    fn kv_bytes(&self, session: SessionId) -> usize {
+        self.sessions.get(&session).map_or(0, KvCache::bytes)
+    }
+
     fn truncate(&mut self, session: SessionId, len: usize) {
         if let Some(kv) = self.sessions.get_mut(&session) {
             kv.truncate(len);

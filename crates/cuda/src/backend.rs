@@ -755,6 +755,12 @@ impl Backend for CudaBackend {
         self.sessions.get(&session).map_or(0, |s| s.len)
     }
 
+    fn kv_bytes(&self, session: SessionId) -> usize {
+        self.sessions
+            .get(&session)
+            .map_or(0, |s| s.kv.k.bytes + s.kv.v.bytes)
+    }
+
     fn truncate(&mut self, session: SessionId, len: usize) {
         if let Some(s) = self.sessions.get_mut(&session) {
             s.len = s.len.min(len);

@@ -35,8 +35,9 @@ pub struct EngineOptions {
     pub kv_capacity: usize,
     /// How the KV cache stores keys and values (both backends round alike).
     pub kv_type: KvType,
-    /// Bound on positions kept across all cached sessions (LRU beyond it).
-    pub max_cached_positions: usize,
+    /// Bound on the bytes of KV the cached (idle) sessions keep for prefix reuse, least
+    /// recently used dropped beyond it (`--kv-cache-mb`). Sessions generating are not counted.
+    pub kv_cache_bytes: usize,
     /// How the CPU backend multiplies activations by the quantised weights: Q8 (activations
     /// quantised as llama.cpp does, the default) or Exact (f32 activations, the float
     /// reference the oracle tests hold to transformers).
@@ -53,7 +54,7 @@ impl Default for EngineOptions {
             device: Device::Auto,
             kv_capacity: 4096,
             kv_type: KvType::default(),
-            max_cached_positions: 64 * 1024,
+            kv_cache_bytes: 4 << 30,
             cpu_precision: Precision::Q8,
             cuda: CudaOptions::default(),
         }

@@ -72,7 +72,7 @@ impl Engine {
         let backend = open_backend(model.clone(), opts)?;
         let capacity = backend.info().kv_capacity;
         let prompter = Prompter::new(tokenizer, capacity, model.config.vocab_size)?;
-        let sessions = SessionStore::new(opts.max_cached_positions.max(capacity));
+        let sessions = SessionStore::new(opts.kv_cache_bytes);
         Ok(Engine {
             model,
             backend,

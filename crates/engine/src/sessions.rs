@@ -1,5 +1,7 @@
 //! Which tokens each backend session's KV holds, for prefix reuse across requests, with LRU
-//! eviction under a bound on the positions kept.
+//! eviction under a bound on the bytes the cached sessions' KV takes (what the backend says a
+//! session costs: the CPU's grows with its positions, a CUDA session holds its whole
+//! capacity).
 
 use std::collections::HashMap;
 
@@ -15,7 +17,7 @@ pub struct SessionStore {
     entries: HashMap<SessionId, Entry>,
     clock: u64,
     next_id: SessionId,
-    max_positions: usize,
+    max_bytes: usize,
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -23,12 +25,14 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 impl SessionStore {
-    pub fn new(max_positions: usize) -> Self {
+    /// A store keeping cached sessions whose KV takes at most `max_bytes` in all (the one
+    /// released last is kept whatever its size).
+    pub fn new(max_bytes: usize) -> Self {
         SessionStore {
             entries: HashMap::new(),
             clock: 0,
             next_id: 1,
-            max_positions,
+            max_bytes,
         }
     }
 
@@ -79,7 +83,7 @@ impl SessionStore {
     }
 
     /// Returns a session after use, recording what its KV holds; evicts least recently used
-    /// sessions beyond the position bound.
+    /// sessions while the cached ones' KV takes more than the bound.
     pub fn release(&mut self, backend: &mut dyn Backend, session: SessionId, tokens: Vec<u32>) {
         self.clock += 1;
         self.entries.insert(
@@ -89,10 +93,13 @@ impl SessionStore {
                 last_used: self.clock,
             },
         );
-        while self.entries.values().map(|e| e.tokens.len()).sum::<usize>() > self.max_positions {
-            let Some((&oldest, _)) = self.entries.iter().min_by_key(|(_, e)| e.last_used) else {
+        loop {
+            let held: usize = self.entries.keys().map(|&id| backend.kv_bytes(id)).sum();
+            if held <= self.max_bytes || self.entries.len() <= 1 {
                 break;
-            };
+            }
+            let oldest = self.entries.iter().min_by_key(|(_, e)| e.last_used);
+            let Some((&oldest, _)) = oldest else { break };
             self.entries.remove(&oldest);
             backend.drop_session(oldest);
         }

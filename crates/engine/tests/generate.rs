@@ -366,3 +366,47 @@ fn a_conversation_sharing_only_an_opening_keeps_the_other_whole() {
     assert_eq!(again.cached_tokens, a2.len() - 1);
     assert_eq!(again.tokens, a2_out.tokens);
 }
+
+/// The session store keeps finished conversations within `kv_cache_bytes` of KV (as the backend
+/// counts them), dropping the least recently used: with room for about two, a third
+/// conversation drops the first, whose next turn then starts from nothing, while the last two
+/// still reuse their prefixes.
+#[test]
+fn the_session_store_is_bounded_in_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let cfg = q4moe_model::Config::tiny();
+    q4moe_model::synth::write(&path, &cfg, SynthQuant::Q4_0, 5, false).unwrap();
+    // One 40-token conversation's KV on the CPU (f32 buffers, K and V, every layer), rounded up
+    // by Vec growth: less than 64 positions' worth.
+    let per_position = 2 * cfg.n_layer * cfg.kv_dim() * 4;
+    let opts = q4moe_engine::EngineOptions {
+        device: q4moe_engine::Device::Cpu,
+        kv_cache_bytes: 2 * 64 * per_position + per_position,
+        ..Default::default()
+    };
+    let mut e = Engine::load(&path, &opts).unwrap();
+    let prompt = |k: u32| -> Vec<u32> { (0..40).map(|i| 5 + k * 50 + i).collect() };
+    let run = |e: &mut Engine, p: Vec<u32>| {
+        let mut req = GenerateRequest::new(p, 4);
+        req.stop_at_eos = false;
+        req.reuse_prefix = true;
+        e.generate(&req, &mut |_| Flow::Continue)
+            .unwrap()
+            .cached_tokens
+    };
+    for k in 0..3 {
+        assert_eq!(run(&mut e, prompt(k)), 0);
+    }
+    // The first was dropped; the two later ones are kept.
+    assert_eq!(
+        run(&mut e, prompt(0)),
+        0,
+        "the oldest conversation was kept"
+    );
+    assert_eq!(
+        run(&mut e, prompt(2)),
+        39,
+        "a recent conversation was dropped"
+    );
+}
