@@ -685,8 +685,10 @@ impl Backend for CudaBackend {
         let len0 = self.kv_len(req.session);
         self.session(req.session)?;
         // The device handles greedy and the samplers step::sample_config accepts, penalties
-        // included; the rest (top-k above SAMPLE_MAX_K, logits wanted) samples on the host.
-        let device_ok = req.sampling.is_greedy() || step::sample_config(req.sampling).is_some();
+        // included; the rest (top-k above SAMPLE_MAX_K, logits wanted, a constraint's token
+        // mask, which the host's grammar engine computes each step) samples on the host.
+        let device_ok = req.sampling.constraint.is_none()
+            && (req.sampling.is_greedy() || step::sample_config(req.sampling).is_some());
         let host = req.want_logits || !device_ok;
         let (stats, handed, full) = if host {
             self.decode_host(req, on_token)?

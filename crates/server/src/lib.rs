@@ -16,6 +16,9 @@ pub mod openai;
 mod routes;
 pub mod scheduler;
 mod sse;
+pub mod structured;
+mod tool_markup;
+pub mod tools;
 mod unsupported;
 
 use std::future::Future;

@@ -16,6 +16,7 @@ use crate::errors::ApiError;
 use crate::openai::{self, finish_reason, GenParams, Meta};
 use crate::scheduler::{EngineHandle, JobPrompt, Started};
 use crate::sse;
+use crate::tool_markup;
 
 pub struct AppState {
     pub engine: EngineHandle,
@@ -90,9 +91,11 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
     app.check_model(req.model.as_deref())?;
     app.check_max_tokens(&req.gen)?;
     let (stream, include_usage) = (req.gen.stream, req.gen.include_usage);
+    let parse_calls = req.tools.as_ref().is_some_and(|t| t.parses_calls());
     let prompt = JobPrompt::Chat {
         messages: req.messages,
         enable_thinking: req.enable_thinking,
+        tools: req.tools.map(|t| t.list),
     };
     let mut ticket = app.engine.submit(prompt, req.gen).await?;
     let started = ticket.started().await?;
@@ -102,16 +105,21 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
         return Ok(order_headers(
             seq,
             &started,
-            sse::chat(meta, started, ticket, include_usage),
+            sse::chat(meta, started, ticket, include_usage, parse_calls),
         ));
     }
     let (text, finish, usage) = ticket.collect().await?;
     let (reasoning, content) = q4moe_tokenizer::split_whole(&text, started.think_open);
+    let (content, calls) = match parse_calls {
+        true => tool_markup::parse_whole(&content),
+        false => (Some(content), Vec::new()),
+    };
     let body = openai::chat_completion(
         &meta,
-        &content,
+        content.as_deref(),
         reasoning.as_deref(),
-        finish_reason(finish),
+        &calls,
+        openai::chat_finish_reason(finish, calls.len()),
         usage,
     );
     Ok(order_headers(

@@ -9,14 +9,17 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 
+use q4moe_engine::Finish;
 use q4moe_tokenizer::{ReasoningSplitter, Split};
 
 use crate::openai::{self, Meta, Usage};
 use crate::scheduler::{Event, Started, Ticket};
+use crate::tool_markup::{CallParser, Piece};
 
 /// What differs between the chat and completion streams.
 enum Shape {
-    Chat(ReasoningSplitter),
+    /// The content is read for tool calls where the request has tools.
+    Chat(ReasoningSplitter, Option<CallParser>),
     Completion,
 }
 
@@ -35,14 +38,14 @@ fn data(v: &Value) -> SseEvent {
 impl StreamState {
     fn object(&self) -> &'static str {
         match self.shape {
-            Shape::Chat(_) => "chat.completion.chunk",
+            Shape::Chat(..) => "chat.completion.chunk",
             Shape::Completion => "text_completion",
         }
     }
 
     fn text_chunks(&mut self, text: &str, out: &mut Vec<SseEvent>) {
         match &mut self.shape {
-            Shape::Chat(splitter) => {
+            Shape::Chat(splitter, _) => {
                 let split = splitter.push(text);
                 self.split_chunks(split, out);
             }
@@ -53,7 +56,7 @@ impl StreamState {
         }
     }
 
-    fn split_chunks(&self, s: Split, out: &mut Vec<SseEvent>) {
+    fn split_chunks(&mut self, s: Split, out: &mut Vec<SseEvent>) {
         if !s.reasoning.is_empty() {
             out.push(data(&openai::chat_chunk(
                 &self.meta,
@@ -61,23 +64,60 @@ impl StreamState {
                 None,
             )));
         }
-        if !s.content.is_empty() {
-            out.push(data(&openai::chat_chunk(
-                &self.meta,
-                json!({ "content": s.content }),
-                None,
-            )));
+        let pieces = match &mut self.shape {
+            Shape::Chat(_, Some(calls)) => calls.push(&s.content),
+            _ => vec![Piece::Text(s.content)],
+        };
+        self.piece_chunks(pieces, out);
+    }
+
+    /// Content deltas, and each call as OpenAI streams one: its index, id, type and name, then
+    /// its arguments.
+    fn piece_chunks(&self, pieces: Vec<Piece>, out: &mut Vec<SseEvent>) {
+        let mut index = self.calls().saturating_sub(
+            pieces
+                .iter()
+                .filter(|p| matches!(p, Piece::Call(_)))
+                .count(),
+        );
+        for p in pieces {
+            let delta = match p {
+                Piece::Text(t) if t.is_empty() => continue,
+                Piece::Text(t) => json!({ "content": t }),
+                Piece::Call(c) => {
+                    let head = json!({ "tool_calls": [{ "index": index, "id": c.id, "type": "function",
+                        "function": { "name": c.function.name, "arguments": "" } }] });
+                    out.push(data(&openai::chat_chunk(&self.meta, head, None)));
+                    index += 1;
+                    json!({ "tool_calls": [{ "index": index - 1,
+                        "function": { "arguments": c.function.arguments } }] })
+                }
+            };
+            out.push(data(&openai::chat_chunk(&self.meta, delta, None)));
         }
     }
 
-    fn finish_chunks(&mut self, finish: &str, usage: Usage, out: &mut Vec<SseEvent>) {
-        if let Shape::Chat(splitter) = &mut self.shape {
+    /// Tool calls streamed so far.
+    fn calls(&self) -> usize {
+        match &self.shape {
+            Shape::Chat(_, Some(calls)) => calls.calls(),
+            _ => 0,
+        }
+    }
+
+    fn finish_chunks(&mut self, finish: Finish, usage: Usage, out: &mut Vec<SseEvent>) {
+        if let Shape::Chat(splitter, _) = &mut self.shape {
             let rest = splitter.finish();
             self.split_chunks(rest, out);
         }
+        if let Shape::Chat(_, Some(calls)) = &mut self.shape {
+            let rest = calls.finish();
+            self.piece_chunks(rest, out);
+        }
+        let reason = openai::chat_finish_reason(finish, self.calls());
         out.push(data(&match self.shape {
-            Shape::Chat(_) => openai::chat_chunk(&self.meta, json!({}), Some(finish)),
-            Shape::Completion => openai::completion(&self.meta, "", Some(finish), None),
+            Shape::Chat(..) => openai::chat_chunk(&self.meta, json!({}), Some(reason)),
+            Shape::Completion => openai::completion(&self.meta, "", Some(reason), None),
         }));
         if self.include_usage {
             out.push(data(&openai::usage_chunk(&self.meta, self.object(), usage)));
@@ -94,7 +134,7 @@ impl StreamState {
             Some(Event::Text(t)) => self.text_chunks(&t, &mut out),
             Some(Event::Started(_)) => {}
             Some(Event::Done { finish, usage }) => {
-                self.finish_chunks(openai::finish_reason(finish), usage, &mut out);
+                self.finish_chunks(finish, usage, &mut out);
                 self.done = true;
             }
             Some(Event::Error(e)) => {
@@ -124,10 +164,18 @@ fn respond(state: StreamState, first: Option<Value>) -> Response {
         .into_response()
 }
 
-pub fn chat(meta: Meta, started: Started, ticket: Ticket, include_usage: bool) -> Response {
+/// `parse_calls`: the request has tools, whose calls the content is read for.
+pub fn chat(
+    meta: Meta,
+    started: Started,
+    ticket: Ticket,
+    include_usage: bool,
+    parse_calls: bool,
+) -> Response {
     // OpenAI opens with the role in an otherwise empty delta.
     let first = openai::chat_chunk(&meta, json!({ "role": "assistant", "content": "" }), None);
-    let shape = Shape::Chat(ReasoningSplitter::new(started.think_open));
+    let calls = parse_calls.then(CallParser::default);
+    let shape = Shape::Chat(ReasoningSplitter::new(started.think_open), calls);
     respond(
         StreamState {
             ticket,

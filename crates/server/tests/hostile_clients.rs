@@ -249,16 +249,10 @@ async fn unsupported_fields_are_refused_by_name() {
         }
         b
     };
-    let tool = json!([{ "type": "function", "function": { "name": "f", "parameters": {} } }]);
     let cases = [
-        ("tools", json!({ "tools": tool })),
-        ("tool_choice", json!({ "tool_choice": "required" })),
         ("logprobs", json!({ "logprobs": true })),
         ("top_logprobs", json!({ "top_logprobs": 3 })),
-        (
-            "response_format",
-            json!({ "response_format": { "type": "json_object" } }),
-        ),
+        ("functions", json!({ "functions": [{ "name": "f" }] })),
         ("logit_bias", json!({ "logit_bias": { "5": 10 } })),
         ("n", json!({ "n": 2 })),
     ];

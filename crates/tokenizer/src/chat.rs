@@ -19,6 +19,45 @@ pub struct ChatMessage {
     /// An assistant turn's reasoning, rendered inside `<think>` by templates that support it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// An assistant turn's tool calls, in OpenAI's shape (templates read `tool_calls`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// One call of a function by the model: `{"id", "type": "function", "function": {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments as a JSON text (OpenAI's shape), rendered as they are.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    pub fn function(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) -> Self {
+        ToolCall {
+            id: id.into(),
+            kind: "function".into(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments: arguments.into(),
+            },
+        }
+    }
 }
 
 impl ChatMessage {
@@ -27,6 +66,8 @@ impl ChatMessage {
             role: role.into(),
             content: content.into(),
             reasoning_content: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
     }
     pub fn system(content: impl Into<String>) -> Self {
@@ -77,9 +118,20 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String, TokenizerError> {
+        self.render_tools(messages, None, add_generation_prompt, enable_thinking)
+    }
+
+    /// [`Self::render`] with the `tools` list (OpenAI's `tools`) the template may describe.
+    pub fn render_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, TokenizerError> {
         self.render_with(
             Value::from_serialize(messages),
-            None,
+            tools.map(Value::from_serialize),
             add_generation_prompt,
             enable_thinking,
         )

@@ -17,7 +17,7 @@ mod synthetic;
 mod tokenizer;
 
 pub use bytes::{byte_to_unicode, unicode_to_byte};
-pub use chat::{ChatMessage, ChatTemplate, QWEN3_CHAT_TEMPLATE};
+pub use chat::{ChatMessage, ChatTemplate, FunctionCall, ToolCall, QWEN3_CHAT_TEMPLATE};
 pub use error::TokenizerError;
 pub use limits::{TemplateLimit, TemplateLimits};
 pub use literal::RenderedPrompt;

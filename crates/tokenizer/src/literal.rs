@@ -81,10 +81,32 @@ pub(crate) fn mark(added: &AddedTokens, s: &str) -> String {
 }
 
 pub(crate) fn mark_message(added: &AddedTokens, m: &ChatMessage) -> ChatMessage {
+    let mut calls = m.tool_calls.clone();
+    for c in &mut calls {
+        c.function.name = mark(added, &c.function.name);
+        c.function.arguments = mark(added, &c.function.arguments);
+    }
     ChatMessage {
         role: m.role.clone(),
         content: mark(added, &m.content),
         reasoning_content: m.reasoning_content.as_deref().map(|r| mark(added, r)),
+        tool_calls: calls,
+        tool_call_id: m.tool_call_id.clone(),
+    }
+}
+
+/// Every string (keys included) of a JSON value marked.
+pub(crate) fn mark_json(added: &AddedTokens, v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Value::String(mark(added, s)),
+        Value::Array(items) => Value::Array(items.iter().map(|x| mark_json(added, x)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (mark(added, k), mark_json(added, x)))
+                .collect(),
+        ),
+        scalar => scalar.clone(),
     }
 }
 
