@@ -265,3 +265,72 @@ impl TokenMask for GrammarMask {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use q4moe_model::sampling::{Sampler, SamplingParams};
+
+    fn grammars() -> Grammars {
+        let spec = q4moe_tokenizer::synthetic_spec(1024, 7);
+        let tk = Arc::new(Tokenizer::from_spec(&spec).unwrap());
+        Grammars::new(tk, 1040, GrammarLimits::default())
+    }
+
+    /// Greedy choices over logits that favour `favourite`: what the grammar leaves of them.
+    fn run(g: &Grammars, c: Constraint, favourite: u32, steps: usize) -> Vec<u32> {
+        let mut s = Sampler::new(
+            SamplingParams {
+                constraint: Some(c),
+                ..SamplingParams::greedy()
+            },
+            &[],
+        );
+        (0..steps)
+            .map(|i| {
+                let mut logits: Vec<f32> =
+                    (0..g.vocab).map(|t| ((t * 7 + i) % 13) as f32).collect();
+                logits[favourite as usize] = 100.0;
+                s.sample(&mut logits)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_grammar_waits_for_its_token_then_ends_at_a_stop_id() {
+        let g = grammars();
+        let tk = g.tokenizer.clone();
+        let think_end = tk.token_id("</think>").unwrap();
+        let eos = tk.eos_id();
+        let lark = Grammar::Lark("start: \"ok\"".into());
+        // Free until </think> (favoured here once, then the grammar), then "ok", then a stop.
+        let c = g.compile(&lark, Some(think_end)).unwrap();
+        let ids = run(&g, c, think_end, 6);
+        assert_eq!(ids[0], think_end);
+        let after = &ids[1..];
+        let stop = after
+            .iter()
+            .position(|t| tk.stop_ids().contains(t))
+            .unwrap();
+        assert_eq!(tk.decode(&after[..stop], false).unwrap(), "ok");
+        // From the start, the favourite (a stop id) waits until the grammar is complete.
+        let c = g.compile(&lark, None).unwrap();
+        let ids = run(&g, c, eos, 6);
+        let stop = ids.iter().position(|&t| t == eos).unwrap();
+        assert_eq!(tk.decode(&ids[..stop], false).unwrap(), "ok");
+    }
+
+    #[test]
+    fn bad_grammars_are_errors_that_say_why() {
+        let g = grammars();
+        for (bad, want) in [
+            (Grammar::Lark("start: missing".into()), "missing"),
+            (Grammar::Lark("  ".into()), "empty"),
+            (Grammar::JsonSchema(json!([1])), "object"),
+            (Grammar::JsonSchema(json!({"type": "strnig"})), "strnig"),
+        ] {
+            let err = g.compile(&bad, None).map(|_| ()).unwrap_err();
+            assert!(err.contains(want), "{bad:?}: {err}");
+        }
+    }
+}

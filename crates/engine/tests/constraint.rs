@@ -95,9 +95,7 @@ impl SequenceSink for Keep {
 fn batched_generation_follows_the_schema_as_it_does_alone() {
     let dir = tempfile::tempdir().unwrap();
     let mut e = tiny_engine(&dir, SynthQuant::Q4_0);
-    if !e.batched_step() {
-        return;
-    }
+    assert!(e.batched_step(), "the CPU backend has a batched step");
     let g = Grammar::JsonSchema(schema());
     let alone: Vec<String> = (0..3)
         .map(|seed| {
@@ -158,7 +156,8 @@ fn tool_turns_render_in_the_template_markup() {
         text.contains("<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>"),
         "{text}"
     );
-    let ids = e.encode_prompt(&p).unwrap();
+    // Past this test engine's 256-position context, so the tokenizer alone.
+    let ids = e.tokenizer().encode_within(&p, 4096).unwrap();
     let im_end = e.tokenizer().token_id("<|im_end|>").unwrap();
     // <|im_end|> closes the system, user, assistant and tool turns: 4, not the forged fifth.
     assert_eq!(ids.iter().filter(|&&t| t == im_end).count(), 4, "{text}");
