@@ -6,11 +6,14 @@
 
 use std::collections::HashMap;
 
-/// Whether `grammar` reads as GBNF (a `name ::=` rule) rather than Lark.
+/// Whether `grammar` reads as GBNF (a line opening a `name ::=` rule) rather than Lark.
 pub fn looks_like_gbnf(grammar: &str) -> bool {
     grammar.lines().any(|l| {
         let l = l.trim_start();
-        !l.starts_with('#') && l.contains("::=")
+        let name = l.len()
+            - l.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                .len();
+        name > 0 && l[name..].trim_start().starts_with("::=")
     })
 }
 
@@ -208,6 +211,7 @@ num-word ::= [0-9a-z/] .
              num_word: /[0-9a-z\\/]/ /(?s:.)/\n"
         );
         assert!(!looks_like_gbnf("start: \"a\" | \"b\"\n"));
+        assert!(!looks_like_gbnf("start: \"x ::= y\"\n# a ::= b\n"));
     }
 
     #[test]

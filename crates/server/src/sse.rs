@@ -74,22 +74,15 @@ impl StreamState {
     /// Content deltas, and each call as OpenAI streams one: its index, id, type and name, then
     /// its arguments.
     fn piece_chunks(&self, pieces: Vec<Piece>, out: &mut Vec<SseEvent>) {
-        let mut index = self.calls().saturating_sub(
-            pieces
-                .iter()
-                .filter(|p| matches!(p, Piece::Call(_)))
-                .count(),
-        );
         for p in pieces {
             let delta = match p {
                 Piece::Text(t) if t.is_empty() => continue,
                 Piece::Text(t) => json!({ "content": t }),
-                Piece::Call(c) => {
+                Piece::Call(index, c) => {
                     let head = json!({ "tool_calls": [{ "index": index, "id": c.id, "type": "function",
                         "function": { "name": c.function.name, "arguments": "" } }] });
                     out.push(data(&openai::chat_chunk(&self.meta, head, None)));
-                    index += 1;
-                    json!({ "tool_calls": [{ "index": index - 1,
+                    json!({ "tool_calls": [{ "index": index,
                         "function": { "arguments": c.function.arguments } }] })
                 }
             };

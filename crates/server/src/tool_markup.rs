@@ -12,11 +12,11 @@ use serde_json::Value;
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
-/// What the parser hands on: content text, or a whole call.
+/// What the parser hands on: content text, or a whole call with its index among the calls.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
     Text(String),
-    Call(ToolCall),
+    Call(usize, ToolCall),
 }
 
 /// Whitespace between calls, before the first or after the last is markup, not content: it is
@@ -51,9 +51,9 @@ impl CallParser {
                 self.open_at = None;
                 match parse_call(&block[open + OPEN.len()..end]) {
                     Some(call) => {
+                        out.push(Piece::Call(self.calls, call));
                         self.calls += 1;
                         self.after_call = true;
-                        out.push(Piece::Call(call));
                     }
                     None => self.text(&mut out, block),
                 }
@@ -142,7 +142,7 @@ pub fn parse_whole(text: &str) -> (Option<String>, Vec<ToolCall>) {
     for piece in pieces {
         match piece {
             Piece::Text(t) => content.push_str(&t),
-            Piece::Call(c) => calls.push(c),
+            Piece::Call(_, c) => calls.push(c),
         }
     }
     (
@@ -217,13 +217,13 @@ mod tests {
             .iter()
             .filter_map(|x| match x {
                 Piece::Text(t) => Some(t.as_str()),
-                Piece::Call(_) => None,
+                Piece::Call(..) => None,
             })
             .collect();
         let calls: Vec<ToolCall> = pieces
             .into_iter()
             .filter_map(|x| match x {
-                Piece::Call(c) => Some(c),
+                Piece::Call(_, c) => Some(c),
                 Piece::Text(_) => None,
             })
             .collect();
