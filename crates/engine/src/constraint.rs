@@ -240,11 +240,11 @@ impl TokenMask for GrammarMask {
         // A complete grammar allows llguidance's one EOS; every stop id ends the text alike.
         let stops_ok = allowed.as_ref().is_none_or(|v| v.is_allowed(self.eos));
         for (id, l) in logits.iter_mut().enumerate() {
-            let ok = match &allowed {
-                Some(v) => id < v.len() && v.is_allowed(id as u32),
-                None => false,
-            };
-            if !ok && !(stops_ok && self.stop_ids.contains(&(id as u32))) {
+            let by_grammar = allowed
+                .as_ref()
+                .is_some_and(|v| id < v.len() && v.is_allowed(id as u32));
+            let stop = stops_ok && self.stop_ids.contains(&(id as u32));
+            if !(by_grammar || stop) {
                 *l = f32::NEG_INFINITY;
             }
         }
