@@ -13,6 +13,12 @@
 #   sanitize       compute-sanitizer memcheck on the tiny parity tests and on the kernel tests.
 #   bench:<quant>  `q4moe bench` of record (q4_0, q4_k_m) on a synthetic Qwen3-30B-A3B written
 #                  once per quant to /tmp; JSON to $OUT/bench-<quant>.json.
+#   batch:<quant>  `q4moe bench --batch` (BATCH, default 1,2,4,8,16,32,64) on the synthetic model:
+#                  aggregate tok/s, step ms and the invariance verdict per B; JSON to
+#                  $OUT/batch-<quant>.json.
+#   serve:<quant>  the HTTP serving bench (target/release/examples/serve_bench, carried; `cargo build
+#                  --release -p q4moe-server --example serve_bench`) at CONC streams (default
+#                  1,4,16,64): aggregate tok/s, TTFT and inter-token p50/p99; JSON to $OUT/serve-<quant>.json.
 #   ab:<quant>     the before/after gate: binaries $Q and $BASE (default target/baseline/q4moe)
 #                  benched alternately for ROUNDS rounds (default 5) under the record's decode
 #                  conditions (cache on, in-flight 2); a median/min/max table per binary of the
@@ -86,6 +92,34 @@ run_bench() {
   say "bench $q: $(grep -E '^cache on, in-flight 2' "$OUT/bench-$q.log" | head -1)"
 }
 
+run_batch() {
+  local q=$1
+  model "$q" || return
+  timeout 450 "$Q" bench --model "/tmp/$q.gguf" --device cuda --prompt-len 128 --decode-len 64 \
+    --runs 5 --batch "${BATCH:-1,2,4,8,16,32,64}" --json-out "$OUT/batch-$q.json" > "$OUT/batch-$q.log" 2>&1 \
+    || { say "batch $q FAILED: $(tail -3 "$OUT/batch-$q.log")"; failed=1; }
+  grep -E 'B = ' "$OUT/batch-$q.log" | while read -r l; do say "batch $q: $l"; done
+}
+
+run_serve() {
+  local q=$1 sb=target/release/examples/serve_bench
+  [ -x "$sb" ] || { say "serve: $sb not carried"; failed=1; return; }
+  model "$q" || return
+  timeout 450 "$sb" --model "/tmp/$q.gguf" --device cuda --tokens 64 --runs "${SERVE_RUNS:-3}" \
+    --concurrency "${CONC:-1,4,16,64}" --max-batch 64 --out "$OUT/serve-$q.json" > "$OUT/serve-$q.log" 2>&1 \
+    || { say "serve $q FAILED: $(tail -3 "$OUT/serve-$q.log")"; failed=1; return; }
+  python3 - "$OUT/serve-$q.json" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"serve: isolated {r['isolated']['steady_tok_s']['median']:.1f} tok/s, one HTTP stream "
+      f"{r['http_single_stream']['steady_tok_s']['median']:.1f}")
+for c in r["http_concurrent"]:
+    print(f"serve: {c['streams']:>3} streams {c['aggregate_tok_s']['median']:8.1f} tok/s aggregate, "
+          f"TTFT p50 {c['ttft_ms_percentiles']['p50']:.0f} ms, inter-token p50 "
+          f"{c['inter_token_ms']['p50']:.1f} / p99 {c['inter_token_ms']['p99']:.1f} ms")
+EOF
+}
+
 # ab_one <binary> <quant> <json> <extra args>: one bench of the gate, cache on, in-flight 2, 5 runs.
 ab_one() {
   # shellcheck disable=SC2086  # the extra arguments are words
@@ -135,8 +169,10 @@ for s in $steps; do
     sanitize) run_sanitize ;;
     bench:*) run_bench "${s#bench:}" ;;
     ab:*) run_ab "${s#ab:}" ;;
+    batch:*) run_batch "${s#batch:}" ;;
+    serve:*) run_serve "${s#serve:}" ;;
     ab) run_ab q4_0 ;;
-    *) say "unknown step: $s (tests, sanitize, bench:<quant>, ab:<quant>)"; failed=1 ;;
+    *) say "unknown step: $s (tests, sanitize, bench:<quant>, ab:<quant>, batch:<quant>, serve:<quant>)"; failed=1 ;;
   esac
   say "  ($s done at ${SECONDS} s)"
 done

@@ -15,6 +15,7 @@ use q4moe_model::{Config, Model};
 use serde_json::{json, Value};
 
 mod batch;
+mod prefill;
 mod print;
 mod report;
 
@@ -46,9 +47,14 @@ pub struct BenchArgs {
     #[arg(short = 'r', long, default_value_t = 5)]
     runs: usize,
     /// Batch sizes of the batched decode step to measure, e.g. 1,2,4,8 (1 to 256). Replaces the
-    /// single-stream variants; each size is checked for batch invariance against `decode`.
+    /// single-stream variants; each size is checked for batch invariance against each sequence
+    /// run alone through the batched step.
     #[arg(long, value_delimiter = ',', value_name = "B,B,..")]
     batch: Vec<usize>,
+    /// Prompt lengths to measure prefill alone at, e.g. 128,512,2048,8192. Replaces the
+    /// single-stream variants (with --batch, runs after it).
+    #[arg(long, value_delimiter = ',', value_name = "N,N,..")]
+    prefill: Vec<usize>,
     /// Printed output: `table` (every figure), or `md` (llama-bench's markdown pp/tg table).
     #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "md"])]
     output: String,
@@ -339,8 +345,18 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     );
     crate::apply_threads(a.threads)?;
     let (model, label) = load_model(&a)?;
-    let ctx =
-        (a.prompt_len.max(a.long_context) + a.decode_len + 8).min(model.config.context_length);
+    let longest = a.prefill.iter().copied().max().unwrap_or(0);
+    anyhow::ensure!(
+        longest <= model.config.context_length,
+        "--prefill {longest} is past the model's context of {} tokens",
+        model.config.context_length
+    );
+    anyhow::ensure!(
+        !a.prefill.contains(&0),
+        "--prefill lengths must be at least 1"
+    );
+    let ctx = (a.prompt_len.max(a.long_context).max(longest) + a.decode_len + 8)
+        .min(model.config.context_length);
     let opened = Instant::now();
     let mut backend = open(&model, &a, ctx)?;
     let open_s = opened.elapsed().as_secs_f64();
@@ -352,7 +368,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if !info.step_readback.is_empty() {
         eprintln!("step read-back: {}", info.step_readback);
     }
-    if !a.batch.is_empty() {
+    if !a.batch.is_empty() || !a.prefill.is_empty() {
         return run_batched(&a, &label, &model, &mut backend, open_s);
     }
     let prompt = random_prompt(a.prompt_len, model.config.vocab_size, a.seed);
@@ -420,7 +436,8 @@ fn finish(a: &BenchArgs, record: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--batch`: the batched decode step at every size asked for.
+/// `--batch` (the batched decode step at every size asked for) and `--prefill` (prefill alone
+/// at every length asked for).
 fn run_batched(
     a: &BenchArgs,
     label: &str,
@@ -428,19 +445,28 @@ fn run_batched(
     backend: &mut AnyBackend,
     open_s: f64,
 ) -> anyhow::Result<()> {
-    let plan = batch::BatchPlan {
-        batch: &a.batch,
-        prompt_len: a.prompt_len,
-        decode_len: a.decode_len,
-        runs: a.runs,
-        seed: a.seed,
-    };
-    let Some(batched) = batch::run(backend.get(), model, &plan)? else {
-        return Ok(());
-    };
     let info = backend.get().info();
     let mut record = report::conditions(a, label, model, &info, open_s);
-    record["batched"] = batched;
+    if !a.batch.is_empty() {
+        let plan = batch::BatchPlan {
+            batch: &a.batch,
+            prompt_len: a.prompt_len,
+            decode_len: a.decode_len,
+            runs: a.runs,
+            seed: a.seed,
+        };
+        if let Some(mut batched) = batch::run(backend.get(), model, &plan)? {
+            if let AnyBackend::Cuda(b) = backend {
+                batch::add_copy_share(&mut batched, b.measure_copy_bandwidth());
+            }
+            record["batched"] = batched;
+        }
+    }
+    if !a.prefill.is_empty() {
+        let vocab = model.config.vocab_size;
+        let p = prefill::run(backend.get(), vocab, &a.prefill, a.runs, a.seed)?;
+        record["prefill_sweep"] = p;
+    }
     finish(a, &record)
 }
 

@@ -1,7 +1,9 @@
 //! `q4moe chat`: an interactive multi-turn terminal chat over the engine. Ctrl-C stops the answer
-//! being written; Ctrl-C at the prompt (or Ctrl-D, or /exit) leaves.
+//! being written; Ctrl-C at the prompt (or Ctrl-D, or /bye) leaves. Input (line editing,
+//! history, multi-line messages, commands) is `chat_input`'s.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -10,6 +12,8 @@ use q4moe_engine::{
 };
 use q4moe_tokenizer::{thinking_switch, ReasoningSplitter};
 
+use crate::chat_input::{Input, Lines, HELP};
+
 #[derive(Debug, Clone)]
 pub struct ChatOptions {
     pub system: Option<String>,
@@ -17,6 +21,8 @@ pub struct ChatOptions {
     pub max_tokens: usize,
     /// Qwen3's thinking switch; `None` keeps the template's default.
     pub enable_thinking: Option<bool>,
+    /// The line editor's history file (used when standard input is a terminal).
+    pub history: Option<PathBuf>,
 }
 
 /// Set by Ctrl-C while an answer streams; `generating` tells the handler which case it is in.
@@ -24,8 +30,6 @@ struct Interrupt {
     stop: AtomicBool,
     generating: AtomicBool,
 }
-
-const HELP: &str = "commands: /reset (new conversation), /exit; Ctrl-C stops an answer, Ctrl-C at the prompt exits";
 
 pub fn run_chat(mut engine: Engine, opts: ChatOptions) -> anyhow::Result<()> {
     let irq = Arc::new(Interrupt {
@@ -47,25 +51,19 @@ pub fn run_chat(mut engine: Engine, opts: ChatOptions) -> anyhow::Result<()> {
         engine.context_capacity()
     );
     let mut messages = fresh(&opts);
-    let stdin = std::io::stdin();
+    let mut lines = Lines::stdin(opts.history.clone());
     loop {
-        print!("{}> {}", style.bold, style.reset);
-        std::io::stdout().flush()?;
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
-            println!();
-            return Ok(());
-        }
-        match line.trim() {
-            "" => continue,
-            "/exit" | "/quit" => return Ok(()),
-            "/help" => eprintln!("{HELP}"),
-            "/reset" => {
+        // A plain prompt: the line editor measures its width, which colour codes would upset.
+        match lines.read(">>> ", "... ")? {
+            Input::Quit => break,
+            Input::Help => eprintln!("{HELP}"),
+            Input::Unknown(c) => eprintln!("unknown command {c}; {HELP}"),
+            Input::Clear => {
                 messages = fresh(&opts);
                 engine.reset_sessions();
                 eprintln!("(conversation cleared)");
             }
-            text => {
+            Input::Message(text) => {
                 messages.push(ChatMessage::user(text));
                 match answer(&mut engine, &messages, &opts, &irq, &style) {
                     Ok(reply) => messages.push(reply),
@@ -73,13 +71,15 @@ pub fn run_chat(mut engine: Engine, opts: ChatOptions) -> anyhow::Result<()> {
                         messages.pop();
                         eprintln!("error: {e}");
                         if matches!(e, EngineError::PromptTooLong { .. }) {
-                            eprintln!("(the conversation no longer fits: /reset to start over)");
+                            eprintln!("(the conversation no longer fits: /clear to start over)");
                         }
                     }
                 }
             }
         }
     }
+    lines.save_history();
+    Ok(())
 }
 
 fn fresh(opts: &ChatOptions) -> Vec<ChatMessage> {
@@ -145,7 +145,6 @@ fn answer(
 /// ANSI codes when stdout is a terminal, nothing when piped.
 struct Style {
     dim: &'static str,
-    bold: &'static str,
     reset: &'static str,
 }
 
@@ -154,15 +153,10 @@ impl Style {
         if std::io::stdout().is_terminal() {
             Style {
                 dim: "\x1b[2m",
-                bold: "\x1b[1m",
                 reset: "\x1b[0m",
             }
         } else {
-            Style {
-                dim: "",
-                bold: "",
-                reset: "",
-            }
+            Style { dim: "", reset: "" }
         }
     }
 }

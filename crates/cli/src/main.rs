@@ -1,8 +1,9 @@
-//! The `q4moe` command line: run, chat, serve, bench, synth, inspect.
+//! The `q4moe` command line: run, chat, serve, bench, synth, inspect, tokenize, detokenize.
 
 mod bench;
 mod chat;
 mod chat_cmd;
+mod chat_input;
 mod cuda_opts;
 mod inspect;
 mod npy;
@@ -10,6 +11,7 @@ mod run;
 mod serve_cmd;
 mod serve_limits;
 mod synth_cmd;
+mod tokenize_cmd;
 
 use clap::{Args, Parser, Subcommand};
 use q4moe_engine::{Device, EngineOptions};
@@ -43,6 +45,10 @@ enum Command {
     Synth(synth_cmd::SynthArgs),
     /// Print a GGUF file's metadata and tensors.
     Inspect(inspect::InspectArgs),
+    /// Token ids of a text (from an argument, -f FILE or standard input).
+    Tokenize(tokenize_cmd::TokenizeArgs),
+    /// Text of token ids (a JSON array or a list; from an argument, -f FILE or standard input).
+    Detokenize(tokenize_cmd::DetokenizeArgs),
 }
 
 /// Options shared by every command that loads a model onto a backend.
@@ -75,6 +81,11 @@ pub struct DeviceArgs {
     /// decode step once a prompt token. Default 1,024.
     #[arg(long)]
     pub prefill_chunk: Option<usize>,
+    /// CPU: how activations meet the 4-bit weights: q8 (quantised to 8 bits as llama.cpp does;
+    /// fast) or exact (f32 activations against the dequantised blocks: the float reference,
+    /// several times slower).
+    #[arg(long, default_value = "q8", value_parser = ["q8", "exact"])]
+    pub precision: String,
     /// A CUDA backend option, KEY=VALUE (repeatable; `--cuda-opt help` lists the keys).
     #[arg(long = "cuda-opt", value_name = "KEY=VALUE", long_help = cuda_opts::long_help())]
     pub cuda_opt: Vec<String>,
@@ -96,6 +107,10 @@ impl DeviceArgs {
             kv_capacity: self.ctx,
             kv_type: self.kv_type,
             cuda: cuda_opts::apply(cuda, &self.cuda_opt)?,
+            cpu_precision: match self.precision.as_str() {
+                "exact" => q4moe_cpu::Precision::Exact,
+                _ => q4moe_cpu::Precision::Q8,
+            },
             ..defaults
         })
     }
@@ -146,6 +161,8 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,q4moe_server=info")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only where a person reads them: not in a log file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
@@ -155,6 +172,8 @@ fn main() {
         Command::Bench(a) => bench::run(a),
         Command::Synth(a) => synth_cmd::run(a),
         Command::Inspect(a) => inspect::run(a),
+        Command::Tokenize(a) => tokenize_cmd::tokenize(a),
+        Command::Detokenize(a) => tokenize_cmd::detokenize(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

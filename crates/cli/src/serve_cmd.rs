@@ -23,7 +23,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     queue: usize,
     /// Sequences decoded together in one batched step (1 to 256), where the backend has one;
-    /// other backends serve one request at a time.
+    /// 1, or a backend without one, serves one request at a time through the single-stream
+    /// decode.
     #[arg(long, default_value_t = 16)]
     max_batch: usize,
     /// Prompt tokens prefilled per step across newly admitted requests, so running streams keep

@@ -205,3 +205,62 @@ fn bench_times_the_long_context_prefill_every_run() {
         );
     }
 }
+
+/// The first position's logits of `run --logits-out` at one precision (a one-token decode).
+fn first_logits(model: &str, dir: &std::path::Path, precision: &str) -> Vec<f32> {
+    let npy = dir.join(format!("{precision}.npy")).display().to_string();
+    let out = q4moe(&[
+        "run",
+        "-m",
+        model,
+        "-p",
+        "Hello there",
+        "-n",
+        "1",
+        "--device",
+        "cpu",
+        "--ignore-eos",
+        "--precision",
+        precision,
+        "--logits-out",
+        &npy,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b = std::fs::read(&npy).unwrap();
+    let hlen = u16::from_le_bytes([b[8], b[9]]) as usize;
+    b[10 + hlen..]
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// `--precision exact` runs the CPU's float path: logits close to the default Q8 path's (within
+/// a few 1e-3 of the largest, as the oracle tests bound Q8) but not the same bits.
+#[test]
+fn precision_exact_is_the_float_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth_tiny(dir.path());
+    let (exact, q8) = (
+        first_logits(&model, dir.path(), "exact"),
+        first_logits(&model, dir.path(), "q8"),
+    );
+    assert_eq!(exact.len(), q8.len());
+    assert!(exact.iter().all(|v| v.is_finite()));
+    let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = exact
+        .iter()
+        .zip(&q8)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err > 0.0, "exact and q8 gave the same bits");
+    assert!(
+        err / scale < 2e-2,
+        "exact vs q8: relative error {}",
+        err / scale
+    );
+    let bad = q4moe(&["run", "-m", &model, "-p", "x", "--precision", "f64"]);
+    assert!(!bad.status.success());
+}

@@ -3,10 +3,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
-use common::{q4moe, synth_tiny};
+use common::{q4moe, synth_tiny, with_stdin};
 
 fn stderr_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -42,20 +39,7 @@ fn prompt_from_a_file_or_stdin_and_llama_cpp_flag_names() {
     let from_file = q4moe(&[&["run", "-f", file.to_str().unwrap()][..], &common].concat());
     assert!(from_file.status.success(), "{}", stderr_of(&from_file));
     assert_eq!(from_text.stdout, from_file.stdout);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_q4moe"))
-        .args([&["run", "-p", "-"][..], &common].concat())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"Hello there")
-        .unwrap();
-    let from_stdin = child.wait_with_output().unwrap();
+    let from_stdin = with_stdin(&[&["run", "-p", "-"][..], &common].concat(), "Hello there");
     assert!(from_stdin.status.success(), "{}", stderr_of(&from_stdin));
     assert_eq!(from_text.stdout, from_stdin.stdout);
     let both = q4moe(&["run", "-m", &model, "-p", "x", "-f", file.to_str().unwrap()]);

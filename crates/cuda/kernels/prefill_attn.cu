@@ -54,22 +54,22 @@ struct BtAttnParams {
 };
 SIZE_IS(BtAttnParams, 80); FIELD_AT(BtAttnParams, a, 0); FIELD_AT(BtAttnParams, kv, 72);
 
-extern "C" __global__ void bt_qk_norm_rope(const BtRopeParams b) {
-    pdl_start();
-    RopeParams p = pf_rope_token(b.r);
-    const u64* kv = (const u64*)b.kv + 2ull * blockIdx.z;
+// Token blockIdx.z's K and V cache of this layer, from the table.
+template <typename P> __device__ __forceinline__ P bt_cache(P p, u64 tab) {
+    const u64* kv = (const u64*)tab + 2ull * blockIdx.z;
     p.k_cache = kv[0];
     p.v_cache = kv[1];
-    qk_norm_rope_head(p);
+    return p;
+}
+
+extern "C" __global__ void bt_qk_norm_rope(const BtRopeParams b) {
+    pdl_start();
+    qk_norm_rope_head(bt_cache(pf_rope_token(b.r), b.kv));
 }
 
 extern "C" __global__ void bt_attn_split(const BtAttnParams b) {
     pdl_start();
-    AttnParams p = pf_token(b.a);
-    const u64* kv = (const u64*)b.kv + 2ull * blockIdx.z;
-    p.k_cache = kv[0];
-    p.v_cache = kv[1];
-    attn_split_chunk(p);
+    attn_split_chunk(bt_cache(pf_token(b.a), b.kv));
 }
 
 // Attention of a chunk's tokens on tensor cores (Qwen3-MoE's shapes: head_dim 128, 8 or 16

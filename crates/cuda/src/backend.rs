@@ -359,9 +359,21 @@ impl CudaBackend {
             })
             .collect();
         let p = self.prefill.as_mut().expect("checked by step_batch");
-        let launches = self.batch.prepare(&self.dev, c, &self.w, p, &rows)?;
+        let key = self.batch.load(&self.dev, c, p, &rows)?;
         drop(rows);
-        self.launch_eager(&launches)?;
+        let p = self.prefill.as_ref().expect("checked by step_batch");
+        let launches = || self.batch.launches(&self.model.config, &self.w, p, &key);
+        // The setup cache's rule: one submission a step, replayed from a graph captured once
+        // a batch size and context chunk; off (or profiling kernels), launches one by one.
+        if self.opts.setup_cache && !self.opts.profile_kernels {
+            let ls = self.batch.graph_for(&key).is_none().then(launches);
+            if self.batch.replay(&self.dev, key, ls)? {
+                self.graph_setups.captures += 1;
+            }
+        } else {
+            let ls = launches();
+            self.launch_eager(&ls)?;
+        }
         let vocab = self.model.config.vocab_size;
         self.batch
             .logits_to(&self.dev, group.len(), vocab, &mut out.logits)?;
@@ -685,9 +697,11 @@ impl Backend for CudaBackend {
         let len0 = self.kv_len(req.session);
         self.session(req.session)?;
         // The device handles greedy and the samplers step::sample_config accepts, penalties
-        // included; the rest (top-k above SAMPLE_MAX_K, logits wanted, a constraint's token
-        // mask, which the host's grammar engine computes each step) samples on the host.
-        let device_ok = req.sampling.constraint.is_none()
+        // included; the rest (top-k above SAMPLE_MAX_K, a logit bias, logits wanted, a
+        // constraint's token mask, which the host's grammar engine computes each step) samples
+        // on the host.
+        let device_ok = req.sampling.logit_bias.is_empty()
+            && req.sampling.constraint.is_none()
             && (req.sampling.is_greedy() || step::sample_config(req.sampling).is_some());
         let host = req.want_logits || !device_ok;
         let (stats, handed, full) = if host {

@@ -20,6 +20,7 @@
 use q4moe_model::Config;
 
 use crate::device::Device;
+use crate::graph::Graph;
 use crate::launch::Launch;
 use crate::memory::DevBuf;
 use crate::params::StepState;
@@ -35,7 +36,24 @@ pub(crate) struct Row<'a> {
     pub pos: usize,
 }
 
-/// The batched step's own buffers, grown to the largest batch seen.
+/// What a captured batched step is valid for: the rows' count and attention chunks, and the
+/// buffers its launches address (reallocated buffers are new addresses, so a stale graph is
+/// never replayed). The rows' tokens, positions and caches are read from the device each step,
+/// so the sessions are not part of the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchKey {
+    pub rows: usize,
+    /// Attention chunks of the longest row's context (prefill.rs n_split): the grid and the
+    /// partials' layout.
+    pub chunks: usize,
+    len: usize,
+    buffers: [u64; 3],
+}
+
+/// Captured graphs kept at most (one a batch size in steady use).
+const GRAPHS: usize = 32;
+
+/// The batched step's own buffers, grown to the largest batch seen, and its captured graphs.
 #[derive(Default)]
 pub(crate) struct BatchBufs {
     /// [n_layer][rows][2] cache addresses (K, V), rewritten each step.
@@ -44,6 +62,7 @@ pub(crate) struct BatchBufs {
     logits: Option<DevBuf>,
     states: Vec<StepState>,
     addrs: Vec<u64>,
+    graphs: Vec<(BatchKey, Graph)>,
     /// The host sampler's copy of a row's logits.
     pub tmp: Vec<f32>,
 }
@@ -58,16 +77,14 @@ fn at_least(dev: &Device, buf: &mut Option<DevBuf>, bytes: usize) -> Result<u64>
 }
 
 impl BatchBufs {
-    /// Uploads the rows' step states and cache table and returns one submission's launches:
-    /// the rows through every layer and the head.
-    pub fn prepare(
+    /// Uploads the rows' step states and cache table; returns the key of the step's launches.
+    pub fn load(
         &mut self,
         dev: &Device,
         c: &Config,
-        w: &Weights,
         p: &mut Prefill,
         rows: &[Row<'_>],
-    ) -> Result<Vec<Launch>> {
+    ) -> Result<BatchKey> {
         let n = rows.len();
         self.states.clear();
         self.states.extend(rows.iter().map(|r| StepState {
@@ -82,12 +99,58 @@ impl BatchBufs {
             }
         }
         let len = rows.iter().map(|r| r.pos + 1).max().unwrap_or(1);
+        let chunks = crate::prefill::n_split(len);
+        // The launches are built for every position of the longest row's last chunk, so one
+        // graph serves 32 steps.
+        let len = chunks * crate::params::ATT_CHUNK;
         let tab = at_least(dev, &mut self.tab, 8 * self.addrs.len())?;
         let logits = at_least(dev, &mut self.logits, 4 * n * c.vocab_size)?;
         let t = self.tab.as_ref().expect("allocated");
         t.upload(dev, 0, &self.addrs)?;
-        p.load_rows(dev, c, &self.states, len)?;
-        Ok(p.step_launches(c, w, (tab, len), n, logits))
+        let part = p.load_rows(dev, c, &self.states, len)?;
+        Ok(BatchKey {
+            rows: n,
+            chunks,
+            len,
+            buffers: [tab, logits, part],
+        })
+    }
+
+    /// The launches of the step `key` describes: the rows through every layer and the head.
+    pub fn launches(&self, c: &Config, w: &Weights, p: &Prefill, key: &BatchKey) -> Vec<Launch> {
+        let [tab, logits, _] = key.buffers;
+        p.step_launches(c, w, (tab, key.len), key.rows, logits)
+    }
+
+    /// The graph captured for `key`, if any.
+    pub fn graph_for(&self, key: &BatchKey) -> Option<usize> {
+        self.graphs.iter().position(|(k, _)| k == key)
+    }
+
+    /// Replays the graph captured for `key`, capturing it first from `launches` on a miss (the
+    /// caller builds them where `graph_for` found none); true where it captured.
+    pub fn replay(
+        &mut self,
+        dev: &Device,
+        key: BatchKey,
+        launches: Option<Vec<Launch>>,
+    ) -> Result<bool> {
+        let (i, captured) = match (self.graph_for(&key), launches) {
+            (Some(i), _) => (i, false),
+            (None, Some(ls)) => {
+                let graph = Graph::capture(dev, &ls)?;
+                // One graph a batch size: a longer context's replaces the shorter one's.
+                self.graphs.retain(|(k, _)| k.rows != key.rows);
+                if self.graphs.len() >= GRAPHS {
+                    self.graphs.remove(0);
+                }
+                self.graphs.push((key, graph));
+                (self.graphs.len() - 1, true)
+            }
+            (None, None) => unreachable!("launches are built where no graph is cached"),
+        };
+        self.graphs[i].1.launch(dev)?;
+        Ok(captured)
     }
 
     /// Appends the last submission's `n` rows of logits to `out` (waits for the submission).
@@ -100,7 +163,7 @@ impl BatchBufs {
     ) -> Result<()> {
         let at = out.len();
         out.resize(at + n * vocab, 0.0);
-        let buf = self.logits.as_ref().expect("prepared");
+        let buf = self.logits.as_ref().expect("loaded");
         buf.download(dev, 0, &mut out[at..])
     }
 }

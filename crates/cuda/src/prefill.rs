@@ -183,20 +183,22 @@ impl Prefill {
     }
 
     /// Uploads the batched step's rows (each its token at its session's next position) and
-    /// makes room for their attention partials at `len` positions at most.
+    /// makes room for their attention partials at `len` positions at most; returns the
+    /// partials' address.
     pub fn load_rows(
         &mut self,
         dev: &Device,
         c: &Config,
         rows: &[StepState],
         len: usize,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         self.states.upload(dev, 0, rows)?;
         let part = rows.len().min(self.part_tokens(c, len)) * part_bytes(c, len);
         if part > self.part.bytes {
+            self.part = DevBuf::new(dev, 0)?; // the old one freed first
             self.part = DevBuf::new(dev, part)?;
         }
-        Ok(())
+        Ok(self.part.ptr)
     }
 
     /// Tokens whose attention partials at `len` positions fit the budget.
@@ -578,7 +580,7 @@ fn max_tiles(c: &Config, tokens: usize) -> usize {
 }
 
 /// Attention chunks of a context of `len` positions.
-fn n_split(len: usize) -> usize {
+pub(crate) fn n_split(len: usize) -> usize {
     len.div_ceil(ATT_CHUNK)
 }
 

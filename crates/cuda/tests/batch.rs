@@ -1,6 +1,6 @@
 //! The CUDA batched decode step (`Backend::step_batch`, batch.rs): the batch-invariance gate
 //! (a sequence's logits bit-identical alone, as the only row, or in any batch, any slot, with
-//! companions joining and leaving), its logits against the CPU's within 2e-3 of the largest
+//! companions joining and leaving, with the setup cache on or off), its logits against the CPU's within 2e-3 of the largest
 //! |logit| (the bound of tests/parity.rs), refused steps, and more rows than one submission
 //! takes. Bodies shared with the CPU (crates/cpu/tests/shared/batch.rs). Every test needs a
 //! CUDA GPU and is ignored by default: `cargo test -p q4moe-cuda --release --test batch --
@@ -51,6 +51,20 @@ fn check(cfg: Config, q: SynthQuant) {
     let mut gpu = cuda(&m, 256, 1024);
     let tag = format!("{q:?} d_model {}", cfg.d_model);
     body::invariance(&mut gpu, cfg.vocab_size, 9, AloneBy::BatchOfOne, &tag);
+    // The setup cache off (launches one by one) gives what its graphs give, bit for bit.
+    let mut rng = Lcg(5);
+    let seqs = body::random_seqs(&mut rng, 5, cfg.vocab_size, true);
+    let refs = body::alone_all(&mut gpu, &seqs, AloneBy::BatchOfOne);
+    gpu.set_setup_cache(false);
+    body::check_scenario(
+        &mut gpu,
+        &seqs,
+        &refs,
+        &mut rng,
+        0.0,
+        &format!("{tag}, cache off"),
+    );
+    gpu.set_setup_cache(true);
     let mut cpu = CpuBackend::with_precision(m, 256, Precision::Exact).with_kv_type(KvType::F16);
     let mut rng = Lcg(11);
     let seqs = body::random_seqs(&mut rng, 6, cfg.vocab_size, true);

@@ -13,6 +13,7 @@ use q4moe_model::backend::{BatchOut, BatchRow, DecodeStats, Flow, Logits, Sessio
 use q4moe_model::sampling::Sampler;
 
 use crate::collect::{Collector, Outcome};
+use crate::logprobs::{prompt_logprobs, Piece, PROMPT_LOGITS_CHUNK};
 use crate::{Engine, EngineError, GenerateOutput, GenerateRequest, Result};
 
 /// How many sequences run at once and how much prompt a step takes in.
@@ -56,8 +57,9 @@ impl Default for BatchOptions {
 
 /// Where one sequence's results go. Every admitted sequence gets exactly one `finished`.
 pub trait SequenceSink: Send {
-    /// Text as it becomes safe to show; `Flow::Stop` cancels the sequence.
-    fn text(&mut self, text: &str) -> Flow;
+    /// Text as it becomes safe to show (and logprobs, when asked for); `Flow::Stop` cancels
+    /// the sequence.
+    fn piece(&mut self, piece: Piece<'_>) -> Flow;
     /// Checked at every step boundary: true frees the sequence's slot at once (a client that
     /// went away), whether or not it had text to take.
     fn cancelled(&self) -> bool;
@@ -136,10 +138,11 @@ impl Batcher {
             Ok(m) => m,
             Err(e) => return sink.finished(Err(e)),
         };
-        let (session, cached) =
-            engine
-                .sessions
-                .acquire(engine.backend.as_mut(), &req.prompt, req.reuse_prefix);
+        let (session, cached) = engine.sessions.acquire(
+            engine.backend.as_mut(),
+            &req.prompt,
+            req.reuse_prefix && !req.prompt_logprobs(),
+        );
         let last = *req.prompt.last().expect("checked: not empty");
         self.seqs.push(Sequence {
             session,
@@ -192,13 +195,21 @@ impl Batcher {
             if budget == 0 {
                 break;
             }
-            let end = (s.fed + budget).min(s.req.prompt.len() - 1);
+            let wanted = s.req.logprobs.filter(|o| o.prompt);
+            let take = wanted.map_or(budget, |_| budget.min(PROMPT_LOGITS_CHUNK));
+            let end = (s.fed + take).min(s.req.prompt.len() - 1);
             if end <= s.fed {
                 continue;
             }
             let chunk = &s.req.prompt[s.fed..end];
-            match engine.backend.prefill(s.session, chunk, Logits::None) {
-                Ok(_) => {
+            let mode = wanted.map_or(Logits::None, |_| Logits::All);
+            match engine.backend.prefill(s.session, chunk, mode) {
+                Ok(all) => {
+                    if let Some(o) = wanted {
+                        let vocab = engine.model.config.vocab_size;
+                        let lps = prompt_logprobs(&s.req.prompt, s.fed, &all, vocab, o.top);
+                        s.collector.push_prompt_logprobs(lps);
+                    }
                     budget -= chunk.len();
                     s.fed = end;
                 }
@@ -244,10 +255,10 @@ impl Batcher {
             .map(|(s, _)| s)
         {
             let token = self.out.tokens[row].expect("every row carried its sampler");
-            let logits = s.req.want_logits.then(|| self.out.row(row));
+            let logits = s.req.needs_logits().then(|| self.out.row(row));
             row += 1;
             let sink = &mut s.sink;
-            let flow = s.collector.accept(token, logits, &mut |t| sink.text(t));
+            let flow = s.collector.accept(token, logits, &mut |p| sink.piece(p));
             s.next = token;
             s.done = flow == Flow::Stop || s.collector.generated() >= s.max_tokens;
         }
@@ -292,6 +303,6 @@ fn finish_ok(engine: &mut Engine, s: Sequence) {
         started: admitted,
         stats: DecodeStats::default(),
     };
-    let out = collector.finish(outcome, &mut |t| sink.text(t));
+    let out = collector.finish(outcome, &mut |p| sink.piece(p));
     sink.finished(Ok(out));
 }

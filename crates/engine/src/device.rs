@@ -1,6 +1,6 @@
 use std::sync::Arc;
 
-use q4moe_cpu::CpuBackend;
+use q4moe_cpu::{CpuBackend, Precision};
 use q4moe_cuda::{CudaBackend, CudaOptions};
 use q4moe_model::backend::{Backend, KvType};
 use q4moe_model::Model;
@@ -37,6 +37,10 @@ pub struct EngineOptions {
     pub kv_type: KvType,
     /// Bound on positions kept across all cached sessions (LRU beyond it).
     pub max_cached_positions: usize,
+    /// How the CPU backend multiplies activations by the quantised weights: Q8 (activations
+    /// quantised as llama.cpp does, the default) or Exact (f32 activations, the float
+    /// reference the oracle tests hold to transformers).
+    pub cpu_precision: Precision,
     /// The CUDA backend's options (setup cache, in-flight steps, prefill chunk, kernel
     /// profile and the tunables of `--cuda-opt`). Its `kv_capacity` and `kv_type` are taken
     /// from the fields above when the backend opens.
@@ -50,6 +54,7 @@ impl Default for EngineOptions {
             kv_capacity: 4096,
             kv_type: KvType::default(),
             max_cached_positions: 64 * 1024,
+            cpu_precision: Precision::Q8,
             cuda: CudaOptions::default(),
         }
     }
@@ -63,7 +68,10 @@ pub fn open_backend(model: Arc<Model>, opts: &EngineOptions) -> Result<Box<dyn B
         kv_type: opts.kv_type,
         ..opts.cuda.clone()
     };
-    let cpu = || CpuBackend::new(model.clone(), kv_capacity).with_kv_type(opts.kv_type);
+    let cpu = || {
+        CpuBackend::with_precision(model.clone(), kv_capacity, opts.cpu_precision)
+            .with_kv_type(opts.kv_type)
+    };
     match opts.device {
         Device::Cpu => Ok(Box::new(cpu())),
         Device::Cuda => match q4moe_cuda::cuda_available() {

@@ -8,6 +8,7 @@ use std::time::Instant;
 use q4moe_model::backend::{DecodeRequest, DecodeStats, Flow, Logits, SessionId, TokenEvent};
 
 use crate::collect::{Collector, Outcome};
+use crate::logprobs::{prompt_logprobs, LogprobOptions, Piece, PROMPT_LOGITS_CHUNK};
 use crate::request::{GenerateOutput, GenerateRequest};
 use crate::{Engine, EngineError, Result};
 
@@ -18,11 +19,25 @@ impl Engine {
         req: &GenerateRequest,
         on_text: &mut dyn FnMut(&str) -> Flow,
     ) -> Result<GenerateOutput> {
+        self.generate_pieces(req, &mut |p| match p {
+            Piece::Text { text, .. } => on_text(text),
+            Piece::Prompt(_) => Flow::Continue,
+        })
+    }
+
+    /// `generate`, with the logprobs (`GenerateRequest::logprobs`) handed over beside the text.
+    pub fn generate_pieces(
+        &mut self,
+        req: &GenerateRequest,
+        on_piece: &mut dyn FnMut(Piece<'_>) -> Flow,
+    ) -> Result<GenerateOutput> {
         let max_tokens = self.check_request(req)?;
-        let (session, cached) =
-            self.sessions
-                .acquire(self.backend.as_mut(), &req.prompt, req.reuse_prefix);
-        let result = self.run_session(req, session, cached, max_tokens, on_text);
+        let (session, cached) = self.sessions.acquire(
+            self.backend.as_mut(),
+            &req.prompt,
+            req.reuse_prefix && !req.prompt_logprobs(),
+        );
+        let result = self.run_session(req, session, cached, max_tokens, on_piece);
         match &result {
             Ok(out) => self.release_session(session, &req.prompt, &out.tokens),
             Err(_) => self.sessions.discard(self.backend.as_mut(), session),
@@ -70,6 +85,7 @@ impl Engine {
             )));
         }
         req.sampling.validate().map_err(EngineError::Invalid)?;
+        check_bias_and_logprobs(req, vocab)?;
         Ok(req.max_tokens.min(capacity - req.prompt.len()))
     }
 
@@ -79,14 +95,30 @@ impl Engine {
         session: u64,
         cached: usize,
         max_tokens: usize,
-        on_text: &mut dyn FnMut(&str) -> Flow,
+        on_piece: &mut dyn FnMut(Piece<'_>) -> Flow,
     ) -> Result<GenerateOutput> {
         let t0 = Instant::now();
         // The session store leaves at least the last prompt token uncached: decode runs it.
         let (&last, before) = req.prompt.split_last().expect("checked: not empty");
-        self.backend
-            .prefill(session, &before[cached..], Logits::None)?;
         let mut c = Collector::new(self.prompter.tokenizer(), req);
+        match req.logprobs.filter(|o| o.prompt) {
+            // In bounded chunks: every position's logits are vocab floats each.
+            Some(o) => {
+                let vocab = self.model.config.vocab_size;
+                for start in (cached..before.len()).step_by(PROMPT_LOGITS_CHUNK) {
+                    let end = (start + PROMPT_LOGITS_CHUNK).min(before.len());
+                    let all = self
+                        .backend
+                        .prefill(session, &before[start..end], Logits::All)?;
+                    let lps = prompt_logprobs(&req.prompt, start, &all, vocab, o.top);
+                    c.push_prompt_logprobs(lps);
+                }
+            }
+            None => {
+                self.backend
+                    .prefill(session, &before[cached..], Logits::None)?;
+            }
+        }
         let mut stats = DecodeStats::default();
         if max_tokens > 0 {
             let dreq = DecodeRequest {
@@ -95,10 +127,10 @@ impl Engine {
                 max_tokens,
                 sampling: &req.sampling,
                 history: &req.prompt,
-                want_logits: req.want_logits,
+                want_logits: req.needs_logits(),
             };
             stats = self.backend.decode(&dreq, &mut |ev: TokenEvent<'_>| {
-                c.accept(ev.token, ev.logits, on_text)
+                c.accept(ev.token, ev.logits, on_piece)
             })?;
         }
         let outcome = Outcome {
@@ -107,6 +139,24 @@ impl Engine {
             started: t0,
             stats,
         };
-        Ok(c.finish(outcome, on_text))
+        Ok(c.finish(outcome, on_piece))
+    }
+}
+
+/// A bias on an id the model does not have, or more alternatives than OpenAI allows.
+fn check_bias_and_logprobs(req: &GenerateRequest, vocab: usize) -> Result<()> {
+    let bias = &req.sampling.logit_bias;
+    if let Some(&(t, _)) = bias.iter().find(|(t, _)| *t as usize >= vocab) {
+        return Err(EngineError::Invalid(format!(
+            "logit_bias names token id {t}, outside the vocabulary of {vocab}"
+        )));
+    }
+    match req.logprobs.filter(|o| o.top > LogprobOptions::MAX_TOP) {
+        Some(o) => Err(EngineError::Invalid(format!(
+            "top_logprobs = {} is above {}",
+            o.top,
+            LogprobOptions::MAX_TOP
+        ))),
+        None => Ok(()),
     }
 }

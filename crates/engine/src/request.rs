@@ -6,6 +6,8 @@ use std::time::Duration;
 use q4moe_model::backend::DecodeStats;
 use q4moe_model::sampling::SamplingParams;
 
+use crate::logprobs::{LogprobOptions, TokenLogprob};
+
 /// A prompt as text (special tokens parsed) or as token ids.
 #[derive(Debug, Clone)]
 pub enum PromptInput {
@@ -26,6 +28,8 @@ pub struct GenerateRequest {
     pub want_logits: bool,
     /// Reuse a cached session whose KV shares a prefix with the prompt.
     pub reuse_prefix: bool,
+    /// Report each token's logprob (the backend then hands back every step's logits).
+    pub logprobs: Option<LogprobOptions>,
 }
 
 impl GenerateRequest {
@@ -38,7 +42,19 @@ impl GenerateRequest {
             stop_at_eos: true,
             want_logits: false,
             reuse_prefix: false,
+            logprobs: None,
         }
+    }
+
+    /// Whether each step's logits must come back from the backend.
+    pub fn needs_logits(&self) -> bool {
+        self.want_logits || self.logprobs.is_some()
+    }
+
+    /// Whether the prompt's logprobs are wanted (its prefill then returns every position's
+    /// logits and reuses no prefix).
+    pub fn prompt_logprobs(&self) -> bool {
+        self.logprobs.is_some_and(|l| l.prompt)
     }
 }
 
@@ -58,6 +74,8 @@ pub struct GenerateOutput {
     pub tokens: Vec<u32>,
     pub text: String,
     pub finish: Finish,
+    /// The stop string that ended the generation, when one did (`finish` is then `Stop`).
+    pub stop_sequence: Option<String>,
     pub prompt_tokens: usize,
     /// Prompt tokens whose KV was reused rather than recomputed.
     pub cached_tokens: usize,
@@ -69,4 +87,8 @@ pub struct GenerateOutput {
     pub stats: DecodeStats,
     /// With `want_logits`: the logits each generated token was chosen from, `[steps][vocab]`.
     pub logits: Vec<Vec<f32>>,
+    /// With `logprobs`: one per generated token, in order.
+    pub logprobs: Vec<TokenLogprob>,
+    /// With `logprobs.prompt`: one per prompt token, the first without a logprob.
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }

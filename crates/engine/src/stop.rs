@@ -4,6 +4,8 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
+    /// The stop string that ended the text, once one has.
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
@@ -11,6 +13,7 @@ impl StopMatcher {
         StopMatcher {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             pending: String::new(),
+            matched: None,
         }
     }
 
@@ -18,12 +21,14 @@ impl StopMatcher {
     /// (the stop string and anything after it are dropped).
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        if let Some(cut) = self
+        if let Some((cut, i)) = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
+            .enumerate()
+            .filter_map(|(i, s)| self.pending.find(s.as_str()).map(|cut| (cut, i)))
             .min()
         {
+            self.matched = Some(i);
             let out = self.pending[..cut].to_string();
             self.pending.clear();
             return (out, true);
@@ -33,6 +38,12 @@ impl StopMatcher {
         let out = self.pending[..split].to_string();
         self.pending.drain(..split);
         (out, false)
+    }
+
+    /// The stop string that ended the text (the earliest in it; of two at one place, the first
+    /// listed), if one did: Anthropic's `stop_sequence` names it.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.map(|i| self.stops[i].as_str())
     }
 
     /// Text held back at the end of generation.
@@ -67,6 +78,15 @@ mod tests {
         assert_eq!(m.push("x"), ("</ex".to_string(), false));
         assert_eq!(m.push(" tail </en"), (" tail ".to_string(), false));
         assert_eq!(m.push("d> more"), (String::new(), true));
+        assert_eq!(m.matched(), Some("</end>"));
+    }
+
+    #[test]
+    fn the_earliest_stop_in_the_text_is_the_one_matched() {
+        let mut m = StopMatcher::new(&["b".to_string(), "a".to_string(), "ab".to_string()]);
+        assert_eq!(m.matched(), None);
+        assert_eq!(m.push("xab"), ("x".to_string(), true));
+        assert_eq!(m.matched(), Some("a"));
     }
 
     #[test]

@@ -29,7 +29,7 @@ struct Rec {
 }
 
 impl SequenceSink for Rec {
-    fn text(&mut self, _: &str) -> Flow {
+    fn piece(&mut self, _: q4moe_engine::Piece<'_>) -> Flow {
         self.log.lock().unwrap().push(Ev::Text(self.id));
         Flow::Continue
     }
@@ -239,7 +239,7 @@ fn bad_options_and_bad_requests_are_refused() {
     let got: Arc<Mutex<Option<String>>> = Arc::default();
     struct Err1(Arc<Mutex<Option<String>>>);
     impl SequenceSink for Err1 {
-        fn text(&mut self, _: &str) -> Flow {
+        fn piece(&mut self, _: q4moe_engine::Piece<'_>) -> Flow {
             Flow::Continue
         }
         fn cancelled(&self) -> bool {
@@ -274,7 +274,7 @@ fn after_a_panicking_step_abort_ends_the_batch_and_it_serves_on() {
     engine.reset_sessions();
     struct Boom;
     impl SequenceSink for Boom {
-        fn text(&mut self, _: &str) -> Flow {
+        fn piece(&mut self, _: q4moe_engine::Piece<'_>) -> Flow {
             panic!("a sink that panics");
         }
         fn cancelled(&self) -> bool {
@@ -285,7 +285,7 @@ fn after_a_panicking_step_abort_ends_the_batch_and_it_serves_on() {
     let errors: Arc<Mutex<Vec<String>>> = Arc::default();
     struct Errs(Arc<Mutex<Vec<String>>>);
     impl SequenceSink for Errs {
-        fn text(&mut self, _: &str) -> Flow {
+        fn piece(&mut self, _: q4moe_engine::Piece<'_>) -> Flow {
             Flow::Continue
         }
         fn cancelled(&self) -> bool {

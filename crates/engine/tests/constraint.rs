@@ -80,7 +80,7 @@ fn serial_generation_follows_a_schema_and_a_grammar() {
 struct Keep(Arc<Mutex<Vec<GenerateOutput>>>);
 
 impl SequenceSink for Keep {
-    fn text(&mut self, _: &str) -> Flow {
+    fn piece(&mut self, _: q4moe_engine::Piece<'_>) -> Flow {
         Flow::Continue
     }
     fn cancelled(&self) -> bool {

@@ -26,6 +26,11 @@ pub struct SamplingParams {
     pub seed: u64,
     /// Tokens outside the constraint (a grammar, a JSON schema) get -inf before each choice.
     pub constraint: Option<Constraint>,
+    /// OpenAI's `logit_bias`: (token id, bias in [-100, 100]) added to the token's logit before
+    /// the penalties and every cut. Ids outside the vocabulary are ignored here (the server
+    /// refuses them). The device samplers do not apply it: a request with a bias samples on
+    /// the host.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -40,6 +45,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: 0,
             constraint: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -78,7 +84,15 @@ impl SamplingParams {
                 (-2.0..=2.0).contains(&self.frequency_penalty),
             ),
         ];
-        match checks.iter().find(|(_, ok)| !ok) {
+        let bias_ok = self
+            .logit_bias
+            .iter()
+            .all(|&(_, b)| (-100.0..=100.0).contains(&b));
+        match checks
+            .iter()
+            .chain(&[("logit_bias", bias_ok)])
+            .find(|(_, ok)| !ok)
+        {
             Some((name, _)) => Err(format!("{name} is out of range")),
             None => Ok(()),
         }
@@ -163,6 +177,7 @@ impl Sampler {
     /// Samples a token and records it in the history (and the constraint's state). `logits` is
     /// modified (penalties, the constraint's -inf).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.apply_bias(logits);
         self.apply_penalties(logits);
         if let Some(m) = &mut self.mask {
             m.mask(logits);
@@ -177,6 +192,14 @@ impl Sampler {
         }
         self.observe(token);
         token
+    }
+
+    fn apply_bias(&self, logits: &mut [f32]) {
+        for &(tok, bias) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(tok as usize) {
+                *l += bias;
+            }
+        }
     }
 
     fn apply_penalties(&self, logits: &mut [f32]) {
@@ -779,5 +802,27 @@ mod tests {
         let mut logits = vec![4.0, 3.0, -1.0];
         assert_eq!(s.sample(&mut logits), 1);
         assert_eq!(logits[0], 2.0);
+    }
+
+    #[test]
+    fn logit_bias_moves_the_choice_and_is_range_checked() {
+        let logits = [1.0f32, 3.0, 2.0, 0.5];
+        let pick = |bias: Vec<(u32, f32)>| {
+            let p = SamplingParams {
+                logit_bias: bias,
+                ..SamplingParams::greedy()
+            };
+            Sampler::new(p, &[]).sample(&mut logits.clone())
+        };
+        assert_eq!(pick(vec![]), 1);
+        assert_eq!(pick(vec![(1, -100.0)]), 2);
+        assert_eq!(pick(vec![(3, 100.0)]), 3);
+        // An id past the logits is ignored, not an out-of-bounds write.
+        assert_eq!(pick(vec![(99, 100.0)]), 1);
+        let bad = SamplingParams {
+            logit_bias: vec![(0, 100.5)],
+            ..SamplingParams::greedy()
+        };
+        assert_eq!(bad.validate().unwrap_err(), "logit_bias is out of range");
     }
 }

@@ -3,7 +3,7 @@
 //! and 16 concurrent streams. Writes bench/results/serve-<date>.json.
 //!
 //! cargo run --release -p q4moe-server --example serve_bench -- [--model F.gguf | --geometry mid]
-//!     [--device auto] [--tokens 64] [--runs 5] [--concurrency 1,4,16] [--out FILE]
+//!     [--device auto] [--tokens 64] [--runs 5] [--concurrency 1,4,16] [--max-batch 64] [--out FILE]
 
 use std::time::{Duration, Instant};
 
@@ -27,6 +27,17 @@ const PROMPT: &str =
 fn prompt(i: usize) -> String {
     let id: String = i.to_string().chars().rev().collect();
     format!("{id}: {PROMPT}")
+}
+
+/// The p50 and p99 of `xs` (nearest rank).
+fn percentiles(xs: &[f64]) -> Value {
+    let mut s = xs.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let at = |p: f64| {
+        s.get(((p * s.len() as f64).ceil() as usize).saturating_sub(1))
+            .copied()
+    };
+    json!({ "p50": at(0.50), "p99": at(0.99), "n": s.len() })
 }
 
 fn stats(xs: &[f64]) -> Value {
@@ -61,6 +72,8 @@ struct StreamTiming {
     /// From the first text chunk to the last.
     decode: Duration,
     tokens: usize,
+    /// Milliseconds between consecutive text chunks (one token each).
+    gaps: Vec<f64>,
 }
 
 async fn one_stream(
@@ -82,6 +95,7 @@ async fn one_stream(
         .error_for_status()?;
     let mut bytes = r.bytes_stream();
     let (mut first, mut last, mut n, mut buf) = (None, t0, 0, String::new());
+    let mut gaps = Vec::new();
     while let Some(chunk) = bytes.next().await {
         buf.push_str(&String::from_utf8_lossy(&chunk?));
         while let Some(end) = buf.find("\n\n") {
@@ -99,6 +113,9 @@ async fn one_stream(
                 .is_some_and(|t| !t.is_empty())
             {
                 let now = Instant::now();
+                if first.is_some() {
+                    gaps.push((now - last).as_secs_f64() * 1e3);
+                }
                 first.get_or_insert(now);
                 last = now;
             }
@@ -109,17 +126,19 @@ async fn one_stream(
         ttft: first - t0,
         decode: last - first,
         tokens: n,
+        gaps,
     })
 }
 
-/// `c` streams at once: aggregate tok/s over the wall time, and each stream's time to first token.
+/// `c` streams at once: aggregate tok/s over the wall time, each stream's time to first token,
+/// and every inter-token gap.
 async fn concurrent(
     http: &reqwest::Client,
     base: &str,
     c: usize,
     tokens: usize,
     seed: usize,
-) -> anyhow::Result<(f64, Vec<f64>)> {
+) -> anyhow::Result<(f64, Vec<f64>, Vec<f64>)> {
     let t0 = Instant::now();
     let tasks: Vec<_> = (0..c)
         .map(|k| {
@@ -128,13 +147,14 @@ async fn concurrent(
         })
         .collect();
     let mut total = 0;
-    let mut ttft = Vec::new();
+    let (mut ttft, mut gaps) = (Vec::new(), Vec::new());
     for t in tasks {
         let s = t.await??;
         total += s.tokens;
         ttft.push(s.ttft.as_secs_f64() * 1e3);
+        gaps.extend(s.gaps);
     }
-    Ok((total as f64 / t0.elapsed().as_secs_f64(), ttft))
+    Ok((total as f64 / t0.elapsed().as_secs_f64(), ttft, gaps))
 }
 
 /// The server's own decode-time record: (sum of per-request mean seconds per token, requests).
@@ -201,6 +221,7 @@ fn commit() -> Option<String> {
 async fn main() -> anyhow::Result<()> {
     let tokens: usize = arg("--tokens").map_or(Ok(64), |s| s.parse())?;
     let runs: usize = arg("--runs").map_or(Ok(5), |s| s.parse())?.max(1);
+    let max_batch: usize = arg("--max-batch").map_or(Ok(64), |s| s.parse())?;
     let levels: Vec<usize> = arg("--concurrency")
         .unwrap_or_else(|| "1,4,16".into())
         .split(',')
@@ -241,10 +262,12 @@ async fn main() -> anyhow::Result<()> {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
+    let mut cfg = ServeConfig::default();
+    cfg.batch.max_batch = max_batch;
     tokio::spawn(q4moe_server::serve_on(
         listener,
         engine,
-        ServeConfig::default(),
+        cfg,
         std::future::pending(),
     ));
     let http = reqwest::Client::new();
@@ -264,16 +287,18 @@ async fn main() -> anyhow::Result<()> {
     let mut conc = Vec::new();
     for &level in &levels {
         eprintln!("HTTP {level} concurrent streams");
-        let (mut agg, mut t) = (Vec::new(), Vec::new());
+        let (mut agg, mut t, mut gaps) = (Vec::new(), Vec::new(), Vec::new());
         for r in 0..runs {
-            let (a, tt) =
+            let (a, tt, g) =
                 concurrent(&http, &base, level, tokens, 10_000 * (r + 1) + 100 * level).await?;
             agg.push(a);
             t.extend(tt);
+            gaps.extend(g);
         }
-        conc.push(
-            json!({ "streams": level, "aggregate_tok_s": stats(&agg), "ttft_ms": stats(&t) }),
-        );
+        conc.push(json!({
+            "streams": level, "aggregate_tok_s": stats(&agg), "ttft_ms": stats(&t),
+            "ttft_ms_percentiles": percentiles(&t), "inter_token_ms": percentiles(&gaps),
+        }));
     }
     let record = json!({
         "bench": "serve_bench",
@@ -286,7 +311,7 @@ async fn main() -> anyhow::Result<()> {
             "n_kv_head": c.n_kv_head, "head_dim": c.head_dim, "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
             "d_ff_expert": c.d_ff_expert, "vocab_size": c.vocab_size,
         },
-        "conditions": { "decode_tokens": tokens, "prompt": PROMPT, "greedy": true, "ignore_eos": true, "runs": runs,
+        "conditions": { "decode_tokens": tokens, "prompt": PROMPT, "greedy": true, "ignore_eos": true, "runs": runs, "max_batch": max_batch,
                         "steady_rate": "tokens after the first / time from first to last token" },
         "isolated": { "steady_tok_s": stats(&iso_rate), "prefill_ms": stats(&iso_ttft) },
         "http_single_stream": { "steady_tok_s": stats(&rate), "ttft_ms": stats(&ttft), "engine_in_server_tok_s": stats(&served) },

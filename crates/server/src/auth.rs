@@ -12,7 +12,8 @@ use crate::errors::ApiError;
 #[derive(Clone)]
 pub struct ApiKey(pub Option<String>);
 
-/// With a key configured, the routes under this layer need `Authorization: Bearer <key>`.
+/// With a key configured, the routes under this layer need `Authorization: Bearer <key>` or
+/// `x-api-key: <key>`.
 pub async fn require_key(
     State(key): State<ApiKey>,
     headers: HeaderMap,
@@ -22,10 +23,12 @@ pub async fn require_key(
     let Some(key) = &key.0 else {
         return next.run(req).await;
     };
+    // OpenAI's clients send a Bearer token, Anthropic's an `x-api-key` header.
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim);
     match given {
         Some(g) if fixed_time_eq(g.as_bytes(), key.as_bytes()) => next.run(req).await,

@@ -6,7 +6,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
-use q4moe_engine::{Batcher, Engine, EngineError, Flow, GenerateOutput, SequenceSink};
+use q4moe_engine::{Batcher, Engine, EngineError, Flow, GenerateOutput, Piece, SequenceSink};
 use tokio::sync::mpsc;
 
 use crate::job::{prepare, report, take, Job, Order, TextSender};
@@ -20,8 +20,8 @@ struct JobSink {
 }
 
 impl SequenceSink for JobSink {
-    fn text(&mut self, text: &str) -> Flow {
-        self.text.send(text)
+    fn piece(&mut self, piece: Piece<'_>) -> Flow {
+        self.text.piece(piece)
     }
 
     fn cancelled(&self) -> bool {

@@ -50,7 +50,7 @@ impl ApiError {
     pub fn unauthorized() -> Self {
         ApiError {
             status: StatusCode::UNAUTHORIZED,
-            message: "missing or incorrect API key (send 'Authorization: Bearer <key>')".into(),
+            message: "missing or incorrect API key (send 'Authorization: Bearer <key>' or 'x-api-key: <key>')".into(),
             kind: "invalid_request_error",
             param: None,
             code: Some("invalid_api_key"),

@@ -5,9 +5,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use q4moe_engine::{EngineError, Finish, Flow, GenerateOutput, GenerateRequest};
+use q4moe_engine::{
+    EngineError, Finish, Flow, GenerateOutput, GenerateRequest, Piece, TokenLogprob,
+};
 use tokio::sync::mpsc;
 
+use crate::access_log::UsageCell;
 use crate::errors::{from_engine, ApiError};
 use crate::metrics::Metrics;
 use crate::openai::{GenParams, Usage};
@@ -28,16 +31,24 @@ pub(crate) struct Job {
     pub gen: GenParams,
     pub accepted: Instant,
     pub events: mpsc::UnboundedSender<Event>,
+    /// The request's access-log line learns the token counts here.
+    pub usage_log: Option<UsageCell>,
 }
 
 #[derive(Debug)]
 pub enum Event {
     /// The prompt was accepted by the engine; generation begins.
     Started(Started),
+    /// The logprobs of the tokens behind the next `Text` (sent just before it).
+    Logprobs(Vec<TokenLogprob>),
+    /// With `echo` and logprobs: the prompt's, before any text.
+    PromptLogprobs(Vec<TokenLogprob>),
     Text(String),
     Done {
         finish: Finish,
         usage: Usage,
+        /// The stop string that ended the text, if one did.
+        stop_sequence: Option<String>,
     },
     Error(ApiError),
 }
@@ -50,6 +61,8 @@ pub struct Started {
     pub run: u64,
     /// Order in which jobs were accepted into the queue.
     pub seq: u64,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: usize,
 }
 
 /// Jobs counted as the worker takes them off the queue.
@@ -75,6 +88,7 @@ pub(crate) fn take(job: &Job, order: &mut Order, metrics: &Metrics) -> Option<St
         think_open: false,
         run: order.run,
         seq: order.seq,
+        prompt_tokens: job.prompt.ids.len(),
     })
 }
 
@@ -93,6 +107,7 @@ pub(crate) fn prepare(job: &Job, ids: Started) -> GenerateRequest {
         stop_at_eos: !job.gen.ignore_eos,
         want_logits: false,
         reuse_prefix: true,
+        logprobs: job.gen.logprobs,
     }
 }
 
@@ -104,6 +119,28 @@ pub(crate) struct TextSender {
 }
 
 impl TextSender {
+    /// A piece of the generation: its logprobs (when any) go just before its text.
+    pub fn piece(&mut self, piece: Piece<'_>) -> Flow {
+        let sent = match piece {
+            Piece::Prompt(lps) => self.events.send(Event::PromptLogprobs(lps.to_vec())),
+            // Tokens without text (the last ones): only their logprobs.
+            Piece::Text { text: "", logprobs } => {
+                self.events.send(Event::Logprobs(logprobs.to_vec()))
+            }
+            Piece::Text { text, logprobs } => {
+                if !logprobs.is_empty() {
+                    let _ = self.events.send(Event::Logprobs(logprobs.to_vec()));
+                }
+                return self.send(text);
+            }
+        };
+        if sent.is_ok() {
+            Flow::Continue
+        } else {
+            Flow::Stop
+        }
+    }
+
     pub fn send(&mut self, text: &str) -> Flow {
         let now = Instant::now();
         if let Some(last) = self.last.replace(now) {
@@ -157,8 +194,12 @@ pub(crate) fn report(
         completion_tokens: n,
         cached_tokens: out.cached_tokens,
     };
+    if let Some(cell) = &job.usage_log {
+        cell.set(usage);
+    }
     let _ = job.events.send(Event::Done {
         finish: out.finish,
         usage,
+        stop_sequence: out.stop_sequence,
     });
 }

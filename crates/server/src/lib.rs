@@ -1,22 +1,30 @@
 //! OpenAI-compatible HTTP server over the engine: `/v1/chat/completions`, `/v1/completions`
-//! (streaming or not), `/v1/models`, `/health`, `/metrics`. One engine worker serves a bounded
+//! (streaming or not), `/v1/models`, Anthropic's `/v1/messages`, llama-server's `/tokenize` and
+//! `/detokenize`, `/health`, `/metrics`; a log line per request. One engine worker serves a bounded
 //! FIFO queue: as a continuous batch where the backend has a batched step, else one request at
 //! a time.
 
+pub mod access_log;
+pub mod anthropic;
+pub mod anthropic_shape;
+mod anthropic_sse;
 pub mod auth;
 mod batching;
+mod choices;
 mod conn;
 pub mod cors;
 pub mod errors;
 mod guards;
 mod job;
 pub mod limits;
+mod logprobs;
 pub mod metrics;
 pub mod openai;
 mod routes;
 pub mod scheduler;
 mod sse;
 pub mod structured;
+pub mod tokenize;
 mod tool_markup;
 pub mod tools;
 mod unsupported;
@@ -37,7 +45,8 @@ pub use scheduler::EngineHandle;
 pub struct ServeConfig {
     pub host: String,
     pub port: u16,
-    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
+    /// When set, `/v1/*`, `/tokenize` and `/detokenize` require `Authorization: Bearer <key>`
+    /// (or Anthropic's `x-api-key: <key>`).
     pub api_key: Option<String>,
     /// The id `/v1/models` lists and requests must name (or leave out).
     pub model_name: String,
@@ -103,6 +112,10 @@ pub fn router(handle: EngineHandle, cfg: &ServeConfig) -> anyhow::Result<Router>
         .route("/v1/chat/completions", post(routes::chat_completions))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/models", get(routes::models))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route_layer(key.clone());
     let metrics = Router::new().route("/metrics", get(routes::metrics));
     let metrics = if cfg.metrics_auth {
@@ -129,6 +142,8 @@ pub fn router(handle: EngineHandle, cfg: &ServeConfig) -> anyhow::Result<Router>
             app.clone(),
             routes::observe,
         ))
+        .layer(axum::middleware::from_fn(anthropic_shape::reshape_errors))
+        .layer(axum::middleware::from_fn(access_log::log_requests))
         .layer(DefaultBodyLimit::max(cfg.max_body_bytes))
         .with_state(app);
     // Outermost, so a browser's preflight is answered before the key is asked for.
@@ -157,18 +172,23 @@ pub async fn serve_on(
     if let Some(w) = auth::open_server_warning(&cfg.host, cfg.api_key.as_deref()) {
         tracing::warn!("{w}");
     }
-    let mode = if engine.batched_step() {
+    // --max-batch 1 serves one request at a time through `decode`, the single-stream path (on
+    // CUDA its own kernels, not the batched step's).
+    let batched = engine.batched_step() && cfg.batch.max_batch > 1;
+    let mode = if batched {
         format!(
             "continuous batching: up to {} sequences, {} prompt tokens a step",
             cfg.batch.max_batch, cfg.batch.prefill_budget
         )
+    } else if engine.batched_step() {
+        "one request at a time (--max-batch 1)".to_string()
     } else {
         format!(
             "one request at a time: the {} backend has no batched step",
             engine.backend().info().kind
         )
     };
-    let handle = EngineHandle::spawn(engine, cfg.queue_capacity, Some(cfg.batch))?;
+    let handle = EngineHandle::spawn(engine, cfg.queue_capacity, batched.then_some(cfg.batch))?;
     let app = router(handle, &cfg)?;
     tracing::info!(
         "serving '{}' on http://{} ({mode})",

@@ -1,7 +1,7 @@
 //! OpenAI request parsing and response shapes. Requests are read field by field from a JSON value
 //! (not derived with serde) so that every rejection names the field the client got wrong.
 
-use q4moe_engine::{ChatMessage, Finish, SamplingParams, ToolCall};
+use q4moe_engine::{ChatMessage, Finish, LogprobOptions, SamplingParams, ToolCall};
 use serde_json::{json, Map, Value};
 
 use crate::errors::ApiError;
@@ -23,7 +23,15 @@ pub struct GenParams {
     pub ignore_eos: bool,
     /// What the output is constrained to (`response_format`, `grammar`, a required tool call).
     pub grammar: Option<GrammarField>,
+    /// Choices per prompt (`n`), each its own sequence.
+    pub n: usize,
+    pub logprobs: Option<LogprobOptions>,
+    /// Completions: the prompt's text goes before each choice's text.
+    pub echo: bool,
 }
+
+/// The most sequences one request may start (its prompts times `n`).
+pub const MAX_CHOICES: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
@@ -43,11 +51,12 @@ pub enum Prompt {
 #[derive(Debug, Clone)]
 pub struct CompletionRequest {
     pub model: Option<String>,
-    pub prompt: Prompt,
+    /// One choice (or `n`) each.
+    pub prompts: Vec<Prompt>,
     pub gen: GenParams,
 }
 
-type Obj = Map<String, Value>;
+pub(crate) type Obj = Map<String, Value>;
 
 /// Parses a body: UTF-8, then JSON, then a JSON object.
 pub fn parse_body(body: &[u8]) -> Result<Obj, ApiError> {
@@ -62,11 +71,11 @@ pub fn parse_body(body: &[u8]) -> Result<Obj, ApiError> {
     }
 }
 
-fn present<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
+pub(crate) fn present<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
     o.get(name).filter(|v| !v.is_null())
 }
 
-fn opt_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
+pub(crate) fn opt_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
     present(o, name)
         .map(|v| {
             v.as_f64()
@@ -76,7 +85,7 @@ fn opt_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
         .transpose()
 }
 
-fn opt_uint(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
+pub(crate) fn opt_uint(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
     present(o, name)
         .map(|v| {
             v.as_u64().ok_or_else(|| {
@@ -86,7 +95,7 @@ fn opt_uint(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
         .transpose()
 }
 
-fn opt_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
+pub(crate) fn opt_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
     present(o, name)
         .map(|v| {
             v.as_bool()
@@ -95,7 +104,7 @@ fn opt_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
         .transpose()
 }
 
-fn opt_str(o: &Obj, name: &str) -> Result<Option<String>, ApiError> {
+pub(crate) fn opt_str(o: &Obj, name: &str) -> Result<Option<String>, ApiError> {
     present(o, name)
         .map(|v| {
             v.as_str()
@@ -105,7 +114,13 @@ fn opt_str(o: &Obj, name: &str) -> Result<Option<String>, ApiError> {
         .transpose()
 }
 
-fn in_range(name: &str, v: f32, lo: f32, hi: f32, lo_open: bool) -> Result<f32, ApiError> {
+pub(crate) fn in_range(
+    name: &str,
+    v: f32,
+    lo: f32,
+    hi: f32,
+    lo_open: bool,
+) -> Result<f32, ApiError> {
     let ok = v.is_finite() && v <= hi && if lo_open { v > lo } else { v >= lo };
     let bound = if lo_open {
         format!("({lo}, {hi}]")
@@ -139,10 +154,11 @@ fn sampling(o: &Obj) -> Result<SamplingParams, ApiError> {
         frequency_penalty: f("frequency_penalty", d.frequency_penalty, -2.0, 2.0, false)?,
         seed,
         constraint: None,
+        logit_bias: crate::logprobs::logit_bias(o)?,
     })
 }
 
-fn fresh_seed() -> u64 {
+pub(crate) fn fresh_seed() -> u64 {
     use std::time::{SystemTime, UNIX_EPOCH};
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -150,15 +166,26 @@ fn fresh_seed() -> u64 {
 }
 
 fn stop_list(o: &Obj) -> Result<Vec<String>, ApiError> {
+    string_list(o, "stop", true)
+}
+
+/// Field `name`: an array of at most 16 strings (or, with `one_ok`, a single string); absent,
+/// none. The stop strings of every endpoint.
+pub(crate) fn string_list(o: &Obj, name: &str, one_ok: bool) -> Result<Vec<String>, ApiError> {
     let bad = || {
+        let what = if one_ok {
+            "a string or an array"
+        } else {
+            "an array"
+        };
         ApiError::invalid(
-            "stop",
-            "'stop' must be a string or an array of at most 16 strings",
+            name,
+            format!("'{name}' must be {what} of at most 16 strings"),
         )
     };
-    match present(o, "stop") {
+    match present(o, name) {
         None => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::String(s)) if one_ok => Ok(vec![s.clone()]),
         Some(Value::Array(items)) if items.len() <= 16 => items
             .iter()
             .map(|v| v.as_str().map(String::from).ok_or_else(bad))
@@ -168,11 +195,18 @@ fn stop_list(o: &Obj) -> Result<Vec<String>, ApiError> {
 }
 
 fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
-    if let Some(n) = present(o, "n") {
-        if n.as_u64() != Some(1) {
-            return Err(ApiError::invalid("n", "only n=1 is supported"));
-        }
-    }
+    let n = match present(o, "n") {
+        None => 1,
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..) if n as usize <= MAX_CHOICES => n as usize,
+            _ => {
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("'n' must be an integer in [1, {MAX_CHOICES}]"),
+                ))
+            }
+        },
+    };
     // `max_completion_tokens` is the newer name; it wins when both are sent.
     let (name, max) = match opt_uint(o, "max_completion_tokens")? {
         Some(m) => ("max_completion_tokens", Some(m)),
@@ -210,6 +244,9 @@ fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
         include_usage,
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
         grammar: crate::structured::parse(o)?,
+        n,
+        logprobs: None,
+        echo: false,
     })
 }
 
@@ -306,6 +343,7 @@ pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
     let explicit = opt_bool(o, "enable_thinking")?.or(kwargs_thinking);
     let tools = crate::tools::parse(o)?;
     let mut gen = gen_params(o)?;
+    gen.logprobs = crate::logprobs::chat_options(o)?;
     if let Some(g) = tools.as_ref().and_then(Tools::grammar) {
         if gen.grammar.is_some() {
             return Err(ApiError::invalid(
@@ -348,47 +386,74 @@ pub fn chat_finish_reason(f: Finish, tool_calls: usize) -> &'static str {
 
 pub fn completion_request(o: &Obj) -> Result<CompletionRequest, ApiError> {
     crate::unsupported::check_completion(o)?;
+    let prompts = prompts(o.get("prompt"))?;
+    let mut gen = gen_params(o)?;
+    if prompts.len() * gen.n > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "{} prompts times n = {} is over {MAX_CHOICES} choices a request",
+                prompts.len(),
+                gen.n
+            ),
+        ));
+    }
+    gen.echo = opt_bool(o, "echo")?.unwrap_or(false);
+    gen.logprobs = crate::logprobs::completion_options(o, gen.echo)?;
+    Ok(CompletionRequest {
+        model: opt_str(o, "model")?,
+        prompts,
+        gen,
+    })
+}
+
+/// `prompt`: a string, token ids, or an array of either (one choice each).
+fn prompts(v: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
     let bad = || {
         ApiError::invalid(
             "prompt",
-            "'prompt' must be a string, an array of one string, or an array of token ids",
+            "'prompt' must be a string, an array of token ids, or an array of either",
         )
     };
-    let prompt = match o.get("prompt") {
-        None | Some(Value::Null) => {
-            return Err(ApiError::invalid("prompt", "'prompt' is required"))
+    let empty = || ApiError::invalid("prompt", "'prompt' must not be empty");
+    let ids = |items: &[Value]| -> Result<Prompt, ApiError> {
+        let ids = items
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .filter(|&t| t <= u32::MAX as u64)
+                    .map(|t| t as u32)
+                    .ok_or_else(bad)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if ids.is_empty() {
+            return Err(empty());
         }
-        Some(Value::String(s)) => Prompt::Text(s.clone()),
-        Some(Value::Array(items)) => match items.as_slice() {
-            [] => return Err(ApiError::invalid("prompt", "'prompt' must not be empty")),
-            [Value::String(s)] => Prompt::Text(s.clone()),
-            [Value::String(_), ..] => {
-                return Err(ApiError::invalid(
-                    "prompt",
-                    "only one prompt per request is supported",
-                ))
-            }
-            ids => Prompt::Tokens(
-                ids.iter()
-                    .map(|v| {
-                        v.as_u64()
-                            .filter(|&t| t <= u32::MAX as u64)
-                            .map(|t| t as u32)
-                            .ok_or_else(bad)
-                    })
-                    .collect::<Result<_, _>>()?,
-            ),
-        },
-        Some(_) => return Err(bad()),
+        Ok(Prompt::Tokens(ids))
     };
-    if matches!(&prompt, Prompt::Text(s) if s.is_empty()) {
-        return Err(ApiError::invalid("prompt", "'prompt' must not be empty"));
+    let one = |v: &Value| match v {
+        Value::String(s) if s.is_empty() => Err(empty()),
+        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::Array(items) => ids(items),
+        _ => Err(bad()),
+    };
+    match v {
+        None | Some(Value::Null) => Err(ApiError::invalid("prompt", "'prompt' is required")),
+        Some(Value::Array(items)) if items.is_empty() => Err(empty()),
+        Some(Value::Array(items)) if items[0].is_number() => Ok(vec![ids(items)?]),
+        Some(Value::Array(items)) if items.len() > MAX_CHOICES => Err(ApiError::invalid(
+            "prompt",
+            format!("at most {MAX_CHOICES} prompts a request"),
+        )),
+        // All strings or all token arrays, as OpenAI takes them.
+        Some(Value::Array(items))
+            if items.iter().any(|v| v.is_string() != items[0].is_string()) =>
+        {
+            Err(bad())
+        }
+        Some(Value::Array(items)) => items.iter().map(one).collect(),
+        Some(v) => Ok(vec![one(v)?]),
     }
-    Ok(CompletionRequest {
-        model: opt_str(o, "model")?,
-        prompt,
-        gen: gen_params(o)?,
-    })
 }
 
 /// Token counts reported back.

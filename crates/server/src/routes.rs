@@ -12,8 +12,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::choices::{gather, set_choice, submit_all, total_usage};
 use crate::errors::ApiError;
-use crate::openai::{self, finish_reason, GenParams, Meta};
+use crate::logprobs::{chat_logprobs, completion_logprobs};
+use crate::openai::{self, finish_reason, GenParams, Meta, Prompt};
 use crate::scheduler::{EngineHandle, JobPrompt, Started};
 use crate::sse;
 use crate::tool_markup;
@@ -27,7 +29,7 @@ pub struct AppState {
 pub type App = Arc<AppState>;
 
 /// The body, or the extractor's complaint in OpenAI's shape (413 when over the size limit).
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         let status = r.status();
         let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -44,7 +46,7 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
 }
 
 impl AppState {
-    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+    pub(crate) fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
             Some(m) if m != self.model_name => Err(ApiError::unknown_model(m, &self.model_name)),
             _ => Ok(()),
@@ -53,7 +55,7 @@ impl AppState {
 
     /// Rejects a `max_tokens` no prompt could fit beside; the exact check needs the prompt's
     /// length, which only the worker knows.
-    fn check_max_tokens(&self, gen: &GenParams) -> Result<(), ApiError> {
+    pub(crate) fn check_max_tokens(&self, gen: &GenParams) -> Result<(), ApiError> {
         let ctx = self.engine.context_capacity();
         match gen.max_tokens {
             Some(m) if m >= ctx => Err(ApiError::invalid(
@@ -65,6 +67,18 @@ impl AppState {
             )
             .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded")),
             _ => Ok(()),
+        }
+    }
+}
+
+impl AppState {
+    fn stream_common(&self, meta: Meta, gen: &GenParams) -> sse::Common {
+        sse::Common {
+            meta,
+            tokenizer: self.engine.tokenizer().clone(),
+            logprobs: gen.logprobs.is_some(),
+            include_usage: gen.include_usage,
+            n: gen.n,
         }
     }
 }
@@ -90,43 +104,50 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
     let req = openai::chat_request(&openai::parse_body(&body_bytes(body)?)?)?;
     app.check_model(req.model.as_deref())?;
     app.check_max_tokens(&req.gen)?;
-    let (stream, include_usage) = (req.gen.stream, req.gen.include_usage);
+    let gen = req.gen;
     let parse_calls = req.tools.as_ref().is_some_and(|t| t.parses_calls());
     let prompt = JobPrompt::Chat {
         messages: req.messages,
         enable_thinking: req.enable_thinking,
         tools: req.tools.map(|t| t.list),
     };
-    let mut ticket = app.engine.submit(prompt, req.gen).await?;
-    let started = ticket.started().await?;
+    let mut tickets = submit_all(&app.engine, &[prompt], &gen).await?;
+    let started = tickets[0].started().await?;
+    let seq = tickets[0].seq;
     let meta = Meta::new("chatcmpl", &app.model_name);
-    if stream {
-        let seq = ticket.seq;
+    if gen.stream {
+        let c = app.stream_common(meta, &gen);
         return Ok(order_headers(
             seq,
             &started,
-            sse::chat(meta, started, ticket, include_usage, parse_calls),
+            sse::chat(c, started, tickets, parse_calls),
         ));
     }
-    let (text, finish, usage) = ticket.collect().await?;
-    let (reasoning, content) = q4moe_tokenizer::split_whole(&text, started.think_open);
-    let (content, calls) = match parse_calls {
-        true => tool_markup::parse_whole(&content),
-        false => (Some(content), Vec::new()),
-    };
-    let body = openai::chat_completion(
-        &meta,
-        content.as_deref(),
-        reasoning.as_deref(),
-        &calls,
-        openai::chat_finish_reason(finish, calls.len()),
-        usage,
-    );
-    Ok(order_headers(
-        ticket.seq,
-        &started,
-        Json(body).into_response(),
-    ))
+    let tok = app.engine.tokenizer();
+    let (mut bodies, mut usages) = (Vec::new(), Vec::new());
+    for (i, t) in tickets.iter_mut().enumerate() {
+        let c = t.collect_all().await?;
+        let (reasoning, content) = q4moe_tokenizer::split_whole(&c.text, started.think_open);
+        let (content, calls) = match parse_calls {
+            true => tool_markup::parse_whole(&content),
+            false => (Some(content), Vec::new()),
+        };
+        let finish = openai::chat_finish_reason(c.finish, calls.len());
+        let mut b = openai::chat_completion(
+            &meta,
+            content.as_deref(),
+            reasoning.as_deref(),
+            &calls,
+            finish,
+            c.usage,
+        );
+        let logprobs = gen.logprobs.map(|_| chat_logprobs(tok, &c.logprobs));
+        set_choice(&mut b, i, logprobs);
+        bodies.push(b);
+        usages.push(c.usage);
+    }
+    let body = gather(bodies, total_usage(&usages, gen.n));
+    Ok(order_headers(seq, &started, Json(body).into_response()))
 }
 
 pub async fn completions(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -139,28 +160,50 @@ async fn completion(app: App, body: Result<Bytes, BytesRejection>) -> Result<Res
     let req = openai::completion_request(&openai::parse_body(&body_bytes(body)?)?)?;
     app.check_model(req.model.as_deref())?;
     app.check_max_tokens(&req.gen)?;
-    let (stream, include_usage) = (req.gen.stream, req.gen.include_usage);
-    let mut ticket = app
-        .engine
-        .submit(JobPrompt::Completion(req.prompt), req.gen)
-        .await?;
-    let started = ticket.started().await?;
+    let gen = req.gen;
+    let tok = app.engine.tokenizer().clone();
+    // The prompts' text: echoed, and where the logprobs' text offsets start.
+    let texts: Vec<String> = req
+        .prompts
+        .iter()
+        .map(|p| match p {
+            Prompt::Text(s) => s.clone(),
+            Prompt::Tokens(ids) => tok.decode(ids, false).unwrap_or_default(),
+        })
+        .collect();
+    let prompts: Vec<JobPrompt> = req.prompts.into_iter().map(JobPrompt::Completion).collect();
+    let mut tickets = submit_all(&app.engine, &prompts, &gen).await?;
+    let started = tickets[0].started().await?;
+    let seq = tickets[0].seq;
     let meta = Meta::new("cmpl", &app.model_name);
-    if stream {
-        let seq = ticket.seq;
-        return Ok(order_headers(
-            seq,
-            &started,
-            sse::completion(meta, ticket, include_usage),
-        ));
+    if gen.stream {
+        let c = app.stream_common(meta, &gen);
+        let r = sse::completion(c, tickets, &texts, gen.echo);
+        return Ok(order_headers(seq, &started, r));
     }
-    let (text, finish, usage) = ticket.collect().await?;
-    let body = openai::completion(&meta, &text, Some(finish_reason(finish)), Some(usage));
-    Ok(order_headers(
-        ticket.seq,
-        &started,
-        Json(body).into_response(),
-    ))
+    let (mut bodies, mut usages) = (Vec::new(), Vec::new());
+    for (i, t) in tickets.iter_mut().enumerate() {
+        let c = t.collect_all().await?;
+        let prompt = &texts[i / gen.n];
+        let text = if gen.echo {
+            format!("{prompt}{}", c.text)
+        } else {
+            c.text
+        };
+        let finish = Some(finish_reason(c.finish));
+        let mut b = openai::completion(&meta, &text, finish, Some(c.usage));
+        let logprobs = gen.logprobs.map(|_| {
+            let mut offset = if gen.echo { 0 } else { prompt.chars().count() };
+            let mut lps = c.prompt_logprobs;
+            lps.extend(c.logprobs);
+            completion_logprobs(&tok, &lps, &mut offset)
+        });
+        set_choice(&mut b, i, logprobs);
+        bodies.push(b);
+        usages.push(c.usage);
+    }
+    let body = gather(bodies, total_usage(&usages, gen.n));
+    Ok(order_headers(seq, &started, Json(body).into_response()))
 }
 
 pub async fn models(State(app): State<App>) -> Response {

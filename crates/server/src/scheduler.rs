@@ -12,7 +12,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use q4moe_engine::{BatchOptions, Batcher, ChatMessage, Engine, EngineError, Finish, Prompter};
+use q4moe_engine::{
+    BatchOptions, Batcher, ChatMessage, Engine, EngineError, Finish, Prompter, TokenLogprob,
+    Tokenizer,
+};
 use tokio::sync::mpsc;
 
 use crate::errors::{from_engine, ApiError};
@@ -21,6 +24,7 @@ pub use crate::job::{Event, Started};
 use crate::metrics::Metrics;
 use crate::openai::{GenParams, Prompt, Usage};
 
+#[derive(Clone)]
 pub enum JobPrompt {
     Chat {
         messages: Vec<ChatMessage>,
@@ -68,17 +72,51 @@ impl Ticket {
 
     /// Gathers a whole (non-streamed) generation.
     pub async fn collect(&mut self) -> Result<(String, Finish, Usage), ApiError> {
-        let mut text = String::new();
+        let c = self.collect_all().await?;
+        Ok((c.text, c.finish, c.usage))
+    }
+
+    /// Gathers a whole generation with its logprobs and the stop string that ended it:
+    /// exactly what its stream would carry.
+    pub async fn collect_all(&mut self) -> Result<Collected, ApiError> {
+        let (mut text, mut logprobs, mut prompt_logprobs) = (String::new(), vec![], vec![]);
         loop {
             match self.events.recv().await {
                 Some(Event::Text(t)) => text.push_str(&t),
-                Some(Event::Done { finish, usage }) => return Ok((text, finish, usage)),
+                Some(Event::Logprobs(l)) => logprobs.extend(l),
+                Some(Event::PromptLogprobs(l)) => prompt_logprobs = l,
+                Some(Event::Done {
+                    finish,
+                    usage,
+                    stop_sequence,
+                }) => {
+                    return Ok(Collected {
+                        text,
+                        finish,
+                        usage,
+                        stop_sequence,
+                        logprobs,
+                        prompt_logprobs,
+                    })
+                }
                 Some(Event::Error(e)) => return Err(e),
                 Some(Event::Started(_)) => {}
                 None => return Err(ApiError::internal("the engine worker stopped")),
             }
         }
     }
+}
+
+/// A whole generation as `Ticket::collect_all` gathers it.
+#[derive(Debug, Clone)]
+pub struct Collected {
+    pub text: String,
+    pub finish: Finish,
+    pub usage: Usage,
+    /// The stop string that ended the text, if one did.
+    pub stop_sequence: Option<String>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub prompt_logprobs: Vec<TokenLogprob>,
 }
 
 impl EngineHandle {
@@ -117,6 +155,33 @@ impl EngineHandle {
         self.prompter.context()
     }
 
+    /// The chat template and tokenizer, for work that needs no engine (`/tokenize`).
+    pub fn prompter(&self) -> &Prompter {
+        &self.prompter
+    }
+
+    /// The length in tokens of a chat prompt, rendered and tokenised as [`Self::submit`] would,
+    /// on the blocking pool.
+    pub async fn count_chat_tokens(
+        &self,
+        messages: Vec<ChatMessage>,
+        enable_thinking: Option<bool>,
+    ) -> Result<usize, ApiError> {
+        let p = self.prompter.clone();
+        tokio::task::spawn_blocking(move || {
+            let text = p.render_chat(&messages, enable_thinking)?;
+            p.encode_prompt(&text).map(|ids| ids.len())
+        })
+        .await
+        .map_err(|_| ApiError::internal("counting the prompt failed (a panic)"))?
+        .map_err(|e| from_engine(e, "messages"))
+    }
+
+    /// The model's tokenizer (token texts for logprobs, echoed token prompts).
+    pub fn tokenizer(&self) -> &std::sync::Arc<Tokenizer> {
+        self.prompter.tokenizer()
+    }
+
     /// Renders and tokenises the prompt on the blocking pool, then queues the job; a full queue
     /// is refused at once (503) rather than waited on.
     pub async fn submit(&self, prompt: JobPrompt, gen: GenParams) -> Result<Ticket, ApiError> {
@@ -135,6 +200,7 @@ impl EngineHandle {
             gen,
             accepted: Instant::now(),
             events: etx,
+            usage_log: crate::access_log::current(),
         };
         let mut guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         self.metrics.queue_delta(1);
@@ -221,6 +287,7 @@ fn build_prompt(
             (ids.clone(), false)
         }
     };
+    crate::logprobs::check_bias_ids(&gen.sampling.logit_bias, p.vocab())?;
     let max_tokens = budget(ids.len(), p.context(), gen, param)?;
     Ok(BuiltPrompt {
         ids,
@@ -291,6 +358,6 @@ fn run_job(engine: &mut Engine, job: &Job, ids: Started, metrics: &Arc<Metrics>)
         metrics: metrics.clone(),
         last: None,
     };
-    let result = engine.generate(&req, &mut |s: &str| sender.send(s));
+    let result = engine.generate_pieces(&req, &mut |p| sender.piece(p));
     report(job, admitted, result, metrics);
 }

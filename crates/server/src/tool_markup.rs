@@ -158,7 +158,10 @@ mod tests {
     fn names_args(calls: &[ToolCall]) -> Vec<(String, String)> {
         calls
             .iter()
-            .map(|c| (c.function.name.clone(), c.function.arguments.clone()))
+            .map(|c| {
+                let args = c.function.arguments.as_str().unwrap_or_default();
+                (c.function.name.clone(), args.to_string())
+            })
             .collect()
     }
 

@@ -198,10 +198,10 @@ pub fn message_calls(i: usize, v: Option<&Value>) -> Result<Vec<ToolCall>, ApiEr
             let f = c.get("function");
             let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
             let args = match f.and_then(|f| f.get("arguments")) {
-                Some(Value::String(s)) => Some(s.clone()),
-                // Some clients send the arguments as an object: the template wants JSON text.
-                Some(a @ Value::Object(_)) => Some(a.to_string()),
-                None | Some(Value::Null) => Some("{}".to_string()),
+                // Some clients send the arguments as an object: the template renders it with
+                // `tojson`, a string as it is.
+                Some(a @ (Value::String(_) | Value::Object(_))) => Some(a.clone()),
+                None | Some(Value::Null) => Some(json!({})),
                 Some(_) => None,
             };
             let id = c.get("id").and_then(Value::as_str).unwrap_or_default();
@@ -210,7 +210,7 @@ pub fn message_calls(i: usize, v: Option<&Value>) -> Result<Vec<ToolCall>, ApiEr
                 _ => Err(ApiError::invalid(
                     at.clone(),
                     format!(
-                        "'{at}' needs 'function.name' and 'function.arguments' (a JSON string)"
+                        "'{at}' needs 'function.name' and 'function.arguments' (a JSON string or object)"
                     ),
                 )),
             }
@@ -290,6 +290,7 @@ mod tests {
                 "function": {"name": "f", "arguments": {"a": 1}}}])),
         )
         .unwrap();
-        assert_eq!(calls, [ToolCall::function("c1", "f", "{\"a\":1}")]);
+        // An object stays one: the template renders it with `tojson`, as transformers does.
+        assert_eq!(calls, [ToolCall::function("c1", "f", json!({"a": 1}))]);
     }
 }

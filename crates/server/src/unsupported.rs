@@ -1,8 +1,8 @@
 //! Request fields q4moe does not implement yet. Ignoring them would answer a different question
-//! than the client asked (no logprobs, no second choice), so a value that asks for the
-//! feature is a 400 naming the field; a value that asks for nothing (`echo: false`,
-//! `logprobs: false`, `n: 1`) is accepted. (`tools`, `tool_choice`, `response_format` and
-//! `grammar` are implemented: tools.rs, structured.rs.)
+//! than the client asked (a legacy `functions` call, several completions ranked), so a value
+//! that asks for the feature is a 400 naming the field; a value that asks for nothing
+//! (`best_of: 1`, `functions: []`) is accepted. (`tools`, `tool_choice`, `response_format`,
+//! `grammar`, `logprobs`, `logit_bias`, `echo` and `n` are implemented.)
 
 use serde_json::{Map, Value};
 
@@ -12,7 +12,7 @@ use crate::errors::ApiError;
 fn asks(name: &str, v: &Value) -> bool {
     match (name, v) {
         (_, Value::Null) => false,
-        ("n" | "best_of", v) => v.as_u64() != Some(1),
+        ("best_of", v) => v.as_u64() != Some(1),
         (_, Value::Bool(b)) => *b,
         (_, Value::Number(n)) => n.as_f64() != Some(0.0),
         (_, Value::String(s)) => !s.is_empty(),
@@ -21,16 +21,9 @@ fn asks(name: &str, v: &Value) -> bool {
     }
 }
 
-const CHAT: &[&str] = &[
-    "functions",
-    "function_call",
-    "logprobs",
-    "top_logprobs",
-    "logit_bias",
-    "n",
-];
+const CHAT: &[&str] = &["functions", "function_call"];
 
-const COMPLETION: &[&str] = &["logprobs", "logit_bias", "echo", "n", "best_of", "suffix"];
+const COMPLETION: &[&str] = &["best_of", "suffix"];
 
 fn check(o: &Map<String, Value>, fields: &[&str]) -> Result<(), ApiError> {
     match fields

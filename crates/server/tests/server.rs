@@ -291,9 +291,30 @@ async fn bad_inputs_get_openai_errors_naming_the_field() {
             Some("frequency_penalty"),
         ),
         (
-            json!({ "messages": user("x"), "n": 2 }).to_string().into(),
+            json!({ "messages": user("x"), "n": 0 }).to_string().into(),
             400,
             Some("n"),
+        ),
+        (
+            json!({ "messages": user("x"), "top_logprobs": 2 })
+                .to_string()
+                .into(),
+            400,
+            Some("top_logprobs"),
+        ),
+        (
+            json!({ "messages": user("x"), "logprobs": true, "top_logprobs": 21 })
+                .to_string()
+                .into(),
+            400,
+            Some("top_logprobs"),
+        ),
+        (
+            json!({ "messages": user("x"), "logprobs": 1 })
+                .to_string()
+                .into(),
+            400,
+            Some("logprobs"),
         ),
         (
             json!({ "messages": user("x"), "stop": 5 })
@@ -385,7 +406,25 @@ async fn bad_inputs_get_openai_errors_naming_the_field() {
         (json!({ "prompt": "" }), "prompt"),
         (json!({ "prompt": [99999] }), "prompt"),
         (json!({ "prompt": [-1] }), "prompt"),
-        (json!({ "prompt": ["a", "b"] }), "prompt"),
+        (json!({ "prompt": ["a", ""] }), "prompt"),
+        (json!({ "prompt": [[1, 2], "b"] }), "prompt"),
+        (json!({ "prompt": [[]] }), "prompt"),
+        (json!({ "prompt": "a", "logprobs": 21 }), "logprobs"),
+        (json!({ "prompt": "a", "logprobs": true }), "logprobs"),
+        (json!({ "prompt": ["a", "b"], "n": 40 }), "n"),
+        (
+            json!({ "prompt": "a", "logit_bias": { "1": 100.5 } }),
+            "logit_bias",
+        ),
+        (
+            json!({ "prompt": "a", "logit_bias": { "x": 1 } }),
+            "logit_bias",
+        ),
+        (
+            json!({ "prompt": "a", "logit_bias": { "4000000000": 1 } }),
+            "logit_bias",
+        ),
+        (json!({ "prompt": "a", "logit_bias": [1] }), "logit_bias"),
     ];
     for (body, param) in completions {
         let (status, v) = s.post("/v1/completions", &body).await;

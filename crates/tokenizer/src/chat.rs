@@ -1,8 +1,7 @@
-//! Chat templates (minijinja, configured like transformers' Jinja environment) and the
-//! `<think>` reasoning split.
+//! Chat templates (minijinja, configured like transformers' Jinja environment: trim and lstrip
+//! blocks, Python's string/dict/list methods, `tojson` as `json.dumps`).
 
-use minijinja::value::Kwargs;
-use minijinja::{Environment, Error, ErrorKind, State, Value};
+use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::limits::LimitedBuf;
@@ -22,12 +21,13 @@ pub struct ChatMessage {
     /// An assistant turn's tool calls, in OpenAI's shape (templates read `tool_calls`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
-    /// A `tool` message: the call it answers.
+    /// A `tool` turn: the id of the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
 }
 
-/// One call of a function by the model: `{"id", "type": "function", "function": {...}}`.
+/// A tool call in OpenAI's message shape (`{"id", "type": "function", "function": {"name",
+/// "arguments"}}`), which is the shape chat templates read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
     pub id: String,
@@ -39,17 +39,18 @@ pub struct ToolCall {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionCall {
     pub name: String,
-    /// The arguments as a JSON text (OpenAI's shape), rendered as they are.
-    pub arguments: String,
+    /// A JSON object, or a string holding one: OpenAI sends a string, Anthropic's `tool_use`
+    /// an object; Qwen3's template renders a string as it is and anything else with `tojson`.
+    pub arguments: serde_json::Value,
 }
 
 impl ToolCall {
     pub fn function(
         id: impl Into<String>,
         name: impl Into<String>,
-        arguments: impl Into<String>,
+        arguments: impl Into<serde_json::Value>,
     ) -> Self {
-        ToolCall {
+        Self {
             id: id.into(),
             kind: "function".into(),
             function: FunctionCall {
@@ -103,10 +104,10 @@ impl ChatTemplate {
         env.set_fuel(Some(limits.fuel));
         let max = limits.max_output_bytes;
         env.set_unknown_method_callback(move |state, value, method, args| {
-            python_str_methods(state, value, method, args, max)
+            crate::pycompat::call_method(state, value, method, args, max)
         });
         env.add_function("raise_exception", raise_exception);
-        env.add_filter("tojson", tojson);
+        env.add_filter("tojson", crate::pyjson::tojson);
         env.add_template_owned(NAME, source.to_string())?;
         Ok(Self { env, limits })
     }
@@ -192,107 +193,4 @@ impl ChatTemplate {
 
 fn raise_exception(msg: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
-}
-
-/// Python's `json.dumps` (transformers' `tojson`): no HTML escaping, ", " and ": " separators.
-fn tojson(value: Value, _kw: Kwargs) -> Result<Value, Error> {
-    let json: serde_json::Value = serde_json::to_value(&value)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-    let mut out = String::new();
-    write_py_json(&json, &mut out);
-    Ok(Value::from_safe_string(out))
-}
-
-fn write_py_json(v: &serde_json::Value, out: &mut String) {
-    match v {
-        serde_json::Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                out.push_str(if i == 0 { "" } else { ", " });
-                write_py_json(item, out);
-            }
-            out.push(']');
-        }
-        serde_json::Value::Object(map) => {
-            out.push('{');
-            for (i, (k, item)) in map.iter().enumerate() {
-                out.push_str(if i == 0 { "" } else { ", " });
-                out.push_str(&serde_json::Value::from(k.as_str()).to_string());
-                out.push_str(": ");
-                write_py_json(item, out);
-            }
-            out.push('}');
-        }
-        scalar => out.push_str(&scalar.to_string()),
-    }
-}
-
-/// The Python `str` methods chat templates call (`startswith`, `split`, `strip`, ...), which
-/// minijinja does not provide natively.
-fn python_str_methods(
-    _: &State,
-    value: &Value,
-    method: &str,
-    args: &[Value],
-    max_len: usize,
-) -> Result<Value, Error> {
-    let Some(s) = value.as_str() else {
-        return Err(Error::from(ErrorKind::UnknownMethod));
-    };
-    let arg = |i: usize| args.get(i).and_then(Value::as_str);
-    let chars = |i: usize| arg(i).map(|c| c.chars().collect::<Vec<char>>());
-    let strip = |s: &str, i: usize, left: bool, right: bool| -> String {
-        let set = chars(i);
-        let pred = |c: char| {
-            set.as_ref()
-                .map_or(c.is_whitespace(), |set| set.contains(&c))
-        };
-        let s = if left { s.trim_start_matches(pred) } else { s };
-        let s = if right { s.trim_end_matches(pred) } else { s };
-        s.to_string()
-    };
-    Ok(match method {
-        "startswith" => Value::from(arg(0).is_some_and(|p| s.starts_with(p))),
-        "endswith" => Value::from(arg(0).is_some_and(|p| s.ends_with(p))),
-        "strip" => Value::from(strip(s, 0, true, true)),
-        "lstrip" => Value::from(strip(s, 0, true, false)),
-        "rstrip" => Value::from(strip(s, 0, false, true)),
-        "lower" => Value::from(s.to_lowercase()),
-        "upper" => Value::from(s.to_uppercase()),
-        "replace" => match (arg(0), arg(1)) {
-            (Some(from), Some(to)) => {
-                check_replace_len(s, from, to, max_len)?;
-                Value::from(s.replace(from, to))
-            }
-            _ => {
-                return Err(Error::new(
-                    ErrorKind::InvalidOperation,
-                    "replace needs two strings",
-                ))
-            }
-        },
-        "split" => match arg(0) {
-            Some(sep) if !sep.is_empty() => {
-                Value::from(s.split(sep).map(String::from).collect::<Vec<_>>())
-            }
-            _ => Value::from(s.split_whitespace().map(String::from).collect::<Vec<_>>()),
-        },
-        _ => return Err(Error::from(ErrorKind::UnknownMethod)),
-    })
-}
-
-/// Refuses a `replace` whose result would pass the output limit, before building it.
-fn check_replace_len(s: &str, from: &str, to: &str, max_len: usize) -> Result<(), Error> {
-    // An empty `from` matches between every char and at both ends.
-    let hits = if from.is_empty() {
-        s.chars().count() + 1
-    } else {
-        s.matches(from).count()
-    };
-    let len = (s.len() - hits * from.len()).saturating_add(hits.saturating_mul(to.len()));
-    if len > max_len {
-        let msg = format!("replace would build {len} bytes (output limit {max_len})");
-        return Err(Error::new(ErrorKind::InvalidOperation, msg));
-    }
-    Ok(())
 }

@@ -10,6 +10,8 @@ mod chat;
 mod error;
 mod limits;
 mod literal;
+mod pycompat;
+mod pyjson;
 mod reasoning;
 mod spec;
 mod stream;

@@ -84,7 +84,7 @@ pub(crate) fn mark_message(added: &AddedTokens, m: &ChatMessage) -> ChatMessage 
     let mut calls = m.tool_calls.clone();
     for c in &mut calls {
         c.function.name = mark(added, &c.function.name);
-        c.function.arguments = mark(added, &c.function.arguments);
+        c.function.arguments = mark_json(added, &c.function.arguments);
     }
     ChatMessage {
         role: m.role.clone(),

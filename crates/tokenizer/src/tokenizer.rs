@@ -166,6 +166,30 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Token ids of plain text, as llama-server's `/tokenize` reads it: BOS first only with
+    /// `add_special` (and a model that adds one); control tokens spelled in the text become
+    /// their ids only with `parse_special`. Refused with [`TokenizerError::TooLong`] past
+    /// `max_tokens`, counting no further than [`Self::encode_within`] does.
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        max_tokens: usize,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let prompt = if parse_special {
+            RenderedPrompt::plain(text)
+        } else {
+            RenderedPrompt::from_marked(&crate::literal::mark(&self.added, text))
+        };
+        let bos = usize::from(self.add_bos && self.bos_id.is_some());
+        let mut ids = self.encode_within(&prompt, max_tokens.saturating_add(bos))?;
+        if bos == 1 && !add_special {
+            ids.remove(0);
+        }
+        Ok(ids)
+    }
+
     /// Counts tokens piece by piece, stopping as soon as the count passes `max_tokens`. The pieces
     /// are cut where the split regex cuts anyway, so the count matches the full encoding.
     fn count_exceeds(

@@ -157,3 +157,66 @@ fn limits_are_configurable_and_generous_for_real_templates() {
         "{err:?}"
     );
 }
+
+/// Issue 56 item 9: the Python methods real templates call (minijinja-contrib's pycompat) and
+/// `tojson(indent=...)` as Python's `json.dumps` writes it.
+#[test]
+fn python_methods_and_indented_tojson_render() {
+    let src = r#"{%- for m in messages -%}
+{%- if m.content.startswith('/') -%}cmd:{{ m.content.split(' ')[0].lstrip('/') }}
+{% else -%}
+{%- for k, v in m.items() | sort -%}{{ k }}={{ v }};{% endfor %}
+{% endif -%}
+{%- endfor -%}
+{{ {"name": "f", "args": [1, "x"]} | tojson(indent=2) }}
+{{ "a,b,,c".split(",") | length }} {{ "Hello".upper().replace("L", "l", 1) }} {{ "-".join(["x", "y"]) }}"#;
+    let t = ChatTemplate::new(src).unwrap();
+    let text = t
+        .render(
+            &[
+                ChatMessage::user("/reset now"),
+                ChatMessage::assistant("ok"),
+            ],
+            false,
+            None,
+        )
+        .unwrap();
+    let want = "cmd:reset\ncontent=ok;role=assistant;{\n  \"args\": [\n    1,\n    \"x\"\n  ],\n  \"name\": \"f\"\n}\n4 HElLO x-y";
+    assert_eq!(text, want);
+}
+
+/// The guards in front of pycompat keep a method from building past the output limit.
+#[test]
+fn python_methods_stay_under_the_output_limit() {
+    for src in [
+        // Only the length is output, so nothing but the guard stops the 100 MB string.
+        r#"{{ ("x" * 100000).replace("x", "y" * 1000) | length }}"#,
+        r#"{{ ("y" * 10000).join(range(10000)) | length }}"#,
+        r#"{{ ("y" * 10000).join(["a"] * 10000) | length }}"#,
+    ] {
+        let tight = TemplateLimits {
+            fuel: 1_000_000,
+            max_output_bytes: 1 << 20,
+        };
+        let t = ChatTemplate::with_limits(src, tight).unwrap();
+        let err = t.render(&[], false, None).unwrap_err().to_string();
+        assert!(err.contains("output limit"), "{src}: {err}");
+    }
+}
+
+/// Tool calls and tool results carried on `ChatMessage` reach Qwen3's template.
+#[test]
+fn tool_calls_on_chat_messages_render() {
+    let mut call = ChatMessage::assistant("");
+    call.tool_calls = vec![q4moe_tokenizer::ToolCall::function(
+        "toolu_1",
+        "get_weather",
+        serde_json::json!({"city": "Paris"}),
+    )];
+    let mut result = ChatMessage::new("tool", "sunny");
+    result.tool_call_id = Some("toolu_1".into());
+    let text = qwen3()
+        .render(&[ChatMessage::user("Weather?"), call, result], true, None)
+        .unwrap();
+    assert!(text.contains("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"), "{text}");
+}

@@ -174,7 +174,7 @@ pub fn run(b: &mut dyn Backend, m: &Model, plan: &BatchPlan<'_>) -> anyhow::Resu
         }
         let same = runs.iter().all(|r| invariant(r, &refs[..size]));
         let bytes = distinct_bytes_bound(m, size);
-        let mut rec = size_record(size, &runs, plan.decode_len, same, bytes);
+        let rec = size_record(size, &runs, plan.decode_len, same, bytes);
         eprintln!(
             "  B = {size:<3} {:.1} tok/s aggregate, {}",
             rec["aggregate_tok_s"]["median"]
@@ -192,6 +192,16 @@ pub fn run(b: &mut dyn Backend, m: &Model, plan: &BatchPlan<'_>) -> anyhow::Resu
         "distinct_bytes_are_a_bound": true,
         "sizes": sizes,
     })))
+}
+
+/// The copy bandwidth measured in the same run, and each size's weight bandwidth at the
+/// bound as a share of it.
+pub fn add_copy_share(batched: &mut Value, copy_gbs: f64) {
+    batched["copy_gb_s"] = json!(copy_gbs);
+    for s in batched["sizes"].as_array_mut().into_iter().flatten() {
+        let gbs = s["weight_gb_s_at_bound"].as_f64().unwrap_or(0.0);
+        s["share_of_copy_bandwidth"] = json!(gbs / copy_gbs);
+    }
 }
 
 fn is_unsupported(e: &anyhow::Error) -> bool {

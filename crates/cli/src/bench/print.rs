@@ -38,8 +38,14 @@ fn header(r: &Value) {
 
 pub fn print_table(r: &Value) {
     header(r);
-    if !r["batched"].is_null() {
-        return print_batched(&r["batched"]);
+    if !r["batched"].is_null() || !r["prefill_sweep"].is_null() {
+        if !r["batched"].is_null() {
+            print_batched(&r["batched"]);
+        }
+        if !r["prefill_sweep"].is_null() {
+            print_prefill(&r["prefill_sweep"]);
+        }
+        return;
     }
     let gpu = r["backend"] != "cpu";
     let mut head = format!(
@@ -165,9 +171,38 @@ fn print_batched(b: &Value) {
     println!(
         "weights MB: the distinct weight bytes a step reads, at most (attention, router, head, \
          and min(B x experts used, experts) experts a layer: a bound, the backend does not report \
-         its routers' choices); GB/s: those bytes over the median step; invariance: every row's \
-         tokens and first logits against the sequence decoded alone"
+         its routers' choices); GB/s: those bytes over the median step{}; invariance: every \
+         row's tokens and first logits against the sequence run alone through the batched step",
+        match b["copy_gb_s"].as_f64() {
+            Some(c) => format!(" (the copy bandwidth measured in the run: {c:.0} GB/s)"),
+            None => String::new(),
+        }
     );
+}
+
+/// The prefill sweep: tok/s and ms, median (min..max) of the runs.
+fn print_prefill(p: &Value) {
+    println!(
+        "prefill alone, a fresh session each run; median (min..max) of {} runs",
+        p["runs"]
+    );
+    println!("{:>8} {:>30} {:>30}", "tokens", "tok/s", "ms");
+    for s in p["sizes"].as_array().into_iter().flatten() {
+        let span = |v: &Value| {
+            format!(
+                "{:.1} ({:.1}..{:.1})",
+                num(&v["median"]),
+                num(&v["min"]),
+                num(&v["max"])
+            )
+        };
+        println!(
+            "{:>8} {:>30} {:>30}",
+            s["tokens"].as_u64().unwrap_or(0),
+            span(&s["tok_s"]),
+            span(&s["ms"])
+        );
+    }
 }
 
 /// Mean and standard deviation of a stats object's runs, as llama-bench prints them.
