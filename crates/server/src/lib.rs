@@ -8,6 +8,7 @@ pub mod access_log;
 pub mod anthropic;
 pub mod anthropic_shape;
 mod anthropic_sse;
+mod anthropic_tools;
 pub mod auth;
 mod batching;
 mod choices;

@@ -165,11 +165,12 @@ impl EngineHandle {
     pub async fn count_chat_tokens(
         &self,
         messages: Vec<ChatMessage>,
+        tools: Option<serde_json::Value>,
         enable_thinking: Option<bool>,
     ) -> Result<usize, ApiError> {
         let p = self.prompter.clone();
         tokio::task::spawn_blocking(move || {
-            let text = p.render_chat(&messages, enable_thinking)?;
+            let text = p.render_chat_tools(&messages, tools.as_ref(), enable_thinking)?;
             p.encode_prompt(&text).map(|ids| ids.len())
         })
         .await

@@ -268,6 +268,99 @@ async fn streamed_tool_calls_reassemble_to_the_non_streamed_ones() {
     }
 }
 
+/// Each of `n` choices is read for calls, whole and streamed (chunks carry their choice's index).
+#[tokio::test]
+async fn every_choice_of_n_is_read_for_calls() {
+    let s = start_default().await;
+    let mut body = required_call_body(false);
+    body["n"] = json!(2);
+    body["temperature"] = json!(1.0);
+    body["seed"] = json!(4);
+    let v = chat(&s, &body).await;
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        assert_eq!(
+            c["message"]["tool_calls"].as_array().unwrap().len(),
+            1,
+            "{v}"
+        );
+    }
+    body["stream"] = json!(true);
+    let mut heads = [0, 0];
+    let mut finishes = [Value::Null, Value::Null];
+    for d in s.stream("/v1/chat/completions", &body).await {
+        let Ok(chunk) = serde_json::from_str::<Value>(&d) else {
+            continue;
+        };
+        let c = &chunk["choices"][0];
+        let i = c["index"].as_u64().unwrap() as usize;
+        heads[i] += c["delta"]["tool_calls"][0]["id"].is_string() as usize;
+        if !c["finish_reason"].is_null() {
+            finishes[i] = c["finish_reason"].clone();
+        }
+    }
+    assert_eq!(heads, [1, 1]);
+    assert_eq!(finishes, [json!("tool_calls"), json!("tool_calls")]);
+}
+
+/// Anthropic's tools (`input_schema`, `tool_choice: any`) through the same constraint: the
+/// answer is a `tool_use` block whose input matches the schema, streamed as the same input.
+#[tokio::test]
+async fn anthropic_tools_answer_with_tool_use_blocks() {
+    let s = start_default().await;
+    let openai = weather_tools();
+    let tools: Vec<Value> = openai
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| json!({ "name": t["function"]["name"], "input_schema": t["function"]["parameters"] }))
+        .collect();
+    let body = |stream: bool| {
+        json!({ "model": "tiny", "max_tokens": 80, "temperature": 0, "stream": stream,
+            "messages": [{ "role": "user", "content": "Weather?" }], "tools": tools,
+            "tool_choice": { "type": "any", "disable_parallel_tool_use": true } })
+    };
+    let (status, v) = s.post("/v1/messages", &body(false)).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["stop_reason"], "tool_use", "{v}");
+    let uses: Vec<&Value> = v["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "tool_use")
+        .collect();
+    assert_eq!(uses.len(), 1, "{v}");
+    let name = uses[0]["name"].as_str().unwrap();
+    assert!(uses[0]["id"].as_str().unwrap().starts_with("toolu_"));
+    let input = &uses[0]["input"];
+    assert_eq!(
+        violation(&params_of(&openai, name), input, name),
+        None,
+        "{v}"
+    );
+
+    let (mut streamed, mut partial, mut reason) = (Value::Null, String::new(), Value::Null);
+    for d in s.stream("/v1/messages", &body(true)).await {
+        let e: Value = serde_json::from_str(&d).unwrap();
+        match e["type"].as_str().unwrap() {
+            "content_block_start" if e["content_block"]["type"] == "tool_use" => {
+                streamed = e["content_block"].clone()
+            }
+            "content_block_delta" if e["delta"]["type"] == "input_json_delta" => {
+                partial += e["delta"]["partial_json"].as_str().unwrap()
+            }
+            "message_delta" => reason = e["delta"]["stop_reason"].clone(),
+            _ => {}
+        }
+    }
+    assert_eq!(streamed["name"], name);
+    assert_eq!(&serde_json::from_str::<Value>(&partial).unwrap(), input);
+    assert_eq!(reason, "tool_use");
+}
+
 #[tokio::test]
 async fn tools_and_tool_results_reach_the_prompt() {
     let s = start_default().await;
