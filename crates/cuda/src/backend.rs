@@ -697,9 +697,11 @@ impl Backend for CudaBackend {
         let len0 = self.kv_len(req.session);
         self.session(req.session)?;
         // The device handles greedy and the samplers step::sample_config accepts, penalties
-        // included; the rest (top-k above SAMPLE_MAX_K, a logit bias, logits wanted) samples
+        // included; the rest (top-k above SAMPLE_MAX_K, a logit bias, logits wanted, a
+        // constraint's token mask, which the host's grammar engine computes each step) samples
         // on the host.
         let device_ok = req.sampling.logit_bias.is_empty()
+            && req.sampling.constraint.is_none()
             && (req.sampling.is_greedy() || step::sample_config(req.sampling).is_some());
         let host = req.want_logits || !device_ok;
         let (stats, handed, full) = if host {

@@ -3,7 +3,9 @@
 
 mod batch;
 mod collect;
+mod constraint;
 mod device;
+mod gbnf;
 mod generate;
 mod logprobs;
 mod prompt;
@@ -12,7 +14,9 @@ mod sessions;
 mod stop;
 
 pub use batch::{BatchOptions, Batcher, SequenceSink};
+pub use constraint::{with_layout, Grammar, GrammarLimits, Grammars};
 pub use device::{open_backend, Device, EngineOptions};
+pub use gbnf::{gbnf_to_lark, looks_like_gbnf};
 pub use logprobs::{token_logprob, LogprobOptions, Piece, TokenLogprob};
 pub use prompt::{PromptText, Prompter};
 pub use request::{Finish, GenerateOutput, GenerateRequest, PromptInput};
@@ -22,8 +26,9 @@ pub use stop::StopMatcher;
 pub use q4moe_model::backend::{
     Backend, BackendError, BackendInfo, DecodeStats, Flow, PhaseTimes, SessionId,
 };
+pub use q4moe_model::constraint::Constraint;
 pub use q4moe_model::sampling::SamplingParams;
-pub use q4moe_tokenizer::{ChatMessage, ChatTemplate, RenderedPrompt, Tokenizer};
+pub use q4moe_tokenizer::{ChatMessage, ChatTemplate, RenderedPrompt, Tokenizer, ToolCall};
 
 use std::path::Path;
 use std::sync::Arc;

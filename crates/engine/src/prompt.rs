@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use q4moe_tokenizer::{ChatMessage, ChatTemplate, RenderedPrompt, Tokenizer, TokenizerError};
 
+use crate::constraint::{GrammarLimits, Grammars};
 use crate::{EngineError, Result};
 
 /// A prompt to tokenise: a rendered chat, whose messages' control tokens stay text, or raw text
@@ -50,6 +51,8 @@ pub struct Prompter {
     context: usize,
     /// The model's vocabulary (token ids a prompt may hold; may exceed the tokenizer's).
     vocab: usize,
+    /// Compiles a request's output constraint against this vocabulary.
+    grammars: Grammars,
 }
 
 impl Prompter {
@@ -61,6 +64,7 @@ impl Prompter {
             None => None,
         };
         Ok(Prompter {
+            grammars: Grammars::new(tokenizer.clone(), vocab, GrammarLimits::default()),
             tokenizer,
             template,
             context,
@@ -82,6 +86,11 @@ impl Prompter {
         self.vocab
     }
 
+    /// The grammar compiler for constrained output over this vocabulary.
+    pub fn grammars(&self) -> &Grammars {
+        &self.grammars
+    }
+
     /// Renders a conversation with the model's chat template. The messages' text is marked so
     /// that [`Self::encode_prompt`] reads control tokens typed in it as text (no forged turns).
     pub fn render_chat(
@@ -89,15 +98,24 @@ impl Prompter {
         messages: &[ChatMessage],
         enable_thinking: Option<bool>,
     ) -> Result<RenderedPrompt> {
+        self.render_chat_tools(messages, None, enable_thinking)
+    }
+
+    /// [`Self::render_chat`] with OpenAI's `tools` list for the template to describe (its text
+    /// marked as the messages' is).
+    pub fn render_chat_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        enable_thinking: Option<bool>,
+    ) -> Result<RenderedPrompt> {
         let t = self.template.as_ref().ok_or_else(|| {
             EngineError::Invalid("the model has no tokenizer.chat_template".into())
         })?;
         let marked = self.tokenizer.mark_messages(messages);
-        Ok(RenderedPrompt::from_marked(&t.render(
-            &marked,
-            true,
-            enable_thinking,
-        )?))
+        let tools = tools.map(|v| self.tokenizer.mark_json(v));
+        let text = t.render_tools(&marked, tools.as_ref(), true, enable_thinking)?;
+        Ok(RenderedPrompt::from_marked(&text))
     }
 
     /// Tokenises a prompt (BOS first if the model asks for it). A prompt that cannot leave room

@@ -4,6 +4,7 @@
 
 pub mod backend;
 mod config;
+pub mod constraint;
 mod error;
 mod model;
 pub mod sampling;

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
+use crate::constraint::{Constraint, TokenMask};
+
 /// Temperature 0 means greedy (argmax, lowest id on ties).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -22,6 +24,8 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
     pub seed: u64,
+    /// Tokens outside the constraint (a grammar, a JSON schema) get -inf before each choice.
+    pub constraint: Option<Constraint>,
     /// OpenAI's `logit_bias`: (token id, bias in [-100, 100]) added to the token's logit before
     /// the penalties and every cut. Ids outside the vocabulary are ignored here (the server
     /// refuses them). The device samplers do not apply it: a request with a bias samples on
@@ -40,6 +44,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 0,
+            constraint: None,
             logit_bias: Vec::new(),
         }
     }
@@ -126,17 +131,21 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Host sampler: penalties over the context, then temperature, top-k, top-p, min-p.
+/// Host sampler: penalties over the context, the constraint's mask, then temperature, top-k,
+/// top-p, min-p.
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
     counts: HashMap<u32, u32>,
+    /// This sequence's state of `params.constraint`.
+    mask: Option<Box<dyn TokenMask>>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams, history: &[u32]) -> Self {
         let mut s = Sampler {
             rng: Rng::new(params.seed),
+            mask: params.constraint.as_ref().map(Constraint::start),
             params,
             counts: HashMap::new(),
         };
@@ -165,15 +174,22 @@ impl Sampler {
         *self.counts.entry(token).or_insert(0) += 1;
     }
 
-    /// Samples a token and records it in the history. `logits` is modified (penalties).
+    /// Samples a token and records it in the history (and the constraint's state). `logits` is
+    /// modified (penalties, the constraint's -inf).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         self.apply_bias(logits);
         self.apply_penalties(logits);
+        if let Some(m) = &mut self.mask {
+            m.mask(logits);
+        }
         let token = if self.params.is_greedy() {
             argmax(logits)
         } else {
             self.sample_stochastic(logits)
         };
+        if let Some(m) = &mut self.mask {
+            m.commit(token);
+        }
         self.observe(token);
         token
     }

@@ -5,9 +5,10 @@
 //! Mapping: `system` (a string or text blocks) opens the conversation; `text` blocks are the
 //! message text; an assistant's `tool_use` blocks become the template's tool calls and a user's
 //! `tool_result` blocks its `tool` messages; an assistant's `thinking` block its reasoning.
-//! Image and document blocks are refused (the model reads text only). `tools` is refused until
-//! tool calls are parsed out of the model's output. The model's reasoning, when it writes one,
-//! comes back as a `thinking` block before the `text` block.
+//! Image and document blocks are refused (the model reads text only). `tools` and `tool_choice`
+//! are the chat endpoint's (anthropic_tools.rs); calls in the answer come back as `tool_use`
+//! blocks with `stop_reason: "tool_use"`. The model's reasoning, when it writes one, comes back
+//! as a `thinking` block before the `text` block.
 //!
 //! Usage: `input_tokens` counts the whole prompt; `cache_read_input_tokens` the part of it whose
 //! KV was reused from an earlier request.
@@ -17,8 +18,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use q4moe_engine::{ChatMessage, SamplingParams};
-use q4moe_tokenizer::ToolCall;
+use q4moe_engine::{ChatMessage, SamplingParams, ToolCall};
 use serde_json::{json, Value};
 
 use crate::anthropic_shape::{error_response, message_json, stop_reason};
@@ -29,6 +29,8 @@ use crate::openai::{
 };
 use crate::routes::{body_bytes, App};
 use crate::scheduler::JobPrompt;
+use crate::tool_markup;
+use crate::tools::Tools;
 
 /// A parsed `/v1/messages` request.
 #[derive(Debug, Clone)]
@@ -36,6 +38,7 @@ pub struct MessagesRequest {
     pub model: Option<String>,
     pub messages: Vec<ChatMessage>,
     pub enable_thinking: Option<bool>,
+    pub tools: Option<Tools>,
     pub gen: GenParams,
 }
 
@@ -48,23 +51,35 @@ async fn respond(app: App, body: Result<Bytes, BytesRejection>) -> Result<Respon
     app.check_model(req.model.as_deref())?;
     app.check_max_tokens(&req.gen)?;
     let stream = req.gen.stream;
+    let parse_calls = req.tools.as_ref().is_some_and(Tools::parses_calls);
     let prompt = JobPrompt::Chat {
         messages: req.messages,
         enable_thinking: req.enable_thinking,
+        tools: req.tools.map(|t| t.list),
     };
     let mut ticket = app.engine.submit(prompt, req.gen).await?;
     let started = ticket.started().await?;
     let meta = Meta::new("msg", &app.model_name);
     if stream {
-        return Ok(crate::anthropic_sse::stream(meta, started, ticket));
+        return Ok(crate::anthropic_sse::stream(
+            meta,
+            started,
+            ticket,
+            parse_calls,
+        ));
     }
     let c = ticket.collect_all().await?;
     let (reasoning, text) = q4moe_tokenizer::split_whole(&c.text, started.think_open);
-    let reason = stop_reason(c.finish, c.stop_sequence.as_deref());
+    let (text, calls): (Option<String>, Vec<ToolCall>) = match parse_calls {
+        true => tool_markup::parse_whole(&text),
+        false => (Some(text), Vec::new()),
+    };
+    let reason = stop_reason(c.finish, c.stop_sequence.as_deref(), calls.len());
     let body = message_json(
         &meta,
         reasoning.as_deref(),
-        &text,
+        text.as_deref().unwrap_or_default(),
+        &calls,
         reason,
         c.stop_sequence.as_deref(),
         &c.usage,
@@ -85,14 +100,14 @@ async fn count(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response
     app.check_model(req.model.as_deref())?;
     let n = app
         .engine
-        .count_chat_tokens(req.messages, req.enable_thinking)
+        .count_chat_tokens(req.messages, req.tools.map(|t| t.list), req.enable_thinking)
         .await?;
     Ok(Json(json!({ "input_tokens": n })).into_response())
 }
 
 /// Reads a `/v1/messages` body field by field, naming the field at fault in every refusal.
 pub fn messages_request(o: &Obj) -> Result<MessagesRequest, ApiError> {
-    refuse_unsupported(o)?;
+    let tools = crate::anthropic_tools::parse(o)?;
     let mut messages = system(o)?;
     let items = match o.get("messages") {
         Some(Value::Array(items)) if !items.is_empty() => items,
@@ -114,33 +129,21 @@ pub fn messages_request(o: &Obj) -> Result<MessagesRequest, ApiError> {
             "a final assistant message (a prefilled answer) is not supported; end with a user message",
         ));
     }
-    let explicit = thinking(o)?;
+    let mut gen = gen_params(o)?;
+    gen.grammar = tools.as_ref().and_then(Tools::grammar);
+    let mut enable_thinking = q4moe_tokenizer::thinking_switch(&messages, thinking(o)?);
+    // A forced call skips the think block unless thinking was asked for, as on the chat
+    // endpoint (then the grammar starts after it).
+    if gen.grammar.is_some() && enable_thinking.is_none() {
+        enable_thinking = Some(false);
+    }
     Ok(MessagesRequest {
         model: opt_str(o, "model")?,
-        enable_thinking: q4moe_tokenizer::thinking_switch(&messages, explicit),
+        enable_thinking,
         messages,
-        gen: gen_params(o)?,
+        tools,
+        gen,
     })
-}
-
-/// `tools` asks for tool calls in the answer, which this endpoint cannot return yet; a
-/// `tool_choice` that demands a call likewise.
-fn refuse_unsupported(o: &Obj) -> Result<(), ApiError> {
-    let tools = present(o, "tools").is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()));
-    let choice = present(o, "tool_choice")
-        .and_then(|c| c.get("type"))
-        .and_then(Value::as_str)
-        .is_some_and(|t| t == "any" || t == "tool");
-    let field = match (tools, choice) {
-        (true, _) => "tools",
-        (_, true) => "tool_choice",
-        _ => return Ok(()),
-    };
-    Err(ApiError::invalid(
-        field,
-        format!("'{field}' is not supported by this server's /v1/messages yet; leave it out (past tool_use and tool_result blocks are accepted)"),
-    )
-    .with_status(axum::http::StatusCode::BAD_REQUEST, "unsupported_parameter"))
 }
 
 /// `thinking: {"type": "enabled" | "disabled"}` switches the template's thinking (Qwen3's
@@ -193,6 +196,7 @@ fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
         n: 1,
         logprobs: None,
         echo: false,
+        grammar: None,
     })
 }
 
@@ -457,8 +461,8 @@ mod tests {
                 "stop_sequences",
             ),
             (
-                json!({"max_tokens": 5, "messages": user, "tools": [{"name": "f", "input_schema": {}}]}),
-                "tools",
+                json!({"max_tokens": 5, "messages": user, "tools": [{"type": "bash_20250124", "name": "bash"}]}),
+                "tools[0].type",
             ),
             (
                 json!({"max_tokens": 5, "messages": user, "system": 3}),

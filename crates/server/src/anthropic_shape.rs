@@ -7,17 +7,19 @@ use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use q4moe_engine::Finish;
+use q4moe_engine::{Finish, ToolCall};
 use serde_json::{json, Value};
 
 use crate::errors::ApiError;
 use crate::openai::{Meta, Usage};
 
-/// Anthropic's `stop_reason` for how a generation ended; a cancelled one reads as a turn's end.
-pub fn stop_reason(finish: Finish, stop_sequence: Option<&str>) -> &'static str {
-    match (finish, stop_sequence) {
-        (Finish::Length, _) => "max_tokens",
-        (Finish::Stop, Some(_)) => "stop_sequence",
+/// Anthropic's `stop_reason` for how a generation ended (`tool_calls`: the calls it made); a
+/// cancelled one reads as a turn's end.
+pub fn stop_reason(finish: Finish, stop_sequence: Option<&str>, tool_calls: usize) -> &'static str {
+    match (finish, stop_sequence, tool_calls) {
+        (Finish::Length, ..) => "max_tokens",
+        (Finish::Stop, Some(_), _) => "stop_sequence",
+        (Finish::Stop, None, 1..) => "tool_use",
         _ => "end_turn",
     }
 }
@@ -32,11 +34,13 @@ pub fn usage_json(u: &Usage) -> Value {
     })
 }
 
-/// A whole (non-streamed) response.
+/// A whole (non-streamed) response: thinking, text (left out when empty beside tool calls),
+/// then a `tool_use` block per call.
 pub fn message_json(
     meta: &Meta,
     reasoning: Option<&str>,
     text: &str,
+    calls: &[ToolCall],
     reason: &str,
     stop_sequence: Option<&str>,
     usage: &Usage,
@@ -45,7 +49,10 @@ pub fn message_json(
     if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
         content.push(json!({ "type": "thinking", "thinking": r, "signature": "" }));
     }
-    content.push(json!({ "type": "text", "text": text }));
+    if !text.is_empty() || calls.is_empty() {
+        content.push(json!({ "type": "text", "text": text }));
+    }
+    content.extend(calls.iter().map(crate::anthropic_tools::tool_use));
     json!({
         "id": meta.id, "type": "message", "role": "assistant", "model": meta.model,
         "content": content, "stop_reason": reason, "stop_sequence": stop_sequence,
@@ -116,9 +123,11 @@ mod tests {
 
     #[test]
     fn stop_reasons_and_error_shape() {
-        assert_eq!(stop_reason(Finish::Stop, None), "end_turn");
-        assert_eq!(stop_reason(Finish::Stop, Some("x")), "stop_sequence");
-        assert_eq!(stop_reason(Finish::Length, None), "max_tokens");
+        assert_eq!(stop_reason(Finish::Stop, None, 0), "end_turn");
+        assert_eq!(stop_reason(Finish::Stop, Some("x"), 0), "stop_sequence");
+        assert_eq!(stop_reason(Finish::Length, None, 0), "max_tokens");
+        assert_eq!(stop_reason(Finish::Stop, None, 2), "tool_use");
+        assert_eq!(stop_reason(Finish::Length, None, 1), "max_tokens");
         let e = error_body(&ApiError::busy());
         assert_eq!(e["type"], "error");
         assert_eq!(e["error"]["type"], "overloaded_error");

@@ -1,7 +1,9 @@
 //! `/v1/messages` with `stream: true`: Anthropic's named server-sent events. `message_start`,
 //! then per content block `content_block_start`, its deltas (`thinking_delta` while the model
 //! reasons, `text_delta` for the answer) and `content_block_stop`, then `message_delta` (stop
-//! reason and usage) and `message_stop`. There is always a text block, as in the whole response.
+//! reason and usage) and `message_stop`. There is always a text block unless the model called
+//! tools, as in the whole response; each call is a `tool_use` block whose input comes whole in
+//! one `input_json_delta`.
 //! Dropping the stream (client gone) drops the ticket, which stops the generation.
 
 use std::convert::Infallible;
@@ -16,6 +18,8 @@ use crate::anthropic_shape::{error_body, stop_reason, usage_json};
 use crate::errors::ApiError;
 use crate::openai::{Meta, Usage};
 use crate::scheduler::{Event, Started, Ticket};
+use crate::tool_markup::{CallParser, Piece};
+use q4moe_engine::{Finish, ToolCall};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Block {
@@ -35,6 +39,8 @@ impl Block {
 struct StreamState {
     ticket: Ticket,
     splitter: ReasoningSplitter,
+    /// Reads the answer for tool calls where the request has tools.
+    calls: Option<CallParser>,
     /// The block open now and its index.
     open: Option<(Block, usize)>,
     /// Blocks started so far (the next one's index).
@@ -90,19 +96,57 @@ impl StreamState {
 
     fn split(&mut self, s: Split, out: &mut Vec<SseEvent>) {
         self.delta(Block::Thinking, &s.reasoning, out);
-        self.delta(Block::Text, &s.content, out);
+        let pieces = match &mut self.calls {
+            Some(p) => p.push(&s.content),
+            None => vec![Piece::Text(s.content)],
+        };
+        self.pieces(pieces, out);
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>, out: &mut Vec<SseEvent>) {
+        for p in pieces {
+            match p {
+                Piece::Text(t) => self.delta(Block::Text, &t, out),
+                Piece::Call(_, call) => self.tool_use(&call, out),
+            }
+        }
+    }
+
+    /// A call's whole block: start (input empty, as Anthropic streams it), the input, stop.
+    fn tool_use(&mut self, call: &ToolCall, out: &mut Vec<SseEvent>) {
+        self.close(out);
+        let i = self.started;
+        self.started += 1;
+        let mut block = crate::anthropic_tools::tool_use(call);
+        let input = std::mem::replace(&mut block["input"], json!({}));
+        out.push(event(
+            json!({ "type": "content_block_start", "index": i, "content_block": block }),
+        ));
+        let delta = json!({ "type": "input_json_delta", "partial_json": input.to_string() });
+        out.push(event(
+            json!({ "type": "content_block_delta", "index": i, "delta": delta }),
+        ));
+        out.push(event(json!({ "type": "content_block_stop", "index": i })));
     }
 
     fn finish(
         &mut self,
-        reason: &str,
+        finish: Finish,
         stop: Option<String>,
         usage: &Usage,
         out: &mut Vec<SseEvent>,
     ) {
         let rest = self.splitter.finish();
         self.split(rest, out);
-        if !self.text_started {
+        let rest = self
+            .calls
+            .as_mut()
+            .map(CallParser::finish)
+            .unwrap_or_default();
+        self.pieces(rest, out);
+        let calls = self.calls.as_ref().map_or(0, CallParser::calls);
+        let reason = stop_reason(finish, stop.as_deref(), calls);
+        if !self.text_started && calls == 0 {
             self.enter(Block::Text, out);
         }
         self.close(out);
@@ -132,8 +176,7 @@ impl StreamState {
                 usage,
                 stop_sequence,
             }) => {
-                let reason = stop_reason(finish, stop_sequence.as_deref());
-                self.finish(reason, stop_sequence, &usage, &mut out);
+                self.finish(finish, stop_sequence, &usage, &mut out);
                 self.done = true;
             }
             Some(Event::Error(e)) => {
@@ -152,7 +195,8 @@ impl StreamState {
     }
 }
 
-pub fn stream(meta: Meta, started: Started, ticket: Ticket) -> Response {
+/// `parse_calls`: the request has tools, whose calls the answer is read for.
+pub fn stream(meta: Meta, started: Started, ticket: Ticket, parse_calls: bool) -> Response {
     let usage = Usage {
         prompt_tokens: started.prompt_tokens,
         ..Usage::default()
@@ -167,6 +211,7 @@ pub fn stream(meta: Meta, started: Started, ticket: Ticket) -> Response {
     let state = StreamState {
         ticket,
         splitter: ReasoningSplitter::new(started.think_open),
+        calls: parse_calls.then(CallParser::default),
         open: None,
         started: 0,
         text_started: false,

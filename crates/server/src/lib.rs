@@ -8,6 +8,7 @@ pub mod access_log;
 pub mod anthropic;
 pub mod anthropic_shape;
 mod anthropic_sse;
+mod anthropic_tools;
 pub mod auth;
 mod batching;
 mod choices;
@@ -23,7 +24,10 @@ pub mod openai;
 mod routes;
 pub mod scheduler;
 mod sse;
+pub mod structured;
 pub mod tokenize;
+mod tool_markup;
+pub mod tools;
 mod unsupported;
 
 use std::future::Future;

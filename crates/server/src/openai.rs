@@ -1,10 +1,12 @@
 //! OpenAI request parsing and response shapes. Requests are read field by field from a JSON value
 //! (not derived with serde) so that every rejection names the field the client got wrong.
 
-use q4moe_engine::{ChatMessage, Finish, LogprobOptions, SamplingParams};
+use q4moe_engine::{ChatMessage, Finish, LogprobOptions, SamplingParams, ToolCall};
 use serde_json::{json, Map, Value};
 
 use crate::errors::ApiError;
+use crate::structured::GrammarField;
+use crate::tools::Tools;
 
 /// Generation settings shared by both endpoints.
 #[derive(Debug, Clone)]
@@ -19,6 +21,8 @@ pub struct GenParams {
     pub include_usage: bool,
     /// Extension (as vLLM): keep going past end-of-sequence, for benchmarks.
     pub ignore_eos: bool,
+    /// What the output is constrained to (`response_format`, `grammar`, a required tool call).
+    pub grammar: Option<GrammarField>,
     /// Choices per prompt (`n`), each its own sequence.
     pub n: usize,
     pub logprobs: Option<LogprobOptions>,
@@ -34,6 +38,7 @@ pub struct ChatRequest {
     pub model: Option<String>,
     pub messages: Vec<ChatMessage>,
     pub enable_thinking: Option<bool>,
+    pub tools: Option<Tools>,
     pub gen: GenParams,
 }
 
@@ -148,6 +153,7 @@ fn sampling(o: &Obj) -> Result<SamplingParams, ApiError> {
         presence_penalty: f("presence_penalty", d.presence_penalty, -2.0, 2.0, false)?,
         frequency_penalty: f("frequency_penalty", d.frequency_penalty, -2.0, 2.0, false)?,
         seed,
+        constraint: None,
         logit_bias: crate::logprobs::logit_bias(o)?,
     })
 }
@@ -237,6 +243,7 @@ fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
         stream: opt_bool(o, "stream")?.unwrap_or(false),
         include_usage,
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
+        grammar: crate::structured::parse(o)?,
         n,
         logprobs: None,
         echo: false,
@@ -296,6 +303,11 @@ fn message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
     let mut m = ChatMessage::new(role, content_text(o.get("content"), &at("content"))?);
     m.reasoning_content = opt_str(o, "reasoning_content")
         .map_err(|_| ApiError::invalid(at("reasoning_content"), "must be a string"))?;
+    if role == "assistant" {
+        m.tool_calls = crate::tools::message_calls(i, o.get("tool_calls"))?;
+    }
+    m.tool_call_id = opt_str(o, "tool_call_id")
+        .map_err(|_| ApiError::invalid(at("tool_call_id"), "must be a string"))?;
     Ok(m)
 }
 
@@ -329,12 +341,29 @@ pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
         }
     };
     let explicit = opt_bool(o, "enable_thinking")?.or(kwargs_thinking);
+    let tools = crate::tools::parse(o)?;
     let mut gen = gen_params(o)?;
     gen.logprobs = crate::logprobs::chat_options(o)?;
+    if let Some(g) = tools.as_ref().and_then(Tools::grammar) {
+        if gen.grammar.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "a required tool call and 'response_format' / 'grammar' both constrain the output; send one",
+            ));
+        }
+        gen.grammar = Some(g);
+    }
+    let mut enable_thinking = q4moe_tokenizer::thinking_switch(&messages, explicit);
+    // A constrained answer skips the think block unless thinking was asked for (then the
+    // constraint starts after it).
+    if gen.grammar.is_some() && enable_thinking.is_none() {
+        enable_thinking = Some(false);
+    }
     Ok(ChatRequest {
         model: opt_str(o, "model")?,
-        enable_thinking: q4moe_tokenizer::thinking_switch(&messages, explicit),
+        enable_thinking,
         messages,
+        tools,
         gen,
     })
 }
@@ -344,6 +373,14 @@ pub fn finish_reason(f: Finish) -> &'static str {
     match f {
         Finish::Stop | Finish::Cancelled => "stop",
         Finish::Length => "length",
+    }
+}
+
+/// A chat's `finish_reason`: `tool_calls` when it stopped after calling tools.
+pub fn chat_finish_reason(f: Finish, tool_calls: usize) -> &'static str {
+    match (f, tool_calls) {
+        (Finish::Stop, 1..) => "tool_calls",
+        _ => finish_reason(f),
     }
 }
 
@@ -462,16 +499,21 @@ impl Meta {
     }
 }
 
+/// `content` None: an answer of tool calls only (`null`, as OpenAI sends it).
 pub fn chat_completion(
     meta: &Meta,
-    content: &str,
+    content: Option<&str>,
     reasoning: Option<&str>,
+    tool_calls: &[ToolCall],
     finish: &str,
     usage: Usage,
 ) -> Value {
     let mut message = json!({ "role": "assistant", "content": content });
     if let Some(r) = reasoning {
         message["reasoning_content"] = json!(r);
+    }
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = json!(tool_calls);
     }
     json!({
         "id": meta.id, "object": "chat.completion", "created": meta.created, "model": meta.model,

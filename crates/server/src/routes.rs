@@ -18,6 +18,7 @@ use crate::logprobs::{chat_logprobs, completion_logprobs};
 use crate::openai::{self, finish_reason, GenParams, Meta, Prompt};
 use crate::scheduler::{EngineHandle, JobPrompt, Started};
 use crate::sse;
+use crate::tool_markup;
 
 pub struct AppState {
     pub engine: EngineHandle,
@@ -104,9 +105,11 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
     app.check_model(req.model.as_deref())?;
     app.check_max_tokens(&req.gen)?;
     let gen = req.gen;
+    let parse_calls = req.tools.as_ref().is_some_and(|t| t.parses_calls());
     let prompt = JobPrompt::Chat {
         messages: req.messages,
         enable_thinking: req.enable_thinking,
+        tools: req.tools.map(|t| t.list),
     };
     let mut tickets = submit_all(&app.engine, &[prompt], &gen).await?;
     let started = tickets[0].started().await?;
@@ -114,15 +117,30 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
     let meta = Meta::new("chatcmpl", &app.model_name);
     if gen.stream {
         let c = app.stream_common(meta, &gen);
-        return Ok(order_headers(seq, &started, sse::chat(c, started, tickets)));
+        return Ok(order_headers(
+            seq,
+            &started,
+            sse::chat(c, started, tickets, parse_calls),
+        ));
     }
     let tok = app.engine.tokenizer();
     let (mut bodies, mut usages) = (Vec::new(), Vec::new());
     for (i, t) in tickets.iter_mut().enumerate() {
         let c = t.collect_all().await?;
         let (reasoning, content) = q4moe_tokenizer::split_whole(&c.text, started.think_open);
-        let finish = finish_reason(c.finish);
-        let mut b = openai::chat_completion(&meta, &content, reasoning.as_deref(), finish, c.usage);
+        let (content, calls) = match parse_calls {
+            true => tool_markup::parse_whole(&content),
+            false => (Some(content), Vec::new()),
+        };
+        let finish = openai::chat_finish_reason(c.finish, calls.len());
+        let mut b = openai::chat_completion(
+            &meta,
+            content.as_deref(),
+            reasoning.as_deref(),
+            &calls,
+            finish,
+            c.usage,
+        );
         let logprobs = gen.logprobs.map(|_| chat_logprobs(tok, &c.logprobs));
         set_choice(&mut b, i, logprobs);
         bodies.push(b);

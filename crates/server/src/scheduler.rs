@@ -29,6 +29,8 @@ pub enum JobPrompt {
     Chat {
         messages: Vec<ChatMessage>,
         enable_thinking: Option<bool>,
+        /// OpenAI's `tools` array, for the chat template to describe.
+        tools: Option<serde_json::Value>,
     },
     Completion(Prompt),
 }
@@ -163,11 +165,12 @@ impl EngineHandle {
     pub async fn count_chat_tokens(
         &self,
         messages: Vec<ChatMessage>,
+        tools: Option<serde_json::Value>,
         enable_thinking: Option<bool>,
     ) -> Result<usize, ApiError> {
         let p = self.prompter.clone();
         tokio::task::spawn_blocking(move || {
-            let text = p.render_chat(&messages, enable_thinking)?;
+            let text = p.render_chat_tools(&messages, tools.as_ref(), enable_thinking)?;
             p.encode_prompt(&text).map(|ids| ids.len())
         })
         .await
@@ -185,7 +188,8 @@ impl EngineHandle {
     pub async fn submit(&self, prompt: JobPrompt, gen: GenParams) -> Result<Ticket, ApiError> {
         let prompter = self.prompter.clone();
         let (prompt, gen) = tokio::task::spawn_blocking(move || {
-            let built = build_prompt(&prompter, &prompt, &gen);
+            let mut gen = gen;
+            let built = build_prompt(&prompter, &prompt, &mut gen);
             (built, gen)
         })
         .await
@@ -245,20 +249,23 @@ fn serial_worker(mut engine: Engine, mut rx: mpsc::Receiver<Job>, metrics: Arc<M
     }
 }
 
-/// Renders and tokenises the prompt and sets the tokens to generate.
+/// Renders and tokenises the prompt, sets the tokens to generate and compiles the output's
+/// constraint into the sampling parameters.
 fn build_prompt(
     p: &Prompter,
     prompt: &JobPrompt,
-    gen: &GenParams,
+    gen: &mut GenParams,
 ) -> Result<BuiltPrompt, ApiError> {
+    compile_constraint(p, prompt, gen)?;
     let param = prompt.param();
     let (ids, think_open) = match prompt {
         JobPrompt::Chat {
             messages,
             enable_thinking,
+            tools,
         } => {
             let text = p
-                .render_chat(messages, *enable_thinking)
+                .render_chat_tools(messages, tools.as_ref(), *enable_thinking)
                 .map_err(|e| from_engine(e, param))?;
             let open = text.trim_end_matches('\n').ends_with("<think>");
             (
@@ -289,6 +296,34 @@ fn build_prompt(
         max_tokens,
         param,
     })
+}
+
+/// Compiles the request's grammar (400 naming its field when it is bad). A chat that thinks
+/// first is constrained only after its `</think>`.
+fn compile_constraint(
+    p: &Prompter,
+    prompt: &JobPrompt,
+    gen: &mut GenParams,
+) -> Result<(), ApiError> {
+    let Some(field) = &gen.grammar else {
+        return Ok(());
+    };
+    let thinks = matches!(
+        prompt,
+        JobPrompt::Chat {
+            enable_thinking: Some(true),
+            ..
+        }
+    );
+    let after = thinks.then(|| p.tokenizer().token_id("</think>")).flatten();
+    let constraint = p.grammars().compile(&field.grammar, after).map_err(|e| {
+        ApiError::invalid(
+            field.param,
+            format!("'{}' cannot be used: {e}", field.param),
+        )
+    })?;
+    gen.sampling.constraint = Some(constraint);
+    Ok(())
 }
 
 /// Tokens to generate: what was asked, which must fit beside the prompt, else what fits.

@@ -1,7 +1,8 @@
 //! Server-sent event streams for both endpoints: chunks as the engine produces text (each with
 //! its choice's index and, when asked for, the logprobs of its tokens), a final chunk a choice
 //! with `finish_reason`, an optional usage chunk once every choice is done, then
-//! `data: [DONE]`. Several choices interleave as their text comes. Dropping the stream (client
+//! `data: [DONE]`. A chat whose request has tools reads each choice's content for tool calls,
+//! streamed as `tool_calls` deltas. Several choices interleave as their text comes. Dropping the stream (client
 //! gone) drops the tickets' receivers, which makes the worker's text callbacks stop.
 
 use std::convert::Infallible;
@@ -12,13 +13,14 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, BoxStream, StreamExt};
 use serde_json::{json, Value};
 
-use q4moe_engine::{TokenLogprob, Tokenizer};
+use q4moe_engine::{Finish, TokenLogprob, Tokenizer};
 use q4moe_tokenizer::{ReasoningSplitter, Split};
 
 use crate::choices::{set_choice, total_usage};
 use crate::logprobs::{chat_logprobs, completion_logprobs};
 use crate::openai::{self, Meta, Usage};
 use crate::scheduler::{Event, Started, Ticket};
+use crate::tool_markup::{CallParser, Piece};
 
 /// What every choice of one response shares.
 pub struct Common {
@@ -33,7 +35,8 @@ pub struct Common {
 
 /// What differs between the chat and completion streams.
 enum Shape {
-    Chat(ReasoningSplitter),
+    /// The content is read for tool calls where the request has tools.
+    Chat(ReasoningSplitter, Option<CallParser>),
     Completion {
         /// With `echo`: the prompt's text, sent before the first generated text.
         echo: Option<String>,
@@ -60,7 +63,7 @@ impl ChoiceState {
     fn chunk(&mut self, c: &Common, mut v: Value, out: &mut Vec<Value>) {
         let lps = std::mem::take(&mut self.pending);
         let logprobs = c.logprobs.then(|| match &mut self.shape {
-            Shape::Chat(_) => chat_logprobs(&c.tokenizer, &lps),
+            Shape::Chat(..) => chat_logprobs(&c.tokenizer, &lps),
             Shape::Completion { offset, .. } => completion_logprobs(&c.tokenizer, &lps, offset),
         });
         set_choice(&mut v, self.index, logprobs);
@@ -69,7 +72,7 @@ impl ChoiceState {
 
     fn text(&mut self, c: &Common, text: &str, out: &mut Vec<Value>) {
         match &mut self.shape {
-            Shape::Chat(splitter) => {
+            Shape::Chat(splitter, _) => {
                 let split = splitter.push(text);
                 self.split_chunks(c, split, out);
             }
@@ -85,9 +88,38 @@ impl ChoiceState {
             let delta = json!({ "reasoning_content": s.reasoning });
             self.chunk(c, openai::chat_chunk(&c.meta, delta, None), out);
         }
-        if !s.content.is_empty() {
-            let delta = json!({ "content": s.content });
+        let pieces = match &mut self.shape {
+            Shape::Chat(_, Some(calls)) => calls.push(&s.content),
+            _ => vec![Piece::Text(s.content)],
+        };
+        self.piece_chunks(c, pieces, out);
+    }
+
+    /// Content deltas, and each call as OpenAI streams one: its index, id, type and name, then
+    /// its arguments.
+    fn piece_chunks(&mut self, c: &Common, pieces: Vec<Piece>, out: &mut Vec<Value>) {
+        for p in pieces {
+            let delta = match p {
+                Piece::Text(t) if t.is_empty() => continue,
+                Piece::Text(t) => json!({ "content": t }),
+                Piece::Call(index, call) => {
+                    let head = json!({ "tool_calls": [{ "index": index, "id": call.id,
+                        "type": "function",
+                        "function": { "name": call.function.name, "arguments": "" } }] });
+                    self.chunk(c, openai::chat_chunk(&c.meta, head, None), out);
+                    json!({ "tool_calls": [{ "index": index,
+                        "function": { "arguments": call.function.arguments } }] })
+                }
+            };
             self.chunk(c, openai::chat_chunk(&c.meta, delta, None), out);
+        }
+    }
+
+    /// Tool calls streamed so far.
+    fn calls(&self) -> usize {
+        match &self.shape {
+            Shape::Chat(_, Some(calls)) => calls.calls(),
+            _ => 0,
         }
     }
 
@@ -101,14 +133,19 @@ impl ChoiceState {
         }
     }
 
-    fn finish(&mut self, c: &Common, finish: &str, out: &mut Vec<Value>) {
-        if let Shape::Chat(splitter) = &mut self.shape {
+    fn finish(&mut self, c: &Common, finish: Finish, out: &mut Vec<Value>) {
+        if let Shape::Chat(splitter, _) = &mut self.shape {
             let rest = splitter.finish();
             self.split_chunks(c, rest, out);
         }
+        if let Shape::Chat(_, Some(calls)) = &mut self.shape {
+            let rest = calls.finish();
+            self.piece_chunks(c, rest, out);
+        }
+        let reason = openai::chat_finish_reason(finish, self.calls());
         let last = match self.shape {
-            Shape::Chat(_) => openai::chat_chunk(&c.meta, json!({}), Some(finish)),
-            Shape::Completion { .. } => openai::completion(&c.meta, "", Some(finish), None),
+            Shape::Chat(..) => openai::chat_chunk(&c.meta, json!({}), Some(reason)),
+            Shape::Completion { .. } => openai::completion(&c.meta, "", Some(reason), None),
         };
         self.chunk(c, last, out);
     }
@@ -126,7 +163,7 @@ impl ChoiceState {
             }
             Some(Event::Done { finish, usage, .. }) => {
                 self.echo(c, Vec::new(), &mut out);
-                self.finish(c, openai::finish_reason(finish), &mut out);
+                self.finish(c, finish, &mut out);
                 self.done = true;
                 return (out, Some(usage));
             }
@@ -211,7 +248,8 @@ fn states(tickets: Vec<Ticket>, mut shape: impl FnMut(usize) -> Shape) -> Vec<Ch
         .collect()
 }
 
-pub fn chat(c: Common, started: Started, tickets: Vec<Ticket>) -> Response {
+/// `parse_calls`: the request has tools, whose calls each choice's content is read for.
+pub fn chat(c: Common, started: Started, tickets: Vec<Ticket>, parse_calls: bool) -> Response {
     // OpenAI opens each choice with the role in an otherwise empty delta.
     let head = (0..tickets.len())
         .map(|i| {
@@ -222,7 +260,8 @@ pub fn chat(c: Common, started: Started, tickets: Vec<Ticket>) -> Response {
         })
         .collect();
     let choices = states(tickets, |_| {
-        Shape::Chat(ReasoningSplitter::new(started.think_open))
+        let calls = parse_calls.then(CallParser::default);
+        Shape::Chat(ReasoningSplitter::new(started.think_open), calls)
     });
     respond(c, choices, head, "chat.completion.chunk")
 }

@@ -1,7 +1,8 @@
 //! Request fields q4moe does not implement yet. Ignoring them would answer a different question
-//! than the client asked (no tool call, no JSON mode), so a value that asks for the
-//! feature is a 400 naming the field; a value that asks for nothing (`tools: []`,
-//! `best_of: 1`, `response_format: {"type": "text"}`) is accepted.
+//! than the client asked (a legacy `functions` call, several completions ranked), so a value
+//! that asks for the feature is a 400 naming the field; a value that asks for nothing
+//! (`best_of: 1`, `functions: []`) is accepted. (`tools`, `tool_choice`, `response_format`,
+//! `grammar`, `logprobs`, `logit_bias`, `echo` and `n` are implemented.)
 
 use serde_json::{Map, Value};
 
@@ -11,10 +12,6 @@ use crate::errors::ApiError;
 fn asks(name: &str, v: &Value) -> bool {
     match (name, v) {
         (_, Value::Null) => false,
-        ("tool_choice", Value::String(s)) => !matches!(s.as_str(), "none" | "auto"),
-        ("response_format", Value::Object(o)) => {
-            o.get("type").and_then(Value::as_str) != Some("text") || o.len() > 1
-        }
         ("best_of", v) => v.as_u64() != Some(1),
         (_, Value::Bool(b)) => *b,
         (_, Value::Number(n)) => n.as_f64() != Some(0.0),
@@ -24,13 +21,7 @@ fn asks(name: &str, v: &Value) -> bool {
     }
 }
 
-const CHAT: &[&str] = &[
-    "tools",
-    "tool_choice",
-    "functions",
-    "function_call",
-    "response_format",
-];
+const CHAT: &[&str] = &["functions", "function_call"];
 
 const COMPLETION: &[&str] = &["best_of", "suffix"];
 

@@ -249,14 +249,9 @@ async fn unsupported_fields_are_refused_by_name() {
         }
         b
     };
-    let tool = json!([{ "type": "function", "function": { "name": "f", "parameters": {} } }]);
     let cases = [
-        ("tools", json!({ "tools": tool })),
-        ("tool_choice", json!({ "tool_choice": "required" })),
-        (
-            "response_format",
-            json!({ "response_format": { "type": "json_object" } }),
-        ),
+        ("functions", json!({ "functions": [{ "name": "f" }] })),
+        ("function_call", json!({ "function_call": "auto" })),
     ];
     for (field, extra) in cases {
         let (status, v) = post(&addr, "/v1/chat/completions", chat(extra)).await;

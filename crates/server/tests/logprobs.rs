@@ -361,6 +361,7 @@ async fn the_serial_worker_reports_the_same_logprobs_as_the_batch() {
             prompt: true,
         }),
         echo: true,
+        grammar: None,
     };
     let mut got = Vec::new();
     for batch in [None, Some(q4moe_server::BatchOptions::default())] {

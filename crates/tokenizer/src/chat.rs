@@ -18,7 +18,7 @@ pub struct ChatMessage {
     /// An assistant turn's reasoning, rendered inside `<think>` by templates that support it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
-    /// The calls an assistant turn made (rendered by templates that support tools).
+    /// An assistant turn's tool calls, in OpenAI's shape (templates read `tool_calls`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
     /// A `tool` turn: the id of the call it answers.
@@ -39,7 +39,8 @@ pub struct ToolCall {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionCall {
     pub name: String,
-    /// A JSON object, or a string holding one (templates render a string as it is).
+    /// A JSON object, or a string holding one: OpenAI sends a string, Anthropic's `tool_use`
+    /// an object; Qwen3's template renders a string as it is and anything else with `tojson`.
     pub arguments: serde_json::Value,
 }
 
@@ -47,14 +48,14 @@ impl ToolCall {
     pub fn function(
         id: impl Into<String>,
         name: impl Into<String>,
-        arguments: serde_json::Value,
+        arguments: impl Into<serde_json::Value>,
     ) -> Self {
         Self {
             id: id.into(),
             kind: "function".into(),
             function: FunctionCall {
                 name: name.into(),
-                arguments,
+                arguments: arguments.into(),
             },
         }
     }
@@ -118,9 +119,20 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String, TokenizerError> {
+        self.render_tools(messages, None, add_generation_prompt, enable_thinking)
+    }
+
+    /// [`Self::render`] with the `tools` list (OpenAI's `tools`) the template may describe.
+    pub fn render_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, TokenizerError> {
         self.render_with(
             Value::from_serialize(messages),
-            None,
+            tools.map(Value::from_serialize),
             add_generation_prompt,
             enable_thinking,
         )

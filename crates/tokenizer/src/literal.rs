@@ -84,7 +84,7 @@ pub(crate) fn mark_message(added: &AddedTokens, m: &ChatMessage) -> ChatMessage 
     let mut calls = m.tool_calls.clone();
     for c in &mut calls {
         c.function.name = mark(added, &c.function.name);
-        mark_json(added, &mut c.function.arguments);
+        c.function.arguments = mark_json(added, &c.function.arguments);
     }
     ChatMessage {
         role: m.role.clone(),
@@ -95,20 +95,18 @@ pub(crate) fn mark_message(added: &AddedTokens, m: &ChatMessage) -> ChatMessage 
     }
 }
 
-/// Marks every string in a JSON value (a tool call's arguments), keys included.
-fn mark_json(added: &AddedTokens, v: &mut serde_json::Value) {
+/// Every string (keys included) of a JSON value marked.
+pub(crate) fn mark_json(added: &AddedTokens, v: &serde_json::Value) -> serde_json::Value {
     use serde_json::Value;
     match v {
-        Value::String(s) => *s = mark(added, s),
-        Value::Array(items) => items.iter_mut().for_each(|i| mark_json(added, i)),
-        Value::Object(map) => {
-            let old = std::mem::take(map);
-            for (k, mut item) in old {
-                mark_json(added, &mut item);
-                map.insert(mark(added, &k), item);
-            }
-        }
-        _ => {}
+        Value::String(s) => Value::String(mark(added, s)),
+        Value::Array(items) => Value::Array(items.iter().map(|x| mark_json(added, x)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (mark(added, k), mark_json(added, x)))
+                .collect(),
+        ),
+        scalar => scalar.clone(),
     }
 }
 

@@ -256,6 +256,17 @@ impl Tokenizer {
         self.token_bytes.get(id as usize).map(Vec::as_slice)
     }
 
+    /// A control token (`<|im_end|>`): never spelled by text, dropped by `skip_special`.
+    pub fn is_control(&self, id: u32) -> bool {
+        self.is_control.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// `value` with every string in it marked as [`Self::mark_messages`] marks message text
+    /// (tool definitions rendered into a prompt are client text too).
+    pub fn mark_json(&self, value: &serde_json::Value) -> serde_json::Value {
+        crate::literal::mark_json(&self.added, value)
+    }
+
     /// Ids that end generation: EOS, plus `<|im_end|>` and `<|endoftext|>` when present.
     pub fn stop_ids(&self) -> Vec<u32> {
         self.stop_ids.clone()

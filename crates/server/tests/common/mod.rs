@@ -38,7 +38,11 @@ pub fn engine() -> Engine {
 }
 
 pub async fn start(cfg: ServeConfig) -> Server {
-    let engine = engine();
+    start_engine(engine(), cfg).await
+}
+
+/// The server over `engine` (e.g. one with a longer context).
+pub async fn start_engine(engine: Engine, cfg: ServeConfig) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(q4moe_server::serve_on(
