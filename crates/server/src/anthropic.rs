@@ -109,17 +109,7 @@ async fn count(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response
 pub fn messages_request(o: &Obj) -> Result<MessagesRequest, ApiError> {
     let tools = crate::anthropic_tools::parse(o)?;
     let mut messages = system(o)?;
-    let items = match o.get("messages") {
-        Some(Value::Array(items)) if !items.is_empty() => items,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::invalid(
-                "messages",
-                "'messages' must not be empty",
-            ))
-        }
-        Some(_) => return Err(ApiError::invalid("messages", "'messages' must be an array")),
-        None => return Err(ApiError::invalid("messages", "'messages' is required")),
-    };
+    let items = openai::messages_array(o)?;
     for (i, m) in items.iter().enumerate() {
         message(i, m, &mut messages)?;
     }

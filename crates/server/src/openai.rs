@@ -311,23 +311,26 @@ fn message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
     Ok(m)
 }
 
+/// The required, non-empty `messages` array (both chat APIs).
+pub(crate) fn messages_array(o: &Obj) -> Result<&Vec<Value>, ApiError> {
+    match o.get("messages") {
+        Some(Value::Array(items)) if !items.is_empty() => Ok(items),
+        Some(Value::Array(_)) => Err(ApiError::invalid(
+            "messages",
+            "'messages' must not be empty",
+        )),
+        Some(_) => Err(ApiError::invalid("messages", "'messages' must be an array")),
+        None => Err(ApiError::invalid("messages", "'messages' is required")),
+    }
+}
+
 pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
     crate::unsupported::check_chat(o)?;
-    let messages = match o.get("messages") {
-        Some(Value::Array(items)) if !items.is_empty() => items
-            .iter()
-            .enumerate()
-            .map(|(i, v)| message(i, v))
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::invalid(
-                "messages",
-                "'messages' must not be empty",
-            ))
-        }
-        Some(_) => return Err(ApiError::invalid("messages", "'messages' must be an array")),
-        None => return Err(ApiError::invalid("messages", "'messages' is required")),
-    };
+    let messages = messages_array(o)?
+        .iter()
+        .enumerate()
+        .map(|(i, v)| message(i, v))
+        .collect::<Result<Vec<_>, _>>()?;
     let kwargs_thinking = match present(o, "chat_template_kwargs") {
         None => None,
         Some(Value::Object(k)) => opt_bool(k, "enable_thinking").map_err(|_| {
