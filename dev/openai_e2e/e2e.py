@@ -57,6 +57,8 @@ def main() -> int:
     assert text == c.choices[0].text, (text, c.choices[0].text)
     print("completion stream:", repr(text))
 
+    features(client, a.model, msgs)
+
     try:
         client.chat.completions.create(model=a.model, messages=[], max_tokens=4)
         raise AssertionError("empty messages accepted")
@@ -70,6 +72,74 @@ def main() -> int:
         print("unknown model:", e.body["message"])
     print("all checks passed")
     return 0
+
+
+def features(client, model, msgs):
+    """logprobs, n, logit_bias, echo, several prompts, json_schema and a required tool call,
+    through the official client's own types (so its parsing of our shapes is checked too)."""
+    import json
+    import math
+
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=6, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    lp = r.choices[0].logprobs.content
+    assert lp and all(math.isfinite(t.logprob) and t.logprob <= 0 for t in lp), lp
+    for t in lp:  # greedy: the chosen token is the most likely one
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob == t.logprob, t
+    text = "".join(ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+        model=model, messages=msgs, max_tokens=6, temperature=0, logprobs=True, stream=True)
+        if ch.choices)
+    assert text == r.choices[0].message.content, (text, r.choices[0].message.content)
+    print("logprobs:", [(t.token, round(t.logprob, 3)) for t in lp[:3]])
+
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=6, temperature=0, n=3)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2], r.choices
+    assert len({c.message.content for c in r.choices}) == 1, "greedy choices differ"
+    print("n=3:", r.usage)
+
+    first = client.completions.create(model=model, prompt="Once upon a time", max_tokens=1,
+                                      temperature=0, logprobs=1)
+    tok = first.choices[0].logprobs.tokens[0]
+    ids = client.post("/../tokenize", body={"content": tok}, cast_to=object)["tokens"]
+    if len(ids) == 1:
+        biased = client.completions.create(model=model, prompt="Once upon a time", max_tokens=1,
+                                           temperature=0, logit_bias={str(ids[0]): -100})
+        assert biased.choices[0].text != first.choices[0].text, "logit_bias -100 kept the token"
+        print("logit_bias: moved", repr(first.choices[0].text), "->", repr(biased.choices[0].text))
+
+    c = client.completions.create(model=model, prompt=["One", "Two"], max_tokens=3, temperature=0,
+                                  echo=True)
+    assert [ch.text[:3] for ch in sorted(c.choices, key=lambda x: x.index)] == ["One", "Two"], c
+    print("two prompts with echo:", [ch.text for ch in c.choices])
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+              "required": ["name", "age"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "A person as JSON."}], max_tokens=64,
+        temperature=0, response_format={"type": "json_schema",
+                                        "json_schema": {"name": "person", "schema": schema,
+                                                        "strict": True}})
+    obj = json.loads(r.choices[0].message.content)
+    assert set(obj) == {"name", "age"} and isinstance(obj["age"], int), obj
+    print("json_schema:", obj)
+
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+                       "required": ["city"], "additionalProperties": False}}}]
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Weather in Paris?"}], max_tokens=64,
+        temperature=0, tools=tools, tool_choice="required")
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather", r
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city"}, args
+    print("tool call:", call.id, call.function.name, args)
+    follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                     {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+    r = client.chat.completions.create(model=model, messages=follow, max_tokens=4, temperature=0)
+    print("after the tool result:", r.usage)
 
 
 if __name__ == "__main__":
