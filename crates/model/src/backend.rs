@@ -161,8 +161,9 @@ pub struct BackendInfo {
     pub cache_policy: String,
     /// How a decode step hands its token back (empty where there is nothing to choose).
     pub step_readback: String,
-    /// `step_batch` runs (continuous batching can drive it); false where it answers
-    /// `Unsupported`, and front ends run one sequence at a time through `decode`.
+    /// Front ends may drive `step_batch` (continuous batching); false where it answers
+    /// `Unsupported` or the backend holds it back (CUDA without `batched_step=on`), and front
+    /// ends run one sequence at a time through `decode`.
     pub batched_step: bool,
 }
 
