@@ -46,8 +46,13 @@ pub(crate) struct BatchKey {
     /// Attention chunks of the longest row's context (prefill.rs n_split): the grid and the
     /// partials' layout.
     pub chunks: usize,
-    len: usize,
     buffers: [u64; 3],
+}
+
+/// The positions a step's launches are built for: every position of the longest row's last
+/// attention chunk, so one graph serves 32 steps.
+fn reach(chunks: usize) -> usize {
+    chunks * crate::params::ATT_CHUNK
 }
 
 /// Captured graphs kept at most (one a batch size in steady use).
@@ -98,20 +103,16 @@ impl BatchBufs {
                 self.addrs.extend([k, v]);
             }
         }
-        let len = rows.iter().map(|r| r.pos + 1).max().unwrap_or(1);
-        let chunks = crate::prefill::n_split(len);
-        // The launches are built for every position of the longest row's last chunk, so one
-        // graph serves 32 steps.
-        let len = chunks * crate::params::ATT_CHUNK;
+        let longest = rows.iter().map(|r| r.pos + 1).max().unwrap_or(1);
+        let chunks = crate::prefill::n_split(longest);
         let tab = at_least(dev, &mut self.tab, 8 * self.addrs.len())?;
         let logits = at_least(dev, &mut self.logits, 4 * n * c.vocab_size)?;
         let t = self.tab.as_ref().expect("allocated");
         t.upload(dev, 0, &self.addrs)?;
-        let part = p.load_rows(dev, c, &self.states, len)?;
+        let part = p.load_rows(dev, c, &self.states, reach(chunks))?;
         Ok(BatchKey {
             rows: n,
             chunks,
-            len,
             buffers: [tab, logits, part],
         })
     }
@@ -119,7 +120,7 @@ impl BatchBufs {
     /// The launches of the step `key` describes: the rows through every layer and the head.
     pub fn launches(&self, c: &Config, w: &Weights, p: &Prefill, key: &BatchKey) -> Vec<Launch> {
         let [tab, logits, _] = key.buffers;
-        p.step_launches(c, w, (tab, key.len), key.rows, logits)
+        p.step_launches(c, w, (tab, reach(key.chunks)), key.rows, logits)
     }
 
     /// The graph captured for `key`, if any.

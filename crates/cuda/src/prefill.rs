@@ -173,13 +173,10 @@ impl Prefill {
                 pos: (pos0 + i) as u32,
             })
             .collect();
-        self.states.upload(dev, 0, &states)?;
+        // pf_attn_tc keeps no partials.
         let len = pos0 + tokens.len();
-        let part = tokens.len().min(self.part_tokens(c, len)) * part_bytes(c, len);
-        if self.attn_tc.is_none() && part > self.part.bytes {
-            self.part = DevBuf::new(dev, part)?;
-        }
-        Ok(())
+        self.load_states(dev, c, &states, len, self.attn_tc.is_none())
+            .map(|_| ())
     }
 
     /// Uploads the batched step's rows (each its token at its session's next position) and
@@ -192,10 +189,23 @@ impl Prefill {
         rows: &[StepState],
         len: usize,
     ) -> Result<u64> {
-        self.states.upload(dev, 0, rows)?;
-        let part = rows.len().min(self.part_tokens(c, len)) * part_bytes(c, len);
-        if part > self.part.bytes {
-            self.part = DevBuf::new(dev, 0)?; // the old one freed first
+        self.load_states(dev, c, rows, len, true)
+    }
+
+    /// Uploads the tokens' step states and, with `partials`, grows the attention partials for
+    /// them at `len` positions (the old buffer freed first); returns the partials' address.
+    fn load_states(
+        &mut self,
+        dev: &Device,
+        c: &Config,
+        states: &[StepState],
+        len: usize,
+        partials: bool,
+    ) -> Result<u64> {
+        self.states.upload(dev, 0, states)?;
+        let part = states.len().min(self.part_tokens(c, len)) * part_bytes(c, len);
+        if partials && part > self.part.bytes {
+            self.part = DevBuf::new(dev, 0)?;
             self.part = DevBuf::new(dev, part)?;
         }
         Ok(self.part.ptr)

@@ -44,6 +44,16 @@ fn client() -> reqwest::Client {
 }
 
 /// Waits for the server to close `s` (EOF or reset); returns how long that took, or `None`.
+/// The status `/health` answers with.
+async fn health(addr: &str) -> u16 {
+    let r = client()
+        .get(format!("http://{addr}/health"))
+        .send()
+        .await
+        .unwrap();
+    r.status().as_u16()
+}
+
 async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
     let t = Instant::now();
     let mut buf = [0u8; 4096];
@@ -74,12 +84,7 @@ async fn half_sent_headers_time_out_and_health_keeps_answering() {
             "a half-sent header was never timed out"
         );
     }
-    let r = client()
-        .get(format!("http://{addr}/health"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(health(&addr).await, 200);
 }
 
 #[tokio::test]
@@ -105,12 +110,7 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     // Once the held ones go, the server answers again.
     drop(held);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let r = client()
-        .get(format!("http://{addr}/health"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(health(&addr).await, 200);
 }
 
 #[tokio::test]
@@ -292,12 +292,7 @@ async fn metrics_needs_the_key_unless_turned_off() {
             .unwrap();
         assert_eq!(r.status().as_u16(), 200);
         // Health stays open, for load balancers.
-        let r = client()
-            .get(format!("http://{addr}/health"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200);
+        assert_eq!(health(&addr).await, 200);
     }
 }
 

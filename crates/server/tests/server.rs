@@ -557,17 +557,7 @@ async fn full_queue_refuses_new_requests_and_loses_none() {
         ..Default::default()
     })
     .await;
-    let mut body = chat_body(user("keep the engine busy"), 480);
-    body["ignore_eos"] = json!(true);
-    body["stream"] = json!(true);
-    let r = s
-        .http
-        .post(format!("{}/v1/chat/completions", s.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let mut busy = r.bytes_stream();
+    let mut busy = open_stream(&s, "keep the engine busy", 480).await;
     busy.next().await.unwrap().unwrap();
     // The engine is taken and one request may wait: of a burst, the surplus is refused at once,
     // and every request gets an answer.
