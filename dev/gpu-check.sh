@@ -26,6 +26,7 @@
 #   serve:<quant>  the HTTP serving bench (target/release/examples/serve_bench, carried; `cargo build
 #                  --release -p q4moe-server --example serve_bench`) at CONC streams (default
 #                  1,4,16,64): aggregate tok/s, TTFT and inter-token p50/p99; JSON to $OUT/serve-<quant>.json.
+#                  SERVE_ARGS adds serve_bench arguments (e.g. "--cuda-opt batched_step=on").
 #   ab:<quant>     the before/after gate: binaries $Q and $BASE (default target/baseline/q4moe)
 #                  benched alternately for ROUNDS rounds (default 5) under the record's decode
 #                  conditions (cache on, in-flight 2); a median/min/max table per binary of the
@@ -113,7 +114,7 @@ run_serve() {
   [ -x "$sb" ] || { say "serve: $sb not carried"; failed=1; return; }
   model "$q" || return
   timeout 450 "$sb" --model "/tmp/$q.gguf" --device cuda --tokens 64 --runs "${SERVE_RUNS:-3}" \
-    --concurrency "${CONC:-1,4,16,64}" --max-batch 64 --out "$OUT/serve-$q.json" > "$OUT/serve-$q.log" 2>&1 \
+    --concurrency "${CONC:-1,4,16,64}" --max-batch 64 ${SERVE_ARGS:-} --out "$OUT/serve-$q.json" > "$OUT/serve-$q.log" 2>&1 \
     || { say "serve $q FAILED: $(tail -3 "$OUT/serve-$q.log")"; failed=1; return; }
   python3 - "$OUT/serve-$q.json" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys

@@ -3,7 +3,7 @@
 //! and 16 concurrent streams. Writes bench/results/serve-<date>.json.
 //!
 //! cargo run --release -p q4moe-server --example serve_bench -- [--model F.gguf | --geometry mid]
-//!     [--device auto] [--tokens 64] [--runs 5] [--concurrency 1,4,16] [--max-batch 64] [--out FILE]
+//!     [--device auto] [--tokens 64] [--runs 5] [--concurrency 1,4,16] [--max-batch 64] [--cuda-opt KEY=VALUE]... [--out FILE]
 
 use std::time::{Duration, Instant};
 
@@ -245,13 +245,21 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let device = Device::parse(&arg("--device").unwrap_or_else(|| "auto".into()))?;
-    let mut engine = Engine::load(
-        &model_path,
-        &EngineOptions {
-            device,
-            ..Default::default()
-        },
-    )?;
+    let mut opts = EngineOptions {
+        device,
+        ..Default::default()
+    };
+    // `--cuda-opt KEY=VALUE` (repeatable), as `q4moe serve` takes it.
+    let argv: Vec<String> = std::env::args().collect();
+    for w in argv.windows(2).filter(|w| w[0] == "--cuda-opt") {
+        let (k, v) = w[1]
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--cuda-opt {}: expected KEY=VALUE", w[1]))?;
+        opts.cuda
+            .set(k, v)
+            .map_err(|e| anyhow::anyhow!("--cuda-opt {}: {e}", w[1]))?;
+    }
+    let mut engine = Engine::load(&model_path, &opts)?;
     let info = engine.backend().info();
     let c = engine.model.config.clone();
     eprintln!(
