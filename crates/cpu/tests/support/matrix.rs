@@ -27,8 +27,17 @@ pub struct Point {
     pub step_gaps: Vec<f32>,
 }
 
+/// tests/fixtures/matrix: beside the sources the test was built from, or, for a test binary
+/// carried to another machine (dev/gpu-check.sh runs them from a copy's repository root),
+/// under the working directory.
 pub fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/matrix")
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/matrix");
+    let here = PathBuf::from("tests/fixtures/matrix");
+    if built.is_dir() || !here.is_dir() {
+        built
+    } else {
+        here
+    }
 }
 
 /// Every point in the fixture directory, by name.

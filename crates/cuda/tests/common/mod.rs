@@ -1,4 +1,4 @@
-//! Helpers the GPU tests share (kernels.rs, moe_kernels.rs, matrix.rs).
+//! Helpers the GPU tests share (kernels.rs, moe_kernels.rs, matrix_parity.rs).
 #![allow(dead_code)]
 
 use q4moe_cuda::testing::TestDevice;

@@ -6,10 +6,11 @@
 //! cache): every prompt row's logits within 2e-3 of the largest |logit| of the CPU's exact path
 //! (parity.rs's bound), and the CPU's greedy stream. The geometry and the quant types pick the
 //! rest: Q8_0 and mixed-type matrices, widths past the staged kernels' and Q8_0's lack of a
-//! staged mode reach the generic matvec, gate_up and down kernels.
+//! staged mode reach the generic matvec, gate_up and down kernels. Not named matrix.rs: the CPU
+//! test is, and dev/gpu-check.sh picks test binaries by name.
 //!
 //! Every test but the last needs a CUDA GPU and is ignored by default:
-//! `cargo test -p q4moe-cuda --release --test matrix -- --include-ignored --nocapture`.
+//! `cargo test -p q4moe-cuda --release --test matrix_parity -- --include-ignored --nocapture`.
 
 #[path = "../../cpu/tests/support/mod.rs"]
 mod support;
@@ -129,7 +130,7 @@ macro_rules! points {
 points!(
     h64_g1_e8k1_q8_0,
     h64_g16_e64k8_d128_q4_0,
-    h128_g8_e8k4_q4_0,
+    h128_g8_e8k4_d128_q4_0,
     h128_g16_e8k2_d128_q4_0,
     h256_g2_e8k2_q6_k,
     h128_g2_e8k2_q4_k_m,
