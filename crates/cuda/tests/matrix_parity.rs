@@ -4,7 +4,8 @@
 //! by default (the specialised kernels where the geometry has them) and as `general()` (router
 //! unfolded, scalar attention, the prefill a decode step a token, moe_gate_up walking, an f32
 //! cache): every prompt row's logits within 2e-3 of the largest |logit| of the CPU's exact path
-//! (parity.rs's bound), and the CPU's greedy stream. The geometry and the quant types pick the
+//! (parity.rs's bound), and the CPU's greedy stream (up to a step the CPU's top-2 gap puts
+//! within the GPU's error of a tie). The geometry and the quant types pick the
 //! rest: Q8_0 and mixed-type matrices, widths past the staged kernels' and Q8_0's lack of a
 //! staged mode reach the generic matvec, gate_up and down kernels. Not named matrix.rs: the CPU
 //! test is, and dev/gpu-check.sh picks test binaries by name.
@@ -30,6 +31,8 @@ use support::check::rel_err;
 const TOL: f32 = 2e-3;
 /// Greedy tokens compared after the prompt.
 const N_GEN: usize = 32;
+/// Positions a session holds (parity.rs's; every point's context is 512).
+const CAP: usize = 512;
 
 /// The general kernels where an option reaches them (options.rs).
 fn general() -> CudaOptions {
@@ -45,7 +48,9 @@ fn general() -> CudaOptions {
     }
 }
 
-fn greedy(b: &mut dyn Backend, first: u32, history: &[u32]) -> Vec<u32> {
+/// `N_GEN` greedy tokens after `first`, and each step's top-2 gap relative to its largest
+/// |logit| (where the backend hands the logits back: the CPU's).
+fn greedy(b: &mut dyn Backend, first: u32, history: &[u32], logits: bool) -> (Vec<u32>, Vec<f32>) {
     let params = SamplingParams::greedy();
     let req = DecodeRequest {
         session: 1,
@@ -53,25 +58,39 @@ fn greedy(b: &mut dyn Backend, first: u32, history: &[u32]) -> Vec<u32> {
         max_tokens: N_GEN,
         sampling: &params,
         history,
-        want_logits: false,
+        want_logits: logits,
     };
-    let mut out = Vec::new();
+    let (mut out, mut gaps) = (Vec::new(), Vec::new());
     b.decode(&req, &mut |e| {
         out.push(e.token);
+        if let Some(l) = e.logits {
+            gaps.push(top2_gap(l));
+        }
         Flow::Continue
     })
     .expect("decode");
-    out
+    (out, gaps)
+}
+
+fn top2_gap(l: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in l {
+        if v > a {
+            (a, b) = (v, a);
+        } else if v > b {
+            b = v;
+        }
+    }
+    (a - b) / l.iter().fold(0f32, |m, v| m.max(v.abs()))
 }
 
 /// One point under one set of options: prompt rows, then the greedy stream.
 fn compare(name: &str, m: &Arc<Model>, prompt: &[u32], opts: CudaOptions, what: &str) {
     let vocab = m.config.vocab_size;
-    let cap = prompt.len() + N_GEN + 8;
     let mut cpu =
-        CpuBackend::with_precision(m.clone(), cap, Precision::Exact).with_kv_type(opts.kv_type);
+        CpuBackend::with_precision(m.clone(), CAP, Precision::Exact).with_kv_type(opts.kv_type);
     let opts = CudaOptions {
-        kv_capacity: cap,
+        kv_capacity: CAP,
         progress: false,
         ..opts
     };
@@ -87,20 +106,27 @@ fn compare(name: &str, m: &Arc<Model>, prompt: &[u32], opts: CudaOptions, what: 
         .map(|(g, c)| rel_err(g, c))
         .fold(0f32, f32::max);
     let first = argmax(&lc[lc.len() - vocab..]);
-    let want = greedy(&mut cpu, first, prompt);
-    let got = greedy(&mut gpu, first, prompt);
+    let (want, gaps) = greedy(&mut cpu, first, prompt, true);
+    let (got, _) = greedy(&mut gpu, first, prompt, false);
     let agree = want.iter().zip(&got).take_while(|(a, b)| a == b).count();
+    // A step whose CPU top-2 gap is within the GPU's error of a tie may go either way: the
+    // streams are held equal up to the first such step (4x the prompt rows' worst error, at
+    // least 1e-5; a decode step's error is of the prompt rows' size).
+    let flip = 4.0 * worst.max(2.5e-6);
+    let held = gaps.iter().position(|&g| g < flip).unwrap_or(N_GEN);
     eprintln!(
-        "{name} ({what}): max rel logit error over {} prompt rows {worst:.2e}; greedy tokens agree on {agree} of {N_GEN}",
+        "{name} ({what}): max rel logit error over {} prompt rows {worst:.2e}; greedy tokens agree on {agree} of {N_GEN}, held to {held}",
         prompt.len()
     );
+    assert_eq!(lg.len(), lc.len(), "{name} ({what}): logits length");
     assert!(
         worst <= TOL,
         "{name} ({what}): relative logit error {worst:.3e} > {TOL:e}"
     );
     assert_eq!(
-        got, want,
-        "{name} ({what}): greedy stream differs from the CPU's"
+        got[..held],
+        want[..held],
+        "{name} ({what}): greedy stream differs from the CPU's before any near-tie"
     );
 }
 
