@@ -29,8 +29,13 @@ pub const Q8_MEDIAN_TOL: f32 = 5e-2;
 
 /// Relative error of `ours` against reference row(s) `reference`; NaN/inf anywhere gives +inf.
 pub fn rel_err(ours: &[f32], reference: &[f32]) -> f32 {
-    assert_eq!(ours.len(), reference.len());
     let scale = reference.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    abs_err(ours, reference) / scale
+}
+
+/// max |ours - reference|; NaN/inf anywhere gives +inf.
+pub fn abs_err(ours: &[f32], reference: &[f32]) -> f32 {
+    assert_eq!(ours.len(), reference.len());
     let mut err = 0.0f32;
     for (a, b) in ours.iter().zip(reference) {
         let d = (a - b).abs();
@@ -39,7 +44,7 @@ pub fn rel_err(ours: &[f32], reference: &[f32]) -> f32 {
         }
         err = err.max(d);
     }
-    err / scale
+    err
 }
 
 /// Worst relative error seen in one kind of check, and where.
@@ -47,6 +52,8 @@ pub fn rel_err(ours: &[f32], reference: &[f32]) -> f32 {
 pub struct Worst {
     pub err: f32,
     pub pos: usize,
+    /// The largest absolute difference on any row.
+    pub abs: f32,
     /// Every position's error, for the median.
     pub all: Vec<f32>,
 }
@@ -54,6 +61,7 @@ pub struct Worst {
 impl Worst {
     fn see(&mut self, g: &Golden, pos: usize, ours: &[f32]) {
         let err = rel_err(ours, g.row(pos));
+        self.abs = self.abs.max(abs_err(ours, g.row(pos)));
         self.all
             .push(if err.is_nan() { f32::INFINITY } else { err });
         if err > self.err || err.is_nan() {
@@ -188,10 +196,11 @@ pub fn run(name: &str, g: &Golden, model: Arc<Model>, want: Expect) -> Measured 
 fn report(name: &str, g: &Golden, m: &Measured, want: &Expect) {
     eprintln!(
         "{name}: max rel logit error prefill {:.2e}, teacher-forced decode {:.2e}, greedy decode {:.2e} \
-         ({:?}, KV {:?}, {:?}; median errors {:.2e} / {:.2e} / {:.2e}; reference greedy gap {:.1e}, router gap {:.1e}); greedy tokens {}",
+         (max abs {:.2e}; {:?}, KV {:?}, {:?}; median errors {:.2e} / {:.2e} / {:.2e}; reference greedy gap {:.1e}, router gap {:.1e}); greedy tokens {}",
         m.prefill.err,
         m.forced.err,
         m.decoded.err,
+        m.prefill.abs.max(m.forced.abs).max(m.decoded.abs),
         want.precision,
         want.kv_type,
         want.bound,
