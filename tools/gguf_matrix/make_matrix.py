@@ -33,7 +33,7 @@ import argparse
 import hashlib
 import struct
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
