@@ -36,19 +36,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import gguf
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from reference import DIM_KEYS, ReferenceError, greedy_run, read_weights
 
 VERSION = 1
 MAGIC = b"Q4MORACL"
 N_PROMPT = 16
 N_GEN = 24
-# A backend within relative tolerance TOL of the reference keeps its argmax when the top-2 gap
-# exceeds 2*TOL; the Rust test's TOL is 1e-4, so refuse greedy steps closer than 5e-4. A router
-# near-tie would route differently under f32 rounding (~1e-7 on probabilities).
-MIN_GREEDY_GAP = 5e-4
-MIN_ROUTER_GAP = 1e-5
-DIM_KEYS = ["layers", "d_model", "heads", "kv_heads", "head_dim", "experts", "experts_used", "expert_ff", "vocab", "context"]
 GEOMETRY = {  # mirrors Config::tiny() / Config::mid() in crates/model/src/config.rs
     "tiny": dict(layers=2, d_model=256, heads=4, kv_heads=2, head_dim=64, experts=8, experts_used=2, expert_ff=256, vocab=1024, context=512),
     "mid": dict(layers=4, d_model=1024, heads=16, kv_heads=4, head_dim=128, experts=32, experts_used=4, expert_ff=512, vocab=4096, context=4096),
@@ -85,107 +79,6 @@ def synth(q4moe: Path, fx: Fixture, out: Path) -> None:
     subprocess.run(args, check=True, stderr=subprocess.DEVNULL)
 
 
-def read_weights(path: Path) -> dict:
-    """GGUF tensor name -> float64 array; numpy shapes are GGUF dims reversed ([out, in])."""
-    r = gguf.GGUFReader(str(path))
-    return {t.name: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64) for t in r.tensors}
-
-
-def hf_model(d: dict, w: dict) -> Qwen3MoeForCausalLM:
-    cfg = Qwen3MoeConfig(
-        vocab_size=d["vocab"], hidden_size=d["d_model"], intermediate_size=d["expert_ff"],
-        moe_intermediate_size=d["expert_ff"], num_hidden_layers=d["layers"],
-        num_attention_heads=d["heads"], num_key_value_heads=d["kv_heads"], head_dim=d["head_dim"],
-        num_experts=d["experts"], num_experts_per_tok=d["experts_used"], norm_topk_prob=True,
-        rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=d["context"],
-        tie_word_embeddings=False, decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
-    )
-    cfg._attn_implementation = "eager"
-    cfg._experts_implementation = "eager"  # the grouped_mm kernel has no float64
-    model = Qwen3MoeForCausalLM(cfg).to(torch.float64).eval()
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
-    sd = {"model.embed_tokens.weight": w["token_embd.weight"], "model.norm.weight": w["output_norm.weight"],
-          "lm_head.weight": w["output.weight"]}
-    for i in range(d["layers"]):
-        b, h = f"blk.{i}.", f"model.layers.{i}."
-        sd.update({
-            h + "input_layernorm.weight": w[b + "attn_norm.weight"],
-            h + "post_attention_layernorm.weight": w[b + "ffn_norm.weight"],
-            h + "self_attn.q_proj.weight": w[b + "attn_q.weight"],
-            h + "self_attn.k_proj.weight": w[b + "attn_k.weight"],
-            h + "self_attn.v_proj.weight": w[b + "attn_v.weight"],
-            h + "self_attn.o_proj.weight": w[b + "attn_output.weight"],
-            h + "self_attn.q_norm.weight": w[b + "attn_q_norm.weight"],
-            h + "self_attn.k_norm.weight": w[b + "attn_k_norm.weight"],
-            h + "mlp.gate.weight": w[b + "ffn_gate_inp.weight"],
-            # [n_expert, 2*ff, d]: gate rows then up rows (forward does .chunk(2) as gate, up)
-            h + "mlp.experts.gate_up_proj": np.concatenate([w[b + "ffn_gate_exps.weight"], w[b + "ffn_up_exps.weight"]], axis=1),
-            h + "mlp.experts.down_proj": w[b + "ffn_down_exps.weight"],  # [n_expert, d, ff]
-        })
-    expected = set(model.state_dict().keys())
-    if expected != set(sd):
-        sys.exit(f"state_dict mismatch: missing {expected - set(sd)}, unexpected {set(sd) - expected}")
-    model.load_state_dict({k: t(v) for k, v in sd.items()}, strict=True)
-    return model
-
-
-def numpy_forward(d: dict, w: dict, tokens: list) -> np.ndarray:
-    """Independent float64 forward pass straight from GGUF names (DESIGN.md section 2), to check
-    the HF weight mapping. Returns [len(tokens), vocab]."""
-    eps, hd, nh, nkv = 1e-6, d["head_dim"], d["heads"], d["kv_heads"]
-    rms = lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
-    n = len(tokens)
-    pos = np.arange(n)[:, None] * (1e6 ** (-np.arange(0, hd, 2) / hd))[None, :]
-    cos, sin = np.cos(pos), np.sin(pos)
-
-    def rope(x):  # [n, heads, hd], NeoX: rotate halves
-        a, b = x[..., : hd // 2], x[..., hd // 2:]
-        c, s = cos[:, None, :], sin[:, None, :]
-        return np.concatenate([a * c - b * s, b * c + a * s], -1)
-
-    x = w["token_embd.weight"][tokens]
-    mask = np.triu(np.full((n, n), -np.inf), 1)
-    for i in range(d["layers"]):
-        g = lambda s: w[f"blk.{i}.{s}.weight"]
-        h = rms(x, g("attn_norm"))
-        q = rms((h @ g("attn_q").T).reshape(n, nh, hd), g("attn_q_norm"))
-        k = rms((h @ g("attn_k").T).reshape(n, nkv, hd), g("attn_k_norm"))
-        v = (h @ g("attn_v").T).reshape(n, nkv, hd)
-        q, k = rope(q), rope(k)
-        k, v = np.repeat(k, nh // nkv, axis=1), np.repeat(v, nh // nkv, axis=1)
-        s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd) + mask
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        x = x + np.einsum("hqk,khd->qhd", p, v).reshape(n, nh * hd) @ g("attn_output").T
-        h = rms(x, g("ffn_norm"))
-        r = h @ g("ffn_gate_inp").T
-        r = np.exp(r - r.max(-1, keepdims=True))
-        r /= r.sum(-1, keepdims=True)
-        out = np.zeros_like(x)
-        for t in range(n):
-            top = np.argsort(-r[t], kind="stable")[: d["experts_used"]]
-            for e in top:
-                gt, up = g("ffn_gate_exps")[e] @ h[t], g("ffn_up_exps")[e] @ h[t]
-                out[t] += r[t, e] / r[t, top].sum() * (g("ffn_down_exps")[e] @ (gt / (1 + np.exp(-gt)) * up))
-        x = x + out
-    return rms(x, w["output_norm.weight"]) @ w["output.weight"].T
-
-
-def router_margin(model, tokens: list, k: int) -> float:
-    """Smallest gap between the k-th and (k+1)-th router probability: a near-tie could route
-    differently in f32 and make the comparison meaningless, so the script refuses it."""
-    gaps = []
-    hooks = [layer.mlp.gate.register_forward_hook(
-        lambda m, inp, out: gaps.append(float((lambda p: (p[:, k - 1] - p[:, k]).min())(
-            torch.softmax(out[0], -1).sort(-1, descending=True).values))))
-        for layer in model.model.layers]
-    with torch.no_grad():
-        model(torch.tensor([tokens]), use_cache=False)
-    for hk in hooks:
-        hk.remove()
-    return min(gaps)
-
-
 def run(fx: Fixture, q4moe: Path, gguf_dir: Path | None) -> None:
     d = fx.dims()
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,30 +87,17 @@ def run(fx: Fixture, q4moe: Path, gguf_dir: Path | None) -> None:
             synth(q4moe, fx, path)
         sha = hashlib.sha256(path.read_bytes()).digest()
         w = read_weights(path)
-    model = hf_model(d, w)
     prompt = [int(t) for t in np.random.default_rng(1000 + fx.seed).integers(0, d["vocab"], N_PROMPT)]
-    tokens, gaps = list(prompt), []
-    with torch.no_grad():
-        for _ in range(N_GEN):
-            last = model(torch.tensor([tokens]), use_cache=False).logits[0, -1]
-            top2 = torch.topk(last, 2).values
-            gaps.append(float((top2[0] - top2[1]) / last.abs().max()))
-            tokens.append(int(torch.argmax(last)))
-        logits = model(torch.tensor([tokens]), use_cache=False).logits[0].numpy()  # [n_rows, vocab] f64
-        cached = model.generate(torch.tensor([prompt]), max_new_tokens=N_GEN, do_sample=False, use_cache=True)
-    if cached[0].tolist() != tokens:
-        sys.exit(f"{fx.name}: KV-cache generate disagrees with full-forward greedy:\n{cached[0].tolist()}\n{tokens}")
-    ref = numpy_forward(d, w, tokens)
-    mapping_err = float(np.abs(ref - logits).max() / np.abs(logits).max())
-    if not mapping_err < 1e-5:
-        sys.exit(f"{fx.name}: transformers and the numpy forward disagree (rel {mapping_err:.2e}): weight mapping broken")
-    rmargin = router_margin(model, tokens, d["experts_used"])
-    if min(gaps) < MIN_GREEDY_GAP or rmargin < MIN_ROUTER_GAP:
-        sys.exit(f"{fx.name}: near-tie (greedy gap {min(gaps):.2e}, router gap {rmargin:.2e}); pick another seed")
-    write(fx, d, sha, tokens, logits.astype(np.float32), min(gaps), rmargin)
-    print(f"  max|logit| {np.abs(logits).max():.3f}, transformers vs numpy f64 rel {mapping_err:.1e}, "
-          f"greedy gap {min(gaps):.2e}, router gap {rmargin:.2e}, sha256 {sha.hex()[:16]}")
-    print(f"  greedy: {tokens[N_PROMPT:]}")
+    try:
+        r = greedy_run(d, w, prompt, N_GEN)
+    except ReferenceError as e:
+        sys.exit(f"{fx.name}: {e}")
+    if r.near_tie():
+        sys.exit(f"{fx.name}: near-tie (greedy gap {min(r.gaps):.2e}, router gap {r.router_gap:.2e}); pick another seed")
+    write(fx, d, sha, r.tokens, r.logits.astype(np.float32), min(r.gaps), r.router_gap)
+    print(f"  max|logit| {np.abs(r.logits).max():.3f}, transformers vs numpy f64 rel {r.mapping_err:.1e}, "
+          f"greedy gap {min(r.gaps):.2e}, router gap {r.router_gap:.2e}, sha256 {sha.hex()[:16]}")
+    print(f"  greedy: {r.tokens[N_PROMPT:]}")
 
 
 def write(fx, d, sha, tokens, logits, gap, rmargin) -> None:

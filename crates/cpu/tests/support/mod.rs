@@ -1,5 +1,10 @@
-//! Oracle fixture reader (format: tools/oracle/make_fixtures.py) and a small SHA-256, so the
-//! test needs no dev-dependencies.
+//! Golden-run fixture readers (formats: tools/oracle/make_fixtures.py, and matrix.rs's
+//! tools/gguf_matrix/make_matrix.py), the checks a backend's logits and greedy tokens face
+//! (check.rs), and a small SHA-256, so the tests need no dev-dependencies.
+#![allow(dead_code)]
+
+pub mod check;
+pub mod matrix;
 
 use std::path::{Path, PathBuf};
 
@@ -9,13 +14,18 @@ use q4moe_model::Config;
 pub const MAGIC: &[u8; 8] = b"Q4MORACL";
 pub const VERSION: u32 = 1;
 
-/// One golden run: the synth parameters that regenerate its GGUF, the tokens, the logits.
+/// One oracle fixture: the synth parameters that regenerate its GGUF and the reference's run.
 pub struct Fixture {
     pub name: String,
     pub config: Config,
     pub quant: SynthQuant,
     pub seed: u64,
     pub gguf_sha256: [u8; 32],
+    pub golden: Golden,
+}
+
+/// The reference's run over one model: a prompt, its greedy continuation, every row's logits.
+pub struct Golden {
     pub n_prompt: usize,
     pub n_gen: usize,
     /// [n_prompt + n_gen]: the prompt, then the reference's greedy tokens
@@ -29,7 +39,7 @@ pub struct Fixture {
     pub router_gap: f32,
 }
 
-impl Fixture {
+impl Golden {
     pub fn row(&self, i: usize) -> &[f32] {
         &self.logits[i * self.vocab..(i + 1) * self.vocab]
     }
@@ -41,22 +51,31 @@ pub fn fixture_path(name: &str) -> PathBuf {
         .join(format!("{name}.bin"))
 }
 
-struct Reader<'a>(&'a [u8], &'a str);
+pub struct Reader<'a>(pub &'a [u8], pub &'a str);
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> &'a [u8] {
+    pub fn take(&mut self, n: usize) -> &'a [u8] {
         assert!(self.0.len() >= n, "{}: truncated fixture", self.1);
         let (a, b) = self.0.split_at(n);
         self.0 = b;
         a
     }
-    fn u32(&mut self) -> u32 {
+    pub fn u32(&mut self) -> u32 {
         u32::from_le_bytes(self.take(4).try_into().unwrap())
     }
-    fn f32(&mut self) -> f32 {
+    pub fn f32(&mut self) -> f32 {
         f32::from_le_bytes(self.take(4).try_into().unwrap())
     }
-    fn str(&mut self, n: usize) -> String {
+    pub fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take(8).try_into().unwrap())
+    }
+    pub fn f32s(&mut self, n: usize) -> Vec<f32> {
+        self.take(n * 4)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+    pub fn str(&mut self, n: usize) -> String {
         String::from_utf8_lossy(self.take(n))
             .trim_end_matches('\0')
             .to_string()
@@ -76,10 +95,25 @@ pub fn load(name: &str) -> Fixture {
     );
     let geometry = r.str(16);
     let quant = SynthQuant::parse(&r.str(8)).expect("fixture quant");
-    let seed = u64::from_le_bytes(r.take(8).try_into().unwrap());
+    let seed = r.u64();
     let mut config = Config::geometry(&geometry).expect("fixture geometry");
+    read_dims(&mut r, &mut config);
+    let gguf_sha256: [u8; 32] = r.take(32).try_into().unwrap();
+    let golden = read_golden(&mut r, config.vocab_size);
+    assert!(r.0.is_empty(), "{p}: trailing bytes");
+    Fixture {
+        name: name.into(),
+        config,
+        quant,
+        seed,
+        gguf_sha256,
+        golden,
+    }
+}
+
+/// The ten geometry fields both formats store, in this order, into `c`.
+pub fn read_dims(r: &mut Reader, c: &mut Config) {
     let dims: Vec<usize> = (0..10).map(|_| r.u32() as usize).collect();
-    let c = &mut config;
     for (dst, v) in [
         &mut c.n_layer,
         &mut c.d_model,
@@ -97,7 +131,11 @@ pub fn load(name: &str) -> Fixture {
     {
         *dst = v;
     }
-    let gguf_sha256: [u8; 32] = r.take(32).try_into().unwrap();
+}
+
+/// The part of a fixture both formats share: counts, gaps, tokens, logits.
+pub fn read_golden(r: &mut Reader, vocab_size: usize) -> Golden {
+    let p = r.1.to_string();
     let (n_prompt, n_gen, n_rows, vocab, ref_bits) = (
         r.u32() as usize,
         r.u32() as usize,
@@ -106,25 +144,12 @@ pub fn load(name: &str) -> Fixture {
         r.u32(),
     );
     assert_eq!(ref_bits, 64, "{p}: expected a float64 reference");
-    assert_eq!(
-        vocab, config.vocab_size,
-        "{p}: vocab disagrees with the geometry"
-    );
+    assert_eq!(vocab, vocab_size, "{p}: vocab disagrees with the geometry");
     assert_eq!(n_rows, n_prompt + n_gen, "{p}: row count");
     let (greedy_gap, router_gap) = (r.f32(), r.f32());
-    let tokens = (0..n_prompt + n_gen).map(|_| r.u32()).collect();
-    let logits = r
-        .take(n_rows * vocab * 4)
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    assert!(r.0.is_empty(), "{p}: trailing bytes");
-    Fixture {
-        name: name.into(),
-        config,
-        quant,
-        seed,
-        gguf_sha256,
+    let tokens = (0..n_rows).map(|_| r.u32()).collect();
+    let logits = r.f32s(n_rows * vocab);
+    Golden {
         n_prompt,
         n_gen,
         tokens,

@@ -1,15 +1,20 @@
-//! Helpers the GPU kernel tests share (kernels.rs, moe_kernels.rs).
+//! Helpers the GPU tests share (kernels.rs, moe_kernels.rs, matrix_parity.rs).
 #![allow(dead_code)]
 
 use q4moe_cuda::testing::TestDevice;
 use q4moe_gguf::GgmlType;
 use q4moe_model::sampling::Rng;
 
-/// The device, or a failure that says why there is none (these tests run only when asked).
-pub fn device() -> TestDevice {
+/// Fails the test, saying why, where no GPU is usable (these tests run only when asked).
+pub fn require_gpu() {
     if let Err(why) = q4moe_cuda::cuda_available() {
         panic!("this test needs a CUDA GPU: {why}");
     }
+}
+
+/// The device, or a failure that says why there is none (these tests run only when asked).
+pub fn device() -> TestDevice {
+    require_gpu();
     TestDevice::new().expect("CUDA is available but the device did not start")
 }
 
