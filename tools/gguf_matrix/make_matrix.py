@@ -247,6 +247,28 @@ def write_reference(p: Point, d: dict, seed: int, sha: bytes, r) -> None:
     print(f"{path.relative_to(ROOT)}: {path.stat().st_size} bytes")
 
 
+def gguf_only(only) -> None:
+    """Rebuilds each point's GGUF from the seed its committed reference names, without torch,
+    and checks it against the sha256 the reference holds (the writer is deterministic)."""
+    bad = 0
+    for p in POINTS:
+        if only and p.name not in only.split(","):
+            continue
+        ref = (OUT / f"{p.name}.bin").read_bytes()
+        assert ref[:8] == MAGIC, f"{p.name}.bin: not a matrix reference"
+        at = 8 + 4 + 32 + 16
+        seed = struct.unpack_from("<Q", ref, at)[0]
+        at += 8 + 10 * 4 + 4 + 8
+        want = ref[at:at + 32]
+        path = OUT / f"{p.name}.gguf"
+        write_gguf(p, seed, path)
+        ok = hashlib.sha256(path.read_bytes()).digest() == want
+        bad += not ok
+        print(f"{path.relative_to(ROOT)}: seed {seed}, {path.stat().st_size} bytes, sha256 {'matches' if ok else 'DIFFERS'}")
+    if bad:
+        sys.exit(f"{bad} GGUFs differ from what their references were made from")
+
+
 def plan() -> None:
     """Each point's tensor types and file size, without writing anything."""
     total = 0
@@ -267,9 +289,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma-separated point names")
     ap.add_argument("--plan", action="store_true", help="print each point's types and size, write nothing")
+    ap.add_argument("--gguf-only", action="store_true",
+                    help="rebuild the GGUFs from the committed references' seeds (no torch), check their sha256")
     a = ap.parse_args()
     if a.plan:
         return plan()
+    if a.gguf_only:
+        return gguf_only(a.only)
     import torch
     torch.set_num_threads(max(1, torch.get_num_threads()))
     kquants.self_test()

@@ -7,13 +7,19 @@ cross-checks and the tolerances.
 `d` is a geometry dict with the keys of DIM_KEYS; optional keys: `rms_eps` (default 1e-6),
 `rope_theta` (1e6), `tied` (False: the file has its own `output.weight`).
 """
+from __future__ import annotations
+
 import sys
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 import gguf
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+try:
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+except ImportError:  # rebuilding GGUFs from committed references (make_matrix.py --gguf-only) needs neither
+    torch = None
 
 DIM_KEYS = ["layers", "d_model", "heads", "kv_heads", "head_dim", "experts", "experts_used", "expert_ff", "vocab", "context"]
 # A backend within relative tolerance TOL of the reference keeps its argmax when the top-2 gap
