@@ -14,8 +14,8 @@ use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
 use crate::forward::{
-    attend_token, choose, prepare, rows_dot, up_shares_act, Act, HostWeights, LayerNorms, Scratch,
-    MIN_ROWS, RUN_ROWS,
+    attend_head, choose, prepare, push_token, rows_dot, up_shares_act, Act, HostWeights,
+    LayerNorms, Scratch, MIN_ROWS, RUN_ROWS,
 };
 use crate::group::ExpertGroups;
 use crate::kv::KvCache;
@@ -34,8 +34,11 @@ pub struct Batch {
     n: Vec<f32>,
     /// [rows, t] a matrix's outputs, row-major over the tokens (`matmul`)
     out: Vec<f32>,
-    /// [t, q_dim] attention outputs
+    /// [t, q_dim] queries (normed, rotated), then attention outputs
+    q: Vec<f32>,
     attn: Vec<f32>,
+    /// [t x heads, longest] attention scores
+    scores: Vec<f32>,
     /// [rows, slots] the experts' silu(gate) * up, then [slots, d_ff] for the down rows
     hidden: Vec<f32>,
     hidden_t: Vec<f32>,
@@ -72,6 +75,13 @@ impl Seats<'_> {
         match self {
             Seats::Chunk(kv) => kv,
             Seats::Sessions(kvs) => &mut kvs[i],
+        }
+    }
+
+    fn kv_ref(&self, i: usize) -> &KvCache {
+        match self {
+            Seats::Chunk(kv) => kv,
+            Seats::Sessions(kvs) => &kvs[i],
         }
     }
 }
@@ -274,18 +284,44 @@ impl Batch {
             std::mem::swap(dst, &mut self.out);
         }
         self.n = n;
-        self.attn.resize(t * c.q_dim(), 0.0);
+        // Every token's queries (normed, rotated) into `q`, its keys and values into its cache;
+        // then one parallel region over every (token, head): a region a layer, not a token.
+        self.q.resize(t * c.q_dim(), 0.0);
         for (i, &pos) in pos.iter().enumerate() {
             column(&qkv[0], t, i, &mut s.q);
             column(&qkv[1], t, i, &mut s.k);
             column(&qkv[2], t, i, &mut s.v);
-            attend_token(c, w, seats.kv(i), li, pos, s);
-            self.attn[i * c.q_dim()..(i + 1) * c.q_dim()].copy_from_slice(&s.attn);
+            push_token(c, w, seats.kv(i), li, pos, s);
+            self.q[i * c.q_dim()..(i + 1) * c.q_dim()].copy_from_slice(&s.q);
         }
+        self.attend(c, seats, li, pos);
         let attn = std::mem::take(&mut self.attn);
         self.project(m, s, &l.attn_output, &attn, c.q_dim());
         self.attn = attn;
         self.add_out(c.d_model, t);
+    }
+
+    /// Token i's queries (`self.q`) over its cache's first `pos[i] + 1` positions of layer
+    /// `li`, every head of every token in one parallel region, into `self.attn`.
+    fn attend(&mut self, c: &Config, seats: &Seats<'_>, li: usize, pos: &[usize]) {
+        let (hd, heads, kv_dim) = (c.head_dim, c.n_head, c.kv_dim());
+        let longest = pos.iter().max().map_or(0, |p| p + 1);
+        self.attn.resize(pos.len() * c.q_dim(), 0.0);
+        self.scores.resize(pos.len() * heads * longest, 0.0);
+        let q = &self.q;
+        par::chunks_mut2(
+            &mut self.attn,
+            hd,
+            &mut self.scores,
+            longest,
+            |j, o, scores| {
+                let (i, h) = (j / heads, j % heads);
+                let (kv, len) = (seats.kv_ref(i), pos[i] + 1);
+                let cached = (&kv.k[li][..len * kv_dim], &kv.v[li][..len * kv_dim]);
+                let q = &q[i * c.q_dim()..(i + 1) * c.q_dim()];
+                attend_head(c, h, q, cached, &mut scores[..len], o);
+            },
+        );
     }
 
     /// Each residual += its column of `self.out` ([d_model, t]).

@@ -350,12 +350,25 @@ pub(crate) fn attend_token(
     pos: usize,
     s: &mut Scratch,
 ) {
+    push_token(c, w, kv, li, pos, s);
+    attend(c, &s.q, &kv.k[li], &kv.v[li], &mut s.scores, &mut s.attn);
+}
+
+/// The head norms and RoPE of the token's `s.q` and `s.k` (in place), and its keys and values
+/// appended to layer `li` of `kv`: what attention needs before it runs.
+pub(crate) fn push_token(
+    c: &Config,
+    w: &LayerNorms,
+    kv: &mut KvCache,
+    li: usize,
+    pos: usize,
+    s: &mut Scratch,
+) {
     rmsnorm_heads(&mut s.q, &w.q_norm, c.rms_eps);
     rmsnorm_heads(&mut s.k, &w.k_norm, c.rms_eps);
     rope_neox(&mut s.q, c.head_dim, pos, c.rope_theta);
     rope_neox(&mut s.k, c.head_dim, pos, c.rope_theta);
     kv.push(li, &s.k, &s.v);
-    attend(c, &s.q, &kv.k[li], &kv.v[li], &mut s.scores, &mut s.attn);
 }
 
 /// Grouped-query attention of one query position over every cached position, head-parallel.
@@ -368,24 +381,38 @@ fn attend(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    let (hd, kv_dim) = (c.head_dim, c.kv_dim());
-    let len = keys.len() / kv_dim;
-    let scale = 1.0 / (hd as f32).sqrt();
-    scores.resize((out.len() / hd) * len, 0.0);
-    par::chunks_mut2(out, hd, scores, len, |h, o, scores| {
-        let g = h / c.n_group();
-        let qh = &q[h * hd..(h + 1) * hd];
-        for (t, sc) in scores.iter_mut().enumerate() {
-            let kt = &keys[t * kv_dim + g * hd..t * kv_dim + (g + 1) * hd];
-            *sc = qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * scale;
-        }
-        softmax(scores);
-        o.fill(0.0);
-        for (t, &p) in scores.iter().enumerate() {
-            let vt = &values[t * kv_dim + g * hd..t * kv_dim + (g + 1) * hd];
-            o.iter_mut().zip(vt).for_each(|(a, b)| *a += p * b);
-        }
+    let len = keys.len() / c.kv_dim();
+    scores.resize((out.len() / c.head_dim) * len, 0.0);
+    par::chunks_mut2(out, c.head_dim, scores, len, |h, o, scores| {
+        attend_head(c, h, q, (keys, values), scores, o)
     });
+}
+
+/// Query head `h` of `q` over the cached `keys` and `values` (as many positions as `scores`
+/// holds) into `o`: the one body every attention path runs, so a head's output is the same
+/// bits alone or in a batch.
+pub(crate) fn attend_head(
+    c: &Config,
+    h: usize,
+    q: &[f32],
+    (keys, values): (&[f32], &[f32]),
+    scores: &mut [f32],
+    o: &mut [f32],
+) {
+    let (hd, kv_dim) = (c.head_dim, c.kv_dim());
+    let scale = 1.0 / (hd as f32).sqrt();
+    let g = h / c.n_group();
+    let qh = &q[h * hd..(h + 1) * hd];
+    for (t, sc) in scores.iter_mut().enumerate() {
+        let kt = &keys[t * kv_dim + g * hd..t * kv_dim + (g + 1) * hd];
+        *sc = qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * scale;
+    }
+    softmax(scores);
+    o.fill(0.0);
+    for (t, &p) in scores.iter().enumerate() {
+        let vt = &values[t * kv_dim + g * hd..t * kv_dim + (g + 1) * hd];
+        o.iter_mut().zip(vt).for_each(|(a, b)| *a += p * b);
+    }
 }
 
 /// The router's logits as probabilities (in place), the chosen experts and their weights
