@@ -6,7 +6,6 @@ use q4moe_gguf::quant::{
     quantize_activation_q8, vec_dot, vec_dot_q4_0x, vec_dot_q4_0x_rows, vec_dot_q8,
 };
 use q4moe_gguf::GgmlType;
-use q4moe_model::backend::{BackendError, BackendResult};
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
 use crate::kv::KvCache;
@@ -283,19 +282,7 @@ pub fn token_layers(m: &Model, w: &HostWeights, kv: &mut KvCache, token: u32, s:
     }
 }
 
-/// Logits holding a NaN or an infinity come from broken weights (a NaN norm, an overflowing
-/// matrix). Sampling would turn them into garbage that looks like output, so the position that
-/// produced them is an error instead.
-pub fn check_finite(logits: &[f32], position: usize) -> BackendResult<()> {
-    match logits.iter().position(|v| !v.is_finite()) {
-        None => Ok(()),
-        Some(id) => Err(BackendError::Invalid(format!(
-            "non-finite logits at position {position} (token id {id}: {}); \
-             the model's weights hold NaN or infinity, or overflow",
-            logits[id]
-        ))),
-    }
-}
+pub use q4moe_model::backend::check_finite;
 
 /// The logits of the residual `token_layers` left in `s.x`.
 pub fn head<'s>(m: &Model, w: &HostWeights, s: &'s mut Scratch) -> &'s [f32] {

@@ -84,11 +84,13 @@ fn a_rows_sampler_chooses_the_tokens_decode_samples() {
                 session: 3,
                 token: companion,
                 sampler: None,
+                logits: true,
             },
             BatchRow {
                 session: 2,
                 token,
                 sampler: Some(&mut sampler),
+                logits: true,
             },
         ];
         if step % 2 == 1 {

@@ -74,11 +74,13 @@ fn nan_or_infinite_weights_are_an_error_on_prefill_and_decode() {
                 session: 5,
                 token: 7,
                 sampler: None,
+                logits: true,
             },
             BatchRow {
                 session: 4,
                 token: 3,
                 sampler: None,
+                logits: true,
             },
         ];
         expect_non_finite(b.step_batch(&mut rows, &mut BatchOut::default()), 0);

@@ -770,3 +770,35 @@ __device__ __forceinline__ void head_argmax(const HeadArgmaxParams& p) {
 #define MV_HEAD_ARGMAX(sfx, NR, ...) \
     extern "C" __global__ void __launch_bounds__(256, 2) matvec_##sfx##_loop_argmax(const HeadArgmaxParams p) { head_argmax<NR, __VA_ARGS__>(p); }
 STAGED_MODES(MV_HEAD_ARGMAX)
+
+// The batched decode step's greedy choice (batch.rs): one block a row, the row's arg-max as
+// sampling::argmax takes it (the lowest index among equal maxima), or BT_NON_FINITE where the
+// row holds a NaN or an infinity (the host reports the row's position).
+struct BtArgmaxParams {
+    u64 logits;  // const float* [rows][n]
+    u64 tokens;  // u32* [rows]
+    int n;
+    int pad;
+};
+SIZE_IS(BtArgmaxParams, 24); FIELD_AT(BtArgmaxParams, logits, 0); FIELD_AT(BtArgmaxParams, tokens, 8);
+FIELD_AT(BtArgmaxParams, n, 16);
+#define BT_NON_FINITE 0xffffffffu
+
+extern "C" __global__ void __launch_bounds__(1024) bt_argmax(const BtArgmaxParams p) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ int bad;
+    if (threadIdx.x == 0) bad = 0;
+    __syncthreads();
+    const float* lg = (const float*)p.logits + (size_t)blockIdx.x * p.n;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    bool seen_bad = false;
+    for (int i = threadIdx.x; i < p.n; i += blockDim.x) {
+        float v = lg[i];
+        if (isfinite(v)) better(bv, bi, v, i); else seen_bad = true;
+    }
+    if (seen_bad) bad = 1;  // every writer writes 1; read after block_argmax's barrier
+    block_argmax(bv, bi, sv, si);
+    if (threadIdx.x == 0) ((u32*)p.tokens)[blockIdx.x] = bad ? BT_NON_FINITE : (u32)bi;
+}

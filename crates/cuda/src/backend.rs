@@ -18,7 +18,7 @@ use crate::device::Device;
 use crate::l2::L2Plan;
 use crate::launch::Launch;
 use crate::memory::{DevBuf, Pinned};
-use crate::params::StepState;
+use crate::params::{StepState, BT_NON_FINITE};
 use crate::pipeline::{Pipeline, RING};
 use crate::prefill::{self, Prefill};
 use crate::profile::Profiler;
@@ -360,11 +360,9 @@ impl CudaBackend {
 
     /// One batched submission: `group`'s tokens through every layer and the head, their
     /// logits appended to `out.logits`, their sessions one position longer.
-    fn batch_group(
-        &mut self,
-        group: &[backend::BatchRow<'_>],
-        out: &mut backend::BatchOut,
-    ) -> Result<()> {
+    /// One submission of `group`'s rows: their arg-maxes into `self.batch.chosen`, and into
+    /// `logits` ([rows][vocab]) the logits of the rows that need them (`host_logits`).
+    fn batch_group(&mut self, group: &[backend::BatchRow<'_>], logits: &mut [f32]) -> Result<()> {
         for row in group {
             self.session(row.session)?;
         }
@@ -397,8 +395,8 @@ impl CudaBackend {
             self.launch_eager(&ls)?;
         }
         let vocab = self.model.config.vocab_size;
-        self.batch
-            .logits_to(&self.dev, group.len(), vocab, &mut out.logits)?;
+        let want: Vec<bool> = group.iter().map(host_logits).collect();
+        self.batch.read(&self.dev, vocab, &want, logits)?;
         for row in group {
             self.session(row.session)?.len += 1;
         }
@@ -753,9 +751,9 @@ impl Backend for CudaBackend {
         let c = &self.model.config;
         let held = |s| self.sessions.get(&s).map_or(0, |x: &Session| x.len);
         backend::check_batch(c, rows, self.opts.kv_capacity, held)?;
-        out.logits.clear();
         out.tokens.clear();
         if rows.is_empty() {
+            out.logits.clear();
             return Ok(());
         }
         let Some(max) = self.prefill.as_ref().map(|p| p.chunk) else {
@@ -766,12 +764,35 @@ impl Backend for CudaBackend {
             ));
         };
         self.dev.bind()?;
+        let vocab = c.vocab_size;
+        // Resizing to last step's length writes nothing: rows whose logits nobody reads keep
+        // stale values (BatchRow::logits), and the host touches B x vocab floats only where
+        // they are needed.
+        out.logits.resize(rows.len() * vocab, 0.0);
         // More rows than one submission takes run as several: a row's result is its own.
-        for group in rows.chunks(max) {
-            self.batch_group(group, out)?;
+        for (g, group) in rows.chunks_mut(max).enumerate() {
+            let at = g * max * vocab;
+            let logits = &mut out.logits[at..at + group.len() * vocab];
+            self.batch_group(group, logits)?;
+            for (i, row) in group.iter_mut().enumerate() {
+                // The step's own position: the session is one longer now.
+                let pos = self.kv_len(row.session) - 1;
+                let chosen = self.batch.chosen[i];
+                if chosen == BT_NON_FINITE {
+                    return Err(backend::non_finite(pos, "found on the device"));
+                }
+                let token = match row.sampler.as_deref_mut() {
+                    Some(s) if s.plain_greedy() => {
+                        s.accept(chosen);
+                        Some(chosen)
+                    }
+                    _ => {
+                        backend::choose_row(row, &logits[i * vocab..][..vocab], &mut self.batch.tmp)
+                    }
+                };
+                out.tokens.push(token);
+            }
         }
-        let tmp = &mut self.batch.tmp;
-        backend::choose_tokens(rows, out, tmp);
         Ok(())
     }
 
@@ -800,6 +821,12 @@ impl Backend for CudaBackend {
         backend::check_fork(src, dst, len, self.kv_len(src))?;
         Ok(self.fork_kv(src, dst, len)?)
     }
+}
+
+/// Whether a batched step brings `row`'s logits to the host: where the caller reads them, or
+/// chooses itself, or its sampler is not plain greedy (bt_argmax chooses for the rest).
+fn host_logits(row: &backend::BatchRow<'_>) -> bool {
+    row.logits || !row.sampler.as_ref().is_some_and(|s| s.plain_greedy())
 }
 
 impl Drop for CudaBackend {

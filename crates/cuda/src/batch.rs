@@ -4,9 +4,10 @@
 //! (pf_route picks every token's experts on the device, pf_lists groups the tokens by expert,
 //! pf_mma runs an expert's tokens in tiles on the int8 tensor cores); each token attends over
 //! its own session's cache at its own position (bt_qk_norm_rope, bt_attn_split: a table on the
-//! device of each row's cache, rewritten each step); then the output head for all B, whose
-//! logits come back to the host, where each row's sampler chooses (`choose_tokens`, as the CPU
-//! does).
+//! device of each row's cache, rewritten each step); then the output head for all B and each
+//! row's arg-max on the device (bt_argmax). A row whose sampler is plain greedy and that asks
+//! for no logits takes that token (B tokens come back, not B x vocab logits); the others' logits
+//! come back to the host, where their samplers choose (`choose_row`, as the CPU does).
 //!
 //! Batch invariance: every kernel computes a token's row from that token's inputs alone, and
 //! its reductions run in one order whatever the rows beside it: the integer block sums are
@@ -21,9 +22,10 @@ use q4moe_model::Config;
 
 use crate::device::Device;
 use crate::graph::Graph;
+use crate::kernel::Kernel;
 use crate::launch::Launch;
 use crate::memory::DevBuf;
-use crate::params::StepState;
+use crate::params::{BtArgmaxParams, StepState};
 use crate::prefill::Prefill;
 use crate::step::Kv;
 use crate::weights::Weights;
@@ -46,7 +48,7 @@ pub(crate) struct BatchKey {
     /// Attention chunks of the longest row's context (prefill.rs n_split): the grid and the
     /// partials' layout.
     pub chunks: usize,
-    buffers: [u64; 3],
+    buffers: [u64; 4],
 }
 
 /// The positions a step's launches are built for: every position of the longest row's last
@@ -65,6 +67,9 @@ pub(crate) struct BatchBufs {
     tab: Option<DevBuf>,
     /// [rows][vocab] logits.
     logits: Option<DevBuf>,
+    /// [rows] each row's arg-max (bt_argmax), and its host copy.
+    tokens: Option<DevBuf>,
+    pub chosen: Vec<u32>,
     states: Vec<StepState>,
     addrs: Vec<u64>,
     graphs: Vec<(BatchKey, Graph)>,
@@ -107,20 +112,39 @@ impl BatchBufs {
         let chunks = crate::prefill::n_split(longest);
         let tab = at_least(dev, &mut self.tab, 8 * self.addrs.len())?;
         let logits = at_least(dev, &mut self.logits, 4 * n * c.vocab_size)?;
+        let tokens = at_least(dev, &mut self.tokens, 4 * n)?;
         let t = self.tab.as_ref().expect("allocated");
         t.upload(dev, 0, &self.addrs)?;
         let part = p.load_rows(dev, c, &self.states, reach(chunks))?;
         Ok(BatchKey {
             rows: n,
             chunks,
-            buffers: [tab, logits, part],
+            buffers: [tab, logits, part, tokens],
         })
     }
 
-    /// The launches of the step `key` describes: the rows through every layer and the head.
+    /// The launches of the step `key` describes: the rows through every layer, the head, and
+    /// each row's arg-max.
     pub fn launches(&self, c: &Config, w: &Weights, p: &Prefill, key: &BatchKey) -> Vec<Launch> {
-        let [tab, logits, _] = key.buffers;
-        p.step_launches(c, w, (tab, reach(key.chunks)), key.rows, logits)
+        let [tab, logits, _, tokens] = key.buffers;
+        let mut out = p.step_launches(c, w, (tab, reach(key.chunks)), key.rows, logits);
+        let a = BtArgmaxParams {
+            logits,
+            tokens,
+            n: c.vocab_size as i32,
+            pad: 0,
+        };
+        let grid = (key.rows as u32, 1, 1);
+        out.push(Launch::new(
+            Kernel::BtArgmax,
+            "bt_argmax",
+            grid,
+            1024,
+            0,
+            &a,
+            0,
+        ));
+        out
     }
 
     /// The graph captured for `key`, if any.
@@ -154,17 +178,32 @@ impl BatchBufs {
         Ok(captured)
     }
 
-    /// Appends the last submission's `n` rows of logits to `out` (waits for the submission).
-    pub fn logits_to(
-        &self,
+    /// After the last submission (waits for it): its `n` rows' arg-maxes into `self.chosen`,
+    /// and the logits of the rows `want` names into `out` ([n][vocab], the other rows left as
+    /// they were).
+    pub fn read(
+        &mut self,
         dev: &Device,
-        n: usize,
         vocab: usize,
-        out: &mut Vec<f32>,
+        want: &[bool],
+        out: &mut [f32],
     ) -> Result<()> {
-        let at = out.len();
-        out.resize(at + n * vocab, 0.0);
+        let n = want.len();
+        self.chosen.resize(n, 0);
+        let tokens = self.tokens.as_ref().expect("loaded");
+        tokens.download(dev, 0, &mut self.chosen)?;
         let buf = self.logits.as_ref().expect("loaded");
-        buf.download(dev, 0, &mut out[at..])
+        // Runs of wanted rows, one copy a run.
+        let mut i = 0;
+        while i < n {
+            if !want[i] {
+                i += 1;
+                continue;
+            }
+            let end = (i..n).find(|&j| !want[j]).unwrap_or(n);
+            buf.download(dev, 4 * i * vocab, &mut out[i * vocab..end * vocab])?;
+            i = end;
+        }
+        Ok(())
     }
 }

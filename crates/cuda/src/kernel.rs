@@ -210,10 +210,12 @@ pub enum Kernel {
     /// The batched decode step's attention over each token's own session (prefill_attn.cu).
     BtQkNormRope,
     BtAttnSplit,
+    /// The batched decode step's greedy choice, a row a block (sample.cu).
+    BtArgmax,
 }
 
 /// The kernels with no mode.
-const SINGLE: [Kernel; 36] = [
+const SINGLE: [Kernel; 37] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -250,6 +252,7 @@ const SINGLE: [Kernel; 36] = [
     Kernel::PfAttnTcG16,
     Kernel::BtQkNormRope,
     Kernel::BtAttnSplit,
+    Kernel::BtArgmax,
 ];
 
 impl Kernel {
@@ -342,6 +345,7 @@ impl Kernel {
             Kernel::PfAttnTcG16 => "pf_attn_tc_g16",
             Kernel::BtQkNormRope => "bt_qk_norm_rope",
             Kernel::BtAttnSplit => "bt_attn_split",
+            Kernel::BtArgmax => "bt_argmax",
         }
     }
 }
@@ -368,12 +372,12 @@ fn down_symbol(m: DownMode) -> &'static str {
 mod tests {
     use super::*;
 
-    /// The table holds each kernel once and each symbol once: 36 without a mode, 18 matvecs,
+    /// The table holds each kernel once and each symbol once: 37 without a mode, 18 matvecs,
     /// 4 gate/up, 10 down, 8 o_proj_router, 8 head_argmax.
     #[test]
     fn every_kernel_has_one_distinct_symbol() {
         let all = Kernel::all();
-        assert_eq!(all.len(), 84);
+        assert_eq!(all.len(), 85);
         let mut symbols: Vec<&str> = all.iter().map(|k| k.symbol()).collect();
         symbols.sort();
         symbols.dedup();

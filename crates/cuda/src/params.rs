@@ -121,6 +121,19 @@ pub struct BtAttnParams {
     pub kv: u64,
 }
 
+/// `BtArgmaxParams` in sample.cu: the batched step's greedy choice, a row a block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BtArgmaxParams {
+    pub logits: u64,
+    pub tokens: u64,
+    pub n: i32,
+    pub pad: i32,
+}
+
+/// What bt_argmax writes for a row holding a NaN or an infinity.
+pub const BT_NON_FINITE: u32 = u32::MAX;
+
 /// `ProbeParams` in probe.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -433,6 +446,7 @@ layout!(AttnParams, 72; q @ 0, k_cache @ 8, v_cache @ 16, part @ 24, out @ 32, s
 layout!(BtRopeParams, 88; r @ 0, kv @ 80);
 layout!(BtAttnParams, 80; a @ 0, kv @ 72);
 layout!(ProbeParams, 8; cell @ 0);
+layout!(BtArgmaxParams, 24; logits @ 0, tokens @ 8, n @ 16);
 layout!(TopkParams, 40; logits @ 0, ids @ 8, weights @ 16, n_expert @ 24, n_used @ 28,
     norm_topk @ 32);
 layout!(Experts, 24; ids @ 0, weights @ 8, n_used @ 16, scratch @ 20);

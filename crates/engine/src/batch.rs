@@ -288,6 +288,7 @@ impl Batcher {
             .map(|(s, _)| BatchRow {
                 session: s.session,
                 token: s.next,
+                logits: s.req.needs_logits(),
                 sampler: Some(&mut s.sampler),
             })
             .collect();

@@ -228,6 +228,10 @@ pub struct BatchRow<'a> {
     /// caller chooses from the row's logits. See `step_batch` for why the choice can travel
     /// with the row.
     pub sampler: Option<&'a mut Sampler>,
+    /// The caller reads this row's logits (`BatchOut::row`). A row with a sampler may say
+    /// false, and a device backend then sends back only the token where it can choose it
+    /// itself (a plain greedy sampler): the row's logits in `BatchOut` are then unspecified.
+    pub logits: bool,
 }
 
 /// What a batched step hands back; the caller keeps one and reuses its buffers every step.
@@ -253,13 +257,38 @@ impl BatchOut {
 pub fn choose_tokens(rows: &mut [BatchRow<'_>], out: &mut BatchOut, tmp: &mut Vec<f32>) {
     let vocab = out.logits.len() / rows.len();
     for (row, logits) in rows.iter_mut().zip(out.logits.chunks(vocab)) {
-        let token = row.sampler.as_deref_mut().map(|sampler| {
-            tmp.clear();
-            tmp.extend_from_slice(logits);
-            sampler.sample(tmp)
-        });
-        out.tokens.push(token);
+        out.tokens.push(choose_row(row, logits, tmp));
     }
+}
+
+/// One row's token with its sampler, from a copy of its `logits` (None without a sampler).
+pub fn choose_row(row: &mut BatchRow<'_>, logits: &[f32], tmp: &mut Vec<f32>) -> Option<u32> {
+    row.sampler.as_deref_mut().map(|sampler| {
+        tmp.clear();
+        tmp.extend_from_slice(logits);
+        sampler.sample(tmp)
+    })
+}
+
+/// Logits holding a NaN or an infinity come from broken weights (a NaN norm, an overflowing
+/// matrix). Sampling would turn them into garbage that looks like output, so the position that
+/// produced them is an error instead, on every backend.
+pub fn check_finite(logits: &[f32], position: usize) -> BackendResult<()> {
+    match logits.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(id) => Err(non_finite(
+            position,
+            &format!("token id {id}: {}", logits[id]),
+        )),
+    }
+}
+
+/// The error `check_finite` gives, for a backend that found the non-finite logit elsewhere.
+pub fn non_finite(position: usize, what: &str) -> BackendError {
+    BackendError::Invalid(format!(
+        "non-finite logits at position {position} ({what}); \
+         the model's weights hold NaN or infinity, or overflow"
+    ))
 }
 
 /// A batched step's checks, the same on every backend, before anything runs: every row's
@@ -405,6 +434,7 @@ mod tests {
             session,
             token,
             sampler: None,
+            logits: true,
         };
         let held = |s: SessionId| if s == 2 { 16 } else { 3 };
         check_batch(&c, &[], 16, held).unwrap();

@@ -174,6 +174,22 @@ impl Sampler {
         *self.counts.entry(token).or_insert(0) += 1;
     }
 
+    /// Plain greedy: the arg-max of the logits as they come (no bias, penalties or
+    /// constraint), so a device may choose the token itself (`accept` records it).
+    pub fn plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.is_greedy() && !p.has_penalties() && p.logit_bias.is_empty() && self.mask.is_none()
+    }
+
+    /// Records a token chosen elsewhere (a device's arg-max for a `plain_greedy` sampler) as
+    /// `sample` records its own choice.
+    pub fn accept(&mut self, token: u32) {
+        if let Some(m) = &mut self.mask {
+            m.commit(token);
+        }
+        self.observe(token);
+    }
+
     /// Samples a token and records it in the history (and the constraint's state). `logits` is
     /// modified (penalties, the constraint's -inf).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {

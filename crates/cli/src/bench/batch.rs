@@ -96,6 +96,9 @@ fn one_batch(
                 session: SESSION_BASE + i as u64,
                 token: next[i],
                 sampler: Some(s),
+                // The first step's logits for the invariance check; after it, tokens only,
+                // as a server's greedy rows run.
+                logits: step == 0,
             })
             .collect();
         let t0 = Instant::now();
