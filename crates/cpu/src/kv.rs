@@ -45,6 +45,17 @@ impl KvCache {
         self.len() == 0
     }
 
+    /// A copy of the first `len` positions (Backend::fork).
+    pub fn prefix(&self, len: usize) -> KvCache {
+        let n = len * self.kv_dim;
+        let copy = |bufs: &[Vec<f32>]| bufs.iter().map(|b| b[..n.min(b.len())].to_vec()).collect();
+        KvCache {
+            k: copy(&self.k),
+            v: copy(&self.v),
+            ..*self
+        }
+    }
+
     pub fn truncate(&mut self, len: usize) {
         for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
             buf.truncate(len * self.kv_dim);

@@ -267,4 +267,14 @@ impl Backend for CpuBackend {
     fn drop_session(&mut self, session: SessionId) {
         self.sessions.remove(&session);
     }
+
+    fn fork(&mut self, src: SessionId, dst: SessionId, len: usize) -> BackendResult<()> {
+        q4moe_model::backend::check_fork(src, dst, len, self.kv_len(src))?;
+        let kv = self.sessions.get(&src).map(|kv| kv.prefix(len));
+        self.sessions.insert(
+            dst,
+            kv.unwrap_or_else(|| KvCache::new(&self.model.config, self.kv_type)),
+        );
+        Ok(())
+    }
 }

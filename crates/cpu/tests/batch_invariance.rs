@@ -112,3 +112,12 @@ fn refused_steps_change_no_session() {
     let mut b = CpuBackend::with_precision(m, 8, Precision::Q8);
     body::refused_steps_change_no_session(&mut b, cfg.vocab_size);
 }
+
+/// A forked session continues as one that prefilled the prefix itself (Backend::fork).
+#[test]
+fn fork_continues_as_prefilled() {
+    let cfg = Config::tiny();
+    let (_dir, m) = model(&cfg, SynthQuant::Q4_0);
+    let mut b = CpuBackend::with_precision(m, 64, Precision::Q8);
+    body::fork_continues_as_prefilled(&mut b, cfg.vocab_size);
+}

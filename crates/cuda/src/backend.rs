@@ -241,6 +241,28 @@ impl CudaBackend {
         Ok(self.sessions.get_mut(&id).expect("inserted"))
     }
 
+    /// `dst` anew with a copy of `src`'s first `len` positions, layer by layer (a session's
+    /// KV is [layer][capacity][kv_dim], so a prefix is one range a layer).
+    fn fork_kv(&mut self, src: SessionId, dst: SessionId, len: usize) -> Result<()> {
+        self.dev.bind()?;
+        self.sessions.remove(&dst);
+        self.session(dst)?;
+        let c = &self.model.config;
+        let bytes = len * c.kv_dim() * self.dev.kv_type.bytes();
+        let (Some(from), Some(to)) = (self.sessions.get(&src), self.sessions.get(&dst)) else {
+            return Ok(()); // an unknown src holds nothing: len is 0 (checked)
+        };
+        let (from, to) = (&from.kv, &to.kv);
+        for l in 0..c.n_layer {
+            let ((sk, sv), (dk, dv)) = (from.layer(c, l), to.layer(c, l));
+            self.dev.copy_async(dk, sk, bytes)?;
+            self.dev.copy_async(dv, sv, bytes)?;
+        }
+        self.dev.sync()?;
+        self.sessions.get_mut(&dst).expect("created").len = len;
+        Ok(())
+    }
+
     /// The attention lengths a step's launches are built for (step::att_grid sizes the grid):
     /// the request's whole reach.
     fn att_reach(at: Reach) -> usize {
@@ -772,6 +794,11 @@ impl Backend for CudaBackend {
     fn drop_session(&mut self, session: SessionId) {
         let _ = self.dev.bind();
         self.sessions.remove(&session);
+    }
+
+    fn fork(&mut self, src: SessionId, dst: SessionId, len: usize) -> BackendResult<()> {
+        backend::check_fork(src, dst, len, self.kv_len(src))?;
+        Ok(self.fork_kv(src, dst, len)?)
     }
 }
 

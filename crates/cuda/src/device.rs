@@ -194,6 +194,13 @@ impl Device {
         Ok(())
     }
 
+    /// Copies `bytes` bytes from `src` to `dst` in stream order.
+    pub fn copy_async(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's ranges lie in allocations of at least `bytes` and do not overlap.
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream)? };
+        Ok(())
+    }
+
     /// Copies `out.len()` values from `ptr` after the stream's work.
     pub fn download_raw<T: Copy>(&self, ptr: u64, out: &mut [T]) -> Result<()> {
         // SAFETY: the caller's range lies in one allocation or module variable.

@@ -123,3 +123,15 @@ fn more_rows_than_a_submission() {
     let refs = body::alone_all(&mut gpu, &seqs, AloneBy::BatchOfOne);
     body::check_scenario(&mut gpu, &seqs, &refs, &mut rng, 0.0, "70 rows, chunk 32");
 }
+
+/// A forked session (a device copy of another's prefix) continues as one that prefilled the
+/// prefix itself, bit for bit.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn fork_continues_as_prefilled() {
+    require_gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::tiny();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    body::fork_continues_as_prefilled(&mut cuda(&m, 64, 1024), cfg.vocab_size);
+}

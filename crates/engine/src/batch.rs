@@ -91,6 +91,16 @@ impl Sequence {
     }
 }
 
+/// What `Batcher::share` did for a sequence about to prefill.
+enum Share {
+    /// No earlier sequence shares more of its prompt than it has.
+    None,
+    /// Its KV now holds the prefix an earlier sequence computed.
+    Forked,
+    /// An earlier sequence is still computing the prefix they share.
+    Wait,
+}
+
 /// The running batch. The caller owns the loop: `admit` at step boundaries, then `step`.
 pub struct Batcher {
     opts: BatchOptions,
@@ -191,10 +201,19 @@ impl Batcher {
     fn prefill(&mut self, engine: &mut Engine) {
         let mut budget = self.opts.prefill_budget;
         let mut failed = Vec::new();
-        for (i, s) in self.seqs.iter_mut().enumerate() {
+        for i in 0..self.seqs.len() {
             if budget == 0 {
                 break;
             }
+            match self.share(engine, i) {
+                Ok(Share::Wait) => continue,
+                Ok(Share::None | Share::Forked) => {}
+                Err(e) => {
+                    failed.push((i, e));
+                    continue;
+                }
+            }
+            let s = &mut self.seqs[i];
             let wanted = s.req.logprobs.filter(|o| o.prompt);
             let take = wanted.map_or(budget, |_| budget.min(PROMPT_LOGITS_CHUNK));
             let end = (s.fed + take).min(s.req.prompt.len() - 1);
@@ -219,6 +238,41 @@ impl Batcher {
         for (i, e) in failed.into_iter().rev() {
             self.fail(engine, i, e);
         }
+    }
+
+    /// Prompt sharing within the batch: sequence `i` takes the longest prompt prefix it
+    /// shares with an earlier sequence from that one's KV (Backend::fork) instead of computing
+    /// it again (the `n` choices of one prompt, requests with one system prompt), and waits
+    /// while the earlier one is still computing it. Earlier only, so no two wait on each other.
+    /// A sequence that wants its prompt's logprobs computes its own prompt.
+    fn share(&mut self, engine: &mut Engine, i: usize) -> Result<Share> {
+        let s = &self.seqs[i];
+        let mine = &s.req.prompt[..s.req.prompt.len() - 1];
+        if s.prompt_in() || s.req.logprobs.is_some_and(|o| o.prompt) {
+            return Ok(Share::None);
+        }
+        let best = self.seqs[..i]
+            .iter()
+            .map(|t| {
+                let theirs = &t.req.prompt[..t.req.prompt.len() - 1];
+                (t, crate::sessions::common_prefix(theirs, mine))
+            })
+            .max_by_key(|&(_, n)| n);
+        let Some((t, n)) = best.filter(|&(_, n)| n > s.fed) else {
+            return Ok(Share::None);
+        };
+        if t.fed < n {
+            return Ok(Share::Wait);
+        }
+        let (src, dst) = (t.session, s.session);
+        engine.backend.fork(src, dst, n)?;
+        let s = &mut self.seqs[i];
+        // Counted as cached (usage's cached_tokens) when this request computed none of it.
+        if s.fed == s.cached {
+            s.cached = n;
+        }
+        s.fed = n;
+        Ok(Share::Forked)
     }
 
     fn decode(&mut self, engine: &mut Engine) {

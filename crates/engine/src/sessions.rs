@@ -20,7 +20,7 @@ pub struct SessionStore {
     max_bytes: usize,
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -44,9 +44,9 @@ impl SessionStore {
     /// A cached conversation is taken over only when the prompt keeps at least as much of it as
     /// the truncation would throw away (a next turn, whose history may render a little
     /// differently from the tokens generated), or shares at least half the prompt (a regenerated
-    /// or edited turn): a prompt that shares only the chat template's first tokens with another
-    /// conversation gets a new session instead of truncating that conversation, whose next turn
-    /// still finds it whole. (Sharing such prefixes without copies needs paged KV.)
+    /// or edited turn). A prompt that shares less (another conversation with the same system
+    /// prompt) gets a new session holding a copy of that prefix (Backend::fork), and the
+    /// conversation it came from stays whole for its own next turn.
     pub fn acquire(
         &mut self,
         backend: &mut dyn Backend,
@@ -63,22 +63,32 @@ impl SessionStore {
                         let lost = e.tokens.len() - n;
                         (id, n, lost <= n || 2 * n >= prompt.len())
                     })
-                    .filter(|&(_, n, worth_it)| n > 0 && worth_it)
-                    .map(|(id, n, _)| (id, n))
-                    .max_by_key(|&(id, n)| (n, std::cmp::Reverse(id)))
+                    .filter(|&(_, n, _)| n > 0)
+                    .max_by_key(|&(id, n, take)| (n, take, std::cmp::Reverse(id)))
             })
             .flatten();
+        if let Some((id, n, true)) = best {
+            self.entries.remove(&id);
+            backend.truncate(id, n);
+            return (id, n);
+        }
+        let id = self.next_id;
+        self.next_id += 1;
         match best {
-            Some((id, n)) => {
-                self.entries.remove(&id);
-                backend.truncate(id, n);
+            // A failed copy (out of device memory) only costs the prefill it would have saved.
+            Some((from, n, _)) if backend.fork(from, id, n).is_ok() => {
+                self.touch(from);
                 (id, n)
             }
-            None => {
-                let id = self.next_id;
-                self.next_id += 1;
-                (id, 0)
-            }
+            _ => (id, 0),
+        }
+    }
+
+    /// Marks a cached session as just used (what the LRU eviction orders by).
+    fn touch(&mut self, id: SessionId) {
+        self.clock += 1;
+        if let Some(e) = self.entries.get_mut(&id) {
+            e.last_used = self.clock;
         }
     }
 

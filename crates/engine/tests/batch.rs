@@ -318,3 +318,61 @@ fn after_a_panicking_step_abort_ends_the_batch_and_it_serves_on() {
     run_to_end(&mut engine, &mut batch);
     assert_eq!(h.out(1).tokens, expected.tokens);
 }
+
+/// The `n` choices of one prompt compute it once: the later ones wait while the first takes its
+/// prompt in (a budget of a few tokens a step), then copy its KV (Backend::fork), and each
+/// choice's tokens are what it gives alone.
+#[test]
+fn choices_of_one_prompt_share_its_prefill_and_give_what_each_gives_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = tiny_engine(&dir, SynthQuant::Q4_0);
+    let prompt = requests(&engine)[2].prompt.clone();
+    let reqs: Vec<GenerateRequest> = (0..3)
+        .map(|i| {
+            let mut req = GenerateRequest::new(prompt.clone(), 10);
+            req.stop_at_eos = false;
+            req.sampling = SamplingParams {
+                temperature: 1.0,
+                seed: 100 + i,
+                ..Default::default()
+            };
+            req
+        })
+        .collect();
+    let alone: Vec<GenerateOutput> = reqs
+        .iter()
+        .map(|r| {
+            engine.reset_sessions();
+            engine.generate(r, &mut |_| Flow::Continue).unwrap()
+        })
+        .collect();
+    engine.reset_sessions();
+    let h = Harness::new(reqs.len());
+    let mut batch = Batcher::new(BatchOptions {
+        max_batch: 4,
+        prefill_budget: 5,
+    })
+    .unwrap();
+    for (i, r) in reqs.iter().enumerate() {
+        batch.admit(&mut engine, r.clone(), h.sink(i));
+    }
+    run_to_end(&mut engine, &mut batch);
+    assert!(prompt.len() > 10, "the prompt spans several budgets");
+    assert_eq!(h.out(0).cached_tokens, 0);
+    for (i, a) in alone.iter().enumerate() {
+        let b = h.out(i);
+        assert_eq!(b.tokens, a.tokens, "choice {i}: tokens differ");
+        if i > 0 {
+            assert_eq!(
+                b.cached_tokens,
+                prompt.len() - 1,
+                "choice {i} computed its prompt"
+            );
+        }
+    }
+    assert_ne!(
+        h.out(0).tokens,
+        h.out(1).tokens,
+        "the seeds give different choices"
+    );
+}

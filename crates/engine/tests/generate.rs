@@ -329,8 +329,9 @@ fn bad_requests_are_refused_before_the_backend_runs() {
 }
 
 /// Two conversations sharing only their first tokens (a chat template's opening) each keep
-/// their own session: the second does not take over and truncate the first, whose next turn
-/// reuses all it had (issue 54: it used to reuse 4 of 208 tokens).
+/// their own session: the second gets a copy of the opening (Backend::fork) instead of taking
+/// over and truncating the first, whose next turn reuses all it had (issue 54: it used to
+/// reuse 4 of 208 tokens); the forked conversation's tokens are a fresh run's.
 #[test]
 fn a_conversation_sharing_only_an_opening_keeps_the_other_whole() {
     let dir = tempfile::tempdir().unwrap();
@@ -350,7 +351,14 @@ fn a_conversation_sharing_only_an_opening_keeps_the_other_whole() {
     let a1 = turn(1);
     let a_out = run(&mut e, a1.clone());
     let b_out = run(&mut e, turn(2));
-    assert_eq!(b_out.cached_tokens, 0, "B took over A's session");
+    assert_eq!(
+        b_out.cached_tokens,
+        opening.len(),
+        "B forks the shared opening"
+    );
+    let other = tempfile::tempdir().unwrap();
+    let mut fresh = tiny_engine(&other, SynthQuant::Q4_0);
+    assert_eq!(b_out.tokens, run(&mut fresh, turn(2)).tokens);
     let mut a2 = a1.clone();
     a2.extend(&a_out.tokens);
     a2.extend([7u32, 8, 9]);

@@ -340,6 +340,27 @@ pub trait Backend: Send {
     fn truncate(&mut self, session: SessionId, len: usize);
     /// Frees the session's KV and any setup cached for it.
     fn drop_session(&mut self, session: SessionId);
+    /// Makes `dst` (a new session; any session of that id is replaced) hold `src`'s first
+    /// `len` positions, so requests sharing a prompt prefix (the `n` choices of one prompt, a
+    /// conversation branching) compute it once. The KV is copied, not shared (it is not
+    /// paged): the copy costs its bytes. The forked positions are bit-identical to `src`'s,
+    /// so a sequence's output is the same forked or prefilled itself.
+    fn fork(&mut self, src: SessionId, dst: SessionId, len: usize) -> BackendResult<()>;
+}
+
+/// The check every backend's `fork` makes first: `src` holds `len` positions and is not `dst`.
+pub fn check_fork(src: SessionId, dst: SessionId, len: usize, held: usize) -> BackendResult<()> {
+    if src == dst {
+        return Err(BackendError::Invalid(format!(
+            "fork: session {src} onto itself"
+        )));
+    }
+    if len > held {
+        return Err(BackendError::Invalid(format!(
+            "fork: session {src} holds {held} positions, not {len}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -248,3 +248,52 @@ pub fn refused_steps_change_no_session(b: &mut dyn Backend, vocab: usize) {
     assert_eq!((b.kv_len(1), b.kv_len(3)), (4, 1));
     assert_eq!(out.logits.len(), 2 * vocab);
 }
+
+/// `Backend::fork`: a session forked from another's prefix continues bit-identically to one
+/// that prefilled that prefix itself (decode steps through `step_batch`, the source stepping in
+/// the same batch), the source is unchanged, and a fork past what the source holds or onto
+/// itself is refused.
+pub fn fork_continues_as_prefilled(b: &mut dyn Backend, vocab: usize) {
+    let mut rng = Lcg(19);
+    let prompt: Vec<u32> = (0..20).map(|_| rng.next(vocab) as u32).collect();
+    let tail: Vec<u32> = (0..5).map(|_| rng.next(vocab) as u32).collect();
+    let row = |session, token| BatchRow {
+        session,
+        token,
+        sampler: None,
+    };
+    let mut out = BatchOut::default();
+    let mut run = |b: &mut dyn Backend, rows: &[(u64, u32)]| -> Vec<Vec<u32>> {
+        let mut rows: Vec<_> = rows.iter().map(|&(s, t)| row(s, t)).collect();
+        b.step_batch(&mut rows, &mut out).unwrap();
+        (0..rows.len()).map(|i| bits(out.row(i))).collect()
+    };
+    // Reference: session 1 prefills 12 tokens itself, then steps the tail alone.
+    b.prefill(1, &prompt[..12], Logits::None).unwrap();
+    let want: Vec<Vec<u32>> = tail.iter().map(|&t| run(b, &[(1, t)]).remove(0)).collect();
+    // Session 2 holds all 20; session 3 forks its first 12 and steps the tail beside it.
+    b.prefill(2, &prompt, Logits::None).unwrap();
+    b.fork(2, 3, 12).unwrap();
+    assert_eq!((b.kv_len(2), b.kv_len(3)), (20, 12));
+    for (i, &t) in tail.iter().enumerate() {
+        let got = run(b, &[(2, t), (3, t)]);
+        assert!(
+            got[1] == want[i],
+            "forked session's step {i} differs from the prefilled one's"
+        );
+    }
+    assert_eq!((b.kv_len(2), b.kv_len(3)), (25, 17));
+    // Forking onto an existing session replaces it; bad forks are refused and change nothing.
+    b.fork(2, 1, 12).unwrap();
+    assert_eq!(b.kv_len(1), 12);
+    assert!(b
+        .fork(2, 4, 26)
+        .unwrap_err()
+        .to_string()
+        .contains("holds 25"));
+    assert!(b.fork(2, 2, 3).is_err());
+    assert_eq!((b.kv_len(2), b.kv_len(4)), (25, 0));
+    for s in 1..=3 {
+        b.drop_session(s);
+    }
+}
