@@ -9,10 +9,10 @@
 //! judgement, not one bent by temperature or penalties. Ties keep the lower candidate first.
 //! Every candidate's completion tokens count in the usage, as OpenAI bills them.
 
-use q4moe_engine::{LogprobOptions, TokenLogprob};
 use crate::errors::ApiError;
 use crate::openai::{present, Obj, MAX_CHOICES};
 use crate::scheduler::Collected;
+use q4moe_engine::{LogprobOptions, TokenLogprob};
 
 /// `best_of`: absent, `n`; else an integer in [n, MAX_CHOICES]. More candidates than choices
 /// cannot be streamed (the best is known only once all are done), as OpenAI says.
@@ -62,7 +62,11 @@ pub fn candidate_logprobs(
 
 /// The mean logprob of the generated tokens; a candidate without any ranks last.
 pub fn mean_logprob(lps: &[TokenLogprob]) -> f64 {
-    let values: Vec<f64> = lps.iter().filter_map(|l| l.logprob).map(f64::from).collect();
+    let values: Vec<f64> = lps
+        .iter()
+        .filter_map(|l| l.logprob)
+        .map(f64::from)
+        .collect();
     match values.len() {
         0 => f64::NEG_INFINITY,
         len => values.iter().sum::<f64>() / len as f64,
@@ -86,7 +90,11 @@ pub fn choose(candidates: Vec<Collected>, n: usize, best_of: usize) -> Vec<(usiz
             // Stable: equal means keep the lower candidate first.
             order.sort_by(|&a, &b| score[b].total_cmp(&score[a]));
             let mut slots: Vec<Option<Collected>> = group.into_iter().map(Some).collect();
-            group = order.iter().take(n).filter_map(|&i| slots[i].take()).collect();
+            group = order
+                .iter()
+                .take(n)
+                .filter_map(|&i| slots[i].take())
+                .collect();
         }
         out.extend(group.into_iter().map(|c| (prompt, c)));
     }

@@ -20,9 +20,15 @@ pub fn parse(o: &Obj) -> Result<Option<Tools>, ApiError> {
     let sent = match present(o, "functions") {
         None => Vec::new(),
         Some(Value::Array(items)) => items.clone(),
-        Some(_) => return Err(ApiError::invalid("functions", "'functions' must be an array")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "functions",
+                "'functions' must be an array",
+            ))
+        }
     };
-    let new_style = |f: &str| present(o, f).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()));
+    let new_style =
+        |f: &str| present(o, f).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty()));
     if !sent.is_empty() && (new_style("tools") || new_style("tool_choice")) {
         return Err(ApiError::invalid(
             "functions",
@@ -103,7 +109,10 @@ pub fn legacy_shape(body: &mut Value, delta_key: &str) {
     let Some(calls) = m.remove("tool_calls") else {
         return;
     };
-    if let Some(first) = calls.get(0).filter(|c| c["index"].as_u64().unwrap_or(0) == 0) {
+    if let Some(first) = calls
+        .get(0)
+        .filter(|c| c["index"].as_u64().unwrap_or(0) == 0)
+    {
         m.insert("function_call".into(), first["function"].clone());
     }
 }
@@ -143,13 +152,28 @@ mod tests {
     fn bad_or_clashing_fields_are_named() {
         let f = json!([{ "name": "f" }]);
         for (body, field) in [
-            (json!({ "functions": f, "tools": [{ "type": "function", "function": { "name": "g" } }] }), "functions"),
-            (json!({ "functions": f, "tool_choice": "auto" }), "functions"),
+            (
+                json!({ "functions": f, "tools": [{ "type": "function", "function": { "name": "g" } }] }),
+                "functions",
+            ),
+            (
+                json!({ "functions": f, "tool_choice": "auto" }),
+                "functions",
+            ),
             (json!({ "functions": {} }), "functions"),
-            (json!({ "functions": [{ "description": "x" }] }), "functions[0]"),
+            (
+                json!({ "functions": [{ "description": "x" }] }),
+                "functions[0]",
+            ),
             (json!({ "functions": [3] }), "functions[0]"),
-            (json!({ "functions": f, "function_call": "required" }), "function_call"),
-            (json!({ "functions": f, "function_call": { "name": "g" } }), "function_call"),
+            (
+                json!({ "functions": f, "function_call": "required" }),
+                "function_call",
+            ),
+            (
+                json!({ "functions": f, "function_call": { "name": "g" } }),
+                "function_call",
+            ),
             (json!({ "function_call": { "name": "g" } }), "function_call"),
         ] {
             let e = parse(&o(body.clone())).unwrap_err();
@@ -165,16 +189,22 @@ mod tests {
 
     #[test]
     fn answers_take_the_legacy_shape() {
-        let call = |i: u64| json!({ "index": i, "id": "call_x", "type": "function",
-            "function": { "name": "f", "arguments": "{}" } });
+        let call = |i: u64| {
+            json!({ "index": i, "id": "call_x", "type": "function",
+            "function": { "name": "f", "arguments": "{}" } })
+        };
         let mut whole = json!({ "choices": [{ "index": 0, "finish_reason": "tool_calls",
             "message": { "role": "assistant", "content": null, "tool_calls": [call(0), call(1)] } }] });
         legacy_shape(&mut whole, "message");
         let c = &whole["choices"][0];
         assert_eq!(c["finish_reason"], "function_call");
-        assert_eq!(c["message"]["function_call"], json!({ "name": "f", "arguments": "{}" }));
+        assert_eq!(
+            c["message"]["function_call"],
+            json!({ "name": "f", "arguments": "{}" })
+        );
         assert!(c["message"].get("tool_calls").is_none());
-        let mut later = json!({ "choices": [{ "delta": { "tool_calls": [call(1)] }, "finish_reason": null }] });
+        let mut later =
+            json!({ "choices": [{ "delta": { "tool_calls": [call(1)] }, "finish_reason": null }] });
         legacy_shape(&mut later, "delta");
         assert_eq!(later["choices"][0]["delta"], json!({}));
     }

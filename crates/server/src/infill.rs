@@ -168,7 +168,9 @@ mod tests {
         assert_eq!(*ids.last().unwrap(), id("<|fim_middle|>"));
         let prefix = tok.decode(&ids[1..suffix_at[0]], false).unwrap();
         assert_eq!(prefix, "a<|fim_suffix|>b");
-        let suffix = tok.decode(&ids[suffix_at[0] + 1..ids.len() - 1], false).unwrap();
+        let suffix = tok
+            .decode(&ids[suffix_at[0] + 1..ids.len() - 1], false)
+            .unwrap();
         assert_eq!(suffix, "c");
     }
 
@@ -196,7 +198,11 @@ mod tests {
         let e = encode(&p, &infill("a", "b")).unwrap_err();
         assert_eq!(e.status.as_u16(), 400);
         assert_eq!(e.param.as_deref(), Some("suffix"));
-        assert!(e.message.contains("no fill-in-the-middle tokens"), "{}", e.message);
+        assert!(
+            e.message.contains("no fill-in-the-middle tokens"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -42,7 +42,11 @@ async fn run(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response, 
     let started = ticket.started().await?;
     let seq = ticket.seq;
     if stream {
-        return Ok(order_headers(seq, &started, sse(ticket, app.model_name.clone())));
+        return Ok(order_headers(
+            seq,
+            &started,
+            sse(ticket, app.model_name.clone()),
+        ));
     }
     let c = ticket.collect_all().await?;
     let body = last(&app.model_name, &c.text, &outcome(&c));
@@ -66,7 +70,10 @@ pub fn request(o: &Obj) -> Result<(Infill, openai::GenParams), ApiError> {
         ));
     }
     if present(o, "n").is_some_and(|v| v.as_u64() != Some(1)) {
-        return Err(ApiError::invalid("n", "/infill answers with one completion"));
+        return Err(ApiError::invalid(
+            "n",
+            "/infill answers with one completion",
+        ));
     }
     let mut g = o.clone();
     // llama-server's `n_predict`: -1 (its default) for as many as the context leaves.
@@ -177,7 +184,12 @@ fn sse(ticket: Ticket, model: String) -> Response {
                         finish,
                         usage,
                         stop_sequence,
-                    }) => return Some((data(&last(&model, "", &ended(finish, stop_sequence, usage))), None)),
+                    }) => {
+                        return Some((
+                            data(&last(&model, "", &ended(finish, stop_sequence, usage))),
+                            None,
+                        ))
+                    }
                     Some(Event::Error(e)) => return Some((data(&e.body()), None)),
                     None => {
                         let e = ApiError::internal("the engine worker stopped");
@@ -212,7 +224,10 @@ mod tests {
         .unwrap();
         assert!(matches!(&f.prefix, Prompt::Text(t) if t == "def f("));
         assert_eq!((f.suffix.as_str(), f.middle.as_str()), ("):\n", "x"));
-        assert_eq!(f.extra, [("a.py".into(), "A".into()), ("tmp".into(), "B".into())]);
+        assert_eq!(
+            f.extra,
+            [("a.py".into(), "A".into()), ("tmp".into(), "B".into())]
+        );
         assert_eq!(g.max_tokens, Some(7));
         assert!((g.sampling.repetition_penalty - 1.1).abs() < 1e-6);
         assert_eq!(g.stop, ["\n"]);
@@ -226,7 +241,10 @@ mod tests {
             (json!({ "n_predict": 0 }), "n_predict"),
             (json!({ "n_predict": "5" }), "n_predict"),
             (json!({ "repeat_penalty": 0 }), "repeat_penalty"),
-            (json!({ "input_extra": [{ "filename": "a" }] }), "input_extra"),
+            (
+                json!({ "input_extra": [{ "filename": "a" }] }),
+                "input_extra",
+            ),
             (json!({ "input_extra": "x" }), "input_extra"),
             (json!({ "input_prefix": 3 }), "input_prefix"),
             (json!({ "n_probs": 2 }), "n_probs"),
@@ -236,7 +254,13 @@ mod tests {
             assert_eq!(e.param.as_deref(), Some(field), "{body}");
         }
         let stop = ended(Finish::Stop, Some("\n".into()), Usage::default());
-        assert_eq!((stop.stop_type, stop.stopping_word.as_str()), ("word", "\n"));
-        assert_eq!(ended(Finish::Length, None, Usage::default()).stop_type, "limit");
+        assert_eq!(
+            (stop.stop_type, stop.stopping_word.as_str()),
+            ("word", "\n")
+        );
+        assert_eq!(
+            ended(Finish::Length, None, Usage::default()).stop_type,
+            "limit"
+        );
     }
 }

@@ -15,8 +15,8 @@ use serde_json::json;
 
 use crate::best_of;
 use crate::choices::{self, gather, set_choice, submit_all, total_usage};
-use crate::infill::{FimTokens, Infill};
 use crate::errors::ApiError;
+use crate::infill::{FimTokens, Infill};
 use crate::logprobs::{chat_logprobs, completion_logprobs};
 use crate::openai::{self, finish_reason, GenParams, Meta, Prompt, Usage};
 use crate::scheduler::{Collected, EngineHandle, JobPrompt, Started};

@@ -292,7 +292,11 @@ pub fn completion(
     let choices = states(tickets, |i| {
         let prompt = prompts.get(i / n).cloned().unwrap_or_default();
         Shape::Completion {
-            offset: if prompt_lps { 0 } else { prompt.chars().count() },
+            offset: if prompt_lps {
+                0
+            } else {
+                prompt.chars().count()
+            },
             tail: echo.clone(),
             echo: echo.is_some().then_some(prompt),
         }
