@@ -174,36 +174,39 @@ fn sse(ticket: Ticket, model: String) -> Response {
         let model = model.clone();
         async move {
             let mut t = t?;
-            loop {
-                let v = match t.events.recv().await {
-                    Some(Event::Text(s)) if s.is_empty() => continue,
-                    Some(Event::Text(s)) => json!({
-                        "index": 0, "content": s, "tokens": [], "id_slot": 0, "stop": false,
-                    }),
-                    Some(Event::Done {
-                        finish,
-                        usage,
-                        stop_sequence,
-                    }) => {
-                        return Some((
-                            data(&last(&model, "", &ended(finish, stop_sequence, usage))),
-                            None,
-                        ))
-                    }
-                    Some(Event::Error(e)) => return Some((data(&e.body()), None)),
-                    None => {
-                        let e = ApiError::internal("the engine worker stopped");
-                        return Some((data(&e.body()), None));
-                    }
-                    Some(_) => continue,
-                };
-                return Some((data(&v), Some(t)));
-            }
+            let (v, more) = next_chunk(&mut t, &model).await;
+            Some((data(&v), more.then_some(t)))
         }
     });
     Sse::new(chunks.map(Ok::<_, Infallible>))
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+/// The stream's next chunk, and whether more follow.
+async fn next_chunk(t: &mut Ticket, model: &str) -> (Value, bool) {
+    loop {
+        match t.events.recv().await {
+            Some(Event::Text(s)) if !s.is_empty() => {
+                let v =
+                    json!({ "index": 0, "content": s, "tokens": [], "id_slot": 0, "stop": false });
+                return (v, true);
+            }
+            Some(Event::Done {
+                finish,
+                usage,
+                stop_sequence,
+            }) => return (last(model, "", &ended(finish, stop_sequence, usage)), false),
+            Some(Event::Error(e)) => return (e.body(), false),
+            None => {
+                return (
+                    ApiError::internal("the engine worker stopped").body(),
+                    false,
+                )
+            }
+            Some(_) => {}
+        }
+    }
 }
 
 #[cfg(test)]
