@@ -1,8 +1,9 @@
 //! Requests for several choices: a completion's prompts times `n` (or `best_of` candidates, of
-//! which best_of.rs keeps `n`), a chat's `n`. Each choice is its own job, so its own sequence: batched rows where the server runs a continuous batch, one
-//! after another where it runs jobs serially. Choice `i` of a prompt samples from seed + i, so
-//! a seeded request is reproducible and its choices still differ. Choices are indexed prompt
-//! first (`index = prompt * n + i`), as OpenAI orders them.
+//! which best_of.rs keeps `n`), a chat's `n`. Each choice is its own job, so its own sequence:
+//! batched rows where the server runs a continuous batch, one after another where it runs jobs
+//! serially. Choice `i` of a prompt samples from seed + i, so a seeded request is reproducible
+//! and its choices still differ. Choices are indexed prompt first (`index = prompt * n + i`),
+//! as OpenAI orders them.
 
 use serde_json::Value;
 
