@@ -359,6 +359,14 @@ pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
         }
     };
     let explicit = opt_bool(o, "enable_thinking")?.or(kwargs_thinking);
+    // Ranked candidates are a completions feature (OpenAI's chat API has none); asking for
+    // them here would otherwise be ignored.
+    if present(o, "best_of").is_some_and(|v| v.as_u64() != Some(1)) {
+        return Err(ApiError::invalid(
+            "best_of",
+            "'best_of' is a /v1/completions field; chat takes 'n'",
+        ));
+    }
     let legacy = crate::functions::parse(o)?;
     let tools = crate::tools::parse(o)?.or(legacy);
     let mut gen = gen_params(o)?;

@@ -107,6 +107,28 @@ async fn best_of_returns_the_candidates_with_the_highest_mean_logprob() {
     assert!(reordered, "no seed tells ranking from taking the first n");
 }
 
+/// The candidates of one prompt compute it once: the others copy its KV (Backend::fork), which
+/// the metrics count as cached prompt tokens.
+#[tokio::test]
+async fn best_of_candidates_compute_the_prompt_once() {
+    let s = start().await;
+    let cached = |m: &str| common::metric(m, "q4moe_cached_prompt_tokens_total");
+    let before = cached(&s.get_text("/metrics").await.1);
+    let mut body = sampled(
+        "A prompt no earlier request has seen, long enough to count",
+        5,
+    );
+    body["best_of"] = json!(4);
+    let v = ok(&s, "/v1/completions", &body).await;
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let after = cached(&s.get_text("/metrics").await.1);
+    // Three candidates copy all but the last prompt token (it runs as the first input).
+    assert!(
+        after - before >= 3 * (prompt - 1),
+        "{before} -> {after}, prompt {prompt}"
+    );
+}
+
 #[tokio::test]
 async fn best_of_errors_and_streaming() {
     let s = start().await;
@@ -123,6 +145,9 @@ async fn best_of_errors_and_streaming() {
     body["prompt"] = json!(vec!["a"; 40]);
     body["stream"] = json!(false);
     refused(&s, "/v1/completions", &body, "best_of").await;
+    let mut chat = chat_body(user("Hello"), 2);
+    chat["best_of"] = json!(2);
+    refused(&s, "/v1/chat/completions", &chat, "best_of").await;
     // best_of == n streams, as n does.
     let mut body = sampled("Hello", 1);
     body["n"] = json!(2);
