@@ -58,6 +58,7 @@ def main() -> int:
     print("completion stream:", repr(text))
 
     features(client, a.model, msgs)
+    legacy(client, a.model)
 
     try:
         client.chat.completions.create(model=a.model, messages=[], max_tokens=4)
@@ -140,6 +141,68 @@ def features(client, model, msgs):
                      {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
     r = client.chat.completions.create(model=model, messages=follow, max_tokens=4, temperature=0)
     print("after the tool result:", r.usage)
+
+
+def legacy(client, model):
+    """best_of, suffix (fill-in-the-middle) with echo, /infill, and the legacy functions /
+    function_call, whole and streamed, through the client's own types."""
+    import json
+
+    many = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5,
+                                     temperature=1.0, seed=5, n=3, logprobs=0)
+    means = sorted(((sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs), c.text)
+                    for c in many.choices), reverse=True)
+    best = client.completions.create(model=model, prompt="Once upon a time", max_tokens=5,
+                                     temperature=1.0, seed=5, best_of=3)
+    assert best.choices[0].text == means[0][1], (best.choices[0].text, means)
+    assert best.usage.completion_tokens == many.usage.completion_tokens, (best.usage, many.usage)
+    print("best_of=3:", repr(best.choices[0].text), best.usage)
+    try:
+        client.completions.create(model=model, prompt="x", max_tokens=2, best_of=2, stream=True)
+        raise AssertionError("streamed best_of > n accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "best_of", e.body
+
+    prefix, suffix = "def add(a, b):\n", "\n    return c\n"
+    mid = client.completions.create(model=model, prompt=prefix, suffix=suffix, max_tokens=6,
+                                    temperature=0)
+    whole = client.completions.create(model=model, prompt=prefix, suffix=suffix, max_tokens=6,
+                                      temperature=0, echo=True)
+    assert whole.choices[0].text == prefix + mid.choices[0].text + suffix, whole
+    infill = client.post("/../infill", cast_to=object, body={
+        "input_prefix": prefix, "input_suffix": suffix, "n_predict": 6, "temperature": 0})
+    assert infill["content"] == mid.choices[0].text and infill["stop"], infill
+    print("suffix:", repr(mid.choices[0].text), "/infill:", infill["stop_type"])
+
+    functions = [{"name": "get_weather", "description": "Weather in a city",
+                  "parameters": {"type": "object",
+                                 "properties": {"city": {"type": "string", "maxLength": 16}},
+                                 "required": ["city"], "additionalProperties": False}}]
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    r = client.chat.completions.create(model=model, messages=ask, max_tokens=64, temperature=0,
+                                       functions=functions,
+                                       function_call={"name": "get_weather"})
+    call = r.choices[0].message.function_call
+    assert r.choices[0].finish_reason == "function_call" and call.name == "get_weather", r
+    assert not r.choices[0].message.tool_calls, r
+    args = json.loads(call.arguments)
+    assert set(args) == {"city"}, args
+    name, arguments = "", ""
+    for ch in client.chat.completions.create(model=model, messages=ask, max_tokens=64,
+                                             temperature=0, functions=functions,
+                                             function_call={"name": "get_weather"}, stream=True):
+        for c in ch.choices:
+            if c.delta.function_call:
+                name += c.delta.function_call.name or ""
+                arguments += c.delta.function_call.arguments or ""
+    assert (name, arguments) == (call.name, call.arguments), (name, arguments)
+    print("function_call:", call.name, args)
+    follow = ask + [{"role": "assistant", "content": None,
+                     "function_call": {"name": call.name, "arguments": call.arguments}},
+                    {"role": "function", "name": call.name, "content": "sunny, 21 C"}]
+    r = client.chat.completions.create(model=model, messages=follow, max_tokens=4, temperature=0,
+                                       functions=functions)
+    print("after the function result:", r.usage)
 
 
 if __name__ == "__main__":

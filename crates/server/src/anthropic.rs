@@ -184,6 +184,7 @@ fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
         // The Messages API has one answer a request and no logprobs or echo.
         n: 1,
+        best_of: 1,
         logprobs: None,
         echo: false,
         grammar: None,

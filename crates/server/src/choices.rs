@@ -1,8 +1,9 @@
-//! Requests for several choices: a completion's prompts times `n`, a chat's `n`. Each choice is
-//! its own job, so its own sequence: batched rows where the server runs a continuous batch, one
-//! after another where it runs jobs serially. Choice `i` of a prompt samples from seed + i, so
-//! a seeded request is reproducible and its choices still differ. Choices are indexed prompt
-//! first (`index = prompt * n + i`), as OpenAI orders them.
+//! Requests for several choices: a completion's prompts times `n` (or `best_of` candidates, of
+//! which best_of.rs keeps `n`), a chat's `n`. Each choice is its own job, so its own sequence:
+//! batched rows where the server runs a continuous batch, one after another where it runs jobs
+//! serially. Choice `i` of a prompt samples from seed + i, so a seeded request is reproducible
+//! and its choices still differ. Choices are indexed prompt first (`index = prompt * n + i`),
+//! as OpenAI orders them.
 
 use serde_json::Value;
 
@@ -10,16 +11,19 @@ use crate::errors::ApiError;
 use crate::openai::{GenParams, Usage};
 use crate::scheduler::{EngineHandle, JobPrompt, Ticket};
 
-/// Each choice's job, submitted in index order.
+/// Each choice's (or candidate's) job, submitted in index order.
 pub async fn submit_all(
     engine: &EngineHandle,
     prompts: &[JobPrompt],
     gen: &GenParams,
 ) -> Result<Vec<Ticket>, ApiError> {
-    let mut tickets = Vec::with_capacity(prompts.len() * gen.n);
+    let per_prompt = gen.best_of.max(gen.n);
+    let mut tickets = Vec::with_capacity(prompts.len() * per_prompt);
+    let mut base = gen.clone();
+    base.logprobs = crate::best_of::candidate_logprobs(gen.logprobs, gen.n, per_prompt);
     for p in prompts {
-        for i in 0..gen.n {
-            let mut g = gen.clone();
+        for i in 0..per_prompt {
+            let mut g = base.clone();
             g.sampling.seed = gen.sampling.seed.wrapping_add(i as u64);
             tickets.push(engine.submit(p.clone(), g).await?);
         }
@@ -27,8 +31,8 @@ pub async fn submit_all(
     Ok(tickets)
 }
 
-/// Usage across choices: each prompt's tokens once (its first choice's), every choice's
-/// completion tokens.
+/// Usage across choices: each prompt's tokens once (its first choice's, `n` the choices or
+/// candidates a prompt), every choice's completion tokens.
 pub fn total_usage(usages: &[Usage], n: usize) -> Usage {
     let mut total = Usage::default();
     for (i, u) in usages.iter().enumerate() {
@@ -49,6 +53,13 @@ pub fn set_choice(v: &mut Value, index: usize, logprobs: Option<Value>) {
         if let Some(lp) = logprobs {
             c["logprobs"] = lp;
         }
+    }
+}
+
+/// Sets the index of a single-choice body's one choice, keeping its logprobs.
+pub fn set_index(v: &mut Value, index: usize) {
+    if let Some(c) = v["choices"].get_mut(0) {
+        c["index"] = index.into();
     }
 }
 

@@ -1,8 +1,8 @@
 //! OpenAI-compatible HTTP server over the engine: `/v1/chat/completions`, `/v1/completions`
-//! (streaming or not), `/v1/models`, Anthropic's `/v1/messages`, llama-server's `/tokenize` and
-//! `/detokenize`, `/health`, `/metrics`; a log line per request. One engine worker serves a bounded
-//! FIFO queue: as a continuous batch where the backend has a batched step, else one request at
-//! a time.
+//! (streaming or not), `/v1/models`, Anthropic's `/v1/messages`, llama-server's `/tokenize`,
+//! `/detokenize` and `/infill` (fill-in-the-middle), `/health`, `/metrics`; a log line per
+//! request. One engine worker serves a bounded FIFO queue: as a continuous batch where the
+//! backend has a batched step, else one request at a time.
 
 pub mod access_log;
 pub mod anthropic;
@@ -11,13 +11,17 @@ mod anthropic_sse;
 mod anthropic_tools;
 pub mod auth;
 mod batching;
+mod best_of;
 mod choices;
 mod conn;
 pub mod cors;
 pub mod errors;
+mod functions;
 mod guards;
+pub mod infill;
 mod job;
 pub mod limits;
+mod llama_infill;
 mod logprobs;
 pub mod metrics;
 pub mod openai;
@@ -28,7 +32,6 @@ pub mod structured;
 pub mod tokenize;
 mod tool_markup;
 pub mod tools;
-mod unsupported;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -46,8 +49,8 @@ pub use scheduler::EngineHandle;
 pub struct ServeConfig {
     pub host: String,
     pub port: u16,
-    /// When set, `/v1/*`, `/tokenize` and `/detokenize` require `Authorization: Bearer <key>`
-    /// (or Anthropic's `x-api-key: <key>`).
+    /// When set, `/v1/*`, `/tokenize`, `/detokenize` and `/infill` require
+    /// `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`).
     pub api_key: Option<String>,
     /// The id `/v1/models` lists and requests must name (or leave out).
     pub model_name: String,
@@ -117,6 +120,7 @@ pub fn router(handle: EngineHandle, cfg: &ServeConfig) -> anyhow::Result<Router>
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/infill", post(llama_infill::infill))
         .route_layer(key.clone());
     let metrics = Router::new().route("/metrics", get(routes::metrics));
     let metrics = if cfg.metrics_auth {

@@ -25,6 +25,9 @@ pub struct GenParams {
     pub grammar: Option<GrammarField>,
     /// Choices per prompt (`n`), each its own sequence.
     pub n: usize,
+    /// Candidates generated per prompt (`best_of`, at least `n`), of which the `n` best are
+    /// returned (best_of.rs); `n` where the request has no `best_of`.
+    pub best_of: usize,
     pub logprobs: Option<LogprobOptions>,
     /// Completions: the prompt's text goes before each choice's text.
     pub echo: bool,
@@ -53,6 +56,8 @@ pub struct CompletionRequest {
     pub model: Option<String>,
     /// One choice (or `n`) each.
     pub prompts: Vec<Prompt>,
+    /// Fill-in-the-middle: the text after the gap each prompt is the text before.
+    pub suffix: Option<String>,
     pub gen: GenParams,
 }
 
@@ -194,7 +199,7 @@ pub(crate) fn string_list(o: &Obj, name: &str, one_ok: bool) -> Result<Vec<Strin
     }
 }
 
-fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
+pub(crate) fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
     let n = match present(o, "n") {
         None => 1,
         Some(v) => match v.as_u64() {
@@ -245,6 +250,7 @@ fn gen_params(o: &Obj) -> Result<GenParams, ApiError> {
         ignore_eos: opt_bool(o, "ignore_eos")?.unwrap_or(false),
         grammar: crate::structured::parse(o)?,
         n,
+        best_of: n,
         logprobs: None,
         echo: false,
     })
@@ -285,11 +291,11 @@ fn message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
     })?;
     let role = match o.get("role").and_then(Value::as_str) {
         Some("developer") => "system",
-        Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
+        Some(r @ ("system" | "user" | "assistant" | "tool" | "function")) => r,
         _ => {
             return Err(ApiError::invalid(
                 at("role"),
-                "'role' must be one of system, developer, user, assistant, tool",
+                "'role' must be one of system, developer, user, assistant, tool, function",
             ))
         }
     };
@@ -300,11 +306,21 @@ fn message(i: usize, v: &Value) -> Result<ChatMessage, ApiError> {
             format!("a {role} message needs 'content'"),
         ));
     }
-    let mut m = ChatMessage::new(role, content_text(o.get("content"), &at("content"))?);
+    if role == "function" && opt_str(o, "name").ok().flatten().is_none() {
+        return Err(ApiError::invalid(
+            at("name"),
+            "a function message needs the 'name' of the function whose result it is",
+        ));
+    }
+    // A legacy function result is a tool result (functions.rs).
+    let as_role = if role == "function" { "tool" } else { role };
+    let mut m = ChatMessage::new(as_role, content_text(o.get("content"), &at("content"))?);
     m.reasoning_content = opt_str(o, "reasoning_content")
         .map_err(|_| ApiError::invalid(at("reasoning_content"), "must be a string"))?;
     if role == "assistant" {
         m.tool_calls = crate::tools::message_calls(i, o.get("tool_calls"))?;
+        m.tool_calls
+            .extend(crate::functions::message_call(i, o.get("function_call"))?);
     }
     m.tool_call_id = opt_str(o, "tool_call_id")
         .map_err(|_| ApiError::invalid(at("tool_call_id"), "must be a string"))?;
@@ -325,7 +341,6 @@ pub(crate) fn messages_array(o: &Obj) -> Result<&Vec<Value>, ApiError> {
 }
 
 pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
-    crate::unsupported::check_chat(o)?;
     let messages = messages_array(o)?
         .iter()
         .enumerate()
@@ -344,7 +359,16 @@ pub fn chat_request(o: &Obj) -> Result<ChatRequest, ApiError> {
         }
     };
     let explicit = opt_bool(o, "enable_thinking")?.or(kwargs_thinking);
-    let tools = crate::tools::parse(o)?;
+    // Ranked candidates are a completions feature (OpenAI's chat API has none); asking for
+    // them here would otherwise be ignored.
+    if present(o, "best_of").is_some_and(|v| v.as_u64() != Some(1)) {
+        return Err(ApiError::invalid(
+            "best_of",
+            "'best_of' is a /v1/completions field; chat takes 'n'",
+        ));
+    }
+    let legacy = crate::functions::parse(o)?;
+    let tools = crate::tools::parse(o)?.or(legacy);
     let mut gen = gen_params(o)?;
     gen.logprobs = crate::logprobs::chat_options(o)?;
     if let Some(g) = tools.as_ref().and_then(Tools::grammar) {
@@ -388,24 +412,31 @@ pub fn chat_finish_reason(f: Finish, tool_calls: usize) -> &'static str {
 }
 
 pub fn completion_request(o: &Obj) -> Result<CompletionRequest, ApiError> {
-    crate::unsupported::check_completion(o)?;
     let prompts = prompts(o.get("prompt"))?;
     let mut gen = gen_params(o)?;
-    if prompts.len() * gen.n > MAX_CHOICES {
+    gen.best_of = crate::best_of::parse(o, gen.n, gen.stream)?;
+    if prompts.len() * gen.best_of > MAX_CHOICES {
+        let field = if gen.best_of > gen.n { "best_of" } else { "n" };
         return Err(ApiError::invalid(
-            "n",
+            field,
             format!(
-                "{} prompts times n = {} is over {MAX_CHOICES} choices a request",
+                "{} prompts times {field} = {} is over {MAX_CHOICES} sequences a request",
                 prompts.len(),
-                gen.n
+                gen.best_of
             ),
         ));
     }
+    // An empty suffix asks for nothing: the text simply continues the prompt.
+    let suffix = opt_str(o, "suffix")?.filter(|s| !s.is_empty());
     gen.echo = opt_bool(o, "echo")?.unwrap_or(false);
-    gen.logprobs = crate::logprobs::completion_options(o, gen.echo)?;
+    // With a suffix the prompt's tokens sit among the fill-in-the-middle markup and the
+    // suffix's own tokens, so its logprobs are not reported (infill.rs says why).
+    let prompt_logprobs = gen.echo && suffix.is_none();
+    gen.logprobs = crate::logprobs::completion_options(o, prompt_logprobs)?;
     Ok(CompletionRequest {
         model: opt_str(o, "model")?,
         prompts,
+        suffix,
         gen,
     })
 }

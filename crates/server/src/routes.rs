@@ -10,13 +10,16 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use q4moe_engine::Tokenizer;
 use serde_json::json;
 
-use crate::choices::{gather, set_choice, submit_all, total_usage};
+use crate::best_of;
+use crate::choices::{self, gather, set_choice, submit_all, total_usage};
 use crate::errors::ApiError;
+use crate::infill::{FimTokens, Infill};
 use crate::logprobs::{chat_logprobs, completion_logprobs};
-use crate::openai::{self, finish_reason, GenParams, Meta, Prompt};
-use crate::scheduler::{EngineHandle, JobPrompt, Started};
+use crate::openai::{self, finish_reason, GenParams, Meta, Prompt, Usage};
+use crate::scheduler::{Collected, EngineHandle, JobPrompt, Started};
 use crate::sse;
 use crate::tool_markup;
 
@@ -79,12 +82,13 @@ impl AppState {
             logprobs: gen.logprobs.is_some(),
             include_usage: gen.include_usage,
             n: gen.n,
+            legacy_functions: false,
         }
     }
 }
 
 /// Queue order headers, so clients (and tests) can see the queue is served first in, first out.
-fn order_headers(seq: u64, started: &Started, mut r: Response) -> Response {
+pub(crate) fn order_headers(seq: u64, started: &Started, mut r: Response) -> Response {
     let h = r.headers_mut();
     h.insert("x-q4moe-seq", HeaderValue::from(seq));
     h.insert("x-q4moe-run", HeaderValue::from(started.run));
@@ -106,6 +110,7 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
     app.check_max_tokens(&req.gen)?;
     let gen = req.gen;
     let parse_calls = req.tools.as_ref().is_some_and(|t| t.parses_calls());
+    let legacy = req.tools.as_ref().is_some_and(|t| t.legacy);
     let prompt = JobPrompt::Chat {
         messages: req.messages,
         enable_thinking: req.enable_thinking,
@@ -116,7 +121,10 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
     let seq = tickets[0].seq;
     let meta = Meta::new("chatcmpl", &app.model_name);
     if gen.stream {
-        let c = app.stream_common(meta, &gen);
+        let c = sse::Common {
+            legacy_functions: legacy,
+            ..app.stream_common(meta, &gen)
+        };
         return Ok(order_headers(
             seq,
             &started,
@@ -141,6 +149,9 @@ async fn chat(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response,
             finish,
             c.usage,
         );
+        if legacy {
+            crate::functions::legacy_shape(&mut b, "message");
+        }
         let logprobs = gen.logprobs.map(|_| chat_logprobs(tok, &c.logprobs));
         set_choice(&mut b, i, logprobs);
         bodies.push(b);
@@ -160,8 +171,11 @@ async fn completion(app: App, body: Result<Bytes, BytesRejection>) -> Result<Res
     let req = openai::completion_request(&openai::parse_body(&body_bytes(body)?)?)?;
     app.check_model(req.model.as_deref())?;
     app.check_max_tokens(&req.gen)?;
-    let gen = req.gen;
     let tok = app.engine.tokenizer().clone();
+    if req.suffix.is_some() {
+        FimTokens::require(&tok, "suffix")?;
+    }
+    let (gen, suffix) = (req.gen, req.suffix);
     // The prompts' text: echoed, and where the logprobs' text offsets start.
     let texts: Vec<String> = req
         .prompts
@@ -171,39 +185,80 @@ async fn completion(app: App, body: Result<Bytes, BytesRejection>) -> Result<Res
             Prompt::Tokens(ids) => tok.decode(ids, false).unwrap_or_default(),
         })
         .collect();
-    let prompts: Vec<JobPrompt> = req.prompts.into_iter().map(JobPrompt::Completion).collect();
+    let prompts: Vec<JobPrompt> = req
+        .prompts
+        .into_iter()
+        .map(|prefix| match &suffix {
+            None => JobPrompt::Completion(prefix),
+            Some(s) => JobPrompt::Infill(Infill {
+                prefix,
+                suffix: s.clone(),
+                middle: String::new(),
+                extra: Vec::new(),
+                fields: ("prompt", "suffix"),
+            }),
+        })
+        .collect();
     let mut tickets = submit_all(&app.engine, &prompts, &gen).await?;
     let started = tickets[0].started().await?;
     let seq = tickets[0].seq;
     let meta = Meta::new("cmpl", &app.model_name);
+    // Echo gives the whole text: with a suffix, the filled-in document (infill.rs).
+    let echo = gen.echo.then(|| suffix.unwrap_or_default());
     if gen.stream {
         let c = app.stream_common(meta, &gen);
-        let r = sse::completion(c, tickets, &texts, gen.echo);
+        let prompt_lps = gen.logprobs.is_some_and(|l| l.prompt);
+        let r = sse::completion(c, tickets, &texts, echo, prompt_lps);
         return Ok(order_headers(seq, &started, r));
     }
-    let (mut bodies, mut usages) = (Vec::new(), Vec::new());
-    for (i, t) in tickets.iter_mut().enumerate() {
-        let c = t.collect_all().await?;
-        let prompt = &texts[i / gen.n];
-        let text = if gen.echo {
-            format!("{prompt}{}", c.text)
-        } else {
-            c.text
-        };
-        let finish = Some(finish_reason(c.finish));
-        let mut b = openai::completion(&meta, &text, finish, Some(c.usage));
-        let logprobs = gen.logprobs.map(|_| {
-            let mut offset = if gen.echo { 0 } else { prompt.chars().count() };
-            let mut lps = c.prompt_logprobs;
-            lps.extend(c.logprobs);
-            completion_logprobs(&tok, &lps, &mut offset)
-        });
-        set_choice(&mut b, i, logprobs);
-        bodies.push(b);
-        usages.push(c.usage);
+    let mut candidates = Vec::with_capacity(tickets.len());
+    for t in tickets.iter_mut() {
+        candidates.push(t.collect_all().await?);
     }
-    let body = gather(bodies, total_usage(&usages, gen.n));
+    let usages: Vec<Usage> = candidates.iter().map(|c| c.usage).collect();
+    let usage = total_usage(&usages, gen.best_of);
+    let bodies = best_of::choose(candidates, gen.n, gen.best_of)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (p, c))| {
+            let mut b = completion_choice(&meta, &tok, &gen, &texts[p], echo.as_deref(), c);
+            choices::set_index(&mut b, i);
+            b
+        })
+        .collect();
+    let body = gather(bodies, usage);
     Ok(order_headers(seq, &started, Json(body).into_response()))
+}
+
+/// One choice's body; `echo` is the suffix to close an echoed text with (empty without one).
+fn completion_choice(
+    meta: &Meta,
+    tok: &Tokenizer,
+    gen: &GenParams,
+    prompt: &str,
+    echo: Option<&str>,
+    c: Collected,
+) -> serde_json::Value {
+    let text = match echo {
+        Some(suffix) => format!("{prompt}{}{suffix}", c.text),
+        None => c.text,
+    };
+    let finish = Some(finish_reason(c.finish));
+    let mut b = openai::completion(meta, &text, finish, Some(c.usage));
+    let logprobs = gen.logprobs.map(|asked| {
+        // Offsets count from the start of the echoed prompt, or from where the text would
+        // follow it.
+        let mut offset = if asked.prompt {
+            0
+        } else {
+            prompt.chars().count()
+        };
+        let mut lps = c.prompt_logprobs;
+        lps.extend(c.logprobs);
+        completion_logprobs(tok, &lps, &mut offset)
+    });
+    set_choice(&mut b, 0, logprobs);
+    b
 }
 
 pub async fn models(State(app): State<App>) -> Response {

@@ -19,6 +19,7 @@ use q4moe_engine::{
 use tokio::sync::mpsc;
 
 use crate::errors::{from_engine, ApiError};
+use crate::infill::Infill;
 use crate::job::{prepare, report, take, BuiltPrompt, Job, Order, TextSender};
 pub use crate::job::{Event, Started};
 use crate::metrics::Metrics;
@@ -33,6 +34,8 @@ pub enum JobPrompt {
         tools: Option<serde_json::Value>,
     },
     Completion(Prompt),
+    /// Fill-in-the-middle (infill.rs).
+    Infill(Infill),
 }
 
 impl JobPrompt {
@@ -41,6 +44,7 @@ impl JobPrompt {
         match self {
             JobPrompt::Chat { .. } => "messages",
             JobPrompt::Completion(_) => "prompt",
+            JobPrompt::Infill(f) => f.fields.0,
         }
     }
 }
@@ -278,15 +282,10 @@ fn build_prompt(
             false,
         ),
         JobPrompt::Completion(Prompt::Tokens(ids)) => {
-            let vocab = p.vocab();
-            if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ApiError::invalid(
-                    param,
-                    format!("token id {t} is outside the vocabulary of {vocab}"),
-                ));
-            }
+            check_ids(ids, p.vocab(), param)?;
             (ids.clone(), false)
         }
+        JobPrompt::Infill(f) => (crate::infill::encode(p, f)?, false),
     };
     crate::logprobs::check_bias_ids(&gen.sampling.logit_bias, p.vocab())?;
     let max_tokens = budget(ids.len(), p.context(), gen, param)?;
@@ -296,6 +295,17 @@ fn build_prompt(
         max_tokens,
         param,
     })
+}
+
+/// A prompt's token ids must be in the model's vocabulary.
+pub(crate) fn check_ids(ids: &[u32], vocab: usize, param: &str) -> Result<(), ApiError> {
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(t) => Err(ApiError::invalid(
+            param,
+            format!("token id {t} is outside the vocabulary of {vocab}"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Compiles the request's grammar (400 naming its field when it is bad). A chat that thinks

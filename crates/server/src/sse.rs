@@ -31,6 +31,8 @@ pub struct Common {
     pub include_usage: bool,
     /// Choices per prompt, for the usage.
     pub n: usize,
+    /// Calls go out in the legacy `function_call` shape (functions.rs).
+    pub legacy_functions: bool,
 }
 
 /// What differs between the chat and completion streams.
@@ -40,6 +42,8 @@ enum Shape {
     Completion {
         /// With `echo`: the prompt's text, sent before the first generated text.
         echo: Option<String>,
+        /// With `echo` and a suffix: the suffix, sent after the last generated text.
+        tail: Option<String>,
         /// Where the next token's text starts in the choice's text (`text_offset`).
         offset: usize,
     },
@@ -61,6 +65,9 @@ fn data(v: &Value) -> SseEvent {
 impl ChoiceState {
     /// Sends `v` as this choice's chunk, with the logprobs pending.
     fn chunk(&mut self, c: &Common, mut v: Value, out: &mut Vec<Value>) {
+        if c.legacy_functions {
+            crate::functions::legacy_shape(&mut v, "delta");
+        }
         let lps = std::mem::take(&mut self.pending);
         let logprobs = c.logprobs.then(|| match &mut self.shape {
             Shape::Chat(..) => chat_logprobs(&c.tokenizer, &lps),
@@ -141,6 +148,11 @@ impl ChoiceState {
         if let Shape::Chat(_, Some(calls)) = &mut self.shape {
             let rest = calls.finish();
             self.piece_chunks(c, rest, out);
+        }
+        if let Shape::Completion { tail, .. } = &mut self.shape {
+            if let Some(t) = tail.take().filter(|t| !t.is_empty()) {
+                self.chunk(c, openai::completion(&c.meta, &t, None, None), out);
+            }
         }
         let reason = openai::chat_finish_reason(finish, self.calls());
         let last = match self.shape {
@@ -266,14 +278,27 @@ pub fn chat(c: Common, started: Started, tickets: Vec<Ticket>, parse_calls: bool
     respond(c, choices, head, "chat.completion.chunk")
 }
 
-/// `prompts[i / n]` is choice i's prompt text (for `echo` and the logprobs' text offsets).
-pub fn completion(c: Common, tickets: Vec<Ticket>, prompts: &[String], echo: bool) -> Response {
+/// `prompts[i / n]` is choice i's prompt text (for `echo` and the logprobs' text offsets);
+/// `echo`, when the prompt is echoed, is the suffix to send after the text (empty without one);
+/// `prompt_lps`: the prompt's logprobs come first (echo without a suffix, infill.rs says why).
+pub fn completion(
+    c: Common,
+    tickets: Vec<Ticket>,
+    prompts: &[String],
+    echo: Option<String>,
+    prompt_lps: bool,
+) -> Response {
     let n = c.n.max(1);
     let choices = states(tickets, |i| {
         let prompt = prompts.get(i / n).cloned().unwrap_or_default();
         Shape::Completion {
-            offset: if echo { 0 } else { prompt.chars().count() },
-            echo: echo.then_some(prompt),
+            offset: if prompt_lps {
+                0
+            } else {
+                prompt.chars().count()
+            },
+            tail: echo.clone(),
+            echo: echo.is_some().then_some(prompt),
         }
     });
     respond(c, choices, Vec::new(), "text_completion")

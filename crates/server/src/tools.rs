@@ -32,6 +32,8 @@ pub struct Tools {
     functions: Vec<(String, Value)>,
     /// `parallel_tool_calls` (OpenAI's default true): a required choice may make several calls.
     parallel: bool,
+    /// Sent as the legacy `functions` (functions.rs): the answer carries `function_call`.
+    pub legacy: bool,
 }
 
 impl Tools {
@@ -105,7 +107,24 @@ pub fn parse(o: &Map<String, Value>) -> Result<Option<Tools>, ApiError> {
         choice,
         functions,
         parallel,
+        legacy: false,
     }))
+}
+
+/// The legacy `functions` (`sent`, each as it was sent, so the template describes it whole) as
+/// tools: one call at most (`function_call` names one function).
+pub(crate) fn legacy(sent: &[Value], functions: Vec<(String, Value)>, choice: ToolChoice) -> Tools {
+    let list = sent
+        .iter()
+        .map(|f| json!({ "type": "function", "function": f }))
+        .collect();
+    Tools {
+        list: Value::Array(list),
+        choice,
+        functions,
+        parallel: false,
+        legacy: true,
+    }
 }
 
 fn function(i: usize, t: &Value) -> Result<(String, Value), ApiError> {
@@ -118,15 +137,30 @@ fn function(i: usize, t: &Value) -> Result<(String, Value), ApiError> {
         .get("function")
         .and_then(Value::as_object)
         .ok_or_else(|| bad("needs a 'function' object"))?;
+    named_function(&at, "function.", f)
+}
+
+/// A function's name and parameter schema; `at` and `path` name it in errors (`tools[0]` and
+/// `function.`, or the legacy `functions[0]` and nothing).
+pub(crate) fn named_function(
+    at: &str,
+    path: &str,
+    f: &Map<String, Value>,
+) -> Result<(String, Value), ApiError> {
+    let bad = |what: String| ApiError::invalid(at, format!("'{at}' {what}"));
     let name = f
         .get("name")
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| bad("needs a non-empty 'function.name'"))?;
+        .ok_or_else(|| bad(format!("needs a non-empty '{path}name'")))?;
     let params = match f.get("parameters") {
         None | Some(Value::Null) => json!({ "type": "object" }),
         Some(p @ Value::Object(_)) => p.clone(),
-        Some(_) => return Err(bad("'function.parameters' must be a JSON schema object")),
+        Some(_) => {
+            return Err(bad(format!(
+                "'{path}parameters' must be a JSON schema object"
+            )))
+        }
     };
     Ok((name.to_string(), params))
 }

@@ -356,6 +356,7 @@ async fn the_serial_worker_reports_the_same_logprobs_as_the_batch() {
         include_usage: false,
         ignore_eos: true,
         n: 1,
+        best_of: 1,
         logprobs: Some(LogprobOptions {
             top: 2,
             prompt: true,

@@ -51,6 +51,9 @@ const DICT: &[&[u8]] = &[
     b"\"n\"",
     b"\"best_of\"",
     b"\"suffix\"",
+    b"\"functions\"",
+    b"\"function_call\"",
+    b"\"function\"",
     b"null",
     b"true",
     b"false",
@@ -161,6 +164,8 @@ const FIELDS: &[&str] = &[
     "n",
     "best_of",
     "suffix",
+    "functions",
+    "function_call",
     "role",
     "content",
     "type",
@@ -294,6 +299,8 @@ fn check_gen(g: &GenParams) -> Result<(), String> {
         && g.max_tokens != Some(0)
         && g.stop.len() <= 16
         && (1..=64).contains(&g.n)
+        && (g.n..=64).contains(&g.best_of)
+        && !(g.stream && g.best_of > g.n)
         && g.logprobs.is_none_or(|l| l.top <= 20)
         && s.logit_bias
             .iter()
