@@ -132,6 +132,12 @@ impl Batcher {
         self.seqs.is_empty()
     }
 
+    /// Bytes the running sequences' KV takes.
+    pub fn kv_bytes(&self, engine: &Engine) -> usize {
+        let b = engine.backend.as_ref();
+        self.seqs.iter().map(|s| b.kv_bytes(s.session)).sum()
+    }
+
     pub fn has_room(&self) -> bool {
         self.seqs.len() < self.opts.max_batch
     }

@@ -106,6 +106,11 @@ impl Engine {
 
     /// Whether the backend runs a batched step (continuous batching with `Batcher`); without
     /// one, sequences run one at a time through `generate`.
+    /// Bytes the cached (idle) sessions' KV takes, kept for prefix reuse.
+    pub fn cached_kv_bytes(&self) -> usize {
+        self.sessions.bytes(self.backend.as_ref())
+    }
+
     pub fn batched_step(&self) -> bool {
         self.backend.info().batched_step
     }

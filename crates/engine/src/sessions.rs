@@ -104,8 +104,7 @@ impl SessionStore {
             },
         );
         loop {
-            let held: usize = self.entries.keys().map(|&id| backend.kv_bytes(id)).sum();
-            if held <= self.max_bytes || self.entries.len() <= 1 {
+            if self.bytes(backend) <= self.max_bytes || self.entries.len() <= 1 {
                 break;
             }
             let oldest = self.entries.iter().min_by_key(|(_, e)| e.last_used);
@@ -113,6 +112,11 @@ impl SessionStore {
             self.entries.remove(&oldest);
             backend.drop_session(oldest);
         }
+    }
+
+    /// Bytes the cached sessions' KV takes.
+    pub fn bytes(&self, backend: &dyn Backend) -> usize {
+        self.entries.keys().map(|&id| backend.kv_bytes(id)).sum()
     }
 
     /// Drops a session that failed mid-way (its KV is in an unknown state).

@@ -68,6 +68,7 @@ pub(crate) fn worker(
             engine.reset_sessions();
         }
         metrics.batch_size(batch.running());
+        metrics.kv_bytes(batch.kv_bytes(&engine), engine.cached_kv_bytes());
     }
 }
 

@@ -63,6 +63,8 @@ pub struct Metrics {
     queue_depth: AtomicI64,
     /// Sequences in the running batch after the last admission.
     batch_size: AtomicI64,
+    /// KV bytes held by the running sequences and by the cached sessions.
+    kv_bytes: [AtomicI64; 2],
     /// Finish reason ("stop", "length", "cancelled", "error") -> sequences.
     finished: Mutex<BTreeMap<&'static str, u64>>,
     ttft: Mutex<Histogram>,
@@ -81,6 +83,7 @@ impl Default for Metrics {
             cancelled: AtomicU64::new(0),
             queue_depth: AtomicI64::new(0),
             batch_size: AtomicI64::new(0),
+            kv_bytes: Default::default(),
             finished: Mutex::default(),
             ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
             tpot: Mutex::new(Histogram::new(TPOT_BUCKETS)),
@@ -108,6 +111,12 @@ impl Metrics {
 
     pub fn queue_depth(&self) -> i64 {
         self.queue_depth.load(Ordering::Relaxed)
+    }
+
+    /// The KV bytes the running sequences and the cached sessions hold.
+    pub fn kv_bytes(&self, running: usize, cached: usize) {
+        self.kv_bytes[0].store(running as i64, Ordering::Relaxed);
+        self.kv_bytes[1].store(cached as i64, Ordering::Relaxed);
     }
 
     pub fn batch_size(&self, running: usize) {
@@ -204,6 +213,14 @@ impl Metrics {
             "# HELP q4moe_batch_size Sequences in the running batch.\n# TYPE q4moe_batch_size gauge\nq4moe_batch_size {}",
             self.batch_size.load(Ordering::Relaxed)
         );
+        out.push_str("# HELP q4moe_kv_bytes KV cache bytes held, by the running sequences and by finished conversations kept for prefix reuse (--kv-cache-mb bounds those).\n# TYPE q4moe_kv_bytes gauge\n");
+        for (state, v) in ["running", "cached"].iter().zip(&self.kv_bytes) {
+            let _ = writeln!(
+                out,
+                "q4moe_kv_bytes{{state=\"{state}\"}} {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
         out.push_str("# HELP q4moe_sequences_finished_total Sequences ended, by finish reason.\n# TYPE q4moe_sequences_finished_total counter\n");
         for (reason, n) in lock(&self.finished).iter() {
             let _ = writeln!(

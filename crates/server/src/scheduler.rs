@@ -242,6 +242,7 @@ fn serial_worker(mut engine: Engine, mut rx: mpsc::Receiver<Job>, metrics: Arc<M
             run_job(&mut engine, &job, ids, &metrics)
         }));
         metrics.batch_size(0);
+        metrics.kv_bytes(0, engine.cached_kv_bytes());
         if outcome.is_err() {
             // The sessions' KV may be half-written: forget them and keep serving.
             engine.reset_sessions();

@@ -66,6 +66,19 @@ async fn concurrent_requests_give_exactly_what_each_gives_alone() {
         assert!(m.contains(name), "{name} missing:\n{m}");
     }
     assert!(metric(&m, "q4moe_inter_token_latency_seconds_count") > 0);
+    // Once the worker is past its last step (the gauges follow each step, a little after the
+    // responses), nothing runs and the finished conversations' KV is kept for reuse.
+    let running = "q4moe_kv_bytes{state=\"running\"}";
+    let mut m = m;
+    for _ in 0..100 {
+        if m.contains(running) && metric(&m, running) == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        m = s.get_text("/metrics").await.1;
+    }
+    assert!(m.contains(running) && metric(&m, running) == 0, "{m}");
+    assert!(metric(&m, "q4moe_kv_bytes{state=\"cached\"}") > 0, "{m}");
 }
 
 /// Some generated text arrived (content or reasoning; the opening role chunk has none).
