@@ -17,7 +17,7 @@
 #   tests          every carried CUDA test binary (TEST_BINS, default "batch kernels moe_kernels parity matrix_parity generate logprobs": the newest
 #                  target/release/deps/<name>-*) with --include-ignored; pass/fail counts. The
 #                  probe's test: TEST_BINS="timeline" (`cargo test --release -p q4moe-cuda --features timeline --no-run`).
-#   sanitize       compute-sanitizer memcheck on the tiny parity tests and on the kernel tests.
+#   sanitize       compute-sanitizer memcheck on the tiny parity and batched-step tests and on the kernel tests.
 #   bench:<quant>  `q4moe bench` of record (q4_0, q4_k_m) on a synthetic Qwen3-30B-A3B written
 #                  once per quant to /tmp; JSON to $OUT/bench-<quant>.json.
 #   batch:<quant>  `q4moe bench --batch` (BATCH, default 1,2,4,8,16,32,64) on the synthetic model:
@@ -83,8 +83,10 @@ sanitize_one() {
 
 run_sanitize() {
   local p k
-  p=$(newest parity); k=$(newest kernels)
+  local b
+  p=$(newest parity); k=$(newest kernels); b=$(newest batch)
   if [ -n "$p" ]; then sanitize_one parity-tiny "$p" tiny_q4; else say "sanitize: parity not carried"; fi
+  if [ -n "$b" ]; then sanitize_one batch-tiny "$b" tiny_q4_0; else say "sanitize: batch not carried"; fi
   if [ -n "$k" ]; then sanitize_one kernels "$k"; else say "sanitize: kernels not carried"; fi
 }
 
