@@ -96,19 +96,7 @@ macro_rules! points {
     };
 }
 
-points!(
-    h64_g1_e8k1_q8_0,
-    h64_g16_e64k8_d128_q4_0,
-    h128_g8_e8k4_d128_q4_0,
-    h128_g16_e8k2_d128_q4_0,
-    h256_g2_e8k2_q6_k,
-    h128_g2_e8k2_q4_k_m,
-    h64_g4_e8k2_q4_k,
-    h64_g2_e256k8_d64_q4_0,
-    h64_g4_e8k2_d320_q4_0,
-    h64_g2_e8k2_d512_q4_0,
-    h64_g1_e8k8_d768_q4_0,
-);
+crate::matrix_points!(points);
 
 /// A point the script writes but no test names would go unchecked.
 #[test]

@@ -6,27 +6,8 @@
 
 mod common;
 
-use common::{chat_body, model_path, start_engine, user, Server};
-use q4moe_engine::{Device, Engine, EngineOptions};
-use q4moe_server::ServeConfig;
+use common::{chat_body, start_roomy, user, Server};
 use serde_json::{json, Value};
-
-/// The tiny model with room for function descriptions (its tokenizer spends many tokens on
-/// JSON).
-async fn start() -> Server {
-    let opts = EngineOptions {
-        device: Device::Cpu,
-        kv_capacity: 2048,
-        ..Default::default()
-    };
-    let engine = Engine::load(model_path(), &opts).unwrap();
-    let cfg = ServeConfig {
-        model_name: "tiny".into(),
-        max_body_bytes: 64 << 10,
-        ..Default::default()
-    };
-    start_engine(engine, cfg).await
-}
 
 async fn ok(s: &Server, path: &str, body: &Value) -> Value {
     let (status, v) = s.post(path, body).await;
@@ -58,7 +39,7 @@ fn sampled(prompt: &str, seed: u64) -> Value {
 
 #[tokio::test]
 async fn best_of_returns_the_candidates_with_the_highest_mean_logprob() {
-    let s = start().await;
+    let s = start_roomy().await;
     let mut reordered = false;
     for seed in [3, 11] {
         // The candidates, through n (candidate i samples from seed + i either way).
@@ -111,7 +92,7 @@ async fn best_of_returns_the_candidates_with_the_highest_mean_logprob() {
 /// the metrics count as cached prompt tokens.
 #[tokio::test]
 async fn best_of_candidates_compute_the_prompt_once() {
-    let s = start().await;
+    let s = start_roomy().await;
     let cached = |m: &str| common::metric(m, "q4moe_cached_prompt_tokens_total");
     let before = cached(&s.get_text("/metrics").await.1);
     let mut body = sampled(
@@ -131,7 +112,7 @@ async fn best_of_candidates_compute_the_prompt_once() {
 
 #[tokio::test]
 async fn best_of_errors_and_streaming() {
-    let s = start().await;
+    let s = start_roomy().await;
     let mut body = sampled("Hello", 1);
     body["n"] = json!(3);
     body["best_of"] = json!(2);
@@ -182,7 +163,7 @@ fn greedy(prompt: Value, max_tokens: usize) -> Value {
 
 #[tokio::test]
 async fn suffix_fills_in_the_middle_with_the_markup_as_control_tokens() {
-    let s = start().await;
+    let s = start_roomy().await;
     // A control token typed in the texts stays text.
     let (prefix, suffix) = ("def add(a, b):\n<|fim_middle|>", "\n    return c\n");
     let mut want = ids(&s, "<|fim_prefix|>", true).await;
@@ -241,7 +222,7 @@ async fn suffix_fills_in_the_middle_with_the_markup_as_control_tokens() {
 
 #[tokio::test]
 async fn infill_answers_in_llama_servers_shape_on_the_same_path() {
-    let s = start().await;
+    let s = start_roomy().await;
     let (prefix, suffix) = ("fn main() {\n", "\n}\n");
     let mut completion = greedy(json!(prefix), 4);
     completion["suffix"] = json!(suffix);
@@ -332,7 +313,7 @@ fn named_call(stream: bool) -> Value {
 
 #[tokio::test]
 async fn legacy_function_calls_answer_in_the_legacy_shape() {
-    let s = start().await;
+    let s = start_roomy().await;
     let v = ok(&s, "/v1/chat/completions", &named_call(false)).await;
     let c = &v["choices"][0];
     assert_eq!(c["finish_reason"], "function_call", "{v}");
@@ -383,7 +364,7 @@ async fn legacy_function_calls_answer_in_the_legacy_shape() {
 
 #[tokio::test]
 async fn legacy_history_renders_as_tool_turns_do() {
-    let s = start().await;
+    let s = start_roomy().await;
     let history = |legacy: bool, result: &str| {
         let mut m = user("Weather?").as_array().unwrap().clone();
         let args = "{\"city\": \"Paris\"}";

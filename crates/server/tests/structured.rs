@@ -4,27 +4,8 @@
 
 mod common;
 
-use common::{chat_body, model_path, start_engine, user, Server};
-use q4moe_engine::{Device, Engine, EngineOptions};
-use q4moe_server::ServeConfig;
+use common::{chat_body, start_roomy, user, Server};
 use serde_json::{json, Value};
-
-/// The server over the tiny model with room for tool descriptions (the tiny tokenizer spends
-/// many tokens on JSON).
-async fn start_default() -> Server {
-    let opts = EngineOptions {
-        device: Device::Cpu,
-        kv_capacity: 2048,
-        ..Default::default()
-    };
-    let engine = Engine::load(model_path(), &opts).unwrap();
-    let cfg = ServeConfig {
-        model_name: "tiny".into(),
-        max_body_bytes: 64 << 10,
-        ..Default::default()
-    };
-    start_engine(engine, cfg).await
-}
 
 /// The JSON schema subset these tests use: type, properties, required, additionalProperties,
 /// items, enum, const, maxLength, maxItems, minimum, maximum. Returns what is wrong, if anything.
@@ -131,7 +112,7 @@ async fn chat(s: &Server, body: &Value) -> Value {
 
 #[tokio::test]
 async fn json_schema_output_validates_whatever_the_sampling() {
-    let s = start_default().await;
+    let s = start_roomy().await;
     let schema = person_schema();
     for (temperature, seed) in [(0.0, 0), (1.0, 1), (1.0, 2)] {
         let mut body = chat_body(user("Describe a person."), 300);
@@ -160,7 +141,7 @@ async fn json_schema_output_validates_whatever_the_sampling() {
 /// object (serde_json stops at the end of the input, not at a syntax error), else an object.
 #[tokio::test]
 async fn json_object_output_parses_as_an_object() {
-    let s = start_default().await;
+    let s = start_roomy().await;
     for seed in 0..3 {
         let mut body = chat_body(user("Any JSON."), 100);
         body["response_format"] = json!({ "type": "json_object" });
@@ -192,7 +173,7 @@ fn required_call_body(stream: bool) -> Value {
 
 #[tokio::test]
 async fn required_tool_choice_returns_a_call_matching_the_schema() {
-    let s = start_default().await;
+    let s = start_roomy().await;
     let tools = weather_tools();
     let v = chat(&s, &required_call_body(false)).await;
     let choice = &v["choices"][0];
@@ -223,7 +204,7 @@ async fn required_tool_choice_returns_a_call_matching_the_schema() {
 
 #[tokio::test]
 async fn streamed_tool_calls_reassemble_to_the_non_streamed_ones() {
-    let s = start_default().await;
+    let s = start_roomy().await;
     let whole = chat(&s, &required_call_body(false)).await;
     let want = &whole["choices"][0]["message"]["tool_calls"];
     let mut calls: Vec<Value> = Vec::new();
@@ -271,7 +252,7 @@ async fn streamed_tool_calls_reassemble_to_the_non_streamed_ones() {
 /// Each of `n` choices is read for calls, whole and streamed (chunks carry their choice's index).
 #[tokio::test]
 async fn every_choice_of_n_is_read_for_calls() {
-    let s = start_default().await;
+    let s = start_roomy().await;
     let mut body = required_call_body(false);
     body["n"] = json!(2);
     body["temperature"] = json!(1.0);
@@ -310,7 +291,7 @@ async fn every_choice_of_n_is_read_for_calls() {
 /// answer is a `tool_use` block whose input matches the schema, streamed as the same input.
 #[tokio::test]
 async fn anthropic_tools_answer_with_tool_use_blocks() {
-    let s = start_default().await;
+    let s = start_roomy().await;
     let openai = weather_tools();
     let tools: Vec<Value> = openai
         .as_array()
@@ -363,7 +344,7 @@ async fn anthropic_tools_answer_with_tool_use_blocks() {
 
 #[tokio::test]
 async fn tools_and_tool_results_reach_the_prompt() {
-    let s = start_default().await;
+    let s = start_roomy().await;
     let tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
     let question = user("Weather?");
     let plain = chat(&s, &chat_body(question.clone(), 1)).await;
@@ -400,7 +381,7 @@ async fn tools_and_tool_results_reach_the_prompt() {
 
 #[tokio::test]
 async fn bad_schemas_and_grammars_are_400_naming_the_field() {
-    let s = start_default().await;
+    let s = start_roomy().await;
     let with = |extra: Value| {
         let mut b = chat_body(user("hi"), 5);
         b.as_object_mut()

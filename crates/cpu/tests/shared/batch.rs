@@ -221,17 +221,21 @@ pub fn invariance(b: &mut dyn Backend, vocab: usize, max_n: usize, by: AloneBy, 
     }
 }
 
+/// A row whose caller chooses its token from its logits.
+fn row(session: u64, token: u32) -> BatchRow<'static> {
+    BatchRow {
+        session,
+        token,
+        sampler: None,
+        logits: true,
+    }
+}
+
 /// A step the backend refuses (a bad token, a session twice, a full context) changes no
 /// session, and an empty step is fine. `b` holds 8 positions a session.
 pub fn refused_steps_change_no_session(b: &mut dyn Backend, vocab: usize) {
     b.prefill(1, &[1, 2, 3], Logits::Last).unwrap();
     b.prefill(2, &[4; 8], Logits::Last).unwrap();
-    let row = |session, token| BatchRow {
-        session,
-        token,
-        sampler: None,
-        logits: true,
-    };
     let mut out = BatchOut::default();
     let v = vocab as u32;
     let err = b
@@ -269,12 +273,6 @@ pub fn fork_continues_as_prefilled(b: &mut dyn Backend, vocab: usize) {
     let mut rng = Lcg(19);
     let prompt: Vec<u32> = (0..20).map(|_| rng.next(vocab) as u32).collect();
     let tail: Vec<u32> = (0..5).map(|_| rng.next(vocab) as u32).collect();
-    let row = |session, token| BatchRow {
-        session,
-        token,
-        sampler: None,
-        logits: true,
-    };
     let mut out = BatchOut::default();
     let mut run = |b: &mut dyn Backend, rows: &[(u64, u32)]| -> Vec<Vec<u32>> {
         let mut rows: Vec<_> = rows.iter().map(|&(s, t)| row(s, t)).collect();

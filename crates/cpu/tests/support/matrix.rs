@@ -7,6 +7,27 @@ use q4moe_model::Config;
 
 use super::{read_dims, read_golden, Golden, Reader};
 
+/// Calls `$m!` with the name of every matrix point (the fixtures tools/gguf_matrix writes): one
+/// list for the CPU's and CUDA's matrix tests, each of which checks it against the fixtures.
+#[macro_export]
+macro_rules! matrix_points {
+    ($m:ident) => {
+        $m!(
+            h64_g1_e8k1_q8_0,
+            h64_g16_e64k8_d128_q4_0,
+            h128_g8_e8k4_d128_q4_0,
+            h128_g16_e8k2_d128_q4_0,
+            h256_g2_e8k2_q6_k,
+            h128_g2_e8k2_q4_k_m,
+            h64_g4_e8k2_q4_k,
+            h64_g2_e256k8_d64_q4_0,
+            h64_g4_e8k2_d320_q4_0,
+            h64_g2_e8k2_d512_q4_0,
+            h64_g1_e8k8_d768_q4_0,
+        );
+    };
+}
+
 pub const MAGIC: &[u8; 8] = b"Q4MMATRX";
 pub const VERSION: u32 = 1;
 

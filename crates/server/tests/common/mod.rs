@@ -57,6 +57,23 @@ pub async fn start_engine(engine: Engine, cfg: ServeConfig) -> Server {
     }
 }
 
+/// The server over the tiny model with room for tool and function descriptions (its tokenizer
+/// spends many tokens on JSON): a 2,048-position context and 64 KiB bodies.
+pub async fn start_roomy() -> Server {
+    let opts = EngineOptions {
+        device: Device::Cpu,
+        kv_capacity: 2048,
+        ..Default::default()
+    };
+    let engine = Engine::load(model_path(), &opts).unwrap();
+    let cfg = ServeConfig {
+        model_name: "tiny".into(),
+        max_body_bytes: 64 << 10,
+        ..Default::default()
+    };
+    start_engine(engine, cfg).await
+}
+
 pub async fn start_default() -> Server {
     start(ServeConfig {
         model_name: "tiny".into(),
