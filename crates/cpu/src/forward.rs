@@ -9,7 +9,7 @@ use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
 use crate::kv::KvCache;
-use crate::ops::{rmsnorm, rmsnorm_heads, rope_neox, silu, softmax, top_k};
+use crate::ops::{dot_f32, rmsnorm, rmsnorm_heads, rope_neox, silu, softmax, top_k};
 use crate::par;
 
 /// How activations meet quantised weights.
@@ -392,7 +392,7 @@ pub(crate) fn attend_head(
     let qh = &q[h * hd..(h + 1) * hd];
     for (t, sc) in scores.iter_mut().enumerate() {
         let kt = &keys[t * kv_dim + g * hd..t * kv_dim + (g + 1) * hd];
-        *sc = qh.iter().zip(kt).map(|(a, b)| a * b).sum::<f32>() * scale;
+        *sc = dot_f32(qh, kt) * scale;
     }
     softmax(scores);
     o.fill(0.0);

@@ -97,3 +97,24 @@ mod tests {
         assert_eq!(top_k(&[0.1, 0.5, 0.5, 0.9, -1.0], 3), vec![3, 1, 2]);
     }
 }
+
+/// a . b in a fixed order: eight running sums (lane i takes elements i, i + 8, ..), combined
+/// pairwise, then the tail. Eight independent sums let the compiler use vector registers where
+/// one running sum is a chain of dependent adds; the order is the same on every path, so
+/// attention stays bit-identical alone and in a batch.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
