@@ -108,6 +108,7 @@ impl IntoResponse for ApiError {
 /// Maps the engine's errors to client errors where the client caused them.
 pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError {
     use q4moe_engine::EngineError as E;
+    use q4moe_tokenizer::TokenizerError;
     match e {
         E::PromptTooLong { prompt, context } => ApiError::invalid(
             prompt_param,
@@ -122,6 +123,11 @@ pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError
         )
         .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded"),
         E::Invalid(msg) => ApiError::invalid(prompt_param, msg),
+        // The model's template overran its limits or its worker failed: the server's fault
+        // (its model file), not the request's.
+        E::Tokenizer(t @ (TokenizerError::TemplateLimit(_) | TokenizerError::TemplateWorker(_))) => {
+            ApiError::internal(t.to_string())
+        }
         E::Tokenizer(t) => ApiError::invalid(prompt_param, t.to_string()),
         other => ApiError::internal(other.to_string()),
     }
