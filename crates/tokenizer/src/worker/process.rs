@@ -191,16 +191,19 @@ impl TemplateWorker {
             },
             Err(fail) => fail,
         };
-        Err(self.end(fail, limit))
+        Err(self.end(fail))
     }
 
     /// Kills the worker and names what ended the call.
-    fn end(&mut self, fail: Fail, limit: Duration) -> TokenizerError {
+    fn end(&mut self, fail: Fail) -> TokenizerError {
         self.alive = false;
         let _ = self.child.kill();
         let status = self.child.wait();
         match fail {
-            Fail::Overran => TokenizerError::TemplateLimit(TemplateLimit::Time(limit)),
+            // A load's start-up grace is the process's, not the template's: name the limit.
+            Fail::Overran => {
+                TokenizerError::TemplateLimit(TemplateLimit::Time(self.limits.max_time))
+            }
             Fail::Broken(why) => TokenizerError::TemplateWorker(why),
             Fail::Died => {
                 let said = self.stderr_tail();
