@@ -235,3 +235,40 @@ fn render_overhead() {
         starts[2], starts[0], starts[4]
     );
 }
+
+/// A worker whose parent never kills it (the parent died) ends itself once a render runs 2 s
+/// past its limit, instead of spinning for hours. The frames are written by hand here: a
+/// length, then the JSON of the protocol's `Load` and `Render` requests.
+#[test]
+fn an_orphaned_worker_ends_itself_past_the_deadline() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let spin = r#"{% for i in range(100000) %}{% set s = "x" * (9999999 + loop.index0 % 2) %}{% endfor %}"#;
+    let limits = TemplateLimits {
+        max_time: Duration::from_millis(300),
+        ..TemplateLimits::default()
+    };
+    let load = serde_json::json!({"Load": {"source": spin, "limits": limits}});
+    let render = serde_json::json!({"Render": {"messages": {"Chat": []}, "tools": null,
+        "add_generation_prompt": false, "enable_thinking": null}});
+    let mut child = Command::new(env!("CARGO_BIN_EXE_q4moe"))
+        .arg("template-worker")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for msg in [load, render] {
+        let body = msg.to_string();
+        stdin.write_all(&(body.len() as u32).to_le_bytes()).unwrap();
+        stdin.write_all(body.as_bytes()).unwrap();
+    }
+    stdin.flush().unwrap();
+    let t = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("ran past its deadline"), "{stderr}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}

@@ -32,13 +32,14 @@ pub(crate) fn serve(input: impl Read, output: impl Write) -> Result<(), Tokenize
     let io_err = |e: io::Error| TokenizerError::TemplateWorker(format!("worker pipe: {e}"));
     let mut input = BufReader::new(input);
     let mut output = BufWriter::new(output);
-    let watchdog = Watchdog::start();
+    let watchdog = Watchdog::start().map_err(io_err)?;
     let mut template: Option<ChatTemplate> = None;
     while let Some(frame) = read_frame(&mut input).map_err(io_err)? {
         let reply = match serde_json::from_slice::<Request>(&frame) {
             Ok(Request::Load { source, limits }) => {
                 watchdog.set_limit(limits.max_time + WATCHDOG_GRACE);
-                match ChatTemplate::with_limits(&source, limits) {
+                // Compiling folds constant expressions: it can take time too.
+                match watchdog.guard(|| ChatTemplate::with_limits(&source, limits)) {
                     Ok(t) => {
                         template = Some(t);
                         Reply::Loaded
@@ -108,7 +109,7 @@ struct WatchState {
 }
 
 impl Watchdog {
-    fn start() -> Self {
+    fn start() -> io::Result<Self> {
         let state = Arc::new((
             Mutex::new(WatchState {
                 limit: Duration::from_secs(60),
@@ -119,9 +120,8 @@ impl Watchdog {
         let watched = state.clone();
         std::thread::Builder::new()
             .name("template-watchdog".into())
-            .spawn(move || watch(&watched))
-            .expect("spawning the template worker's watchdog");
-        Self { state }
+            .spawn(move || watch(&watched))?;
+        Ok(Self { state })
     }
 
     fn set_limit(&self, limit: Duration) {
