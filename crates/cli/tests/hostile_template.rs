@@ -108,11 +108,12 @@ fn serve_answers_500_for_a_hostile_template_and_keeps_serving() {
     let tiny = synth_tiny(dir.path());
     let model = dir.path().join("switched.gguf");
     with_chat_template(Path::new(&tiny), &model, &switched_template());
-    let flags = ["--template-timeout", "500ms", "--template-memory-mb", "256"];
+    // Time enough for `boom` to reach its memory limit while other tests load the machine.
+    let flags = ["--template-timeout", "3s", "--template-memory-mb", "256"];
     let (mut child, _err, addr) = serve(model.to_str().unwrap(), &flags);
     let cases = [
         ("boom", "chat template exceeded its memory limit of 256 MiB"),
-        ("spin", "chat template exceeded its time limit of 500 ms"),
+        ("spin", "chat template exceeded its time limit of 3000 ms"),
     ];
     for (content, want) in cases {
         let t = Instant::now();

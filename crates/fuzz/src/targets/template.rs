@@ -123,7 +123,7 @@ impl Target for Template {
         };
         let rendered = match rendered {
             Ok(r) => r,
-            Err(e) => return Ok(format!("compile: {}", kind(&e))),
+            Err(e) => return outcome("compile", e),
         };
         match rendered {
             Ok(text) if text.len() > LIMITS.max_output_bytes => Err(format!(
@@ -132,7 +132,7 @@ impl Target for Template {
                 LIMITS.max_output_bytes
             )),
             Ok(text) => Ok(format!("rendered {}", text.len().min(1))),
-            Err(e) => Ok(format!("render: {}", kind(&e))),
+            Err(e) => outcome("render", e),
         }
     }
 }
@@ -176,6 +176,15 @@ fn tools(messages: &serde_json::Value) -> Option<&serde_json::Value> {
     messages
         .get("tools")
         .or_else(|| messages.get(0)?.get("tools"))
+}
+
+/// An error is an outcome, unless the worker failed without naming a limit: a crash the
+/// template caused (a stack overflow, an abort) is a failure to report.
+fn outcome(stage: &str, e: TokenizerError) -> Result<String, String> {
+    match e {
+        TokenizerError::TemplateWorker(why) => Err(format!("{stage}: the worker failed: {why}")),
+        e => Ok(format!("{stage}: {}", kind(&e))),
+    }
 }
 
 /// The error's kind without its details (which name the input's own text).
