@@ -11,6 +11,7 @@ mod run;
 mod serve_cmd;
 mod serve_limits;
 mod synth_cmd;
+mod template_args;
 mod tokenize_cmd;
 
 use clap::{Args, Parser, Subcommand};
@@ -49,6 +50,9 @@ enum Command {
     Tokenize(tokenize_cmd::TokenizeArgs),
     /// Text of token ids (a JSON array or a list; from an argument, -f FILE or standard input).
     Detokenize(tokenize_cmd::DetokenizeArgs),
+    /// Renders chat templates for a parent q4moe over standard input and output (internal).
+    #[command(name = template_args::WORKER_SUBCOMMAND, hide = true)]
+    TemplateWorker,
 }
 
 /// Options shared by every command that loads a model onto a backend.
@@ -93,6 +97,8 @@ pub struct DeviceArgs {
     /// A CUDA backend option, KEY=VALUE (repeatable; `--cuda-opt help` lists the keys).
     #[arg(long = "cuda-opt", value_name = "KEY=VALUE", long_help = cuda_opts::long_help())]
     pub cuda_opt: Vec<String>,
+    #[command(flatten)]
+    pub template: template_args::TemplateArgs,
 }
 
 impl DeviceArgs {
@@ -116,6 +122,7 @@ impl DeviceArgs {
                 "exact" => q4moe_cpu::Precision::Exact,
                 _ => q4moe_cpu::Precision::Q8,
             },
+            template: self.template.options()?,
             ..defaults
         })
     }
@@ -179,6 +186,7 @@ fn main() {
         Command::Inspect(a) => inspect::run(a),
         Command::Tokenize(a) => tokenize_cmd::tokenize(a),
         Command::Detokenize(a) => tokenize_cmd::detokenize(a),
+        Command::TemplateWorker => q4moe_tokenizer::run_template_worker().map_err(Into::into),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -48,7 +48,7 @@ impl ServeLimitArgs {
 }
 
 /// `10s`, `500ms`, `1.5s`, or a bare number of seconds; more than zero, at most a day.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let (num, scale) = match t.strip_suffix("ms") {
         Some(n) => (n, 1e-3),

@@ -36,12 +36,15 @@ fn an_empty_api_key_is_refused() {
 
 #[test]
 fn bad_limits_and_origins_are_refused_naming_the_flag() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 8] = [
         (&["--cors-origin", "app.example"], "--cors-origin"),
         (&["--cors-origin", "https://app.example/x"], "--cors-origin"),
         (&["--header-timeout", "0s"], "--header-timeout"),
         (&["--idle-timeout", "soon"], "--idle-timeout"),
         (&["--max-connections", "0"], "--max-connections"),
+        (&["--template-timeout", "0s"], "--template-timeout"),
+        (&["--template-memory-mb", "1"], "--template-memory-mb"),
+        (&["--template-workers", "0"], "--template-workers"),
     ];
     for (extra, flag) in cases {
         let mut args = vec!["--model", NO_MODEL];

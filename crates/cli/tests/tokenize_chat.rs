@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Command, Output, Stdio};
+use std::io::{BufRead, Read, Write};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::{q4moe, synth_tiny, with_stdin};
+use common::{q4moe, serve, synth_tiny, with_stdin};
 
 fn stdout_ok(out: &Output) -> String {
     assert!(
@@ -105,59 +105,11 @@ fn chat_reads_piped_input_and_leaves_at_bye() {
     assert_eq!(stdout_ok(&out).matches(">>> ").count(), 2);
 }
 
-/// Starts `q4moe serve` on a free port; returns the child and its address once it serves.
-fn serve(
-    model: &str,
-) -> (
-    std::process::Child,
-    BufReader<std::process::ChildStderr>,
-    String,
-) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_q4moe"))
-        .args([
-            "serve",
-            "-m",
-            model,
-            "--device",
-            "cpu",
-            "--port",
-            "0",
-            "--model-name",
-            "tiny",
-        ])
-        .env_remove("Q4MOE_API_KEY")
-        .env("Q4MOE_LOG", "info")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let t = Instant::now();
-    let mut line = String::new();
-    while t.elapsed() < Duration::from_secs(120) {
-        line.clear();
-        if err.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        assert!(
-            !line.contains('\x1b'),
-            "colour codes in a piped log: {line:?}"
-        );
-        if let Some(at) = line.find("http://") {
-            let addr = line[at + 7..].split([' ', ')']).next().unwrap().to_string();
-            return (child, err, addr);
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("the server did not start: {line}");
-}
-
 #[test]
 fn the_server_logs_a_plain_line_per_request() {
     let dir = tempfile::tempdir().unwrap();
     let model = synth_tiny(dir.path());
-    let (mut child, mut err, addr) = serve(&model);
+    let (mut child, mut err, addr) = serve(&model, &[]);
     let body = r#"{"model":"tiny","max_tokens":3,"temperature":0,"ignore_eos":true,"messages":[{"role":"user","content":"hi"}]}"#;
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
     write!(

@@ -4,6 +4,7 @@ use q4moe_cpu::{CpuBackend, Precision};
 use q4moe_cuda::{CudaBackend, CudaOptions};
 use q4moe_model::backend::{Backend, KvType};
 use q4moe_model::Model;
+use q4moe_tokenizer::TemplateOptions;
 
 use crate::{EngineError, Result};
 
@@ -46,6 +47,9 @@ pub struct EngineOptions {
     /// profile and the tunables of `--cuda-opt`). Its `kv_capacity` and `kv_type` are taken
     /// from the fields above when the backend opens.
     pub cuda: CudaOptions,
+    /// The chat template's limits and where it renders (in process by default; front ends
+    /// serving untrusted model files render in workers, which bound memory and time too).
+    pub template: TemplateOptions,
 }
 
 impl Default for EngineOptions {
@@ -57,6 +61,7 @@ impl Default for EngineOptions {
             kv_cache_bytes: 4 << 30,
             cpu_precision: Precision::Q8,
             cuda: CudaOptions::default(),
+            template: TemplateOptions::default(),
         }
     }
 }

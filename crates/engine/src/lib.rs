@@ -28,7 +28,10 @@ pub use q4moe_model::backend::{
 };
 pub use q4moe_model::constraint::Constraint;
 pub use q4moe_model::sampling::SamplingParams;
-pub use q4moe_tokenizer::{ChatMessage, ChatTemplate, RenderedPrompt, Tokenizer, ToolCall};
+pub use q4moe_tokenizer::{
+    ChatMessage, ChatTemplate, RenderedPrompt, TemplateIsolation, TemplateLimits, TemplateOptions,
+    Tokenizer, ToolCall, WorkerCommand,
+};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -76,7 +79,7 @@ impl Engine {
         let tokenizer = Arc::new(Tokenizer::from_spec(&model.tokenizer)?);
         let backend = open_backend(model.clone(), opts)?;
         let capacity = backend.info().kv_capacity;
-        let prompter = Prompter::new(tokenizer, capacity, model.config.vocab_size)?;
+        let prompter = Prompter::new(tokenizer, capacity, model.config.vocab_size, &opts.template)?;
         let sessions = SessionStore::new(opts.kv_cache_bytes);
         Ok(Engine {
             model,

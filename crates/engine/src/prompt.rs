@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use q4moe_tokenizer::{ChatMessage, ChatTemplate, RenderedPrompt, Tokenizer, TokenizerError};
+use q4moe_tokenizer::{
+    ChatMessage, RenderedPrompt, TemplateOptions, TemplateRenderer, Tokenizer, TokenizerError,
+};
 
 use crate::constraint::{GrammarLimits, Grammars};
 use crate::{EngineError, Result};
@@ -46,7 +48,7 @@ impl<'a> From<&'a RenderedPrompt> for PromptText<'a> {
 #[derive(Clone)]
 pub struct Prompter {
     tokenizer: Arc<Tokenizer>,
-    template: Option<Arc<ChatTemplate>>,
+    template: Option<Arc<TemplateRenderer>>,
     /// Positions one sequence may hold.
     context: usize,
     /// The model's vocabulary (token ids a prompt may hold; may exceed the tokenizer's).
@@ -57,10 +59,15 @@ pub struct Prompter {
 
 impl Prompter {
     /// `context`: the positions a sequence may hold (the backend's KV capacity); `vocab`: the
-    /// model's vocabulary size.
-    pub fn new(tokenizer: Arc<Tokenizer>, context: usize, vocab: usize) -> Result<Prompter> {
+    /// model's vocabulary size; `template`: the chat template's limits and where it renders.
+    pub fn new(
+        tokenizer: Arc<Tokenizer>,
+        context: usize,
+        vocab: usize,
+        template: &TemplateOptions,
+    ) -> Result<Prompter> {
         let template = match tokenizer.chat_template() {
-            Some(src) => Some(Arc::new(ChatTemplate::new(src)?)),
+            Some(src) => Some(Arc::new(TemplateRenderer::new(src, template)?)),
             None => None,
         };
         Ok(Prompter {

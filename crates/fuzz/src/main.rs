@@ -18,6 +18,7 @@ use q4moe_fuzz::{
     alloc, corpus_dir, load_corpus, run_one, target_by_name, Fuzzer, Options, TargetConfig,
     TARGET_NAMES,
 };
+use q4moe_tokenizer::WorkerCommand;
 
 #[global_allocator]
 static ALLOC: alloc::CappedAlloc = alloc::CappedAlloc;
@@ -51,12 +52,19 @@ struct Common {
 }
 
 impl Common {
-    fn target_config(&self, scratch: PathBuf) -> TargetConfig {
-        TargetConfig {
+    fn target_config(&self, scratch: PathBuf) -> Result<TargetConfig> {
+        Ok(TargetConfig {
             scratch,
             vocab: self.vocab_gguf.clone(),
-        }
+            template_worker: Some(template_worker()?),
+        })
     }
+}
+
+/// The `template` target renders in the product's template worker, run by this binary.
+fn template_worker() -> Result<WorkerCommand> {
+    let exe = std::env::current_exe().context("locating q4moe-fuzz")?;
+    Ok(WorkerCommand::new(exe, &["template-worker"]))
 }
 
 #[derive(Subcommand)]
@@ -104,6 +112,9 @@ enum Cmd {
         #[arg(long)]
         print_outcomes: bool,
     },
+    /// Renders chat templates for the `template` target (internal).
+    #[command(hide = true)]
+    TemplateWorker,
 }
 
 fn main() -> Result<ExitCode> {
@@ -126,6 +137,7 @@ fn main() -> Result<ExitCode> {
             let input = std::fs::read(&file).with_context(|| file.display().to_string())?;
             let config = TargetConfig {
                 vocab: vocab_gguf,
+                template_worker: Some(template_worker()?),
                 ..TargetConfig::new(std::env::temp_dir())
             };
             let mut t = target_by_name(&target, &config)?;
@@ -160,6 +172,10 @@ fn main() -> Result<ExitCode> {
             (&corpus, &slot),
             (resume_at, print_outcomes),
         ),
+        Cmd::TemplateWorker => {
+            q4moe_tokenizer::run_template_worker()?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -216,7 +232,7 @@ fn worker(
     (resume_at, print_outcomes): (u64, bool),
 ) -> Result<ExitCode> {
     q4moe_fuzz::supervise::no_core_dumps();
-    let mut t = target_by_name(target, &c.target_config(c.out.clone()))?;
+    let mut t = target_by_name(target, &c.target_config(c.out.clone())?)?;
     let seeds = load_corpus(corpus)?;
     let mut slot = Slot::open(slot)?;
     alloc::set_cap(c.mem_cap_mb << 20);

@@ -7,10 +7,15 @@ use std::process::Command;
 use q4moe_fuzz::{
     corpus_dir, load_corpus, target_by_name, FailureKind, Fuzzer, Options, TargetConfig,
 };
+use q4moe_tokenizer::WorkerCommand;
 
 fn smoke(name: &str, mutants: u64) {
     let scratch = tempfile::tempdir().unwrap();
-    let mut target = target_by_name(name, &TargetConfig::new(scratch.path())).unwrap();
+    smoke_with(name, mutants, &TargetConfig::new(scratch.path()));
+}
+
+fn smoke_with(name: &str, mutants: u64, config: &TargetConfig) {
+    let mut target = target_by_name(name, config).unwrap();
     let seeds = load_corpus(&corpus_dir(name)).unwrap();
     let n_seeds = seeds.len() as u64;
     let opts = Options {
@@ -58,6 +63,20 @@ fn tokenizer_smoke() {
 #[test]
 fn template_smoke() {
     smoke("template", 600);
+}
+
+/// The same through the product's template worker (run by the fuzz binary), as campaigns run.
+#[test]
+fn template_worker_smoke() {
+    let scratch = tempfile::tempdir().unwrap();
+    let config = TargetConfig {
+        template_worker: Some(WorkerCommand::new(
+            env!("CARGO_BIN_EXE_q4moe-fuzz"),
+            &["template-worker"],
+        )),
+        ..TargetConfig::new(scratch.path())
+    };
+    smoke_with("template", 300, &config);
 }
 
 #[test]

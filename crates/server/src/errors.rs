@@ -108,6 +108,7 @@ impl IntoResponse for ApiError {
 /// Maps the engine's errors to client errors where the client caused them.
 pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError {
     use q4moe_engine::EngineError as E;
+    use q4moe_tokenizer::TokenizerError;
     match e {
         E::PromptTooLong { prompt, context } => ApiError::invalid(
             prompt_param,
@@ -122,7 +123,39 @@ pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError
         )
         .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded"),
         E::Invalid(msg) => ApiError::invalid(prompt_param, msg),
+        // The model's template overran its limits or its worker failed: the server's fault
+        // (its model file), not the request's.
+        E::Tokenizer(t @ (TokenizerError::TemplateLimit(_) | TokenizerError::TemplateWorker(_))) => {
+            ApiError::internal(t.to_string())
+        }
         E::Tokenizer(t) => ApiError::invalid(prompt_param, t.to_string()),
         other => ApiError::internal(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::from_engine;
+    use axum::http::StatusCode;
+    use q4moe_engine::EngineError;
+    use q4moe_tokenizer::{TemplateLimit, TokenizerError};
+
+    /// A template past its limits is the model file's fault (500); its own
+    /// `raise_exception` answers the request (400).
+    #[test]
+    fn template_limits_are_server_errors_and_template_exceptions_client_errors() {
+        let limit = TokenizerError::TemplateLimit(TemplateLimit::MemoryBytes(1 << 30));
+        let e = from_engine(EngineError::Tokenizer(limit), "messages");
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(e.body()["error"]["type"], "server_error");
+        let msg = e.body()["error"]["message"].as_str().unwrap().to_string();
+        assert_eq!(msg, "chat template exceeded its memory limit of 1024 MiB");
+        let dead = TokenizerError::TemplateWorker("the worker died (signal 11): ".into());
+        let e = from_engine(EngineError::Tokenizer(dead), "messages");
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let raised = TokenizerError::Template("no system role".into());
+        let e = from_engine(EngineError::Tokenizer(raised), "messages");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.body()["error"]["param"], "messages");
     }
 }

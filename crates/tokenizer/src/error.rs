@@ -26,6 +26,9 @@ pub enum TokenizerError {
     /// A render ran past its [`crate::TemplateLimits`]: the template loops or grows too much.
     #[error("chat template exceeded its {0}")]
     TemplateLimit(crate::TemplateLimit),
+    /// The render worker failed in a way that names no limit (it would not start, or crashed).
+    #[error("chat template worker: {0}")]
+    TemplateWorker(String),
 }
 
 impl TokenizerError {

@@ -13,10 +13,12 @@ mod literal;
 mod pycompat;
 mod pyjson;
 mod reasoning;
+mod renderer;
 mod spec;
 mod stream;
 mod synthetic;
 mod tokenizer;
+pub mod worker;
 
 pub use bytes::{byte_to_unicode, unicode_to_byte};
 pub use chat::{ChatMessage, ChatTemplate, FunctionCall, ToolCall, QWEN3_CHAT_TEMPLATE};
@@ -24,9 +26,11 @@ pub use error::TokenizerError;
 pub use limits::{TemplateLimit, TemplateLimits};
 pub use literal::RenderedPrompt;
 pub use reasoning::{split_reasoning, split_whole, thinking_switch, ReasoningSplitter, Split};
+pub use renderer::{TemplateIsolation, TemplateOptions, TemplateRenderer};
 pub use spec::{TokenType, TokenizerSpec};
 pub use stream::StreamDecoder;
 pub use synthetic::{
     synthetic_spec, QWEN3_ADDED_TOKENS, QWEN3_BPE_TOKENS, QWEN3_VOCAB_SIZE, SYNTHETIC_MIN_VOCAB,
 };
 pub use tokenizer::Tokenizer;
+pub use worker::{run_template_worker, WorkerCommand};

@@ -149,6 +149,7 @@ fn limits_are_configurable_and_generous_for_real_templates() {
     let tight = TemplateLimits {
         fuel: 1_000_000,
         max_output_bytes: text.len() - 1,
+        ..TemplateLimits::default()
     };
     let t = ChatTemplate::with_limits(QWEN3_CHAT_TEMPLATE, tight).unwrap();
     let err = t.render_json(&messages, Some(&tools), true, Some(true));
@@ -197,6 +198,7 @@ fn python_methods_stay_under_the_output_limit() {
         let tight = TemplateLimits {
             fuel: 1_000_000,
             max_output_bytes: 1 << 20,
+            ..TemplateLimits::default()
         };
         let t = ChatTemplate::with_limits(src, tight).unwrap();
         let err = t.render(&[], false, None).unwrap_err().to_string();

@@ -9,6 +9,8 @@ mod tokenizer;
 
 use std::path::PathBuf;
 
+use q4moe_tokenizer::WorkerCommand;
+
 use crate::FuzzError;
 
 pub trait Target {
@@ -31,6 +33,9 @@ pub struct TargetConfig {
     /// A GGUF whose tokenizer the `tokenizer` target uses instead of the synthetic one (the
     /// real Qwen vocabulary from `tools/qwen_vocab.py`).
     pub vocab: Option<PathBuf>,
+    /// The program the `template` target renders in (the product's template worker); `None`
+    /// renders in this process.
+    pub template_worker: Option<WorkerCommand>,
 }
 
 impl TargetConfig {
@@ -38,6 +43,7 @@ impl TargetConfig {
         Self {
             scratch: scratch.into(),
             vocab: None,
+            template_worker: None,
         }
     }
 }
@@ -48,7 +54,7 @@ pub fn target_by_name(name: &str, c: &TargetConfig) -> Result<Box<dyn Target>, F
     Ok(match name {
         "gguf" => Box::new(gguf::Gguf::new(&c.scratch)?),
         "tokenizer" => Box::new(tokenizer::TokenizerTarget::new(c.vocab.as_deref())?),
-        "template" => Box::new(template::Template),
+        "template" => Box::new(template::Template::new(c.template_worker.as_ref())),
         "request" => Box::new(request::Request),
         "selftest" => Box::new(selftest::SelfTest),
         other => return Err(FuzzError::UnknownTarget(other.into())),
