@@ -23,10 +23,8 @@ use serde_json::{json, Value};
 
 use crate::anthropic_shape::{error_response, message_json, stop_reason};
 use crate::errors::ApiError;
-use crate::openai::{
-    self, fresh_seed, in_range, opt_bool, opt_f32, opt_str, opt_uint, parse_body, present,
-    GenParams, Meta, Obj,
-};
+use crate::fields::{in_range, opt_bool, opt_f32, opt_str, opt_uint, parse_body, present, Obj};
+use crate::openai::{self, fresh_seed, GenParams, Meta};
 use crate::routes::{body_bytes, App};
 use crate::scheduler::JobPrompt;
 use crate::tool_markup;

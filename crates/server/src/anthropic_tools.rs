@@ -8,7 +8,7 @@ use q4moe_engine::ToolCall;
 use serde_json::{json, Map, Value};
 
 use crate::errors::ApiError;
-use crate::openai::{present, Obj};
+use crate::fields::{present, Obj};
 use crate::tools::Tools;
 
 /// `tools` and `tool_choice`; `None` when no tools were sent.

@@ -10,8 +10,7 @@
 //! Every candidate's completion tokens count in the usage, as OpenAI bills them.
 
 use crate::errors::ApiError;
-use crate::openai::{present, Obj, MAX_CHOICES};
-use crate::scheduler::Collected;
+use crate::fields::{present, Obj, MAX_CHOICES};
 use q4moe_engine::{LogprobOptions, TokenLogprob};
 
 /// `best_of`: absent, `n`; else an integer in [n, MAX_CHOICES]. More candidates than choices
@@ -74,22 +73,28 @@ pub fn mean_logprob(lps: &[TokenLogprob]) -> f64 {
 }
 
 /// Each prompt's `n` best of its `best_of` candidates (`candidates` holds them prompt by
-/// prompt), best first, with the prompt's index. With `best_of == n` the order is kept.
-pub fn choose(candidates: Vec<Collected>, n: usize, best_of: usize) -> Vec<(usize, Collected)> {
+/// prompt; `logprobs` gives a candidate's chosen tokens' logprobs), best first, with the
+/// prompt's index. With `best_of == n` the order is kept.
+pub fn choose<C>(
+    candidates: Vec<C>,
+    n: usize,
+    best_of: usize,
+    logprobs: impl Fn(&C) -> &[TokenLogprob],
+) -> Vec<(usize, C)> {
     let best_of = best_of.max(1);
     let mut out = Vec::with_capacity(candidates.len() / best_of * n);
     let mut rest = candidates.into_iter();
     for prompt in 0.. {
-        let mut group: Vec<Collected> = rest.by_ref().take(best_of).collect();
+        let mut group: Vec<C> = rest.by_ref().take(best_of).collect();
         if group.is_empty() {
             break;
         }
         if best_of > n {
-            let score: Vec<f64> = group.iter().map(|c| mean_logprob(&c.logprobs)).collect();
+            let score: Vec<f64> = group.iter().map(|c| mean_logprob(logprobs(c))).collect();
             let mut order: Vec<usize> = (0..group.len()).collect();
             // Stable: equal means keep the lower candidate first.
             order.sort_by(|&a, &b| score[b].total_cmp(&score[a]));
-            let mut slots: Vec<Option<Collected>> = group.into_iter().map(Some).collect();
+            let mut slots: Vec<Option<C>> = group.into_iter().map(Some).collect();
             group = order
                 .iter()
                 .take(n)
@@ -104,26 +109,29 @@ pub fn choose(candidates: Vec<Collected>, n: usize, best_of: usize) -> Vec<(usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::openai::Usage;
-    use q4moe_engine::Finish;
     use serde_json::json;
 
-    fn candidate(text: &str, lps: &[f32]) -> Collected {
-        Collected {
-            text: text.into(),
-            finish: Finish::Length,
-            usage: Usage::default(),
-            stop_sequence: None,
-            logprobs: lps
-                .iter()
-                .map(|&l| TokenLogprob {
-                    token: 0,
-                    logprob: Some(l),
-                    top: vec![],
-                })
-                .collect(),
-            prompt_logprobs: vec![],
-        }
+    /// A candidate as the ranking sees it: its text and its tokens' logprobs.
+    #[derive(Clone)]
+    struct Cand(&'static str, Vec<TokenLogprob>);
+
+    fn candidate(text: &'static str, lps: &[f32]) -> Cand {
+        let lps = lps
+            .iter()
+            .map(|&l| TokenLogprob {
+                token: 0,
+                logprob: Some(l),
+                top: vec![],
+            })
+            .collect();
+        Cand(text, lps)
+    }
+
+    fn pick(cands: Vec<Cand>, n: usize, best_of: usize) -> Vec<(usize, &'static str)> {
+        choose(cands, n, best_of, |c: &Cand| &c.1)
+            .into_iter()
+            .map(|(p, c)| (p, c.0))
+            .collect()
     }
 
     #[test]
@@ -138,19 +146,14 @@ mod tests {
             candidate("f", &[-0.2, -0.2]),
         ];
         // Two prompts, best_of 3, n 2.
-        let picked = choose(cands, 2, 3);
-        let got: Vec<(usize, &str)> = picked.iter().map(|(p, c)| (*p, c.text.as_str())).collect();
-        assert_eq!(got, [(0, "c"), (0, "b"), (1, "d"), (1, "f")]);
+        assert_eq!(pick(cands, 2, 3), [(0, "c"), (0, "b"), (1, "d"), (1, "f")]);
     }
 
     #[test]
     fn equal_counts_keep_their_order_and_ties_the_lower_candidate() {
         let cands = vec![candidate("x", &[-1.0]), candidate("y", &[-1.0])];
-        let picked = choose(cands.clone(), 1, 2);
-        assert_eq!(picked[0].1.text, "x");
-        let kept = choose(cands, 2, 2);
-        assert_eq!(kept.len(), 2);
-        assert_eq!(kept[1].1.text, "y");
+        assert_eq!(pick(cands.clone(), 1, 2), [(0, "x")]);
+        assert_eq!(pick(cands, 2, 2), [(0, "x"), (0, "y")]);
         assert_eq!(mean_logprob(&[]), f64::NEG_INFINITY);
     }
 

@@ -11,7 +11,7 @@ use q4moe_engine::ToolCall;
 use serde_json::{json, Value};
 
 use crate::errors::ApiError;
-use crate::openai::{present, Obj};
+use crate::fields::{present, Obj};
 use crate::tools::{self, ToolChoice, Tools};
 
 /// `functions` and `function_call`; `None` without functions. Either beside `tools` or

@@ -103,7 +103,7 @@ pub fn encode(p: &Prompter, f: &Infill) -> Result<Vec<u32>, ApiError> {
     match &f.prefix {
         Prompt::Text(s) => ids.extend(text(s, f.fields.0)?),
         Prompt::Tokens(t) => {
-            crate::scheduler::check_ids(t, p.vocab(), f.fields.0)?;
+            crate::fields::check_ids(t, p.vocab(), f.fields.0)?;
             ids.extend_from_slice(t);
         }
     }
@@ -136,7 +136,7 @@ mod tests {
     fn prompter(spec: q4moe_tokenizer::TokenizerSpec) -> Prompter {
         let tok = Tokenizer::from_spec(&spec).unwrap();
         let vocab = tok.vocab_size();
-        Prompter::new(Arc::new(tok), 512, vocab).unwrap()
+        Prompter::new(Arc::new(tok), 512, vocab, &Default::default()).unwrap()
     }
 
     fn spec() -> q4moe_tokenizer::TokenizerSpec {

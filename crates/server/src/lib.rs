@@ -16,6 +16,7 @@ mod choices;
 mod conn;
 pub mod cors;
 pub mod errors;
+pub mod fields;
 mod functions;
 mod guards;
 pub mod infill;

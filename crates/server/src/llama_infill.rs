@@ -20,8 +20,9 @@ use q4moe_engine::Finish;
 use serde_json::{json, Value};
 
 use crate::errors::ApiError;
+use crate::fields::{in_range, opt_f32, opt_str, parse_body, present, Obj};
 use crate::infill::{FimTokens, Infill};
-use crate::openai::{self, in_range, opt_f32, opt_str, parse_body, present, Obj, Prompt, Usage};
+use crate::openai::{self, Prompt, Usage};
 use crate::routes::{body_bytes, order_headers, App};
 use crate::scheduler::{Collected, Event, JobPrompt, Ticket};
 
@@ -34,7 +35,7 @@ pub async fn infill(State(app): State<App>, body: Result<Bytes, BytesRejection>)
 async fn run(app: App, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let o = parse_body(&body_bytes(body)?)?;
     let (infill, gen) = request(&o)?;
-    app.check_model(openai::opt_str(&o, "model")?.as_deref())?;
+    app.check_model(opt_str(&o, "model")?.as_deref())?;
     app.check_max_tokens(&gen)?;
     FimTokens::require(app.engine.tokenizer(), "input_suffix")?;
     let stream = gen.stream;

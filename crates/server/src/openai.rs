@@ -2,9 +2,11 @@
 //! (not derived with serde) so that every rejection names the field the client got wrong.
 
 use q4moe_engine::{ChatMessage, Finish, LogprobOptions, SamplingParams, ToolCall};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::errors::ApiError;
+use crate::fields::{in_range, opt_bool, opt_f32, opt_str, opt_uint, present, Obj};
+pub use crate::fields::{parse_body, MAX_CHOICES};
 use crate::structured::GrammarField;
 use crate::tools::Tools;
 
@@ -33,9 +35,6 @@ pub struct GenParams {
     pub echo: bool,
 }
 
-/// The most sequences one request may start (its prompts times `n`).
-pub const MAX_CHOICES: usize = 64;
-
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
     pub model: Option<String>,
@@ -59,81 +58,6 @@ pub struct CompletionRequest {
     /// Fill-in-the-middle: the text after the gap each prompt is the text before.
     pub suffix: Option<String>,
     pub gen: GenParams,
-}
-
-pub(crate) type Obj = Map<String, Value>;
-
-/// Parses a body: UTF-8, then JSON, then a JSON object.
-pub fn parse_body(body: &[u8]) -> Result<Obj, ApiError> {
-    let text = std::str::from_utf8(body)
-        .map_err(|e| ApiError::bad_body(format!("the request body is not valid UTF-8 ({e})")))?;
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(o)) => Ok(o),
-        Ok(_) => Err(ApiError::bad_body("the request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_body(format!(
-            "the request body is not valid JSON: {e}"
-        ))),
-    }
-}
-
-pub(crate) fn present<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
-    o.get(name).filter(|v| !v.is_null())
-}
-
-pub(crate) fn opt_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
-    present(o, name)
-        .map(|v| {
-            v.as_f64()
-                .map(|x| x as f32)
-                .ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a number")))
-        })
-        .transpose()
-}
-
-pub(crate) fn opt_uint(o: &Obj, name: &str) -> Result<Option<u64>, ApiError> {
-    present(o, name)
-        .map(|v| {
-            v.as_u64().ok_or_else(|| {
-                ApiError::invalid(name, format!("'{name}' must be a non-negative integer"))
-            })
-        })
-        .transpose()
-}
-
-pub(crate) fn opt_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
-    present(o, name)
-        .map(|v| {
-            v.as_bool()
-                .ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a boolean")))
-        })
-        .transpose()
-}
-
-pub(crate) fn opt_str(o: &Obj, name: &str) -> Result<Option<String>, ApiError> {
-    present(o, name)
-        .map(|v| {
-            v.as_str()
-                .map(String::from)
-                .ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be a string")))
-        })
-        .transpose()
-}
-
-pub(crate) fn in_range(
-    name: &str,
-    v: f32,
-    lo: f32,
-    hi: f32,
-    lo_open: bool,
-) -> Result<f32, ApiError> {
-    let ok = v.is_finite() && v <= hi && if lo_open { v > lo } else { v >= lo };
-    let bound = if lo_open {
-        format!("({lo}, {hi}]")
-    } else {
-        format!("[{lo}, {hi}]")
-    };
-    ok.then_some(v)
-        .ok_or_else(|| ApiError::invalid(name, format!("'{name}' must be in {bound}, got {v}")))
 }
 
 fn sampling(o: &Obj) -> Result<SamplingParams, ApiError> {

@@ -217,7 +217,7 @@ async fn completion(app: App, body: Result<Bytes, BytesRejection>) -> Result<Res
     }
     let usages: Vec<Usage> = candidates.iter().map(|c| c.usage).collect();
     let usage = total_usage(&usages, gen.best_of);
-    let bodies = best_of::choose(candidates, gen.n, gen.best_of)
+    let bodies = best_of::choose(candidates, gen.n, gen.best_of, |c| &c.logprobs)
         .into_iter()
         .enumerate()
         .map(|(i, (p, c))| {

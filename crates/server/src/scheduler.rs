@@ -19,6 +19,7 @@ use q4moe_engine::{
 use tokio::sync::mpsc;
 
 use crate::errors::{from_engine, ApiError};
+use crate::fields::check_ids;
 use crate::infill::Infill;
 use crate::job::{prepare, report, take, BuiltPrompt, Job, Order, TextSender};
 pub use crate::job::{Event, Started};
@@ -296,17 +297,6 @@ fn build_prompt(
         max_tokens,
         param,
     })
-}
-
-/// A prompt's token ids must be in the model's vocabulary.
-pub(crate) fn check_ids(ids: &[u32], vocab: usize, param: &str) -> Result<(), ApiError> {
-    match ids.iter().find(|&&t| t as usize >= vocab) {
-        Some(t) => Err(ApiError::invalid(
-            param,
-            format!("token id {t} is outside the vocabulary of {vocab}"),
-        )),
-        None => Ok(()),
-    }
 }
 
 /// Compiles the request's grammar (400 naming its field when it is bad). A chat that thinks

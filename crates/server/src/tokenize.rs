@@ -14,7 +14,7 @@ use q4moe_tokenizer::{Tokenizer, TokenizerError};
 use serde_json::{json, Value};
 
 use crate::errors::ApiError;
-use crate::openai::{opt_bool, parse_body, Obj};
+use crate::fields::{opt_bool, parse_body, Obj};
 use crate::routes::{body_bytes, App};
 
 pub async fn tokenize(State(app): State<App>, body: Result<Bytes, BytesRejection>) -> Response {
