@@ -1,5 +1,7 @@
 //! `CudaBackend`: sessions (KV pool + setup cache), prefill, pipelined decode, profiling.
 
+mod step_batch;
+
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -13,12 +15,12 @@ use q4moe_model::backend::{
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
 
-use crate::batch::{BatchBufs, Row};
+use crate::batch::BatchBufs;
 use crate::device::Device;
 use crate::l2::L2Plan;
 use crate::launch::Launch;
 use crate::memory::{DevBuf, Pinned};
-use crate::params::{StepState, BT_NON_FINITE};
+use crate::params::StepState;
 use crate::pipeline::{Pipeline, RING};
 use crate::prefill::{self, Prefill};
 use crate::profile::Profiler;
@@ -360,49 +362,6 @@ impl CudaBackend {
 
     /// One batched submission: `group`'s tokens through every layer and the head, their
     /// logits appended to `out.logits`, their sessions one position longer.
-    /// One submission of `group`'s rows: their arg-maxes into `self.batch.chosen`, and into
-    /// `logits` ([rows][vocab]) the logits of the rows that need them (`host_logits`).
-    fn batch_group(&mut self, group: &[backend::BatchRow<'_>], logits: &mut [f32]) -> Result<()> {
-        for row in group {
-            self.session(row.session)?;
-        }
-        let c = &self.model.config;
-        let rows: Vec<Row<'_>> = group
-            .iter()
-            .map(|r| {
-                let s = &self.sessions[&r.session];
-                Row {
-                    token: r.token,
-                    kv: &s.kv,
-                    pos: s.len,
-                }
-            })
-            .collect();
-        let p = self.prefill.as_mut().expect("checked by step_batch");
-        let key = self.batch.load(&self.dev, c, p, &rows)?;
-        drop(rows);
-        let p = self.prefill.as_ref().expect("checked by step_batch");
-        let launches = || self.batch.launches(&self.model.config, &self.w, p, &key);
-        // The setup cache's rule: one submission a step, replayed from a graph captured once
-        // a batch size and context chunk; off (or profiling kernels), launches one by one.
-        if self.opts.setup_cache && !self.opts.profile_kernels {
-            let ls = self.batch.graph_for(&key).is_none().then(launches);
-            if self.batch.replay(&self.dev, key, ls)? {
-                self.graph_setups.captures += 1;
-            }
-        } else {
-            let ls = launches();
-            self.launch_eager(&ls)?;
-        }
-        let vocab = self.model.config.vocab_size;
-        let want: Vec<bool> = group.iter().map(host_logits).collect();
-        self.batch.read(&self.dev, vocab, &want, logits)?;
-        for row in group {
-            self.session(row.session)?.len += 1;
-        }
-        Ok(())
-    }
-
     /// Adds what the timeline recorded in this decode's recorded steps, launches named after
     /// this session's step as `setup` built it for the first recorded step's reach (the grids
     /// must match the recorded ones).
@@ -748,52 +707,7 @@ impl Backend for CudaBackend {
         rows: &mut [backend::BatchRow<'_>],
         out: &mut backend::BatchOut,
     ) -> BackendResult<()> {
-        let c = &self.model.config;
-        let held = |s| self.sessions.get(&s).map_or(0, |x: &Session| x.len);
-        backend::check_batch(c, rows, self.opts.kv_capacity, held)?;
-        out.tokens.clear();
-        if rows.is_empty() {
-            out.logits.clear();
-            return Ok(());
-        }
-        let Some(max) = self.prefill.as_ref().map(|p| p.chunk) else {
-            return Err(BackendError::Unsupported(
-                "the batched decode step for this geometry (rows must be multiples of 32, at \
-                 most 4,096), or with the batched kernels off (--cuda-opt prefill_chunk=0)"
-                    .into(),
-            ));
-        };
-        self.dev.bind()?;
-        let vocab = c.vocab_size;
-        // Resizing to last step's length writes nothing: rows whose logits nobody reads keep
-        // stale values (BatchRow::logits), and the host touches B x vocab floats only where
-        // they are needed.
-        out.logits.resize(rows.len() * vocab, 0.0);
-        // More rows than one submission takes run as several: a row's result is its own.
-        for (g, group) in rows.chunks_mut(max).enumerate() {
-            let at = g * max * vocab;
-            let logits = &mut out.logits[at..at + group.len() * vocab];
-            self.batch_group(group, logits)?;
-            for (i, row) in group.iter_mut().enumerate() {
-                // The step's own position: the session is one longer now.
-                let pos = self.kv_len(row.session) - 1;
-                let chosen = self.batch.chosen[i];
-                if chosen == BT_NON_FINITE {
-                    return Err(backend::non_finite(pos, "found on the device"));
-                }
-                let token = match row.sampler.as_deref_mut() {
-                    Some(s) if s.plain_greedy() => {
-                        s.accept(chosen);
-                        Some(chosen)
-                    }
-                    _ => {
-                        backend::choose_row(row, &logits[i * vocab..][..vocab], &mut self.batch.tmp)
-                    }
-                };
-                out.tokens.push(token);
-            }
-        }
-        Ok(())
+        self.run_batch(rows, out)
     }
 
     fn kv_len(&self, session: SessionId) -> usize {
@@ -821,12 +735,6 @@ impl Backend for CudaBackend {
         backend::check_fork(src, dst, len, self.kv_len(src))?;
         Ok(self.fork_kv(src, dst, len)?)
     }
-}
-
-/// Whether a batched step brings `row`'s logits to the host: where the caller reads them, or
-/// chooses itself, or its sampler is not plain greedy (bt_argmax chooses for the rest).
-fn host_logits(row: &backend::BatchRow<'_>) -> bool {
-    row.logits || !row.sampler.as_ref().is_some_and(|s| s.plain_greedy())
 }
 
 impl Drop for CudaBackend {
