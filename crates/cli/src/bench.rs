@@ -15,6 +15,7 @@ use q4moe_model::{Config, Model};
 use serde_json::{json, Value};
 
 mod batch;
+mod constrained;
 mod prefill;
 mod print;
 mod report;
@@ -55,6 +56,11 @@ pub struct BenchArgs {
     /// single-stream variants (with --batch, runs after it).
     #[arg(long, value_delimiter = ',', value_name = "N,N,..")]
     prefill: Vec<usize>,
+    /// A JSON schema file: greedy decode held to it beside the same decode unconstrained
+    /// (tok/s of each; replaces the single-stream variants). E.g. a file holding
+    /// `{"type": "string", "minLength": 4096}` keeps the model writing for the whole run.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<PathBuf>,
     /// Printed output: `table` (every figure), or `md` (llama-bench's markdown pp/tg table).
     #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "md"])]
     output: String,
@@ -368,7 +374,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if !info.step_readback.is_empty() {
         eprintln!("step read-back: {}", info.step_readback);
     }
-    if !a.batch.is_empty() || !a.prefill.is_empty() {
+    if !a.batch.is_empty() || !a.prefill.is_empty() || a.json_schema.is_some() {
         return run_batched(&a, &label, &model, &mut backend, open_s);
     }
     let prompt = random_prompt(a.prompt_len, model.config.vocab_size, a.seed);
@@ -436,8 +442,9 @@ fn finish(a: &BenchArgs, record: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--batch` (the batched decode step at every size asked for) and `--prefill` (prefill alone
-/// at every length asked for).
+/// `--batch` (the batched decode step at every size asked for), `--json-schema` (decode held to
+/// a schema beside the same decode unconstrained) and `--prefill` (prefill alone at every length
+/// asked for).
 fn run_batched(
     a: &BenchArgs,
     label: &str,
@@ -461,6 +468,16 @@ fn run_batched(
             }
             record["batched"] = batched;
         }
+    }
+    if let Some(schema) = &a.json_schema {
+        let plan = constrained::Plan {
+            schema,
+            prompt_len: a.prompt_len,
+            decode_len: a.decode_len,
+            runs: a.runs,
+            seed: a.seed,
+        };
+        record["constrained"] = constrained::run(backend.get(), model, &plan)?;
     }
     if !a.prefill.is_empty() {
         let vocab = model.config.vocab_size;

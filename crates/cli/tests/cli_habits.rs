@@ -219,3 +219,56 @@ fn bench_prints_llama_benchs_table_and_no_gpu_columns_on_the_cpu() {
         assert!(!table.contains(gpu_only), "{gpu_only} in {table}");
     }
 }
+
+/// `bench --json-schema`: greedy decode with and without the schema, both timed, in the record;
+/// a file that is not JSON is an error naming it.
+#[test]
+fn bench_json_schema_times_decode_with_and_without_the_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synth_tiny(dir.path());
+    let schema = dir.path().join("schema.json");
+    std::fs::write(&schema, r#"{"type": "string", "minLength": 200}"#).unwrap();
+    let json = dir.path().join("r.json");
+    let args = |schema: &str| {
+        vec![
+            "bench".to_string(),
+            "-m".into(),
+            model.clone(),
+            "--device".into(),
+            "cpu".into(),
+            "-p".into(),
+            "5".into(),
+            "-n".into(),
+            "8".into(),
+            "-r".into(),
+            "2".into(),
+            "--json-schema".into(),
+            schema.into(),
+            "--json-out".into(),
+            json.to_str().unwrap().into(),
+        ]
+    };
+    let a = args(schema.to_str().unwrap());
+    let out = q4moe(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stdout.contains("unconstrained") && stdout.contains("constrained /"),
+        "{stdout}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for side in ["unconstrained", "constrained"] {
+        let runs = r["constrained"][side]["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 2, "{side}");
+        assert!(runs.iter().all(|v| v.as_f64().unwrap() > 0.0), "{side}");
+    }
+    std::fs::write(&schema, "{not json").unwrap();
+    let out = q4moe(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("schema.json") && err.contains("not a JSON document"),
+        "{err}"
+    );
+}

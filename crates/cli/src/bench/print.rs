@@ -38,9 +38,12 @@ fn header(r: &Value) {
 
 pub fn print_table(r: &Value) {
     header(r);
-    if !r["batched"].is_null() || !r["prefill_sweep"].is_null() {
+    if !r["batched"].is_null() || !r["prefill_sweep"].is_null() || !r["constrained"].is_null() {
         if !r["batched"].is_null() {
             print_batched(&r["batched"]);
+        }
+        if !r["constrained"].is_null() {
+            print_constrained(&r["constrained"]);
         }
         if !r["prefill_sweep"].is_null() {
             print_prefill(&r["prefill_sweep"]);
@@ -177,6 +180,27 @@ fn print_batched(b: &Value) {
             Some(c) => format!(" (the copy bandwidth measured in the run: {c:.0} GB/s)"),
             None => String::new(),
         }
+    );
+}
+
+/// Decode held to a JSON schema beside the same decode unconstrained.
+fn print_constrained(c: &Value) {
+    println!(
+        "greedy decode of {} tokens, with and without a JSON schema; median (min..max) of {} runs",
+        c["decode_tokens"], c["runs"]
+    );
+    for name in ["unconstrained", "constrained"] {
+        let s = &c[name];
+        println!(
+            "{name:<14} {:>9.1} tok/s ({:.1}..{:.1})",
+            num(&s["median"]),
+            num(&s["min"]),
+            num(&s["max"])
+        );
+    }
+    println!(
+        "constrained / unconstrained: {:.1}%",
+        100.0 * num(&c["constrained_share"])
     );
 }
 
