@@ -27,6 +27,8 @@
 #                  --release -p q4moe-server --example serve_bench`) at CONC streams (default
 #                  1,4,16,64): aggregate tok/s, TTFT and inter-token p50/p99; JSON to $OUT/serve-<quant>.json.
 #                  SERVE_ARGS adds serve_bench arguments (e.g. "--cuda-opt batched_step=on").
+#   schema:<quant> `q4moe bench --json-schema` (a long JSON string): decode tok/s with and without
+#                  the schema; JSON to $OUT/schema-<quant>.json.
 #   ab:<quant>     the before/after gate: binaries $Q and $BASE (default target/baseline/q4moe)
 #                  benched alternately for ROUNDS rounds (default 5) under the record's decode
 #                  conditions (cache on, in-flight 2); a median/min/max table per binary of the
@@ -111,6 +113,18 @@ run_batch() {
   grep -E 'B = ' "$OUT/batch-$q.log" | while read -r l; do say "batch $q: $l"; done
 }
 
+# schema <quant>: greedy decode held to a JSON schema (a long string) beside the same decode
+# unconstrained (issue 56: what the host-side token mask costs on the GPU).
+run_schema() {
+  local q=$1
+  model "$q" || return
+  echo '{"type": "string", "minLength": 8192}' > /tmp/long_string.json
+  timeout 300 "$Q" bench --model "/tmp/$q.gguf" --device cuda --prompt-len 128 --decode-len 256 \
+    --runs 5 --json-schema /tmp/long_string.json --json-out "$OUT/schema-$q.json" > "$OUT/schema-$q.log" 2>&1 \
+    || { say "schema $q FAILED: $(tail -3 "$OUT/schema-$q.log")"; failed=1; }
+  grep -E '^(unconstrained|constrained)' "$OUT/schema-$q.log" | while read -r l; do say "schema $q: $l"; done
+}
+
 run_serve() {
   local q=$1 sb=target/release/examples/serve_bench
   [ -x "$sb" ] || { say "serve: $sb not carried"; failed=1; return; }
@@ -181,8 +195,9 @@ for s in $steps; do
     ab:*) run_ab "${s#ab:}" ;;
     batch:*) run_batch "${s#batch:}" ;;
     serve:*) run_serve "${s#serve:}" ;;
+    schema:*) run_schema "${s#schema:}" ;;
     ab) run_ab q4_0 ;;
-    *) say "unknown step: $s (tests, sanitize, bench:<quant>, ab:<quant>, batch:<quant>, serve:<quant>)"; failed=1 ;;
+    *) say "unknown step: $s (tests, sanitize, bench:<quant>, ab:<quant>, batch:<quant>, serve:<quant>, schema:<quant>)"; failed=1 ;;
   esac
   say "  ($s done at ${SECONDS} s)"
 done
