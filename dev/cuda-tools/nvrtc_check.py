@@ -72,7 +72,8 @@ def main():
     if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"q4moe_kernels.cu", 0, None, None):
         sys.exit("nvrtcCreateProgram failed")
     # The runtime's compile options, in its order (crates/cuda/src: compile_options).
-    opts = [f"--gpu-architecture={arch}", "-default-device", "--std=c++17", "-lineinfo"] + args[2:]
+    opts = [f"--gpu-architecture={arch}", "-default-device", "--std=c++17", "-lineinfo",
+            "-DQ4MOE_LAYOUT_CHECK"] + args[2:]
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
     n = ctypes.c_size_t()
