@@ -788,6 +788,7 @@ extern "C" __global__ void __launch_bounds__(1024) bt_argmax(const BtArgmaxParam
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ int bad;
+    pdl_start();  // the head's logits are complete and visible only past this
     if (threadIdx.x == 0) bad = 0;
     __syncthreads();
     const float* lg = (const float*)p.logits + (size_t)blockIdx.x * p.n;
