@@ -61,6 +61,15 @@ pub fn dir() -> PathBuf {
     }
 }
 
+/// A test file's points are exactly the fixtures: a point the script writes but no test names
+/// would go unchecked.
+#[allow(dead_code)] // the oracle's test files include this module too
+pub fn assert_every_fixture_tested(points: &[&str]) {
+    let mut tested: Vec<String> = points.iter().map(|s| s.to_string()).collect();
+    tested.sort();
+    assert_eq!(names(), tested);
+}
+
 /// Every point in the fixture directory, by name.
 pub fn names() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir())

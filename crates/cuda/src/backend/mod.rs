@@ -461,14 +461,23 @@ impl CudaBackend {
         Ok(choice)
     }
 
+    /// A decode's session, the positions it holds, and the steps it may run (what it asked
+    /// for, at most what the capacity has left).
+    fn decode_span(&self, req: &DecodeRequest<'_>) -> (SessionId, usize, usize) {
+        let len0 = self.kv_len(req.session);
+        (
+            req.session,
+            len0,
+            req.max_tokens.min(self.opts.kv_capacity - len0),
+        )
+    }
+
     fn decode_device(
         &mut self,
         req: &DecodeRequest<'_>,
         on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
     ) -> Result<(DecodeStats, usize, bool)> {
-        let id = req.session;
-        let len0 = self.kv_len(id);
-        let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
+        let (id, len0, steps) = self.decode_span(req);
         let f = self.opts.in_flight;
         let ending = Ending::Head(self.start_device_decode(req, len0)?);
         let mut phases = vec![PhaseTimes::default(); steps];
@@ -545,9 +554,7 @@ impl CudaBackend {
         req: &DecodeRequest<'_>,
         on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
     ) -> Result<(DecodeStats, usize, bool)> {
-        let id = req.session;
-        let len0 = self.kv_len(id);
-        let steps = req.max_tokens.min(self.opts.kv_capacity - len0);
+        let (id, len0, steps) = self.decode_span(req);
         let mut sampler = Sampler::new(req.sampling.clone(), req.history);
         let mut stats = DecodeStats::default();
         let (mut token, mut handed) = (req.first_token, 0);
