@@ -332,11 +332,15 @@ struct PfmQ6_K {
         idot_k16(c1, hi[0], hi[1], x.z, x.w);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            uint4 s = (i & 1) ? s1 : s0;
             int r = i >> 1;
-            float a = sc0[r] * (float)(c0[i] - 32 * (int)s.y), b = sc1[r] * (float)(c1[i] - 32 * (int)s.z);
-            acc[i] += d[r] * (__uint_as_float(s.x) * (a + b));
+            acc[i] += term(d[r], sc0[r], sc1[r], c0[i], c1[i], (i & 1) ? s1 : s0);
         }
+    }
+    // A block's term from its halves' integer sums c0, c1 against a group (tail s); bt_rows
+    // (batch_rows.cu) adds the same expression, so both give the same bits.
+    __device__ __forceinline__ static float term(float d, float sc0, float sc1, int c0, int c1, uint4 s) {
+        float a = sc0 * (float)(c0 - 32 * (int)s.y), b = sc1 * (float)(c1 - 32 * (int)s.z);
+        return d * (__uint_as_float(s.x) * (a + b));
     }
 };
 

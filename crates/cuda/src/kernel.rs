@@ -197,6 +197,8 @@ pub enum Kernel {
     PfQuant,
     PfRows,
     PfMma,
+    /// pf_mma's launches on few tokens (batch_rows.cu).
+    BtRows,
     PfF32Rows,
     PfRoute,
     PfLists,
@@ -215,7 +217,7 @@ pub enum Kernel {
 }
 
 /// The kernels with no mode.
-const SINGLE: [Kernel; 37] = [
+const SINGLE: [Kernel; 38] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -240,6 +242,7 @@ const SINGLE: [Kernel; 37] = [
     Kernel::PfQuant,
     Kernel::PfRows,
     Kernel::PfMma,
+    Kernel::BtRows,
     Kernel::PfF32Rows,
     Kernel::PfRoute,
     Kernel::PfLists,
@@ -333,6 +336,7 @@ impl Kernel {
             Kernel::PfQuant => "pf_quant",
             Kernel::PfRows => "pf_rows",
             Kernel::PfMma => "pf_mma",
+            Kernel::BtRows => "bt_rows",
             Kernel::PfF32Rows => "pf_f32rows",
             Kernel::PfRoute => "pf_route",
             Kernel::PfLists => "pf_lists",

@@ -10,7 +10,7 @@ use crate::{CudaError, Result};
 
 /// Kernel sources, one file per op family; compiled as one program behind `common.cuh` (the
 /// shared plumbing) and `quant.cuh` (the quantised dots).
-pub(crate) const SOURCES: [(&str, &str); 10] = [
+pub(crate) const SOURCES: [(&str, &str); 11] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
@@ -28,6 +28,7 @@ pub(crate) const SOURCES: [(&str, &str); 10] = [
         "prefill_attn.cu",
         include_str!("../kernels/prefill_attn.cu"),
     ),
+    ("batch_rows.cu", include_str!("../kernels/batch_rows.cu")),
 ];
 
 /// What a compile depends on besides the sources.

@@ -48,6 +48,11 @@ pub struct CudaOptions {
     /// pf_attn_tc does not take) holds at once; it runs a chunk's tokens in sub-batches that
     /// fit. The parity tests set it small to reach the sub-batches.
     pub prefill_part_budget: usize,
+    /// The batched kernels' weight rows run on bt_rows (batch_rows.cu: a warp 2 rows, lanes
+    /// along k) instead of pf_mma (128 rows a block) where a launch has at most this many
+    /// tokens: the batched decode step's B and short prompt chunks. Both give the same bits,
+    /// so this moves speed only. 0: pf_mma always.
+    pub few_tokens: usize,
     /// Blocks along a slot's units of moe_gate_up's staged kernels, each walking the units past
     /// the grid (moe.cu gate_up_staged). None: the mode's share (step::modes gate_up_share) of
     /// the blocks the device keeps resident, shared among the slots; Some(0): a block a unit;
@@ -86,6 +91,7 @@ impl Default for CudaOptions {
             attn_stage: None,
             prefill_chunk: params::PREFILL_CHUNK_DEFAULT,
             prefill_part_budget: 64 << 20,
+            few_tokens: params::FEW_TOKENS_DEFAULT,
             gate_up_cols: None,
             graph_steps: 4,
             kernel_dir: None,
@@ -142,6 +148,10 @@ impl CudaOptions {
         (
             "prefill_part_budget",
             "<bytes>: prefill attention partials at once (default 64 MiB)",
+        ),
+        (
+            "few_tokens",
+            "<n>: tokens a batched launch at most for bt_rows, 0 = pf_mma always (default 32)",
         ),
         (
             "gate_up_cols",
@@ -218,6 +228,7 @@ impl CudaOptions {
             }
             "prefill_chunk" => self.prefill_chunk = int()?,
             "prefill_part_budget" => self.prefill_part_budget = at_least_1()?,
+            "few_tokens" => self.few_tokens = int()?,
             "gate_up_cols" => {
                 self.gate_up_cols = match value {
                     "default" => None,
@@ -270,6 +281,7 @@ mod tests {
             ("attn_stage", "0"),
             ("prefill_chunk", "0"),
             ("prefill_part_budget", "5000"),
+            ("few_tokens", "0"),
             ("gate_up_cols", "1"),
             ("graph_steps", "1"),
             ("kernel_dir", "/tmp/k"),
@@ -293,6 +305,7 @@ mod tests {
             attn_stage: Some(0),
             prefill_chunk: 0,
             prefill_part_budget: 5000,
+            few_tokens: 0,
             gate_up_cols: Some(1),
             graph_steps: 1,
             kernel_dir: Some("/tmp/k".into()),

@@ -83,6 +83,9 @@ pub const ATT_TC_STAGE_DEFAULT: usize = 1;
 /// H200, synthetic Qwen3-30B-A3B Q4_0, 4,096-token prompt, session 22: 0.88 s at 512, 0.86 s at
 /// 1,024, 0.82 s at 2,048 (6.09 s a token at a time); 1,024 keeps its buffers near 250 MB.
 pub const PREFILL_CHUNK_DEFAULT: usize = 1024;
+
+/// CudaOptions::few_tokens' default: launches of at most this many tokens run on bt_rows.
+pub const FEW_TOKENS_DEFAULT: usize = 32;
 /// Chunks a tensor-core attention block takes at least (8 tiles, one a warp; session 16: 1 and 8
 /// were both ~4% slower at the bench's context).
 pub const ATT_TC_MIN_SPAN_DEFAULT: usize = 4;

@@ -23,6 +23,8 @@ const XS: usize = 36;
 /// length they and pf_quant take.
 const PF_ROWS: usize = 32;
 const PFM_ROWS: usize = 128;
+/// Rows a bt_rows block takes (batch_rows.cu BTR_ROWS).
+const BTR_ROWS: usize = 16;
 /// Entries a pf_mma block takes (PFM_ENTRIES), and a dense pf_rows one (fewer: the router's
 /// 128 rows are 4 of its blocks an entry tile).
 const PFM_ENTRIES: usize = 32;
@@ -90,8 +92,10 @@ pub struct Prefill {
     /// (CudaOptions::prefill_part_budget: a chunk of 1,024 tokens at 16,384 positions would
     /// need 8.7 GB at once).
     part_budget: usize,
-    /// Tensor cores (sm_80+): the split types' rows on pf_mma.
+    /// How the split types' rows run: tensor cores (sm_80+: pf_mma), and the most tokens a
+    /// launch takes on bt_rows instead (CudaOptions::few_tokens).
     mma: bool,
+    few_tokens: usize,
     /// Attention on tensor cores (pf_attn_tc, Qwen3-MoE's shapes over an f16 cache): the
     /// kernel and the tokens a block takes.
     attn_tc: Option<(Kernel, usize)>,
@@ -118,7 +122,12 @@ pub struct Prefill {
 }
 
 impl Prefill {
-    pub fn new(dev: &Device, c: &Config, chunk: usize, part_budget: usize) -> Result<Prefill> {
+    pub fn new(
+        dev: &Device,
+        c: &Config,
+        chunk: usize,
+        (part_budget, few_tokens): (usize, usize),
+    ) -> Result<Prefill> {
         let f = |n: usize| DevBuf::new(dev, n.max(1) * 4);
         let mma = tensor_cores(dev);
         let group = c.n_head / c.n_kv_head.max(1);
@@ -137,6 +146,7 @@ impl Prefill {
             chunk,
             part_budget,
             mma,
+            few_tokens,
             attn_tc,
             states: DevBuf::new(dev, chunk * std::mem::size_of::<StepState>())?,
             x: f(x)?,
@@ -284,7 +294,7 @@ impl Prefill {
     /// Dense rows of `w` against the n quantised activation rows: out[t * stride + r].
     fn dense(&self, w: Qw, rows: usize, out: u64, stride: usize, n: usize, add: bool) -> Launch {
         let x = (self.xq.ptr, self.xf.ptr);
-        dense_launch(self.mma, w, rows, x, (out, stride), n, add)
+        dense_launch(self.rows_on(n), w, rows, x, (out, stride), n, add)
     }
 
     fn attention(&self, c: &Config, lw: &LayerW, keys: Keys, n: usize, out: &mut Vec<Launch>) {
@@ -359,6 +369,16 @@ impl Prefill {
         out.push(named(o, "pf o"));
     }
 
+    /// The split types' kernel for a launch of `n` tokens (each group, dense or an expert, has
+    /// at most n entries).
+    fn rows_on(&self, n: usize) -> Rows {
+        match (self.mma, n <= self.few_tokens) {
+            (_, true) => Rows::Few,
+            (true, false) => Rows::Mma,
+            (false, false) => Rows::Plain,
+        }
+    }
+
     fn experts(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
         self.route(c, lw, n, out);
         self.ffn(c, lw, n, out);
@@ -424,7 +444,7 @@ impl Prefill {
                     in_is_out: in_is_out as i32,
                     ..Default::default()
                 };
-                rows_launch(self.mma, p, n * nu, ne)
+                rows_launch(self.rows_on(n), p, n * nu, ne)
             };
         let x = (self.xq.ptr, self.xf.ptr);
         out.push(named(
@@ -476,31 +496,53 @@ impl Prefill {
     }
 }
 
+/// Which kernel takes the split types' rows (Q4_0, Q4_K, Q6_K with k % 256 == 0): pf_mma on
+/// tensor cores, bt_rows for launches of few tokens (the same bits as pf_mma), else pf_rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rows {
+    Plain,
+    Mma,
+    Few,
+}
+
 /// Weight rows against `entries` activation rows (dense: `p.list` 0) or expert slots: F32 on
-/// pf_f32rows (dense), the split types on tensor cores (pf_mma, `mma`: sm_80+), the others on
-/// pf_rows. Dense launches tile the entries over blockIdx.z, grouped pf_mma launches take the
-/// work list's tiles (blockIdx.y), grouped pf_rows launches an expert a blockIdx.y.
-fn rows_launch(mma: bool, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
+/// pf_f32rows (dense), the split types as `on` says (`Rows`), the others on pf_rows. Dense
+/// launches tile the entries over blockIdx.z, grouped pf_mma launches take the work list's
+/// tiles (blockIdx.y), grouped pf_rows and bt_rows launches a group a blockIdx.y.
+fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
     if p.list == 0 && is_f32(p.w.ty) {
         let tiles = |n: usize| n.div_ceil(PFF_TILE) as u32;
         let grid = (tiles(p.rows as usize), 1, tiles(entries));
         return Launch::new(Kernel::PfF32Rows, "pf_f32rows", grid, THREADS, 0, &p, 0);
     }
-    let mma = mma && Quant::of(p.w.ty).is_some() && p.w.k % 256 == 0;
+    let split = Quant::of(p.w.ty).is_some() && p.w.k % 256 == 0;
+    let on = if split { on } else { Rows::Plain };
+    let blocks = |rows: usize| (p.rows as u32).div_ceil(rows as u32);
+    if on == Rows::Few {
+        return Launch::new(
+            Kernel::BtRows,
+            "bt_rows",
+            (blocks(BTR_ROWS), groups as u32, 1),
+            THREADS,
+            0,
+            &p,
+            0,
+        );
+    }
+    let mma = on == Rows::Mma;
     let (kernel, name, rows, z, smem) = match mma {
         true => (Kernel::PfMma, "pf_mma", PFM_ROWS, PFM_ENTRIES, PFM_SMEM),
         false => (Kernel::PfRows, "pf_rows", PF_ROWS, PF_Z_ENTRIES, 0),
     };
-    let blocks = (p.rows as u32).div_ceil(rows as u32);
     let grid = match (p.list, mma) {
         (0, _) => {
             p.z_entries = z as i32;
-            (blocks, 1, entries.div_ceil(z) as u32)
+            (blocks(rows), 1, entries.div_ceil(z) as u32)
         }
-        (_, true) => (blocks, (entries.div_ceil(PFM_ENTRIES) + groups) as u32, 1),
+        (_, true) => (blocks(rows), (entries.div_ceil(PFM_ENTRIES) + groups) as u32, 1),
         (_, false) => {
             p.tiles = 0;
-            (blocks, groups as u32, 1)
+            (blocks(rows), groups as u32, 1)
         }
     };
     Launch::new(kernel, name, grid, THREADS, smem, &p, 0)
@@ -540,7 +582,7 @@ pub(crate) fn quant_launch(
 /// Dense rows of `w` against the n activation rows pf_quant put at `x`: out[t * stride + r]
 /// (+= with `add`).
 pub(crate) fn dense_launch(
-    mma: bool,
+    on: Rows,
     w: Qw,
     rows: usize,
     (xq, xf): (u64, u64),
@@ -559,7 +601,7 @@ pub(crate) fn dense_launch(
         accumulate: add as i32,
         ..Default::default()
     };
-    rows_launch(mma, p, n, 1)
+    rows_launch(on, p, n, 1)
 }
 
 /// Whose keys and values a layer's attention reads and appends to.

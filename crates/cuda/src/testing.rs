@@ -222,15 +222,15 @@ impl TestDevice {
     }
 
     /// `n` activation rows `x` ([n, k]) through pf_quant and the batched prefill's weight rows
-    /// (pf_mma, pf_f32rows or pf_rows: the kernel prefill.rs picks for the type and device):
-    /// out[t * rows + r].
+    /// (pf_mma, pf_f32rows or pf_rows: the kernel prefill.rs picks for the type and device; with
+    /// `few`, bt_rows where it would pick pf_mma): out[t * rows + r].
     pub fn prefill_rows(
         &self,
         ty: GgmlType,
         bytes: &[u8],
-        rows: usize,
-        k: usize,
+        (rows, k): (usize, usize),
         x: &[f32],
+        few: bool,
     ) -> Result<Vec<f32>> {
         let n = x.len() / k;
         let (w, _keep) = self.weight(ty, bytes, k)?;
@@ -241,8 +241,12 @@ impl TestDevice {
         let acts = (xq.ptr, xf.ptr);
         self.dev
             .launch(&prefill::quant_launch(xb.ptr, 0, acts, k, n, 1e-6))?;
-        let mma = prefill::tensor_cores(&self.dev);
-        let l = prefill::dense_launch(mma, w, rows, acts, (out.ptr, rows), n, false);
+        let on = match (few, prefill::tensor_cores(&self.dev)) {
+            (true, _) => prefill::Rows::Few,
+            (false, true) => prefill::Rows::Mma,
+            (false, false) => prefill::Rows::Plain,
+        };
+        let l = prefill::dense_launch(on, w, rows, acts, (out.ptr, rows), n, false);
         self.dev.launch(&l)?;
         self.dev.sync()?;
         self.read(&out, n * rows)

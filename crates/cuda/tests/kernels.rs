@@ -76,7 +76,8 @@ fn matvec_every_type_matches_host() {
 
 /// The batched prefill's weight rows (prefill.rs dense_launch: pf_mma for the split types,
 /// pf_f32rows for F32, pf_rows for the others) against the host in f64, over activation-row
-/// counts that fill no, one and several 32-entry tiles, and row counts past a block's rows.
+/// counts that fill no, one and several 32-entry tiles, and row counts past a block's rows;
+/// and bt_rows bit-identical to pf_mma.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prefill_rows_match_host() {
@@ -88,7 +89,16 @@ fn prefill_rows_match_host() {
             let mut bytes = Vec::new();
             quantize_row(ty, &wf, &mut bytes).unwrap();
             let x = randn(&mut rng, n * k, 1.0);
-            let got = dev.prefill_rows(ty, &bytes, rows, k, &x).unwrap();
+            let got = dev.prefill_rows(ty, &bytes, (rows, k), &x, false).unwrap();
+            // bt_rows (the batched step's few-token launches) gives pf_mma's bits exactly: the
+            // batch size may pick either without changing a sequence's output.
+            let few = dev.prefill_rows(ty, &bytes, (rows, k), &x, true).unwrap();
+            for (i, (a, b)) in got.iter().zip(&few).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits() && a.is_finite(),
+                    "{ty:?} {rows}x{k}, {n} tokens: output {i}: {a} (pf kernels), {b} (bt_rows)"
+                );
+            }
             let rb = bytes.len() / rows;
             let mut w = vec![0f32; k];
             let mut scale = 1f32;

@@ -125,7 +125,12 @@ impl CudaBackend {
         );
         let prefill = match chunk {
             0 => None,
-            n => Some(Prefill::new(&dev, &c, n, opts.prefill_part_budget)?),
+            n => Some(Prefill::new(
+                &dev,
+                &c,
+                n,
+                (opts.prefill_part_budget, opts.few_tokens),
+            )?),
         };
         let pipeline = Pipeline::new()?;
         scratch.publish = pipeline.publish_ptr();

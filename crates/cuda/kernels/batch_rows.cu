@@ -1,0 +1,134 @@
+// Weight rows against a few activation rows (the batched decode step's B tokens, a short
+// prompt's chunk): pf_mma's launches (the split types, k % 256 == 0) where every group has few
+// entries. Why: pf_mma takes 128 rows a block, so a dense launch of 4,096 rows is 32 blocks and
+// every launch waits on a few SMs; at B = 1 the batched step took 17.8 ms (H100) against the
+// decode step's 1.24. Here a warp takes BTR_R rows and its lanes split k (block j to lane
+// j % 32, as the decode's matvecs), so a launch has 16x pf_mma's blocks.
+//
+// The same bits as pf_mma, so the kernel can change with the batch size and a sequence's
+// output stays its own (batch invariance): a block's integer sum is exact in both (dp4a here,
+// mma there), and each output adds its blocks' terms in k order through the same expression
+// (the Pfm structs' `term`), one lane an output: lanes write their blocks' sums to shared
+// memory, then lane r * BTR_E + e walks the 32 blocks of the chunk for row r and entry e.
+
+#define BTR_R 2
+#define BTR_ROWS (8 * BTR_R)
+#define BTR_E 8
+
+// A split type's decode piece (quant.cuh) and pf_mma's term for one block: `sums` the exact
+// integer sums of a loaded piece against a quantised group, `scales` the piece's floats, `term`
+// pf_mma's expression of them against the group's tail.
+struct BtQ4_0 {
+    using Piece = Q4_0Piece;
+    __device__ __forceinline__ static int2 sums(const Piece& w, const u32* g) {
+        int s0, s1;
+        nibble_idot(w.q, g, s0, s1);
+        return make_int2(s0 + s1 - 8 * group_qsum(g), 0);  // the centred nibbles' sum
+    }
+    __device__ __forceinline__ static float3 scales(const Piece& w) { return make_float3(h2f(w.d), 0.f, 0.f); }
+    __device__ __forceinline__ static float term(float3 f, int2 c, uint4 s) {
+        PfmQ4_0 t;
+        t.d[0] = f.x;
+        return t.term(0, c.x, s);
+    }
+};
+struct BtQ4_K {
+    using Piece = Q4_KPiece;
+    __device__ __forceinline__ static int2 sums(const Piece& w, const u32* g) {
+        int s0, s1;
+        nibble_idot(w.q, g, s0, s1);
+        return make_int2(s0 + s1, 0);
+    }
+    __device__ __forceinline__ static float3 scales(const Piece& w) { return make_float3(w.scale(), w.offset(), 0.f); }
+    __device__ __forceinline__ static float term(float3 f, int2 c, uint4 s) {
+        PfmQ4_K t;
+        t.ds[0] = f.x;
+        t.dm[0] = f.y;
+        return t.term(0, c.x, s);
+    }
+};
+struct BtQ6_K {
+    using Piece = Q6_KPiece;
+    __device__ __forceinline__ static int2 sums(const Piece& w, const u32* g) {
+        u32 lo[4], hi[4];
+        q6_k_bytes(w.q, w.g, lo, hi);
+        int s0, s1;
+        byte_idot(lo, hi, g, s0, s1);
+        return make_int2(s0, s1);
+    }
+    __device__ __forceinline__ static float3 scales(const Piece& w) {
+        return make_float3(h2f((u16)(w.s & 0xffff)), (float)(signed char)(w.s >> 16), (float)(signed char)(w.s >> 24));
+    }
+    __device__ __forceinline__ static float term(float3 f, int2 c, uint4 s) { return PfmQ6_K::term(f.x, f.y, f.z, c.x, c.y, s); }
+};
+
+// Shared memory a warp: each (row, entry, block of the chunk)'s sums (a padded stride, so the
+// walking lanes' reads of one block hit distinct banks) and each (row, block)'s scales.
+struct BtrWarp {
+    int2 c[BTR_R][BTR_E][33];
+    float3 f[BTR_R][32];
+};
+
+// A warp's rows r0.. of group grp against the group's n entries, BTR_E at a time.
+template <class T>
+__device__ void btr_warp(const PfRowsParams& p, int grp, int r0, const int2* list, int n, BtrWarp& sm) {
+    int lane = threadIdx.x & 31, nb = p.w.k >> 5, nr = min(BTR_R, p.rows - r0);
+    int my_r = lane / BTR_E, my_e = lane % BTR_E;
+    u64 row0 = (u64)grp * p.rows + r0;
+    const u32* xq = (const u32*)p.xq;
+    for (int e0 = 0; e0 < n; e0 += BTR_E) {
+        int ne = min(BTR_E, n - e0);
+        bool mine = my_r < nr && my_e < ne;
+        int2 io = mine ? pf_entry(p, list, e0 + my_e) : make_int2(0, 0);
+        float acc = 0.f;
+        for (int j0 = 0; j0 < nb; j0 += 32) {
+            int j = j0 + lane;
+            if (j < nb) {
+                typename T::Piece w[BTR_R];
+#pragma unroll
+                for (int r = 0; r < BTR_R; r++)
+                    if (r < nr) {
+                        w[r].load(p.w, (row0 + r) * nb + j);
+                        sm.f[r][lane] = T::scales(w[r]);
+                    }
+                for (int e = 0; e < ne; e++) {
+                    int in = pf_entry(p, list, e0 + e).x;
+                    const u32* g = xq + ((u64)in * nb + j) * QXW;
+#pragma unroll
+                    for (int r = 0; r < BTR_R; r++)
+                        if (r < nr) sm.c[r][e][lane] = T::sums(w[r], g);
+                }
+            }
+            __syncwarp();
+            if (mine) {
+                const uint4* tail = (const uint4*)(xq + ((u64)io.x * nb + j0) * QXW + 16);
+                int jn = min(32, nb - j0);
+#pragma unroll 4
+                for (int jj = 0; jj < jn; jj++)
+                    acc += T::term(sm.f[my_r][jj], sm.c[my_r][my_e][jj], tail[jj * (QXW / 4)]);
+            }
+            __syncwarp();
+        }
+        if (mine) {
+            float* dst = (float*)p.out + (u64)io.y * p.out_stride + r0 + my_r;
+            *dst = p.accumulate ? *dst + acc : acc;
+        }
+    }
+}
+
+// grid (ceil(rows / BTR_ROWS), groups, 1), 256 threads: pf_mma's launch (dense: n_dense
+// entries; grouped: group blockIdx.y's counts[g] entries of its list) on few entries.
+extern "C" __global__ void __launch_bounds__(256) bt_rows(const PfRowsParams p) {
+    __shared__ BtrWarp warps[8];
+    pdl_start();
+    int grp = blockIdx.y, r0 = blockIdx.x * BTR_ROWS + (threadIdx.x >> 5) * BTR_R;
+    int n = p.counts ? ((const int*)p.counts)[grp] : p.n_dense;
+    if (n == 0 || r0 >= p.rows) return;  // an expert no token chose: its rows are not read
+    const int2* list = p.list ? (const int2*)p.list + (u64)grp * p.list_cap : nullptr;
+    BtrWarp& sm = warps[threadIdx.x >> 5];
+    switch (p.w.type) {
+        case T_Q4_0: btr_warp<BtQ4_0>(p, grp, r0, list, n, sm); break;
+        case T_Q4_K: btr_warp<BtQ4_K>(p, grp, r0, list, n, sm); break;
+        default: btr_warp<BtQ6_K>(p, grp, r0, list, n, sm);
+    }
+}
