@@ -464,7 +464,10 @@ fn run_batched(
         };
         if let Some(mut batched) = batch::run(backend.get(), model, &plan)? {
             if let AnyBackend::Cuda(b) = backend {
-                batch::add_copy_share(&mut batched, b.measure_copy_bandwidth());
+                let copy = b.measure_copy_bandwidth();
+                batch::add_copy_share(&mut batched, copy);
+                // --profile kernels: the batched steps' launches, eager and timed.
+                record["kernel_profile"] = report::kernel_json(&b.kernel_profile(), Some(copy)).into();
             }
             record["batched"] = batched;
         }

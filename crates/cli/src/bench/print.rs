@@ -48,6 +48,7 @@ pub fn print_table(r: &Value) {
         if !r["prefill_sweep"].is_null() {
             print_prefill(&r["prefill_sweep"]);
         }
+        print_kernels(r, "--profile kernels: every launch of the runs, eager, timed with events");
         return;
     }
     let gpu = r["backend"] != "cpu";
@@ -130,15 +131,11 @@ fn footer(r: &Value) {
     if let Some(c) = r["graph_captures"].as_u64() {
         println!("setup cache over the bench: {c} graph captures");
     }
-    let kernels = kernel_lines(r);
-    if !kernels.is_empty() {
-        println!("kernel profile (largest total first; --profile kernels: the setup-cache-off runs' eager launches timed with events; the fused step's stamps and the launch timeline add their rows):");
-        println!(
-            "{:<24} {:>10} {:>10} {:>10} {:>8} {:>7}",
-            "kernel", "calls", "total ms", "us/call", "GB/s", "% copy"
-        );
-        kernels.iter().for_each(|l| println!("{l}"));
-    }
+    print_kernels(
+        r,
+        "--profile kernels: the setup-cache-off runs' eager launches timed with events; the \
+         fused step's stamps and the launch timeline add their rows",
+    );
 }
 
 /// The batched step's sizes: median (min..max) of the runs.
@@ -282,6 +279,20 @@ fn markdown_lines(r: &Value) -> Vec<String> {
         ));
     }
     rows
+}
+
+/// The kernel profile, where the record has one: `how` says what was timed.
+fn print_kernels(r: &Value, how: &str) {
+    let kernels = kernel_lines(r);
+    if kernels.is_empty() {
+        return;
+    }
+    println!("kernel profile (largest total first; {how}):");
+    println!(
+        "{:<24} {:>10} {:>10} {:>10} {:>8} {:>7}",
+        "kernel", "calls", "total ms", "us/call", "GB/s", "% copy"
+    );
+    kernels.iter().for_each(|l| println!("{l}"));
 }
 
 /// The kernel profile's rows, largest total time first: each kernel's time set against the

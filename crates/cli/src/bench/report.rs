@@ -19,6 +19,21 @@ pub struct Extras {
     pub graph_setups: Option<q4moe_cuda::GraphSetups>,
 }
 
+/// The per-kernel profile's rows (`--profile kernels`): calls, time, and the weight bytes read
+/// against the run's copy bandwidth.
+pub fn kernel_json(kernels: &[q4moe_cuda::KernelTime], copy_gbs: Option<f64>) -> Vec<Value> {
+    kernels
+        .iter()
+        .map(|k| {
+            let s = k.total.as_secs_f64();
+            let gbs = if s > 0.0 { k.bytes_read as f64 / s / 1e9 } else { 0.0 };
+            json!({ "name": k.name, "calls": k.calls, "total_ms": s * 1e3, "bytes_read": k.bytes_read,
+                    "us_per_call": s * 1e6 / k.calls.max(1) as f64, "gb_s": gbs,
+                    "pct_of_copy_bandwidth": copy_gbs.map(|c| 100.0 * gbs / c) })
+        })
+        .collect()
+}
+
 pub fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -142,17 +157,7 @@ pub fn build(
     let parity = variants
         .iter()
         .all(|v| v["greedy_tokens_identical_to_first_variant"] != json!(false));
-    let kernels: Vec<Value> = extras
-        .kernels
-        .iter()
-        .map(|k| {
-            let s = k.total.as_secs_f64();
-            let gbs = if s > 0.0 { k.bytes_read as f64 / s / 1e9 } else { 0.0 };
-            json!({ "name": k.name, "calls": k.calls, "total_ms": s * 1e3, "bytes_read": k.bytes_read,
-                    "us_per_call": s * 1e6 / k.calls.max(1) as f64, "gb_s": gbs,
-                    "pct_of_copy_bandwidth": extras.copy_gbs.map(|c| 100.0 * gbs / c) })
-        })
-        .collect();
+    let kernels = kernel_json(&extras.kernels, extras.copy_gbs);
     let mut r = conditions(a, label, m, info, extras.open_s);
     let more = json!({
         "batch": 1,
