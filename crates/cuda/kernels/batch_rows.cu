@@ -132,3 +132,47 @@ extern "C" __global__ void __launch_bounds__(256) bt_rows(const PfRowsParams p) 
         default: btr_warp<BtQ6_K>(p, grp, r0, list, n, sm);
     }
 }
+
+// F32 rows (the router) against few tokens' padded activations: pf_f32rows' launch, whose
+// blocks of 32 rows (4 for the router's 128) wait on a global load every 32 values (67 us a
+// launch at B = 1, H100). Here a block takes BTF_R rows x BTF_E entries, a thread an output,
+// and stages BTF_K values of its rows and entries at once (cp.async, one wait a stage); each
+// output is the same chain as pf_f32rows' (fmaf in k order from 0), so the same bits.
+// grid (ceil(rows / BTF_R), ceil(n / BTF_E), 1), BTF_R * BTF_E threads.
+#define BTF_R 8
+#define BTF_E 8
+#define BTF_K 512
+#define BTF_S (BTF_K + 4)  // a padded stride: the warp's 4 rows and 8 entries hit distinct banks
+extern "C" __global__ void __launch_bounds__(BTF_R * BTF_E) bt_f32rows(const PfRowsParams p) {
+#if __CUDA_ARCH__ >= 800
+    __shared__ __align__(16) float ws[BTF_R][BTF_S], xs[BTF_E][BTF_S];
+    pdl_start();
+    int r0 = blockIdx.x * BTF_R, e0 = blockIdx.y * BTF_E, k = p.w.k, plen = padded_len(k);
+    int r = threadIdx.x / BTF_E, e = threadIdx.x % BTF_E;
+    float acc = 0.f;
+    for (int k0 = 0; k0 < k; k0 += BTF_K) {
+        int q = min(BTF_K, k - k0) >> 2;  // float4s a row this stage
+        __syncthreads();                  // the last stage's reads are done
+        for (int i = threadIdx.x; i < (BTF_R + BTF_E) * q; i += blockDim.x) {
+            int row = i / q, c = 4 * (i - row * q);
+            if (row < BTF_R) {
+                const float* src = (const float*)p.w.data + (u64)min(r0 + row, p.rows - 1) * k + k0 + c;
+                cp_async16((uint4*)&ws[row][c], src, true);
+            } else {
+                int t = min(e0 + row - BTF_R, p.n_dense - 1);
+                const float* src = (const float*)p.xf + (u64)t * plen + pad_idx(k0 + c);
+                cp_async16((uint4*)&xs[row - BTF_R][c], src, true);
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < 4 * q; kk++) acc = fmaf(ws[r][kk], xs[e][kk], acc);
+    }
+    if (r0 + r < p.rows && e0 + e < p.n_dense) {
+        float* dst = (float*)p.out + (u64)(e0 + e) * p.out_stride + r0 + r;
+        *dst = p.accumulate ? *dst + acc : acc;
+    }
+#endif
+}

@@ -200,6 +200,8 @@ pub enum Kernel {
     /// pf_mma's launches on few tokens (batch_rows.cu).
     BtRows,
     PfF32Rows,
+    /// pf_f32rows' launches on few tokens (batch_rows.cu).
+    BtF32Rows,
     PfRoute,
     PfLists,
     PfTiles,
@@ -217,7 +219,7 @@ pub enum Kernel {
 }
 
 /// The kernels with no mode.
-const SINGLE: [Kernel; 38] = [
+const SINGLE: [Kernel; 39] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -243,6 +245,7 @@ const SINGLE: [Kernel; 38] = [
     Kernel::PfRows,
     Kernel::PfMma,
     Kernel::BtRows,
+    Kernel::BtF32Rows,
     Kernel::PfF32Rows,
     Kernel::PfRoute,
     Kernel::PfLists,
@@ -337,6 +340,7 @@ impl Kernel {
             Kernel::PfRows => "pf_rows",
             Kernel::PfMma => "pf_mma",
             Kernel::BtRows => "bt_rows",
+            Kernel::BtF32Rows => "bt_f32rows",
             Kernel::PfF32Rows => "pf_f32rows",
             Kernel::PfRoute => "pf_route",
             Kernel::PfLists => "pf_lists",

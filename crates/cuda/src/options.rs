@@ -151,7 +151,7 @@ impl CudaOptions {
         ),
         (
             "few_tokens",
-            "<n>: tokens a batched launch at most for bt_rows, 0 = pf_mma always (default 32)",
+            "<n>: tokens a batched launch at most for bt_rows, 0 = pf_mma always (default 8)",
         ),
         (
             "gate_up_cols",

@@ -85,7 +85,11 @@ pub const ATT_TC_STAGE_DEFAULT: usize = 1;
 pub const PREFILL_CHUNK_DEFAULT: usize = 1024;
 
 /// CudaOptions::few_tokens' default: launches of at most this many tokens run on bt_rows.
-pub const FEW_TOKENS_DEFAULT: usize = 32;
+/// H100, synthetic Qwen3-30B-A3B Q4_0, batched step, prompt 128, 64 tokens, median of 5
+/// (bench/results/batch-bt-rows-h100-2026-12-05.json): bt_rows through 32 gave 109.6 / 500.5
+/// / 667.2 / 798.2 tok/s at B = 1 / 8 / 16 / 32, pf_mma 56.1 / 489.9 / 986.0 / 1,935.5: its
+/// passes of 8 tokens cost more than pf_mma's idle blocks past 8.
+pub const FEW_TOKENS_DEFAULT: usize = 8;
 /// Chunks a tensor-core attention block takes at least (8 tiles, one a warp; session 16: 1 and 8
 /// were both ~4% slower at the bench's context).
 pub const ATT_TC_MIN_SPAN_DEFAULT: usize = 4;

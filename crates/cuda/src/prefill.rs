@@ -23,8 +23,13 @@ const XS: usize = 36;
 /// length they and pf_quant take.
 const PF_ROWS: usize = 32;
 const PFM_ROWS: usize = 128;
-/// Rows a bt_rows block takes (batch_rows.cu BTR_ROWS).
+/// Rows a bt_rows block takes (batch_rows.cu BTR_ROWS), and bt_f32rows' rows and entries
+/// (BTF_R, BTF_E).
 const BTR_ROWS: usize = 16;
+const BTF_R: u32 = 8;
+const BTF_E: u32 = 8;
+/// Tokens a dense F32 launch (the router) takes on bt_f32rows at most.
+const F32_FEW: usize = 64;
 /// Entries a pf_mma block takes (PFM_ENTRIES), and a dense pf_rows one (fewer: the router's
 /// 128 rows are 4 of its blocks an entry tile).
 const PFM_ENTRIES: usize = 32;
@@ -294,7 +299,11 @@ impl Prefill {
     /// Dense rows of `w` against the n quantised activation rows: out[t * stride + r].
     fn dense(&self, w: Qw, rows: usize, out: u64, stride: usize, n: usize, add: bool) -> Launch {
         let x = (self.xq.ptr, self.xf.ptr);
-        dense_launch(self.rows_on(n), w, rows, x, (out, stride), n, add)
+        // The router's F32 rows take bt_f32rows up to F32_FEW tokens whatever few_tokens says
+        // (but 0: the pf kernels only).
+        let f32_few = is_f32(w.ty) && n <= F32_FEW && self.few_tokens > 0;
+        let on = if f32_few { self.rows_on(0) } else { self.rows_on(n) };
+        dense_launch(on, w, rows, x, (out, stride), n, add)
     }
 
     fn attention(&self, c: &Config, lw: &LayerW, keys: Keys, n: usize, out: &mut Vec<Launch>) {
@@ -370,12 +379,13 @@ impl Prefill {
     }
 
     /// The split types' kernel for a launch of `n` tokens (each group, dense or an expert, has
-    /// at most n entries).
+    /// at most n entries). bt_rows only beside pf_mma (sm_80+), whose bits it gives: pf_rows
+    /// adds in another order.
     fn rows_on(&self, n: usize) -> Rows {
         match (self.mma, n <= self.few_tokens) {
-            (_, true) => Rows::Few,
+            (true, true) => Rows::Few,
             (true, false) => Rows::Mma,
-            (false, false) => Rows::Plain,
+            (false, _) => Rows::Plain,
         }
     }
 
@@ -412,6 +422,9 @@ impl Prefill {
             &lists,
             0,
         ));
+        if self.rows_on(n) == Rows::Few {
+            return; // bt_rows takes an expert a blockIdx.y: no work list
+        }
         let tiles = Kernel::PfTiles;
         out.push(Launch::new(
             tiles,
@@ -496,8 +509,10 @@ impl Prefill {
     }
 }
 
-/// Which kernel takes the split types' rows (Q4_0, Q4_K, Q6_K with k % 256 == 0): pf_mma on
-/// tensor cores, bt_rows for launches of few tokens (the same bits as pf_mma), else pf_rows.
+/// Which kernels take a launch's rows: `Plain` pf_rows and pf_f32rows; `Mma` pf_mma for the
+/// split types (Q4_0, Q4_K, Q6_K with k % 256 == 0; sm_80+); `Few` (sm_80+, launches of few
+/// tokens) bt_rows for the split types and bt_f32rows for F32, the same bits as pf_mma and
+/// pf_f32rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rows {
     Plain,
@@ -510,6 +525,22 @@ pub(crate) enum Rows {
 /// launches tile the entries over blockIdx.z, grouped pf_mma launches take the work list's
 /// tiles (blockIdx.y), grouped pf_rows and bt_rows launches a group a blockIdx.y.
 fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
+    if p.list == 0 && is_f32(p.w.ty) && on == Rows::Few {
+        let grid = (
+            (p.rows as u32).div_ceil(BTF_R),
+            entries.div_ceil(BTF_E as usize) as u32,
+            1,
+        );
+        return Launch::new(
+            Kernel::BtF32Rows,
+            "bt_f32rows",
+            grid,
+            BTF_R * BTF_E,
+            0,
+            &p,
+            0,
+        );
+    }
     if p.list == 0 && is_f32(p.w.ty) {
         let tiles = |n: usize| n.div_ceil(PFF_TILE) as u32;
         let grid = (tiles(p.rows as usize), 1, tiles(entries));

@@ -223,7 +223,8 @@ impl TestDevice {
 
     /// `n` activation rows `x` ([n, k]) through pf_quant and the batched prefill's weight rows
     /// (pf_mma, pf_f32rows or pf_rows: the kernel prefill.rs picks for the type and device; with
-    /// `few`, bt_rows where it would pick pf_mma): out[t * rows + r].
+    /// `few`, bt_rows and bt_f32rows where it would pick pf_mma and pf_f32rows): out[t * rows
+    /// + r].
     pub fn prefill_rows(
         &self,
         ty: GgmlType,
@@ -241,10 +242,10 @@ impl TestDevice {
         let acts = (xq.ptr, xf.ptr);
         self.dev
             .launch(&prefill::quant_launch(xb.ptr, 0, acts, k, n, 1e-6))?;
-        let on = match (few, prefill::tensor_cores(&self.dev)) {
-            (true, _) => prefill::Rows::Few,
-            (false, true) => prefill::Rows::Mma,
-            (false, false) => prefill::Rows::Plain,
+        let on = match (prefill::tensor_cores(&self.dev), few) {
+            (true, true) => prefill::Rows::Few,
+            (true, false) => prefill::Rows::Mma,
+            (false, _) => prefill::Rows::Plain,
         };
         let l = prefill::dense_launch(on, w, rows, acts, (out.ptr, rows), n, false);
         self.dev.launch(&l)?;
