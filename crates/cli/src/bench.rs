@@ -467,7 +467,8 @@ fn run_batched(
                 let copy = b.measure_copy_bandwidth();
                 batch::add_copy_share(&mut batched, copy);
                 // --profile kernels: the batched steps' launches, eager and timed.
-                record["kernel_profile"] = report::kernel_json(&b.kernel_profile(), Some(copy)).into();
+                record["kernel_profile"] =
+                    report::kernel_json(&b.kernel_profile(), Some(copy)).into();
             }
             record["batched"] = batched;
         }

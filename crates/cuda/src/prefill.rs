@@ -302,7 +302,11 @@ impl Prefill {
         // The router's F32 rows take bt_f32rows up to F32_FEW tokens whatever few_tokens says
         // (but 0: the pf kernels only).
         let f32_few = is_f32(w.ty) && n <= F32_FEW && self.few_tokens > 0;
-        let on = if f32_few { self.rows_on(0) } else { self.rows_on(n) };
+        let on = if f32_few {
+            self.rows_on(0)
+        } else {
+            self.rows_on(n)
+        };
         dense_launch(on, w, rows, x, (out, stride), n, add)
     }
 
@@ -570,7 +574,11 @@ fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: usize) -> 
             p.z_entries = z as i32;
             (blocks(rows), 1, entries.div_ceil(z) as u32)
         }
-        (_, true) => (blocks(rows), (entries.div_ceil(PFM_ENTRIES) + groups) as u32, 1),
+        (_, true) => (
+            blocks(rows),
+            (entries.div_ceil(PFM_ENTRIES) + groups) as u32,
+            1,
+        ),
         (_, false) => {
             p.tiles = 0;
             (blocks(rows), groups as u32, 1)
@@ -670,4 +678,60 @@ pub(crate) fn n_split(len: usize) -> usize {
 /// A token's attention partials at a context of `len` positions.
 fn part_bytes(c: &Config, len: usize) -> usize {
     c.n_head * n_split(len) * (c.head_dim + 2) * 4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use q4moe_gguf::GgmlType;
+
+    fn params(ty: GgmlType, k: usize, list: u64) -> PfRowsParams {
+        PfRowsParams {
+            w: Qw {
+                ty: ty.id() as i32,
+                k: k as i32,
+                ..Default::default()
+            },
+            rows: 768,
+            list,
+            ..Default::default()
+        }
+    }
+
+    /// Each `Rows` takes the kernels its doc names, with those kernels' grids: bt_rows a group a
+    /// blockIdx.y and 16 rows a block, bt_f32rows 8 rows x 8 entries a block, and the types
+    /// bt_rows does not take (or k not a multiple of 256) on pf_rows.
+    #[test]
+    fn rows_kinds_pick_their_kernels() {
+        let pick = |on, ty, k, list, entries, groups| {
+            let l = rows_launch(on, params(ty, k, list), entries, groups);
+            (l.name, l.grid)
+        };
+        use GgmlType::*;
+        assert_eq!(
+            pick(Rows::Few, Q4_0, 2048, 1, 24, 128),
+            ("bt_rows", (48, 128, 1))
+        );
+        assert_eq!(
+            pick(Rows::Few, Q6_K, 2048, 0, 3, 1),
+            ("bt_rows", (48, 1, 1))
+        );
+        assert_eq!(pick(Rows::Mma, Q4_K, 2048, 0, 3, 1), ("pf_mma", (6, 1, 1)));
+        assert_eq!(
+            pick(Rows::Few, F32, 2048, 0, 9, 1),
+            ("bt_f32rows", (96, 2, 1))
+        );
+        assert_eq!(
+            pick(Rows::Mma, F32, 2048, 0, 9, 1),
+            ("pf_f32rows", (24, 1, 1))
+        );
+        assert_eq!(
+            pick(Rows::Few, Q8_0, 2048, 0, 3, 1),
+            ("pf_rows", (24, 1, 1))
+        );
+        assert_eq!(
+            pick(Rows::Few, Q4_0, 2080, 0, 3, 1),
+            ("pf_rows", (24, 1, 1))
+        );
+    }
 }

@@ -48,7 +48,10 @@ pub fn print_table(r: &Value) {
         if !r["prefill_sweep"].is_null() {
             print_prefill(&r["prefill_sweep"]);
         }
-        print_kernels(r, "--profile kernels: every launch of the runs, eager, timed with events");
+        print_kernels(
+            r,
+            "--profile kernels: every launch of the runs, eager, timed with events",
+        );
         return;
     }
     let gpu = r["backend"] != "cpu";
