@@ -9,7 +9,7 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
-use llguidance::toktrie::{self, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
+use llguidance::toktrie::{self, SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory, TokenParser};
 use q4moe_model::constraint::{Constraint, ConstraintSource, TokenMask};
 use q4moe_tokenizer::Tokenizer;
@@ -123,6 +123,10 @@ impl Grammars {
     /// Compiles `grammar`; `after`: a token (e.g. `</think>`) before which output is free and
     /// the grammar starts after it. The error says what is wrong with the grammar.
     pub fn compile(&self, grammar: &Grammar, after: Option<u32>) -> Result<Constraint, String> {
+        Ok(Constraint::new(Arc::new(self.compiled(grammar, after)?)))
+    }
+
+    fn compiled(&self, grammar: &Grammar, after: Option<u32>) -> Result<Compiled, String> {
         let factory = self.factory()?;
         let top = match grammar {
             Grammar::JsonObject => {
@@ -142,13 +146,13 @@ impl Grammars {
         let parser = factory.create_parser(top).map_err(|e| e.to_string())?;
         let mut stop_ids = self.tokenizer.stop_ids();
         stop_ids.retain(|&t| (t as usize) < self.vocab);
-        Ok(Constraint::new(Arc::new(Compiled {
+        Ok(Compiled {
             parser: Mutex::new(parser),
             name: grammar.name(),
             stop_ids: stop_ids.into(),
             eos: self.tokenizer.eos_id(),
             after,
-        })))
+        })
     }
 }
 
@@ -199,16 +203,24 @@ struct Compiled {
     after: Option<u32>,
 }
 
-impl ConstraintSource for Compiled {
-    fn start(&self) -> Box<dyn TokenMask> {
+impl Compiled {
+    fn mask(&self) -> GrammarMask {
         let parser = self.parser.lock().unwrap_or_else(|p| p.into_inner());
-        Box::new(GrammarMask {
+        GrammarMask {
             matcher: Matcher::new(Ok(parser.deep_clone())),
             stop_ids: self.stop_ids.clone(),
             eos: self.eos,
             waiting_for: self.after,
             failed: false,
-        })
+            next: None,
+            kept: Vec::new(),
+        }
+    }
+}
+
+impl ConstraintSource for Compiled {
+    fn start(&self) -> Box<dyn TokenMask> {
+        Box::new(self.mask())
     }
 
     fn describe(&self) -> &str {
@@ -225,32 +237,72 @@ struct GrammarMask {
     waiting_for: Option<u32>,
     /// The grammar engine refused a token or failed: only the stop tokens remain.
     failed: bool,
+    /// The next position's allowed tokens, worked out by `prepare` (None inside: none but the
+    /// stop tokens); taken by `mask`, dropped by `commit`.
+    next: Option<Option<SimpleVob>>,
+    /// The stop tokens' logits, kept while the rest are masked.
+    kept: Vec<(usize, f32)>,
+}
+
+impl GrammarMask {
+    /// What the grammar allows next: None where it failed or allows nothing.
+    fn allowed(&mut self) -> Option<SimpleVob> {
+        match self.failed {
+            true => None,
+            false => self.matcher.compute_mask_or_eos().ok(),
+        }
+        .filter(|v| v.num_set() > 0)
+    }
 }
 
 impl TokenMask for GrammarMask {
+    fn prepare(&mut self) {
+        if self.waiting_for.is_none() && self.next.is_none() {
+            self.next = Some(self.allowed());
+        }
+    }
+
+    /// Every token the grammar does not allow to -inf, a word of the bit set at a time (the
+    /// allowed words skipped whole: a JSON string allows most of a 152k vocabulary; a test of
+    /// id after id took 277 us a token over 151,936 ids on the 2-core development machine, this
+    /// 4 us), then the stop tokens' logits back where the grammar is complete (or failed):
+    /// every stop id ends the text alike.
     fn mask(&mut self, logits: &mut [f32]) {
         if self.waiting_for.is_some() {
             return;
         }
-        let allowed = match self.failed {
-            true => None,
-            false => self.matcher.compute_mask_or_eos().ok(),
+        let allowed = match self.next.take() {
+            Some(a) => a,
+            None => self.allowed(),
         };
-        let allowed = allowed.filter(|v| v.num_set() > 0);
-        // A complete grammar allows llguidance's one EOS; every stop id ends the text alike.
+        // A complete grammar allows llguidance's one EOS.
         let stops_ok = allowed.as_ref().is_none_or(|v| v.is_allowed(self.eos));
-        for (id, l) in logits.iter_mut().enumerate() {
-            let by_grammar = allowed
-                .as_ref()
-                .is_some_and(|v| id < v.len() && v.is_allowed(id as u32));
-            let stop = stops_ok && self.stop_ids.contains(&(id as u32));
-            if !(by_grammar || stop) {
-                *l = f32::NEG_INFINITY;
+        self.kept.clear();
+        if stops_ok {
+            let ids = self.stop_ids.iter().map(|&t| t as usize);
+            self.kept
+                .extend(ids.filter_map(|t| logits.get(t).map(|&l| (t, l))));
+        }
+        let n = logits.len();
+        let covered = match &allowed {
+            Some(v) => {
+                v.iter_unset_entries(|id| {
+                    if id < n {
+                        logits[id] = f32::NEG_INFINITY;
+                    }
+                });
+                v.len().min(n)
             }
+            None => 0,
+        };
+        logits[covered..].fill(f32::NEG_INFINITY);
+        for &(t, l) in &self.kept {
+            logits[t] = l;
         }
     }
 
     fn commit(&mut self, token: u32) {
+        self.next = None;
         if let Some(t) = self.waiting_for {
             if t == token {
                 self.waiting_for = None;
@@ -294,6 +346,63 @@ mod tests {
                 s.sample(&mut logits)
             })
             .collect()
+    }
+
+    /// The word-at-a-time mask leaves exactly what the id-by-id rule leaves (allowed by the
+    /// grammar, or a stop id where the grammar allows its end), with and without `prepare`
+    /// ahead of it, over a schema's whole course to its end and past it.
+    #[test]
+    fn masking_by_words_matches_id_by_id_with_or_without_prepare() {
+        let g = grammars();
+        let schema = json!({ "type": "object", "properties": { "a": { "type": "integer" },
+            "b": { "type": "string", "maxLength": 3 } }, "required": ["a", "b"] });
+        let c = g.compiled(&Grammar::JsonSchema(schema), None).unwrap();
+        let (mut reference, mut plain, mut prepared) = (c.mask(), c.mask(), c.mask());
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut ended = 0;
+        for step in 0..200 {
+            let logits: Vec<f32> = (0..g.vocab)
+                .map(|_| {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    (rng >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - 4.0
+                })
+                .collect();
+            let allowed = reference.allowed();
+            let stops_ok = allowed.as_ref().is_none_or(|v| v.is_allowed(reference.eos));
+            let mut want = logits.clone();
+            for (id, l) in want.iter_mut().enumerate() {
+                let by_grammar = allowed
+                    .as_ref()
+                    .is_some_and(|v| id < v.len() && v.is_allowed(id as u32));
+                if !(by_grammar || stops_ok && reference.stop_ids.contains(&(id as u32))) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            let (mut a, mut b) = (logits.clone(), logits.clone());
+            plain.mask(&mut a);
+            prepared.prepare();
+            prepared.mask(&mut b);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&a),
+                bits(&want),
+                "step {step}: by words against id by id"
+            );
+            assert_eq!(bits(&b), bits(&want), "step {step}: with prepare");
+            let token = q4moe_model::sampling::argmax(&want);
+            if reference.stop_ids.contains(&token) {
+                ended += 1;
+            }
+            for m in [&mut reference, &mut plain, &mut prepared] {
+                m.commit(token);
+            }
+        }
+        assert!(
+            ended > 0,
+            "the random logits never reached the schema's end"
+        );
     }
 
     #[test]

@@ -15,6 +15,11 @@ pub trait TokenMask: Send {
     fn mask(&mut self, logits: &mut [f32]);
     /// Advances past the chosen token.
     fn commit(&mut self, token: u32);
+    /// Works out what the next `mask` allows ahead of it, from the tokens committed so far: a
+    /// backend calls it while its device computes the logits, so the grammar engine's work
+    /// overlaps the step instead of following it. Optional: `mask` does it where this was not
+    /// called.
+    fn prepare(&mut self) {}
 }
 
 /// A compiled constraint: where each sequence's `TokenMask` comes from.

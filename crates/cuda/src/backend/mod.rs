@@ -402,13 +402,15 @@ impl CudaBackend {
     }
 
     /// Runs one full step synchronously at `pos` with `token` (prefill, host sampling); with
-    /// `logits_to_host` its logits are in `host_logits` on return.
+    /// `logits_to_host` its logits are in `host_logits` on return. `meanwhile` runs on the
+    /// host once the step is submitted, before the wait (a constraint's next mask).
     fn step_sync(
         &mut self,
         id: SessionId,
         token: u32,
         at: Reach,
         logits_to_host: bool,
+        meanwhile: &mut dyn FnMut(),
     ) -> Result<Duration> {
         let pos = at.last;
         self.set_state(StepState {
@@ -427,6 +429,7 @@ impl CudaBackend {
                 )?
             };
         }
+        meanwhile();
         let gpu = self.pipeline.wait(pos)?.1;
         if logits_to_host {
             self.dev.sync()?;
@@ -569,7 +572,8 @@ impl CudaBackend {
                 last: len0 + handed,
                 end: len0 + steps - 1,
             };
-            let gpu = self.step_sync(id, token, at, true)?;
+            // The grammar engine works out the next mask while the device runs the step.
+            let gpu = self.step_sync(id, token, at, true, &mut || sampler.prepare())?;
             let t1 = Instant::now();
             let logits = self.host_logits.all();
             let flow;
@@ -659,7 +663,7 @@ impl Backend for CudaBackend {
         }
         self.session(session)?.len = len0 + queued;
         for (i, &t) in tokens.iter().enumerate().skip(queued) {
-            self.step_sync(session, t, at(i), false)?;
+            self.step_sync(session, t, at(i), false, &mut || {})?;
             self.session(session)?.len = len0 + i + 1;
             if all_logits || i + 1 == tokens.len() {
                 out.extend(self.logits()?);

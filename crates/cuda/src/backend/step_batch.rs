@@ -41,7 +41,7 @@ impl CudaBackend {
         for (g, group) in rows.chunks_mut(max).enumerate() {
             let at = g * max * vocab;
             let logits = &mut out.logits[at..at + group.len() * vocab];
-            self.batch_group(group, logits)?;
+            self.batch_group(&mut *group, logits)?;
             for (i, row) in group.iter_mut().enumerate() {
                 // The step's own position: the session is one longer now.
                 let pos = self.kv_len(row.session) - 1;
@@ -66,8 +66,12 @@ impl CudaBackend {
 
     /// One submission of `group`'s rows: their arg-maxes into `self.batch.chosen`, and into
     /// `logits` ([rows][vocab]) the logits of the rows that need them (`host_logits`).
-    fn batch_group(&mut self, group: &[backend::BatchRow<'_>], logits: &mut [f32]) -> Result<()> {
-        for row in group {
+    fn batch_group(
+        &mut self,
+        group: &mut [backend::BatchRow<'_>],
+        logits: &mut [f32],
+    ) -> Result<()> {
+        for row in group.iter() {
             self.session(row.session)?;
         }
         let c = &self.model.config;
@@ -97,6 +101,13 @@ impl CudaBackend {
         } else {
             let ls = launches();
             self.launch_eager(&ls)?;
+        }
+        // The constrained rows' grammar engines work out their next masks while the device
+        // runs the step.
+        for row in group.iter_mut() {
+            if let Some(s) = row.sampler.as_deref_mut() {
+                s.prepare();
+            }
         }
         let vocab = self.model.config.vocab_size;
         let want: Vec<bool> = group.iter().map(host_logits).collect();

@@ -190,6 +190,14 @@ impl Sampler {
         self.observe(token);
     }
 
+    /// Prepares the constraint's next mask, if the sampler has one (`TokenMask::prepare`): for
+    /// a backend to call while the next logits are being computed.
+    pub fn prepare(&mut self) {
+        if let Some(m) = &mut self.mask {
+            m.prepare();
+        }
+    }
+
     /// Samples a token and records it in the history (and the constraint's state). `logits` is
     /// modified (penalties, the constraint's -inf).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
