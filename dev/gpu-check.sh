@@ -22,7 +22,8 @@
 #                  once per quant to /tmp; JSON to $OUT/bench-<quant>.json.
 #   batch:<quant>  `q4moe bench --batch` (BATCH, default 1,2,4,8,16,32,64) on the synthetic model:
 #                  aggregate tok/s, step ms and the invariance verdict per B; JSON to
-#                  $OUT/batch-<quant>.json.
+#                  $OUT/batch-<quant>.json (batch-<quant>-$TAG.json with TAG set: two binaries,
+#                  Q=... TAG=..., in one call).
 #   serve:<quant>  the HTTP serving bench (target/release/examples/serve_bench, carried; `cargo build
 #                  --release -p q4moe-server --example serve_bench`) at CONC streams (default
 #                  1,4,16,64): aggregate tok/s, TTFT and inter-token p50/p99; JSON to $OUT/serve-<quant>.json.
@@ -105,12 +106,12 @@ run_bench() {
 }
 
 run_batch() {
-  local q=$1
+  local q=$1 f="batch-$1${TAG:+-$TAG}"
   model "$q" || return
   timeout 450 "$Q" bench --model "/tmp/$q.gguf" --device cuda --prompt-len 128 --decode-len 64 \
-    --runs 5 --batch "${BATCH:-1,2,4,8,16,32,64}" --json-out "$OUT/batch-$q.json" > "$OUT/batch-$q.log" 2>&1 \
-    || { say "batch $q FAILED: $(tail -3 "$OUT/batch-$q.log")"; failed=1; }
-  grep -E 'B = ' "$OUT/batch-$q.log" | while read -r l; do say "batch $q: $l"; done
+    --runs 5 --batch "${BATCH:-1,2,4,8,16,32,64}" --json-out "$OUT/$f.json" > "$OUT/$f.log" 2>&1 \
+    || { say "batch $q${TAG:+ ($TAG)} FAILED: $(tail -3 "$OUT/$f.log")"; failed=1; }
+  grep -E 'B = ' "$OUT/$f.log" | while read -r l; do say "batch $q${TAG:+ ($TAG)}: $l"; done
 }
 
 # schema <quant>: greedy decode held to a JSON schema (a long string) beside the same decode
