@@ -703,35 +703,19 @@ mod tests {
     /// bt_rows does not take (or k not a multiple of 256) on pf_rows.
     #[test]
     fn rows_kinds_pick_their_kernels() {
-        let pick = |on, ty, k, list, entries, groups| {
-            let l = rows_launch(on, params(ty, k, list), entries, groups);
-            (l.name, l.grid)
-        };
         use GgmlType::*;
-        assert_eq!(
-            pick(Rows::Few, Q4_0, 2048, 1, 24, 128),
-            ("bt_rows", (48, 128, 1))
-        );
-        assert_eq!(
-            pick(Rows::Few, Q6_K, 2048, 0, 3, 1),
-            ("bt_rows", (48, 1, 1))
-        );
-        assert_eq!(pick(Rows::Mma, Q4_K, 2048, 0, 3, 1), ("pf_mma", (6, 1, 1)));
-        assert_eq!(
-            pick(Rows::Few, F32, 2048, 0, 9, 1),
-            ("bt_f32rows", (96, 2, 1))
-        );
-        assert_eq!(
-            pick(Rows::Mma, F32, 2048, 0, 9, 1),
-            ("pf_f32rows", (24, 1, 1))
-        );
-        assert_eq!(
-            pick(Rows::Few, Q8_0, 2048, 0, 3, 1),
-            ("pf_rows", (24, 1, 1))
-        );
-        assert_eq!(
-            pick(Rows::Few, Q4_0, 2080, 0, 3, 1),
-            ("pf_rows", (24, 1, 1))
-        );
+        let cases = [
+            (Rows::Few, Q4_0, 2048, 1, 24, 128, "bt_rows", (48, 128, 1)),
+            (Rows::Few, Q6_K, 2048, 0, 3, 1, "bt_rows", (48, 1, 1)),
+            (Rows::Mma, Q4_K, 2048, 0, 3, 1, "pf_mma", (6, 1, 1)),
+            (Rows::Few, F32, 2048, 0, 9, 1, "bt_f32rows", (96, 2, 1)),
+            (Rows::Mma, F32, 2048, 0, 9, 1, "pf_f32rows", (24, 1, 1)),
+            (Rows::Few, Q8_0, 2048, 0, 3, 1, "pf_rows", (24, 1, 1)),
+            (Rows::Few, Q4_0, 2080, 0, 3, 1, "pf_rows", (24, 1, 1)),
+        ];
+        for (on, ty, k, list, entries, groups, name, grid) in cases {
+            let l = rows_launch(on, params(ty, k, list), entries, groups);
+            assert_eq!((l.name, l.grid), (name, grid), "{on:?} {ty:?} k {k}");
+        }
     }
 }
