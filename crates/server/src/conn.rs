@@ -7,6 +7,13 @@
 //! must be complete within `header`. While a request is in flight (headers read, response body not
 //! yet all written) no connection timeout runs: generation may be slow; the body's own deadline
 //! is in `limits::read_body`.
+//!
+//! At the cap, a new connection takes the place of the one idle longest (a silent one, or one
+//! still sending its headers); only where every open connection has a request in flight is the
+//! new one closed at once. Why: with the cap alone, 1,100 half-sent headers from one client kept
+//! every other client out (`/health` refused) until the header timeout freed their slots; now
+//! such a flood only ever displaces itself, and a client that sends its request at once is
+//! served. A request in flight is never cut.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -19,8 +26,10 @@ use axum::Router;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use std::collections::HashMap;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 use tower::ServiceExt;
@@ -35,6 +44,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let open = Arc::new(Open::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
@@ -50,18 +60,30 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        // Over the cap, the new connection is closed at once; open ones keep being served.
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::debug!(
-                "refusing {peer}: {} connections open",
-                limits.max_connections
-            );
-            drop(stream);
-            continue;
+        // At the cap the longest-idle connection gives way; where every one is busy, the new
+        // connection is closed at once and the open ones keep being served.
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) if open.evict_longest_idle() => {
+                match tokio::time::timeout(EVICTION_WAIT, slots.clone().acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => continue,
+                }
+            }
+            Err(_) => {
+                tracing::debug!(
+                    "refusing {peer}: {} connections open, each with a request in flight",
+                    limits.max_connections
+                );
+                drop(stream);
+                continue;
+            }
         };
-        let (app, stop) = (app.clone(), stop_rx.clone());
+        let (app, stop, open) = (app.clone(), stop_rx.clone(), open.clone());
         tokio::spawn(async move {
-            connection(stream, app, limits, stop).await;
+            let (id, state, evict) = open.add();
+            connection(stream, app, limits, stop, (state, evict)).await;
+            open.remove(id);
             drop(slot);
         });
     }
@@ -72,14 +94,63 @@ pub async fn serve(
     Ok(())
 }
 
+/// How long an accept waits for the slot of the connection it evicted (its task ending).
+const EVICTION_WAIT: Duration = Duration::from_secs(1);
+
+/// The open connections' states, so the accept loop can pick the one idle longest.
+#[derive(Default)]
+struct Open {
+    conns: Mutex<HashMap<u64, (Arc<ConnState>, Arc<Notify>)>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Open {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Arc<ConnState>, Arc<Notify>)>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new connection's id, state and eviction signal.
+    fn add(&self) -> (u64, Arc<ConnState>, Arc<Notify>) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (state, evict) = (Arc::new(ConnState::new()), Arc::new(Notify::new()));
+        self.lock().insert(id, (state.clone(), evict.clone()));
+        (id, state, evict)
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Signals the connection idle longest (no request in flight) to close, and forgets it so
+    /// the next accept picks another; false where every open connection has a request in
+    /// flight.
+    fn evict_longest_idle(&self) -> bool {
+        let mut conns = self.lock();
+        let idle = conns
+            .iter()
+            .filter_map(|(&id, (s, _))| {
+                let p = s.phase();
+                (p.in_flight == 0).then_some((p.idle_since, id))
+            })
+            .min();
+        match idle.and_then(|(_, id)| conns.remove(&id)) {
+            Some((_, evict)) => {
+                evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 async fn connection(
     stream: TcpStream,
     app: Router,
     limits: ConnLimits,
     mut stop: watch::Receiver<bool>,
+    (state, evict): (Arc<ConnState>, Arc<Notify>),
 ) {
     let _ = stream.set_nodelay(true);
-    let state = Arc::new(ConnState::new());
     let io = TokioIo::new(Tracked {
         inner: stream,
         state: state.clone(),
@@ -114,6 +185,13 @@ async fn connection(
         tokio::select! {
             _ = conn.as_mut() => return,
             () = state.expired(&limits) => return,
+            // Evicted for a new connection at the cap; re-checked, as a request may have
+            // started since the accept loop chose this one.
+            () = evict.notified() => {
+                if state.phase().in_flight == 0 {
+                    return;
+                }
+            }
             r = stop.changed(), if !stopping => {
                 stopping = true;
                 if r.is_ok() {

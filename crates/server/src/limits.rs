@@ -20,7 +20,8 @@ pub struct ConnLimits {
     pub idle_timeout: Duration,
     /// From the end of the headers to the end of the body.
     pub body_timeout: Duration,
-    /// Open connections; beyond it new ones are closed at once.
+    /// Open connections; at it a new one takes the place of the one idle longest, or is closed
+    /// at once where every open one has a request in flight.
     pub max_connections: usize,
 }
 

@@ -69,7 +69,7 @@ async fn closed_within(s: &mut TcpStream, limit: Duration) -> Option<Duration> {
 #[tokio::test]
 async fn half_sent_headers_time_out_and_health_keeps_answering() {
     let addr = start(quick()).await;
-    // More slow clients than the cap: the extra ones are closed at once, the rest time out.
+    // More slow clients than the cap: each new one displaces the longest-idle, the rest time out.
     let mut slow = Vec::new();
     for _ in 0..100 {
         let mut s = TcpStream::connect(&addr).await.unwrap();
@@ -87,17 +87,64 @@ async fn half_sent_headers_time_out_and_health_keeps_answering() {
     assert_eq!(health(&addr).await, 200);
 }
 
+/// At the cap a new connection takes the place of the one idle longest: a flood of silent
+/// connections cannot keep a client that sends its request out.
 #[tokio::test]
-async fn connections_beyond_the_cap_are_closed_at_once() {
+async fn at_the_cap_the_longest_idle_connection_gives_way() {
     let mut cfg = quick();
     cfg.conn.max_connections = 4;
     cfg.conn.idle_timeout = Duration::from_secs(30);
+    cfg.conn.header_timeout = Duration::from_secs(30);
     let addr = start(cfg).await;
     let mut held = Vec::new();
-    for _ in 0..4 {
-        held.push(TcpStream::connect(&addr).await.unwrap());
+    for i in 0..4 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        if i > 0 {
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .await
+                .unwrap();
+        }
+        held.push(s);
+        tokio::time::sleep(Duration::from_millis(30)).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Served at once, not after the held ones' 30 s timeouts.
+    let t0 = std::time::Instant::now();
+    assert_eq!(health(&addr).await, 200);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    assert!(
+        closed_within(&mut held[0], Duration::from_secs(2))
+            .await
+            .is_some(),
+        "the longest-idle connection was not the one to give way"
+    );
+    assert!(
+        closed_within(&mut held[3], Duration::from_millis(300))
+            .await
+            .is_none(),
+        "a newer idle connection was closed instead"
+    );
+}
+
+/// Where every open connection has a request in flight (here each waits for its body), a new
+/// connection is closed at once and none of the busy ones is cut.
+#[tokio::test]
+async fn at_the_cap_busy_connections_are_kept_and_the_new_one_closed() {
+    let mut cfg = quick();
+    cfg.conn.max_connections = 4;
+    cfg.conn.body_timeout = Duration::from_secs(30);
+    let addr = start(cfg).await;
+    let mut busy = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        busy.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut extra = TcpStream::connect(&addr).await.unwrap();
     let _ = extra
         .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -107,8 +154,13 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
         took.is_some(),
         "the connection over the cap was served or held"
     );
-    // Once the held ones go, the server answers again.
-    drop(held);
+    for s in &mut busy {
+        assert!(
+            closed_within(s, Duration::from_millis(100)).await.is_none(),
+            "a connection with a request in flight was cut"
+        );
+    }
+    drop(busy);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(health(&addr).await, 200);
 }
