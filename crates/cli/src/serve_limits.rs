@@ -17,7 +17,8 @@ pub struct ServeLimitArgs {
     /// Time a client has to send a request's body once its headers are in.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     body_timeout: Duration,
-    /// Open connections at most; beyond it new ones are closed at once.
+    /// Open connections at most; at it a new one takes the place of the one idle longest (or
+    /// is closed at once where every open one has a request in flight).
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
     /// Whether /metrics needs the API key (when one is set).
