@@ -139,3 +139,33 @@ fn serve_answers_500_for_a_hostile_template_and_keeps_serving() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Templates render off the engine's thread (issue 55 item 2): while one request's template
+/// spins toward its time limit, another request is rendered, decoded and answered, before the
+/// spinning one's 500.
+#[test]
+fn a_slow_render_holds_up_no_other_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = synth_tiny(dir.path());
+    let model = dir.path().join("switched.gguf");
+    with_chat_template(Path::new(&tiny), &model, &switched_template());
+    let flags = ["--template-timeout", "3s", "--template-workers", "2"];
+    let (mut child, _err, addr) = serve(model.to_str().unwrap(), &flags);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spin = {
+        let (addr, tx) = (addr.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let (status, _) = post_chat(&addr, "spin");
+            tx.send(("spin", status)).unwrap();
+        })
+    };
+    // The spinning render has started (its worker is busy) before the other request comes.
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body) = post_chat(&addr, "hi");
+    tx.send(("hi", status)).unwrap();
+    spin.join().unwrap();
+    let order: Vec<(&str, u16)> = rx.try_iter().collect();
+    assert_eq!(order, [("hi", 200), ("spin", 500)], "{body}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
