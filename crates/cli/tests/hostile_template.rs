@@ -102,15 +102,36 @@ fn post_chat(addr: &str, content: &str) -> (u16, serde_json::Value) {
     (status, serde_json::from_str(json).unwrap_or_default())
 }
 
-#[test]
-fn serve_answers_500_for_a_hostile_template_and_keeps_serving() {
+/// `q4moe serve` with `flags` on the tiny model behind `switched_template`, and its address.
+/// The model's directory and the server's stderr are kept while the server runs (a closed
+/// stderr would end it at its next log line).
+struct Switched {
+    _dir: tempfile::TempDir,
+    _err: std::io::BufReader<std::process::ChildStderr>,
+    child: std::process::Child,
+    addr: String,
+}
+
+fn serve_switched(flags: &[&str]) -> Switched {
     let dir = tempfile::tempdir().unwrap();
     let tiny = synth_tiny(dir.path());
     let model = dir.path().join("switched.gguf");
     with_chat_template(Path::new(&tiny), &model, &switched_template());
+    let (child, err, addr) = serve(model.to_str().unwrap(), flags);
+    Switched {
+        _dir: dir,
+        _err: err,
+        child,
+        addr,
+    }
+}
+
+#[test]
+fn serve_answers_500_for_a_hostile_template_and_keeps_serving() {
     // Time enough for `boom` to reach its memory limit while other tests load the machine.
     let flags = ["--template-timeout", "3s", "--template-memory-mb", "256"];
-    let (mut child, _err, addr) = serve(model.to_str().unwrap(), &flags);
+    let mut server = serve_switched(&flags);
+    let addr = server.addr.clone();
     let cases = [
         ("boom", "chat template exceeded its memory limit of 256 MiB"),
         ("spin", "chat template exceeded its time limit of 3000 ms"),
@@ -136,8 +157,8 @@ fn serve_answers_500_for_a_hostile_template_and_keeps_serving() {
         assert_eq!(status, 200, "after {content}: {body}");
         assert_eq!(body["choices"][0]["message"]["role"], "assistant", "{body}");
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = server.child.kill();
+    let _ = server.child.wait();
 }
 
 /// Templates render off the engine's thread (issue 55 item 2): while one request's template
@@ -145,12 +166,9 @@ fn serve_answers_500_for_a_hostile_template_and_keeps_serving() {
 /// spinning one's 500.
 #[test]
 fn a_slow_render_holds_up_no_other_request() {
-    let dir = tempfile::tempdir().unwrap();
-    let tiny = synth_tiny(dir.path());
-    let model = dir.path().join("switched.gguf");
-    with_chat_template(Path::new(&tiny), &model, &switched_template());
     let flags = ["--template-timeout", "3s", "--template-workers", "2"];
-    let (mut child, _err, addr) = serve(model.to_str().unwrap(), &flags);
+    let mut server = serve_switched(&flags);
+    let addr = server.addr.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     let spin = {
         let (addr, tx) = (addr.clone(), tx.clone());
@@ -166,6 +184,6 @@ fn a_slow_render_holds_up_no_other_request() {
     spin.join().unwrap();
     let order: Vec<(&str, u16)> = rx.try_iter().collect();
     assert_eq!(order, [("hi", 200), ("spin", 500)], "{body}");
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = server.child.kill();
+    let _ = server.child.wait();
 }
