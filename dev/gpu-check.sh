@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check and the benchmark of record, in ONE device call from the repository root.
+# dev/gpu-stage.sh builds and stages everything below and prints the call (the manual recipe follows).
 # The device machine has no Rust toolchain: build here first, then carry the binaries.
 #   cargo build --release --bin q4moe && cargo test --release -p q4moe-cuda -p q4moe-engine --no-run
 #   cargo build --release -p q4moe-server --example serve_bench        # for serve:<quant>
