@@ -3,7 +3,9 @@
 // entries. Why: pf_mma takes 128 rows a block, so a dense launch of 4,096 rows is 32 blocks and
 // every launch waits on a few SMs; at B = 1 the batched step took 17.8 ms (H100) against the
 // decode step's 1.24. Here a warp takes BTR_R rows and its lanes split k (block j to lane
-// j % 32, as the decode's matvecs), so a launch has 16x pf_mma's blocks.
+// j % 32, as the decode's matvecs), so a launch has 16x pf_mma's blocks. Measured (H100, Q4_0,
+// with bt_f32rows below): the B = 1 step 17.8 -> 7.2 ms; at B = 16 and 32 pf_mma stays faster,
+// hence CudaOptions::few_tokens = 8 (docs/performance.md).
 //
 // The same bits as pf_mma, so the kernel can change with the batch size and a sequence's
 // output stays its own (batch invariance): a block's integer sum is exact in both (dp4a here,
