@@ -141,6 +141,16 @@ fn footer(r: &Value) {
     );
 }
 
+/// A statistic's median (min..max) at `p` decimals, from its record (`median`, `min`, `max`).
+fn span(s: &Value, p: usize) -> String {
+    format!(
+        "{:.p$} ({:.p$}..{:.p$})",
+        num(&s["median"]),
+        num(&s["min"]),
+        num(&s["max"])
+    )
+}
+
 /// The batched step's sizes: median (min..max) of the runs.
 fn print_batched(b: &Value) {
     println!(
@@ -151,14 +161,6 @@ fn print_batched(b: &Value) {
         "{:>4} {:>26} {:>22} {:>22} {:>12} {:>12}  invariance",
         "B", "aggregate tok/s", "tok/s a sequence", "step ms", "weights MB", "GB/s"
     );
-    let span = |s: &Value, p: usize| {
-        format!(
-            "{:.p$} ({:.p$}..{:.p$})",
-            num(&s["median"]),
-            num(&s["min"]),
-            num(&s["max"])
-        )
-    };
     for s in b["sizes"].as_array().into_iter().flatten() {
         println!(
             "{:>4} {:>26} {:>22} {:>22} {:>12.1} {:>12.1}  {}",
@@ -212,19 +214,11 @@ fn print_prefill(p: &Value) {
     );
     println!("{:>8} {:>30} {:>30}", "tokens", "tok/s", "ms");
     for s in p["sizes"].as_array().into_iter().flatten() {
-        let span = |v: &Value| {
-            format!(
-                "{:.1} ({:.1}..{:.1})",
-                num(&v["median"]),
-                num(&v["min"]),
-                num(&v["max"])
-            )
-        };
         println!(
             "{:>8} {:>30} {:>30}",
             s["tokens"].as_u64().unwrap_or(0),
-            span(&s["tok_s"]),
-            span(&s["ms"])
+            span(&s["tok_s"], 1),
+            span(&s["ms"], 1)
         );
     }
 }
