@@ -301,13 +301,8 @@ impl Prefill {
         let x = (self.xq.ptr, self.xf.ptr);
         // The router's F32 rows take bt_f32rows up to F32_FEW tokens whatever few_tokens says
         // (but 0: the pf kernels only).
-        let f32_few = is_f32(w.ty) && n <= F32_FEW && self.few_tokens > 0;
-        let on = if f32_few {
-            self.rows_on(0)
-        } else {
-            self.rows_on(n)
-        };
-        dense_launch(on, w, rows, x, (out, stride), n, add)
+        let few = n <= self.few_tokens || (is_f32(w.ty) && n <= F32_FEW && self.few_tokens > 0);
+        dense_launch(Rows::pick(self.mma, few), w, rows, x, (out, stride), n, add)
     }
 
     fn attention(&self, c: &Config, lw: &LayerW, keys: Keys, n: usize, out: &mut Vec<Launch>) {
@@ -383,14 +378,9 @@ impl Prefill {
     }
 
     /// The split types' kernel for a launch of `n` tokens (each group, dense or an expert, has
-    /// at most n entries). bt_rows only beside pf_mma (sm_80+), whose bits it gives: pf_rows
-    /// adds in another order.
+    /// at most n entries).
     fn rows_on(&self, n: usize) -> Rows {
-        match (self.mma, n <= self.few_tokens) {
-            (true, true) => Rows::Few,
-            (true, false) => Rows::Mma,
-            (false, _) => Rows::Plain,
-        }
+        Rows::pick(self.mma, n <= self.few_tokens)
     }
 
     fn experts(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
@@ -522,6 +512,19 @@ pub(crate) enum Rows {
     Plain,
     Mma,
     Few,
+}
+
+impl Rows {
+    /// The kernels for a device with tensor cores or not (`mma`: sm_80+) and a launch of few
+    /// tokens or not: the few-token kernels only beside pf_mma, whose bits they give (pf_rows
+    /// adds in another order).
+    pub(crate) fn pick(mma: bool, few: bool) -> Rows {
+        match (mma, few) {
+            (true, true) => Rows::Few,
+            (true, false) => Rows::Mma,
+            (false, _) => Rows::Plain,
+        }
+    }
 }
 
 /// Weight rows against `entries` activation rows (dense: `p.list` 0) or expert slots: F32 on

@@ -242,11 +242,7 @@ impl TestDevice {
         let acts = (xq.ptr, xf.ptr);
         self.dev
             .launch(&prefill::quant_launch(xb.ptr, 0, acts, k, n, 1e-6))?;
-        let on = match (prefill::tensor_cores(&self.dev), few) {
-            (true, true) => prefill::Rows::Few,
-            (true, false) => prefill::Rows::Mma,
-            (false, _) => prefill::Rows::Plain,
-        };
+        let on = prefill::Rows::pick(prefill::tensor_cores(&self.dev), few);
         let l = prefill::dense_launch(on, w, rows, acts, (out.ptr, rows), n, false);
         self.dev.launch(&l)?;
         self.dev.sync()?;
