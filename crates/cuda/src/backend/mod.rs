@@ -248,6 +248,18 @@ impl CudaBackend {
         Ok(self.sessions.get_mut(&id).expect("inserted"))
     }
 
+    /// `tokens` may go into `session` next (backend::check_span).
+    fn check_span(&self, session: SessionId, tokens: &[u32]) -> BackendResult<()> {
+        let held = self.kv_len(session);
+        backend::check_span(
+            &self.model.config,
+            session,
+            held,
+            self.opts.kv_capacity,
+            tokens,
+        )
+    }
+
     /// `dst` anew with a copy of `src`'s first `len` positions, layer by layer (a session's
     /// KV is [layer][capacity][kv_dim], so a prefix is one range a layer).
     fn fork_kv(&mut self, src: SessionId, dst: SessionId, len: usize) -> Result<()> {
@@ -618,14 +630,7 @@ impl Backend for CudaBackend {
         tokens: &[u32],
         logits: backend::Logits,
     ) -> BackendResult<Vec<f32>> {
-        let held = self.kv_len(session);
-        backend::check_span(
-            &self.model.config,
-            session,
-            held,
-            self.opts.kv_capacity,
-            tokens,
-        )?;
+        self.check_span(session, tokens)?;
         logits.check(tokens)?;
         if tokens.is_empty() {
             return Ok(Vec::new());
@@ -680,14 +685,7 @@ impl Backend for CudaBackend {
         if req.max_tokens == 0 {
             return Ok(DecodeStats::default());
         }
-        let held = self.kv_len(req.session);
-        backend::check_span(
-            &self.model.config,
-            req.session,
-            held,
-            self.opts.kv_capacity,
-            &[req.first_token],
-        )?;
+        self.check_span(req.session, &[req.first_token])?;
         self.dev.bind()?;
         let len0 = self.kv_len(req.session);
         self.session(req.session)?;
