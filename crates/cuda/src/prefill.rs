@@ -762,4 +762,31 @@ mod tests {
             assert_eq!((l.name, l.grid), (name, grid), "{on:?} {ty:?} k {k}");
         }
     }
+
+    /// One bt_rows launch over three parts: each part's blocks in turn along x, and each
+    /// part's weights, rows and output where BtRowsParams puts them.
+    #[test]
+    fn parts_take_their_blocks_in_turn() {
+        use GgmlType::*;
+        let w = |ty: GgmlType, data: u64| Qw {
+            data,
+            ty: ty.id() as i32,
+            k: 2048,
+            ..Default::default()
+        };
+        let parts = [
+            (w(Q4_0, 1), 37, 100),
+            (w(Q4_K, 2), 130, 200),
+            (w(Q6_K, 3), 9, 300),
+        ];
+        let l = few_launch(params(Q4_0, 2048, 0), &parts, 1);
+        assert_eq!((l.name, l.grid), ("bt_rows", (3 + 9 + 1, 1, 1)));
+        let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
+        // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.
+        let p: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        assert_eq!((p.p.w.data, p.p.rows, p.p.out), (1, 37, 100));
+        assert_eq!((p.w1.data, p.rows1, p.out1), (2, 130, 200));
+        assert_eq!((p.w2.data, p.rows2, p.out2), (3, 9, 300));
+        assert_eq!((p.blocks0, p.blocks1), (3, 9));
+    }
 }
