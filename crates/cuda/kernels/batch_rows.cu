@@ -71,45 +71,68 @@ struct BtrWarp {
     float3 f[BTR_R][32];
 };
 
-// A warp's rows r0.. of group grp against the group's n entries, BTR_E at a time.
+// Chunks of 32 blocks a lane holds at once in registers (k <= 4,096 = 4 chunks: a row's
+// chunks in BTR_CH-chunk spans).
+#define BTR_CH 2
+
+// A span of a warp's rows: the lane's blocks of them (block ch * 32 + lane of each row, for the
+// span's chunks), in registers. Loading is apart from the dots so a dense launch can issue its
+// first span's loads before it waits on the launch before it (the weights never change), and a
+// row of one span keeps them for every pass of entries.
 template <class T>
-__device__ void btr_warp(const PfRowsParams& p, int grp, int r0, const int2* list, int n, BtrWarp& sm) {
+struct BtrRows {
+    typename T::Piece w[BTR_CH][BTR_R];
+    __device__ __forceinline__ void load(const QW& qw, u64 row0, int nr, int nb, int span) {
+        int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int ch = 0; ch < BTR_CH; ch++) {
+            int j = (span * BTR_CH + ch) * 32 + lane;
+#pragma unroll
+            for (int r = 0; r < BTR_R; r++)
+                if (r < nr && j < nb) w[ch][r].load(qw, (row0 + r) * nb + j);
+        }
+    }
+};
+
+// The warp's rows r0.. (row0 their first row in the weights; `rows` holds their first span)
+// against the group's n entries, BTR_E at a time, each output adding its blocks in k order.
+template <class T>
+__device__ void btr_dots(const PfRowsParams& p, BtrRows<T>& rows, u64 row0, int r0, const int2* list, int n, BtrWarp& sm) {
     int lane = threadIdx.x & 31, nb = p.w.k >> 5, nr = min(BTR_R, p.rows - r0);
-    int my_r = lane / BTR_E, my_e = lane % BTR_E;
-    u64 row0 = (u64)grp * p.rows + r0;
+    int my_r = lane / BTR_E, my_e = lane % BTR_E, spans = (nb + 32 * BTR_CH - 1) / (32 * BTR_CH);
     const u32* xq = (const u32*)p.xq;
     for (int e0 = 0; e0 < n; e0 += BTR_E) {
         int ne = min(BTR_E, n - e0);
         bool mine = my_r < nr && my_e < ne;
         int2 io = mine ? pf_entry(p, list, e0 + my_e) : make_int2(0, 0);
         float acc = 0.f;
-        for (int j0 = 0; j0 < nb; j0 += 32) {
-            int j = j0 + lane;
-            if (j < nb) {
-                typename T::Piece w[BTR_R];
+        for (int span = 0; span < spans; span++) {
+            if (spans > 1 && (span > 0 || e0 > 0)) rows.load(p.w, row0, nr, nb, span);
 #pragma unroll
-                for (int r = 0; r < BTR_R; r++)
-                    if (r < nr) {
-                        w[r].load(p.w, (row0 + r) * nb + j);
-                        sm.f[r][lane] = T::scales(w[r]);
-                    }
-                for (int e = 0; e < ne; e++) {
-                    int in = pf_entry(p, list, e0 + e).x;
-                    const u32* g = xq + ((u64)in * nb + j) * QXW;
+            for (int ch = 0; ch < BTR_CH; ch++) {
+                int j0 = (span * BTR_CH + ch) * 32, j = j0 + lane;
+                if (j0 >= nb) break;
+                if (j < nb) {
 #pragma unroll
                     for (int r = 0; r < BTR_R; r++)
-                        if (r < nr) sm.c[r][e][lane] = T::sums(w[r], g);
+                        if (r < nr) sm.f[r][lane] = T::scales(rows.w[ch][r]);
+                    for (int e = 0; e < ne; e++) {
+                        const u32* g = xq + ((u64)pf_entry(p, list, e0 + e).x * nb + j) * QXW;
+#pragma unroll
+                        for (int r = 0; r < BTR_R; r++)
+                            if (r < nr) sm.c[r][e][lane] = T::sums(rows.w[ch][r], g);
+                    }
                 }
-            }
-            __syncwarp();
-            if (mine) {
-                const uint4* tail = (const uint4*)(xq + ((u64)io.x * nb + j0) * QXW + 16);
-                int jn = min(32, nb - j0);
+                __syncwarp();
+                if (mine) {
+                    const uint4* tail = (const uint4*)(xq + ((u64)io.x * nb + j0) * QXW + 16);
+                    int jn = min(32, nb - j0);
 #pragma unroll 4
-                for (int jj = 0; jj < jn; jj++)
-                    acc += T::term(sm.f[my_r][jj], sm.c[my_r][my_e][jj], tail[jj * (QXW / 4)]);
+                    for (int jj = 0; jj < jn; jj++)
+                        acc += T::term(sm.f[my_r][jj], sm.c[my_r][my_e][jj], tail[jj * (QXW / 4)]);
+                }
+                __syncwarp();
             }
-            __syncwarp();
         }
         if (mine) {
             float* dst = (float*)p.out + (u64)io.y * p.out_stride + r0 + my_r;
@@ -118,20 +141,63 @@ __device__ void btr_warp(const PfRowsParams& p, int grp, int r0, const int2* lis
     }
 }
 
-// grid (ceil(rows / BTR_ROWS), groups, 1), 256 threads: pf_mma's launch (dense: n_dense
-// entries; grouped: group blockIdx.y's counts[g] entries of its list) on few entries.
-extern "C" __global__ void __launch_bounds__(256) bt_rows(const PfRowsParams p) {
-    __shared__ BtrWarp warps[8];
+// A warp's rows r0.. of group grp: a dense launch loads them before it waits (n is its own);
+// a grouped one first reads how many entries its group has (an expert no token chose: its
+// rows are not read).
+template <class T>
+__device__ void btr_warp(const PfRowsParams& p, int grp, int r0, BtrWarp& sm) {
+    int nb = p.w.k >> 5, nr = min(BTR_R, p.rows - r0);
+    u64 row0 = (u64)grp * p.rows + r0;
+    BtrRows<T> rows;
+    if (!p.counts) {
+        if (r0 < p.rows) rows.load(p.w, row0, nr, nb, 0);
+        pdl_start();
+        if (r0 >= p.rows) return;
+        btr_dots<T>(p, rows, row0, r0, nullptr, p.n_dense, sm);
+        return;
+    }
     pdl_start();
-    int grp = blockIdx.y, r0 = blockIdx.x * BTR_ROWS + (threadIdx.x >> 5) * BTR_R;
-    int n = p.counts ? ((const int*)p.counts)[grp] : p.n_dense;
-    if (n == 0 || r0 >= p.rows) return;  // an expert no token chose: its rows are not read
-    const int2* list = p.list ? (const int2*)p.list + (u64)grp * p.list_cap : nullptr;
+    int n = ((const int*)p.counts)[grp];
+    if (n == 0 || r0 >= p.rows) return;
+    rows.load(p.w, row0, nr, nb, 0);
+    btr_dots<T>(p, rows, row0, r0, (const int2*)p.list + (u64)grp * p.list_cap, n, sm);
+}
+
+// Up to three matrices in one launch over the same activations (q, k and v; gate and up): part
+// 0 is `p`'s own, parts 1 and 2 replace its weights, rows and output. Blocks [0, blocks0) take
+// part 0, [blocks0, blocks0 + blocks1) part 1, the rest part 2.
+struct BtRowsParams {
+    PfRowsParams p;
+    QW w1, w2;
+    u64 out1, out2;
+    int rows1, rows2;
+    int blocks0, blocks1;
+};
+SIZE_IS(BtRowsParams, 184); FIELD_AT(BtRowsParams, p, 0); FIELD_AT(BtRowsParams, w1, 104);
+FIELD_AT(BtRowsParams, w2, 128); FIELD_AT(BtRowsParams, out1, 152); FIELD_AT(BtRowsParams, out2, 160);
+FIELD_AT(BtRowsParams, rows1, 168); FIELD_AT(BtRowsParams, rows2, 172); FIELD_AT(BtRowsParams, blocks0, 176);
+FIELD_AT(BtRowsParams, blocks1, 180);
+
+// grid (blocks of every part, groups, 1), 256 threads: pf_mma's launches (dense: n_dense
+// entries; grouped: group blockIdx.y's counts[g] entries of its list) on few entries, a part's
+// block BTR_ROWS rows.
+extern "C" __global__ void __launch_bounds__(256, 2) bt_rows(const BtRowsParams bp) {
+    __shared__ BtrWarp warps[8];
+    PfRowsParams p = bp.p;
+    int bx = blockIdx.x;
+    if (bx >= bp.blocks0) {
+        bool one = bx < bp.blocks0 + bp.blocks1;
+        p.w = one ? bp.w1 : bp.w2;
+        p.out = one ? bp.out1 : bp.out2;
+        p.rows = one ? bp.rows1 : bp.rows2;
+        bx -= one ? bp.blocks0 : bp.blocks0 + bp.blocks1;
+    }
+    int grp = blockIdx.y, r0 = bx * BTR_ROWS + (threadIdx.x >> 5) * BTR_R;
     BtrWarp& sm = warps[threadIdx.x >> 5];
     switch (p.w.type) {
-        case T_Q4_0: btr_warp<BtQ4_0>(p, grp, r0, list, n, sm); break;
-        case T_Q4_K: btr_warp<BtQ4_K>(p, grp, r0, list, n, sm); break;
-        default: btr_warp<BtQ6_K>(p, grp, r0, list, n, sm);
+        case T_Q4_0: btr_warp<BtQ4_0>(p, grp, r0, sm); break;
+        case T_Q4_K: btr_warp<BtQ4_K>(p, grp, r0, sm); break;
+        default: btr_warp<BtQ6_K>(p, grp, r0, sm);
     }
 }
 

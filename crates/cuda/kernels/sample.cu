@@ -781,7 +781,7 @@ struct BtArgmaxParams {
     int pad;
 };
 SIZE_IS(BtArgmaxParams, 24); FIELD_AT(BtArgmaxParams, logits, 0); FIELD_AT(BtArgmaxParams, tokens, 8);
-FIELD_AT(BtArgmaxParams, n, 16);
+FIELD_AT(BtArgmaxParams, n, 16); FIELD_AT(BtArgmaxParams, pad, 20);
 #define BT_NON_FINITE 0xffffffffu
 
 extern "C" __global__ void __launch_bounds__(1024) bt_argmax(const BtArgmaxParams p) {

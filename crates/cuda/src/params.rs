@@ -403,6 +403,23 @@ pub struct PfRowsParams {
 }
 const _: () = assert!(std::mem::size_of::<PfRowsParams>() == 104);
 
+/// `BtRowsParams` in batch_rows.cu: up to three matrices over one launch's activations (q, k
+/// and v; gate and up): part 0 is `p`'s, parts 1 and 2 replace its weights, rows and output;
+/// blocks [0, blocks0) take part 0, the next blocks1 part 1, the rest part 2.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BtRowsParams {
+    pub p: PfRowsParams,
+    pub w1: Qw,
+    pub w2: Qw,
+    pub out1: u64,
+    pub out2: u64,
+    pub rows1: i32,
+    pub rows2: i32,
+    pub blocks0: i32,
+    pub blocks1: i32,
+}
+
 /// `PfListsParams` in prefill.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -452,8 +469,8 @@ layout!(AttnParams, 72; q @ 0, k_cache @ 8, v_cache @ 16, part @ 24, out @ 32, s
     n_head @ 48, n_kv_head @ 52, head_dim @ 56, n_split @ 60, scale @ 64);
 layout!(BtRopeParams, 88; r @ 0, kv @ 80);
 layout!(BtAttnParams, 80; a @ 0, kv @ 72);
+layout!(BtArgmaxParams, 24; logits @ 0, tokens @ 8, n @ 16, pad @ 20);
 layout!(ProbeParams, 8; cell @ 0);
-layout!(BtArgmaxParams, 24; logits @ 0, tokens @ 8, n @ 16);
 layout!(TopkParams, 40; logits @ 0, ids @ 8, weights @ 16, n_expert @ 24, n_used @ 28,
     norm_topk @ 32);
 layout!(Experts, 24; ids @ 0, weights @ 8, n_used @ 16, scratch @ 20);
@@ -482,6 +499,8 @@ layout!(PfQuantParams, 48; src @ 0, norm @ 8, xq @ 16, xf @ 24, n @ 32, stride @
 layout!(PfRowsParams, 104; w @ 0, xq @ 24, xf @ 32, out @ 40, list @ 48, counts @ 56,
     tiles @ 64, rows @ 72, out_stride @ 76, list_cap @ 80, n_dense @ 84, accumulate @ 88,
     in_is_out @ 92, z_entries @ 96, pad @ 100);
+layout!(BtRowsParams, 184; p @ 0, w1 @ 104, w2 @ 128, out1 @ 152, out2 @ 160, rows1 @ 168,
+    rows2 @ 172, blocks0 @ 176, blocks1 @ 180);
 layout!(PfListsParams, 48; ids @ 0, list @ 8, counts @ 16, tiles @ 24, tokens @ 32, n_used @ 36,
     n_expert @ 40, list_cap @ 44);
 layout!(PfCombineParams, 32; x @ 0, y @ 8, weights @ 16, d @ 24, n_used @ 28);

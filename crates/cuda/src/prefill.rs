@@ -319,9 +319,22 @@ impl Prefill {
             (lw.k, q_dim, kv_dim),
             (lw.v, q_dim + kv_dim, kv_dim),
         ];
-        for ((m, col, rows), name) in cols.into_iter().zip(["pf q", "pf k", "pf v"]) {
-            let l = self.dense(m, rows, self.qkv.ptr + 4 * col as u64, stride, n, false);
-            out.push(named(l, name));
+        if self.rows_on(n) == Rows::Few && cols.iter().all(|c| splits(&c.0)) {
+            let (xq, xf) = (self.xq.ptr, self.xf.ptr);
+            let base = PfRowsParams {
+                xq,
+                xf,
+                out_stride: stride as i32,
+                n_dense: n as i32,
+                ..Default::default()
+            };
+            let parts = cols.map(|(m, col, rows)| (m, rows, self.qkv.ptr + 4 * col as u64));
+            out.push(named(few_launch(base, &parts, 1), "pf qkv"));
+        } else {
+            for ((m, col, rows), name) in cols.into_iter().zip(["pf q", "pf k", "pf v"]) {
+                let l = self.dense(m, rows, self.qkv.ptr + 4 * col as u64, stride, n, false);
+                out.push(named(l, name));
+            }
         }
         let r = rope_params(c, lw, (kc, vc), (self.qkv.ptr, self.q.ptr), self.states.ptr);
         let bufs = (self.q.ptr, self.part.ptr, self.att.ptr, self.states.ptr);
@@ -435,31 +448,35 @@ impl Prefill {
     /// token's weighted sum into the residual.
     fn ffn(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
         let (nu, ne, dff) = (c.n_expert_used, c.n_expert, c.d_ff_expert);
-        let grouped =
-            |w: Qw, rows: usize, (xq, xf): (u64, u64), o: u64, stride: usize, in_is_out: bool| {
-                let p = PfRowsParams {
-                    w,
-                    xq,
-                    xf,
-                    out: o,
-                    list: self.list.ptr,
-                    counts: self.counts.ptr,
-                    tiles: self.tiles.ptr,
-                    rows: rows as i32,
-                    out_stride: stride as i32,
-                    list_cap: self.chunk as i32,
-                    in_is_out: in_is_out as i32,
-                    ..Default::default()
-                };
-                rows_launch(self.rows_on(n), p, n * nu, ne)
+        let params =
+            |w: Qw, rows: usize, (xq, xf): (u64, u64), o: u64, in_is_out: bool| PfRowsParams {
+                w,
+                xq,
+                xf,
+                out: o,
+                list: self.list.ptr,
+                counts: self.counts.ptr,
+                tiles: self.tiles.ptr,
+                rows: rows as i32,
+                out_stride: if in_is_out { c.d_model } else { 2 * dff } as i32,
+                list_cap: self.chunk as i32,
+                in_is_out: in_is_out as i32,
+                ..Default::default()
             };
+        let on = self.rows_on(n);
+        let grouped = |p: PfRowsParams| rows_launch(on, p, n * nu, ne);
         let x = (self.xq.ptr, self.xf.ptr);
-        out.push(named(
-            grouped(lw.gate, dff, x, self.gu.ptr, 2 * dff, false),
-            "pf gate",
-        ));
         let up = self.gu.ptr + 4 * dff as u64;
-        out.push(named(grouped(lw.up, dff, x, up, 2 * dff, false), "pf up"));
+        let gate = params(lw.gate, dff, x, self.gu.ptr, false);
+        if on == Rows::Few && splits(&lw.gate) && splits(&lw.up) {
+            // One launch for both: gate's blocks, then up's.
+            let parts = [(lw.gate, dff, self.gu.ptr), (lw.up, dff, up)];
+            out.push(named(few_launch(gate, &parts, ne), "pf gate_up"));
+        } else {
+            out.push(named(grouped(gate), "pf gate"));
+            let l = grouped(params(lw.up, dff, x, up, false));
+            out.push(named(l, "pf up"));
+        }
         let h = PfQuantParams {
             src: self.gu.ptr,
             norm: 0,
@@ -481,7 +498,7 @@ impl Prefill {
             0,
         ));
         let hs = (self.hq.ptr, self.hf.ptr);
-        let down = grouped(lw.down, c.d_model, hs, self.y.ptr, c.d_model, true);
+        let down = grouped(params(lw.down, c.d_model, hs, self.y.ptr, true));
         out.push(named(down, "pf down"));
         let comb = PfCombineParams {
             x: self.x.ptr,
@@ -553,19 +570,10 @@ fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: usize) -> 
         let grid = (tiles(p.rows as usize), 1, tiles(entries));
         return Launch::new(Kernel::PfF32Rows, "pf_f32rows", grid, THREADS, 0, &p, 0);
     }
-    let split = Quant::of(p.w.ty).is_some() && p.w.k % 256 == 0;
-    let on = if split { on } else { Rows::Plain };
+    let on = if splits(&p.w) { on } else { Rows::Plain };
     let blocks = |rows: usize| (p.rows as u32).div_ceil(rows as u32);
     if on == Rows::Few {
-        return Launch::new(
-            Kernel::BtRows,
-            "bt_rows",
-            (blocks(BTR_ROWS), groups as u32, 1),
-            THREADS,
-            0,
-            &p,
-            0,
-        );
+        return few_launch(p, &[(p.w, p.rows as usize, p.out)], groups);
     }
     let mma = on == Rows::Mma;
     let (kernel, name, rows, z, smem) = match mma {
@@ -588,6 +596,39 @@ fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: usize) -> 
         }
     };
     Launch::new(kernel, name, grid, THREADS, smem, &p, 0)
+}
+
+/// Whether a weight's rows take the split types' kernels (pf_mma, bt_rows).
+fn splits(w: &Qw) -> bool {
+    Quant::of(w.ty).is_some() && w.k % 256 == 0
+}
+
+/// bt_rows over up to three matrices of split types (`parts`: weights, rows, output) against
+/// `base`'s activations, entries, output stride and groups (the first part replaces its
+/// weights, rows and output): one launch where pf_mma would take one each.
+pub(crate) fn few_launch(base: PfRowsParams, parts: &[(Qw, usize, u64)], groups: usize) -> Launch {
+    assert!((1..=3).contains(&parts.len()) && parts.iter().all(|p| splits(&p.0)));
+    let part = |i: usize| parts.get(i).copied().unwrap_or((Qw::default(), 0, 0));
+    let blocks = |i: usize| part(i).1.div_ceil(BTR_ROWS) as i32;
+    let (w0, rows0, out0) = part(0);
+    let p = BtRowsParams {
+        p: PfRowsParams {
+            w: w0,
+            rows: rows0 as i32,
+            out: out0,
+            ..base
+        },
+        w1: part(1).0,
+        w2: part(2).0,
+        out1: part(1).2,
+        out2: part(2).2,
+        rows1: part(1).1 as i32,
+        rows2: part(2).1 as i32,
+        blocks0: blocks(0),
+        blocks1: blocks(1),
+    };
+    let grid = ((blocks(0) + blocks(1) + blocks(2)) as u32, groups as u32, 1);
+    Launch::new(Kernel::BtRows, "bt_rows", grid, THREADS, 0, &p, 0)
 }
 
 /// pf_quant over `rows` activation rows of `k` values at `src` (RMSNorm'd with `norm` unless 0)
@@ -720,5 +761,32 @@ mod tests {
             let l = rows_launch(on, params(ty, k, list), entries, groups);
             assert_eq!((l.name, l.grid), (name, grid), "{on:?} {ty:?} k {k}");
         }
+    }
+
+    /// One bt_rows launch over three parts: each part's blocks in turn along x, and each
+    /// part's weights, rows and output where BtRowsParams puts them.
+    #[test]
+    fn parts_take_their_blocks_in_turn() {
+        use GgmlType::*;
+        let w = |ty: GgmlType, data: u64| Qw {
+            data,
+            ty: ty.id() as i32,
+            k: 2048,
+            ..Default::default()
+        };
+        let parts = [
+            (w(Q4_0, 1), 37, 100),
+            (w(Q4_K, 2), 130, 200),
+            (w(Q6_K, 3), 9, 300),
+        ];
+        let l = few_launch(params(Q4_0, 2048, 0), &parts, 1);
+        assert_eq!((l.name, l.grid), ("bt_rows", (3 + 9 + 1, 1, 1)));
+        let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
+        // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.
+        let p: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        assert_eq!((p.p.w.data, p.p.rows, p.p.out), (1, 37, 100));
+        assert_eq!((p.w1.data, p.rows1, p.out1), (2, 130, 200));
+        assert_eq!((p.w2.data, p.rows2, p.out2), (3, 9, 300));
+        assert_eq!((p.blocks0, p.blocks1), (3, 9));
     }
 }

@@ -249,6 +249,60 @@ impl TestDevice {
         self.read(&out, n * rows)
     }
 
+    /// `n` activation rows `x` ([n, k]) against up to three matrices (`parts`: type, ggml bytes,
+    /// rows) side by side in one output ([n][sum of rows], a part's columns after the one
+    /// before's): (bt_rows' one launch over all parts, pf_mma a launch each). sm_80+.
+    pub fn rows_parts(
+        &self,
+        parts: &[(GgmlType, &[u8], usize)],
+        k: usize,
+        x: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let n = x.len() / k;
+        let total: usize = parts.iter().map(|p| p.2).sum();
+        let mut keep = Vec::new();
+        let mut ws = Vec::new();
+        for &(ty, bytes, rows) in parts {
+            let (w, bufs) = self.weight(ty, bytes, k)?;
+            keep.extend(bufs);
+            ws.push((w, rows));
+        }
+        let xb = self.upload(x)?;
+        let xq = DevBuf::new(&self.dev, n * prefill::quant_words(k) * 4)?;
+        let xf = DevBuf::new(&self.dev, n * prefill::padded_len(k) * 4)?;
+        let acts = (xq.ptr, xf.ptr);
+        self.dev
+            .launch(&prefill::quant_launch(xb.ptr, 0, acts, k, n, 1e-6))?;
+        let (fused, apart) = (self.poisoned(n * total)?, self.poisoned(n * total)?);
+        let base = PfRowsParams {
+            xq: xq.ptr,
+            xf: xf.ptr,
+            out_stride: total as i32,
+            n_dense: n as i32,
+            ..Default::default()
+        };
+        let mut col = 0u64;
+        let mut fused_parts = Vec::new();
+        for &(w, rows) in &ws {
+            fused_parts.push((w, rows, fused.ptr + 4 * col));
+            let l = prefill::dense_launch(
+                prefill::Rows::Mma,
+                w,
+                rows,
+                acts,
+                (apart.ptr + 4 * col, total),
+                n,
+                false,
+            );
+            self.dev.launch(&l)?;
+            col += rows as u64;
+        }
+        self.dev
+            .launch(&prefill::few_launch(base, &fused_parts, 1))?;
+        self.dev.sync()?;
+        Ok((self.read(&fused, n * total)?, self.read(&apart, n * total)?))
+    }
+
     /// Row `token` of a matrix in ggml's bytes, through the `embed` kernel (weight_at).
     pub fn embed(&self, ty: GgmlType, bytes: &[u8], k: usize, token: u32) -> Result<Vec<f32>> {
         let (w, _keep) = self.weight(ty, bytes, k)?;

@@ -124,6 +124,41 @@ fn prefill_rows_match_host() {
     }
 }
 
+/// bt_rows' launch over several matrices at once (q, k and v; gate and up) gives each matrix's
+/// outputs the bits of its own pf_mma launch, for parts of different types and row counts past
+/// a block's rows, and token counts of one and several passes.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bt_rows_parts_match_a_launch_each() {
+    let dev = device();
+    use GgmlType::*;
+    for (k, n) in [(256, 1), (2048, 3), (4096, 11)] {
+        let mut rng = Rng::new((k * 31 + n) as u64);
+        let shapes = [(Q4_0, 37), (Q4_K, 130), (Q6_K, 9)];
+        let bytes: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(ty, rows)| {
+                let mut b = Vec::new();
+                quantize_row(ty, &randn(&mut rng, rows * k, 1.0), &mut b).unwrap();
+                b
+            })
+            .collect();
+        let x = randn(&mut rng, n * k, 1.0);
+        for m in 1..=3 {
+            let parts: Vec<(GgmlType, &[u8], usize)> = (0..m)
+                .map(|i| (shapes[i].0, bytes[i].as_slice(), shapes[i].1))
+                .collect();
+            let (fused, apart) = dev.rows_parts(&parts, k, &x).unwrap();
+            for (i, (a, b)) in fused.iter().zip(&apart).enumerate() {
+                assert!(
+                    a.to_bits() == b.to_bits() && a.is_finite(),
+                    "k {k}, {n} tokens, {m} parts: output {i}: {a} (bt_rows), {b} (pf_mma)"
+                );
+            }
+        }
+    }
+}
+
 /// The output head's launch: a few blocks walk every row (several units a warp, the last one
 /// partly past the end), with the head's RMSNorm, for each staged type and k up to 4096.
 #[test]
