@@ -141,11 +141,28 @@ __device__ void btr_dots(const PfRowsParams& p, BtrRows<T>& rows, u64 row0, int 
     }
 }
 
-// A warp's rows r0.. of group grp: a dense launch loads them before it waits (n is its own);
-// a grouped one first reads how many entries its group has (an expert no token chose: its
-// rows are not read).
+// The expert a grouped launch's block takes: with `ids` (the routed slots, a blockIdx.y each)
+// the slot's expert, or -1 where an earlier slot chose it too (that block takes the expert);
+// else blockIdx.y itself. Why slots: at B = 1 the expert grid was 128 rows of blocks for 8
+// experts, and the 120 idle rows of blocks each waited on a read of their count before they
+// left, two blocks an SM at a time.
+// The slot's id and the earlier slots' (the first 64 of them) are loaded together: one round
+// trip, which the expert grid spent on its count.
+__device__ __forceinline__ int btr_group(const int* ids) {
+    int y = blockIdx.y, lane = threadIdx.x & 31;
+    if (!ids) return y;
+    int e = __ldcg(ids + y);
+    int a = lane < y ? __ldcg(ids + lane) : -1, b = lane + 32 < y ? __ldcg(ids + lane + 32) : -1;
+    bool dup = a == e || b == e;
+    for (int j = lane + 64; j < y; j += 32) dup |= __ldcg(ids + j) == e;
+    return __any_sync(0xffffffffu, dup) ? -1 : e;
+}
+
+// A warp's rows r0.. of group grp (grouped: btr_group's answer after the wait): a dense launch
+// loads them before it waits (n is its own); a grouped one first reads how many entries its
+// group has (an expert no token chose: its rows are not read).
 template <class T>
-__device__ void btr_warp(const PfRowsParams& p, int grp, int r0, BtrWarp& sm) {
+__device__ void btr_warp(const PfRowsParams& p, int grp, const int* ids, int r0, BtrWarp& sm) {
     int nb = p.w.k >> 5, nr = min(BTR_R, p.rows - r0);
     u64 row0 = (u64)grp * p.rows + r0;
     BtrRows<T> rows;
@@ -157,9 +174,19 @@ __device__ void btr_warp(const PfRowsParams& p, int grp, int r0, BtrWarp& sm) {
         return;
     }
     pdl_start();
-    int n = ((const int*)p.counts)[grp];
-    if (n == 0 || r0 >= p.rows) return;
-    rows.load(p.w, row0, nr, nb, 0);
+    grp = btr_group(ids);
+    if (grp < 0 || r0 >= p.rows) return;
+    row0 = (u64)grp * p.rows + r0;
+    const int* counts = (const int*)p.counts;
+    int n;
+    if (ids) {  // a routed slot's expert has entries: its weights' loads go out beside the count
+        rows.load(p.w, row0, nr, nb, 0);
+        n = counts[grp];
+    } else {
+        n = counts[grp];
+        if (n == 0) return;
+        rows.load(p.w, row0, nr, nb, 0);
+    }
     btr_dots<T>(p, rows, row0, r0, (const int2*)p.list + (u64)grp * p.list_cap, n, sm);
 }
 
@@ -172,15 +199,16 @@ struct BtRowsParams {
     u64 out1, out2;
     int rows1, rows2;
     int blocks0, blocks1;
+    u64 ids;  // const int* [slots]: grouped launches over the routed slots (btr_group), or 0
 };
-SIZE_IS(BtRowsParams, 184); FIELD_AT(BtRowsParams, p, 0); FIELD_AT(BtRowsParams, w1, 104);
+SIZE_IS(BtRowsParams, 192); FIELD_AT(BtRowsParams, p, 0); FIELD_AT(BtRowsParams, w1, 104);
 FIELD_AT(BtRowsParams, w2, 128); FIELD_AT(BtRowsParams, out1, 152); FIELD_AT(BtRowsParams, out2, 160);
 FIELD_AT(BtRowsParams, rows1, 168); FIELD_AT(BtRowsParams, rows2, 172); FIELD_AT(BtRowsParams, blocks0, 176);
-FIELD_AT(BtRowsParams, blocks1, 180);
+FIELD_AT(BtRowsParams, blocks1, 180); FIELD_AT(BtRowsParams, ids, 184);
 
-// grid (blocks of every part, groups, 1), 256 threads: pf_mma's launches (dense: n_dense
-// entries; grouped: group blockIdx.y's counts[g] entries of its list) on few entries, a part's
-// block BTR_ROWS rows.
+// grid (blocks of every part, groups or routed slots, 1), 256 threads: pf_mma's launches
+// (dense: n_dense entries; grouped: a group's counts[g] entries of its list) on few entries, a
+// part's block BTR_ROWS rows.
 extern "C" __global__ void __launch_bounds__(256, 2) bt_rows(const BtRowsParams bp) {
     __shared__ BtrWarp warps[8];
     PfRowsParams p = bp.p;
@@ -193,11 +221,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) bt_rows(const BtRowsParams 
         bx -= one ? bp.blocks0 : bp.blocks0 + bp.blocks1;
     }
     int grp = blockIdx.y, r0 = bx * BTR_ROWS + (threadIdx.x >> 5) * BTR_R;
+    const int* ids = (const int*)bp.ids;
     BtrWarp& sm = warps[threadIdx.x >> 5];
     switch (p.w.type) {
-        case T_Q4_0: btr_warp<BtQ4_0>(p, grp, r0, sm); break;
-        case T_Q4_K: btr_warp<BtQ4_K>(p, grp, r0, sm); break;
-        default: btr_warp<BtQ6_K>(p, grp, r0, sm);
+        case T_Q4_0: btr_warp<BtQ4_0>(p, grp, ids, r0, sm); break;
+        case T_Q4_K: btr_warp<BtQ4_K>(p, grp, ids, r0, sm); break;
+        default: btr_warp<BtQ6_K>(p, grp, ids, r0, sm);
     }
 }
 

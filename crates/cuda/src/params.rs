@@ -418,6 +418,8 @@ pub struct BtRowsParams {
     pub rows2: i32,
     pub blocks0: i32,
     pub blocks1: i32,
+    /// const int* [slots]: a grouped launch over the routed slots (`Groups::Slots`), or 0.
+    pub ids: u64,
 }
 
 /// `PfListsParams` in prefill.cu.
@@ -499,8 +501,8 @@ layout!(PfQuantParams, 48; src @ 0, norm @ 8, xq @ 16, xf @ 24, n @ 32, stride @
 layout!(PfRowsParams, 104; w @ 0, xq @ 24, xf @ 32, out @ 40, list @ 48, counts @ 56,
     tiles @ 64, rows @ 72, out_stride @ 76, list_cap @ 80, n_dense @ 84, accumulate @ 88,
     in_is_out @ 92, z_entries @ 96, pad @ 100);
-layout!(BtRowsParams, 184; p @ 0, w1 @ 104, w2 @ 128, out1 @ 152, out2 @ 160, rows1 @ 168,
-    rows2 @ 172, blocks0 @ 176, blocks1 @ 180);
+layout!(BtRowsParams, 192; p @ 0, w1 @ 104, w2 @ 128, out1 @ 152, out2 @ 160, rows1 @ 168,
+    rows2 @ 172, blocks0 @ 176, blocks1 @ 180, ids @ 184);
 layout!(PfListsParams, 48; ids @ 0, list @ 8, counts @ 16, tiles @ 24, tokens @ 32, n_used @ 36,
     n_expert @ 40, list_cap @ 44);
 layout!(PfCombineParams, 32; x @ 0, y @ 8, weights @ 16, d @ 24, n_used @ 28);

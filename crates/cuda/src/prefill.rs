@@ -329,7 +329,7 @@ impl Prefill {
                 ..Default::default()
             };
             let parts = cols.map(|(m, col, rows)| (m, rows, self.qkv.ptr + 4 * col as u64));
-            out.push(named(few_launch(base, &parts, 1), "pf qkv"));
+            out.push(named(few_launch(base, &parts, Groups::Each(1)), "pf qkv"));
         } else {
             for ((m, col, rows), name) in cols.into_iter().zip(["pf q", "pf k", "pf v"]) {
                 let l = self.dense(m, rows, self.qkv.ptr + 4 * col as u64, stride, n, false);
@@ -464,14 +464,18 @@ impl Prefill {
                 ..Default::default()
             };
         let on = self.rows_on(n);
-        let grouped = |p: PfRowsParams| rows_launch(on, p, n * nu, ne);
+        let slots = Groups::routed(self.ids.ptr, n * nu, ne);
+        let grouped = |p: PfRowsParams| match on == Rows::Few && splits(&p.w) {
+            true => few_launch(p, &[(p.w, p.rows as usize, p.out)], slots),
+            false => rows_launch(on, p, n * nu, ne),
+        };
         let x = (self.xq.ptr, self.xf.ptr);
         let up = self.gu.ptr + 4 * dff as u64;
         let gate = params(lw.gate, dff, x, self.gu.ptr, false);
         if on == Rows::Few && splits(&lw.gate) && splits(&lw.up) {
             // One launch for both: gate's blocks, then up's.
             let parts = [(lw.gate, dff, self.gu.ptr), (lw.up, dff, up)];
-            out.push(named(few_launch(gate, &parts, ne), "pf gate_up"));
+            out.push(named(few_launch(gate, &parts, slots), "pf gate_up"));
         } else {
             out.push(named(grouped(gate), "pf gate"));
             let l = grouped(params(lw.up, dff, x, up, false));
@@ -573,7 +577,7 @@ fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: usize) -> 
     let on = if splits(&p.w) { on } else { Rows::Plain };
     let blocks = |rows: usize| (p.rows as u32).div_ceil(rows as u32);
     if on == Rows::Few {
-        return few_launch(p, &[(p.w, p.rows as usize, p.out)], groups);
+        return few_launch(p, &[(p.w, p.rows as usize, p.out)], Groups::Each(groups));
     }
     let mma = on == Rows::Mma;
     let (kernel, name, rows, z, smem) = match mma {
@@ -603,10 +607,33 @@ fn splits(w: &Qw) -> bool {
     Quant::of(w.ty).is_some() && w.k % 256 == 0
 }
 
+/// What a bt_rows launch's blockIdx.y takes: `Each` of n groups (1 for a dense launch, the
+/// experts), or `Slots`: the routed slots (`ids`, token-major) of a grouped launch, a slot
+/// taking its expert unless an earlier slot chose it too (btr_group). Slots where they are at
+/// most a quarter of the experts: at B = 1, 8 rows of blocks instead of 128 mostly idle ones.
+/// Measured (H200, Q4_0, Qwen3-30B-A3B's 128 experts, 8 a token, one call): slots against the
+/// expert grid 180.0 / 312.5 / 470.7 / 584.6 tok/s against 143.2 / 265.0 / 451.3 / 662.3 at
+/// B = 1 / 2 / 4 / 8: 64 slots lost to 128 groups (docs/performance.md).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Groups {
+    Each(usize),
+    Slots { ids: u64, slots: usize },
+}
+
+impl Groups {
+    /// A grouped launch's: slots where at most a quarter of the experts.
+    pub(crate) fn routed(ids: u64, slots: usize, experts: usize) -> Groups {
+        match 4 * slots <= experts {
+            true => Groups::Slots { ids, slots },
+            false => Groups::Each(experts),
+        }
+    }
+}
+
 /// bt_rows over up to three matrices of split types (`parts`: weights, rows, output) against
-/// `base`'s activations, entries, output stride and groups (the first part replaces its
-/// weights, rows and output): one launch where pf_mma would take one each.
-pub(crate) fn few_launch(base: PfRowsParams, parts: &[(Qw, usize, u64)], groups: usize) -> Launch {
+/// `base`'s activations, entries, output stride and lists (the first part replaces its
+/// weights, rows and output), over `groups`: one launch where pf_mma would take one each.
+pub(crate) fn few_launch(base: PfRowsParams, parts: &[(Qw, usize, u64)], groups: Groups) -> Launch {
     assert!((1..=3).contains(&parts.len()) && parts.iter().all(|p| splits(&p.0)));
     let part = |i: usize| parts.get(i).copied().unwrap_or((Qw::default(), 0, 0));
     let blocks = |i: usize| part(i).1.div_ceil(BTR_ROWS) as i32;
@@ -626,8 +653,13 @@ pub(crate) fn few_launch(base: PfRowsParams, parts: &[(Qw, usize, u64)], groups:
         rows2: part(2).1 as i32,
         blocks0: blocks(0),
         blocks1: blocks(1),
+        ids: match groups {
+            Groups::Each(_) => 0,
+            Groups::Slots { ids, .. } => ids,
+        },
     };
-    let grid = ((blocks(0) + blocks(1) + blocks(2)) as u32, groups as u32, 1);
+    let (Groups::Each(y) | Groups::Slots { slots: y, .. }) = groups;
+    let grid = ((blocks(0) + blocks(1) + blocks(2)) as u32, y as u32, 1);
     Launch::new(Kernel::BtRows, "bt_rows", grid, THREADS, 0, &p, 0)
 }
 
@@ -763,6 +795,33 @@ mod tests {
         }
     }
 
+    /// A grouped bt_rows launch takes the routed slots where they are at most a quarter of the
+    /// experts (blockIdx.y a slot, BtRowsParams::ids their experts), else an expert a blockIdx.y.
+    #[test]
+    fn few_tokens_take_their_routed_slots() {
+        let p = params(GgmlType::Q4_0, 2048, 1);
+        let w = (p.w, 768, 0);
+        let cases = [
+            (8, 128, 8, 77),
+            (32, 128, 32, 77),
+            (64, 128, 128, 0),
+            (128, 128, 128, 0),
+        ];
+        for (slots, experts, grid_y, ids) in cases {
+            let g = Groups::routed(77, slots, experts);
+            let l = few_launch(p, &[w], g);
+            assert_eq!(
+                l.grid,
+                (48, grid_y, 1),
+                "{slots} slots of {experts} experts"
+            );
+            let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
+            // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.
+            let b: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            assert_eq!(b.ids, ids, "{slots} slots of {experts} experts");
+        }
+    }
+
     /// One bt_rows launch over three parts: each part's blocks in turn along x, and each
     /// part's weights, rows and output where BtRowsParams puts them.
     #[test]
@@ -779,7 +838,7 @@ mod tests {
             (w(Q4_K, 2), 130, 200),
             (w(Q6_K, 3), 9, 300),
         ];
-        let l = few_launch(params(Q4_0, 2048, 0), &parts, 1);
+        let l = few_launch(params(Q4_0, 2048, 0), &parts, Groups::Each(1));
         assert_eq!((l.name, l.grid), ("bt_rows", (3 + 9 + 1, 1, 1)));
         let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
         // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.

@@ -297,8 +297,11 @@ impl TestDevice {
             self.dev.launch(&l)?;
             col += rows as u64;
         }
-        self.dev
-            .launch(&prefill::few_launch(base, &fused_parts, 1))?;
+        self.dev.launch(&prefill::few_launch(
+            base,
+            &fused_parts,
+            prefill::Groups::Each(1),
+        ))?;
         self.dev.sync()?;
         Ok((self.read(&fused, n * total)?, self.read(&apart, n * total)?))
     }

@@ -49,14 +49,29 @@ pub fn run(b: &mut dyn Backend, model: &Model, plan: &Plan<'_>) -> anyhow::Resul
         ("constrained", constrained),
     ] {
         let mut rates = Vec::with_capacity(plan.runs);
+        let mut phases = Vec::with_capacity(plan.runs);
         for _ in 0..plan.runs {
             let r = one_run(b, session, &prompt, plan.decode_len, &sampling)?;
             b.drop_session(session);
             session += 1;
             rates.push(r.steady_tok_s);
+            phases.push(r.phases);
         }
-        eprintln!("  {name:<14} median {:.1} tok/s", report::median(&rates));
+        // Where a token's time goes (means over the runs' steady tokens): waiting on the
+        // device, and the host's tail after it (the constrained runs' logits, mask and choice).
+        let p = super::mean_phases(&phases);
+        let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+        eprintln!(
+            "  {name:<14} median {:.1} tok/s; a token's wait {:.0} us, tail {:.0} us",
+            report::median(&rates),
+            us(p.wait),
+            us(p.tail)
+        );
         out[name] = report::stats(&rates);
+        out[format!("{name}_phases_us")] = json!({
+            "setup": us(p.setup), "submit": us(p.submit), "wait": us(p.wait), "tail": us(p.tail),
+            "gpu": p.gpu.map(us),
+        });
     }
     let ratio = report::median(&stats_runs(&out["constrained"]))
         / report::median(&stats_runs(&out["unconstrained"]));
