@@ -8,6 +8,44 @@ fn argmax_prefers_lowest_index_on_ties_and_skips_nan() {
     assert_eq!(argmax(&[f32::NAN, 0.5, 0.25]), 1);
 }
 
+/// The lane-parallel arg-max gives the one-at-a-time scan's answer on random logits with
+/// ties, NaN and -inf in every place, at lengths around the lanes' multiples.
+#[test]
+fn argmax_matches_the_scan() {
+    let mut rng = Rng::new(3);
+    for case in 0..4000 {
+        let n = match case % 4 {
+            0 => (rng.next_u64() % 40) as usize,
+            1 => 151_936,
+            _ => (rng.next_u64() % 300) as usize,
+        };
+        if case % 4 == 1 && case > 40 {
+            continue; // a few full vocabularies are enough
+        }
+        // Few distinct values, so ties are common.
+        let levels = 1 + rng.next_u64() % 6;
+        let special = rng.next_u64() % 4; // 0: none, 1: NaN, 2: -inf, 3: both
+        let logits: Vec<f32> = (0..n)
+            .map(|_| match rng.next_u64() % 10 {
+                0 if special & 1 == 1 => f32::NAN,
+                1 if special & 2 == 2 => f32::NEG_INFINITY,
+                _ => (rng.next_u64() % levels) as f32 - 2.0,
+            })
+            .collect();
+        assert_eq!(
+            argmax(&logits),
+            argmax_scan(&logits),
+            "case {case}: {logits:?}"
+        );
+    }
+    let all = |v: f32, n: usize| vec![v; n];
+    for n in [0, 1, 15, 16, 17, 33] {
+        assert_eq!(argmax(&all(f32::NAN, n)), argmax_scan(&all(f32::NAN, n)));
+        let ninf = all(f32::NEG_INFINITY, n);
+        assert_eq!(argmax(&ninf), argmax_scan(&ninf));
+    }
+}
+
 #[test]
 fn top_k_one_is_greedy_and_seed_is_deterministic() {
     let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
