@@ -27,6 +27,7 @@ mod pipeline;
 mod prefill;
 mod profile;
 mod repack;
+mod rows;
 mod session;
 mod step;
 #[doc(hidden)]

@@ -7,50 +7,24 @@
 use q4moe_model::Config;
 
 use crate::device::Device;
-use crate::kernel::{is_f32, Kernel, Quant};
+use crate::kernel::{is_f32, Kernel};
 use crate::launch::Launch;
 use crate::memory::DevBuf;
 use crate::params::*;
+use crate::rows::{
+    dense_launch, few_launch, padded_len, quant_launch, quant_words, rows_launch, splits, Groups,
+    Rows, F32_FEW, PFM_ENTRIES,
+};
 use crate::step::{attn_params, rope_params, split_attention, topk, Kv};
 use crate::weights::{LayerW, Weights};
 use crate::{KvType, Result};
 
-/// Words of one quantised group of 32 activations (quant.cuh QXW) and floats of a padded one
-/// (XS).
-const QXW: usize = 20;
-const XS: usize = 36;
-/// Rows of a pf_rows block (PF_ROWS) and of a pf_mma one (PFM_ROWS), and the largest row
-/// length they and pf_quant take.
-const PF_ROWS: usize = 32;
-const PFM_ROWS: usize = 128;
-/// Rows a bt_rows block takes (batch_rows.cu BTR_ROWS), and bt_f32rows' rows and entries
-/// (BTF_R, BTF_E).
-const BTR_ROWS: usize = 16;
-const BTF_R: u32 = 8;
-const BTF_E: u32 = 8;
-/// Tokens a dense F32 launch (the router) takes on bt_f32rows at most.
-const F32_FEW: usize = 64;
-/// Entries a pf_mma block takes (PFM_ENTRIES), and a dense pf_rows one (fewer: the router's
-/// 128 rows are 4 of its blocks an entry tile).
-const PFM_ENTRIES: usize = 32;
-const PF_Z_ENTRIES: usize = 8;
-/// Rows and entries a pf_f32rows block takes (PFF_TILE).
-const PFF_TILE: usize = 32;
-/// pf_mma's dynamic shared memory: two stages (prefill.cu PFM_STAGE_BYTES).
-const PFM_SMEM: u32 = 2 * (128 * (144 + 104) + 32 * (576 + 16 * 8));
 /// pf_attn_tc's dynamic shared memory: two staged tiles of 64 keys' K and V rows (136 halves
 /// each).
 const PFA_SMEM: u32 = 4 * 64 * 136 * 2;
+/// The largest row length the rows kernels and pf_quant take.
 const PF_MAX_K: usize = 4096;
 const THREADS: u32 = 256;
-
-pub(crate) fn padded_len(n: usize) -> usize {
-    n / 32 * XS + XS
-}
-
-pub(crate) fn quant_words(n: usize) -> usize {
-    n / 32 * QXW
-}
 
 /// Floats of each of Prefill's buffers for `chunk` tokens, in `new`'s order (x, xq, xf, qkv, q,
 /// att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y): `new` allocates them and
@@ -524,201 +498,6 @@ impl Prefill {
     }
 }
 
-/// Which kernels take a launch's rows: `Plain` pf_rows and pf_f32rows; `Mma` pf_mma for the
-/// split types (Q4_0, Q4_K, Q6_K with k % 256 == 0; sm_80+); `Few` (sm_80+, launches of few
-/// tokens) bt_rows for the split types and bt_f32rows for F32, the same bits as pf_mma and
-/// pf_f32rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Rows {
-    Plain,
-    Mma,
-    Few,
-}
-
-impl Rows {
-    /// The kernels for a device with tensor cores or not (`mma`: sm_80+) and a launch of few
-    /// tokens or not: the few-token kernels only beside pf_mma, whose bits they give (pf_rows
-    /// adds in another order).
-    pub(crate) fn pick(mma: bool, few: bool) -> Rows {
-        match (mma, few) {
-            (true, true) => Rows::Few,
-            (true, false) => Rows::Mma,
-            (false, _) => Rows::Plain,
-        }
-    }
-}
-
-/// Weight rows against `entries` activation rows (dense: `p.list` 0) or expert slots: F32 on
-/// pf_f32rows (dense), the split types as `on` says (`Rows`), the others on pf_rows. Dense
-/// launches tile the entries over blockIdx.z, grouped pf_mma launches take the work list's
-/// tiles (blockIdx.y), grouped pf_rows and bt_rows launches a group a blockIdx.y.
-fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
-    if p.list == 0 && is_f32(p.w.ty) && on == Rows::Few {
-        let grid = (
-            (p.rows as u32).div_ceil(BTF_R),
-            entries.div_ceil(BTF_E as usize) as u32,
-            1,
-        );
-        return Launch::new(
-            Kernel::BtF32Rows,
-            "bt_f32rows",
-            grid,
-            BTF_R * BTF_E,
-            0,
-            &p,
-            0,
-        );
-    }
-    if p.list == 0 && is_f32(p.w.ty) {
-        let tiles = |n: usize| n.div_ceil(PFF_TILE) as u32;
-        let grid = (tiles(p.rows as usize), 1, tiles(entries));
-        return Launch::new(Kernel::PfF32Rows, "pf_f32rows", grid, THREADS, 0, &p, 0);
-    }
-    let on = if splits(&p.w) { on } else { Rows::Plain };
-    let blocks = |rows: usize| (p.rows as u32).div_ceil(rows as u32);
-    if on == Rows::Few {
-        return few_launch(p, &[(p.w, p.rows as usize, p.out)], Groups::Each(groups));
-    }
-    let mma = on == Rows::Mma;
-    let (kernel, name, rows, z, smem) = match mma {
-        true => (Kernel::PfMma, "pf_mma", PFM_ROWS, PFM_ENTRIES, PFM_SMEM),
-        false => (Kernel::PfRows, "pf_rows", PF_ROWS, PF_Z_ENTRIES, 0),
-    };
-    let grid = match (p.list, mma) {
-        (0, _) => {
-            p.z_entries = z as i32;
-            (blocks(rows), 1, entries.div_ceil(z) as u32)
-        }
-        (_, true) => (
-            blocks(rows),
-            (entries.div_ceil(PFM_ENTRIES) + groups) as u32,
-            1,
-        ),
-        (_, false) => {
-            p.tiles = 0;
-            (blocks(rows), groups as u32, 1)
-        }
-    };
-    Launch::new(kernel, name, grid, THREADS, smem, &p, 0)
-}
-
-/// Whether a weight's rows take the split types' kernels (pf_mma, bt_rows).
-fn splits(w: &Qw) -> bool {
-    Quant::of(w.ty).is_some() && w.k % 256 == 0
-}
-
-/// What a bt_rows launch's blockIdx.y takes: `Each` of n groups (1 for a dense launch, the
-/// experts), or `Slots`: the routed slots (`ids`, token-major) of a grouped launch, a slot
-/// taking its expert unless an earlier slot chose it too (btr_group). Slots where they are at
-/// most a quarter of the experts: at B = 1, 8 rows of blocks instead of 128 mostly idle ones.
-/// Measured (H200, Q4_0, Qwen3-30B-A3B's 128 experts, 8 a token, one call): slots against the
-/// expert grid 180.0 / 312.5 / 470.7 / 584.6 tok/s against 143.2 / 265.0 / 451.3 / 662.3 at
-/// B = 1 / 2 / 4 / 8: 64 slots lost to 128 groups (docs/performance.md).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Groups {
-    Each(usize),
-    Slots { ids: u64, slots: usize },
-}
-
-impl Groups {
-    /// A grouped launch's: slots where at most a quarter of the experts.
-    pub(crate) fn routed(ids: u64, slots: usize, experts: usize) -> Groups {
-        match 4 * slots <= experts {
-            true => Groups::Slots { ids, slots },
-            false => Groups::Each(experts),
-        }
-    }
-}
-
-/// bt_rows over up to three matrices of split types (`parts`: weights, rows, output) against
-/// `base`'s activations, entries, output stride and lists (the first part replaces its
-/// weights, rows and output), over `groups`: one launch where pf_mma would take one each.
-pub(crate) fn few_launch(base: PfRowsParams, parts: &[(Qw, usize, u64)], groups: Groups) -> Launch {
-    assert!((1..=3).contains(&parts.len()) && parts.iter().all(|p| splits(&p.0)));
-    let part = |i: usize| parts.get(i).copied().unwrap_or((Qw::default(), 0, 0));
-    let blocks = |i: usize| part(i).1.div_ceil(BTR_ROWS) as i32;
-    let (w0, rows0, out0) = part(0);
-    let p = BtRowsParams {
-        p: PfRowsParams {
-            w: w0,
-            rows: rows0 as i32,
-            out: out0,
-            ..base
-        },
-        w1: part(1).0,
-        w2: part(2).0,
-        out1: part(1).2,
-        out2: part(2).2,
-        rows1: part(1).1 as i32,
-        rows2: part(2).1 as i32,
-        blocks0: blocks(0),
-        blocks1: blocks(1),
-        ids: match groups {
-            Groups::Each(_) => 0,
-            Groups::Slots { ids, .. } => ids,
-        },
-    };
-    let (Groups::Each(y) | Groups::Slots { slots: y, .. }) = groups;
-    let grid = ((blocks(0) + blocks(1) + blocks(2)) as u32, y as u32, 1);
-    Launch::new(Kernel::BtRows, "bt_rows", grid, THREADS, 0, &p, 0)
-}
-
-/// pf_quant over `rows` activation rows of `k` values at `src` (RMSNorm'd with `norm` unless 0)
-/// into the quantised groups and padded floats at `(xq, xf)`.
-pub(crate) fn quant_launch(
-    src: u64,
-    norm: u64,
-    (xq, xf): (u64, u64),
-    k: usize,
-    rows: usize,
-    eps: f32,
-) -> Launch {
-    let p = PfQuantParams {
-        src,
-        norm,
-        xq,
-        xf,
-        n: k as i32,
-        stride: k as i32,
-        swiglu: 0,
-        eps,
-    };
-    Launch::new(
-        Kernel::PfQuant,
-        "pf_quant",
-        (rows as u32, 1, 1),
-        THREADS,
-        0,
-        &p,
-        0,
-    )
-}
-
-/// Dense rows of `w` against the n activation rows pf_quant put at `x`: out[t * stride + r]
-/// (+= with `add`).
-pub(crate) fn dense_launch(
-    on: Rows,
-    w: Qw,
-    rows: usize,
-    (xq, xf): (u64, u64),
-    (out, stride): (u64, usize),
-    n: usize,
-    add: bool,
-) -> Launch {
-    let p = PfRowsParams {
-        w,
-        xq,
-        xf,
-        out,
-        rows: rows as i32,
-        out_stride: stride as i32,
-        n_dense: n as i32,
-        accumulate: add as i32,
-        ..Default::default()
-    };
-    rows_launch(on, p, n, 1)
-}
-
 /// Whose keys and values a layer's attention reads and appends to.
 #[derive(Clone, Copy)]
 enum Keys {
@@ -754,98 +533,4 @@ pub(crate) fn n_split(len: usize) -> usize {
 /// A token's attention partials at a context of `len` positions.
 fn part_bytes(c: &Config, len: usize) -> usize {
     c.n_head * n_split(len) * (c.head_dim + 2) * 4
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use q4moe_gguf::GgmlType;
-
-    fn params(ty: GgmlType, k: usize, list: u64) -> PfRowsParams {
-        PfRowsParams {
-            w: Qw {
-                ty: ty.id() as i32,
-                k: k as i32,
-                ..Default::default()
-            },
-            rows: 768,
-            list,
-            ..Default::default()
-        }
-    }
-
-    /// Each `Rows` takes the kernels its doc names, with those kernels' grids: bt_rows a group a
-    /// blockIdx.y and 16 rows a block, bt_f32rows 8 rows x 8 entries a block, and the types
-    /// bt_rows does not take (or k not a multiple of 256) on pf_rows.
-    #[test]
-    fn rows_kinds_pick_their_kernels() {
-        use GgmlType::*;
-        let cases = [
-            (Rows::Few, Q4_0, 2048, 1, 24, 128, "bt_rows", (48, 128, 1)),
-            (Rows::Few, Q6_K, 2048, 0, 3, 1, "bt_rows", (48, 1, 1)),
-            (Rows::Mma, Q4_K, 2048, 0, 3, 1, "pf_mma", (6, 1, 1)),
-            (Rows::Few, F32, 2048, 0, 9, 1, "bt_f32rows", (96, 2, 1)),
-            (Rows::Mma, F32, 2048, 0, 9, 1, "pf_f32rows", (24, 1, 1)),
-            (Rows::Few, Q8_0, 2048, 0, 3, 1, "pf_rows", (24, 1, 1)),
-            (Rows::Few, Q4_0, 2080, 0, 3, 1, "pf_rows", (24, 1, 1)),
-        ];
-        for (on, ty, k, list, entries, groups, name, grid) in cases {
-            let l = rows_launch(on, params(ty, k, list), entries, groups);
-            assert_eq!((l.name, l.grid), (name, grid), "{on:?} {ty:?} k {k}");
-        }
-    }
-
-    /// A grouped bt_rows launch takes the routed slots where they are at most a quarter of the
-    /// experts (blockIdx.y a slot, BtRowsParams::ids their experts), else an expert a blockIdx.y.
-    #[test]
-    fn few_tokens_take_their_routed_slots() {
-        let p = params(GgmlType::Q4_0, 2048, 1);
-        let w = (p.w, 768, 0);
-        let cases = [
-            (8, 128, 8, 77),
-            (32, 128, 32, 77),
-            (64, 128, 128, 0),
-            (128, 128, 128, 0),
-        ];
-        for (slots, experts, grid_y, ids) in cases {
-            let g = Groups::routed(77, slots, experts);
-            let l = few_launch(p, &[w], g);
-            assert_eq!(
-                l.grid,
-                (48, grid_y, 1),
-                "{slots} slots of {experts} experts"
-            );
-            let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
-            // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.
-            let b: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-            assert_eq!(b.ids, ids, "{slots} slots of {experts} experts");
-        }
-    }
-
-    /// One bt_rows launch over three parts: each part's blocks in turn along x, and each
-    /// part's weights, rows and output where BtRowsParams puts them.
-    #[test]
-    fn parts_take_their_blocks_in_turn() {
-        use GgmlType::*;
-        let w = |ty: GgmlType, data: u64| Qw {
-            data,
-            ty: ty.id() as i32,
-            k: 2048,
-            ..Default::default()
-        };
-        let parts = [
-            (w(Q4_0, 1), 37, 100),
-            (w(Q4_K, 2), 130, 200),
-            (w(Q6_K, 3), 9, 300),
-        ];
-        let l = few_launch(params(Q4_0, 2048, 0), &parts, Groups::Each(1));
-        assert_eq!((l.name, l.grid), ("bt_rows", (3 + 9 + 1, 1, 1)));
-        let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
-        // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.
-        let p: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        assert_eq!((p.p.w.data, p.p.rows, p.p.out), (1, 37, 100));
-        assert_eq!((p.w1.data, p.rows1, p.out1), (2, 130, 200));
-        assert_eq!((p.w2.data, p.rows2, p.out2), (3, 9, 300));
-        assert_eq!((p.blocks0, p.blocks1), (3, 9));
-    }
 }

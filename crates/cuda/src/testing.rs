@@ -13,6 +13,7 @@ use crate::memory::{DevBuf, Pinned};
 use crate::params::*;
 use crate::prefill;
 use crate::repack::{aux_bytes, split_planes};
+use crate::rows;
 use crate::step::Mv;
 use crate::Result;
 
@@ -236,14 +237,14 @@ impl TestDevice {
         let n = x.len() / k;
         let (w, _keep) = self.weight(ty, bytes, k)?;
         let xb = self.upload(x)?;
-        let xq = DevBuf::new(&self.dev, n * prefill::quant_words(k) * 4)?;
-        let xf = DevBuf::new(&self.dev, n * prefill::padded_len(k) * 4)?;
+        let xq = DevBuf::new(&self.dev, n * rows::quant_words(k) * 4)?;
+        let xf = DevBuf::new(&self.dev, n * rows::padded_len(k) * 4)?;
         let out = self.poisoned(n * rows)?;
         let acts = (xq.ptr, xf.ptr);
         self.dev
-            .launch(&prefill::quant_launch(xb.ptr, 0, acts, k, n, 1e-6))?;
-        let on = prefill::Rows::pick(prefill::tensor_cores(&self.dev), few);
-        let l = prefill::dense_launch(on, w, rows, acts, (out.ptr, rows), n, false);
+            .launch(&rows::quant_launch(xb.ptr, 0, acts, k, n, 1e-6))?;
+        let on = rows::Rows::pick(prefill::tensor_cores(&self.dev), few);
+        let l = rows::dense_launch(on, w, rows, acts, (out.ptr, rows), n, false);
         self.dev.launch(&l)?;
         self.dev.sync()?;
         self.read(&out, n * rows)
@@ -268,11 +269,11 @@ impl TestDevice {
             ws.push((w, rows));
         }
         let xb = self.upload(x)?;
-        let xq = DevBuf::new(&self.dev, n * prefill::quant_words(k) * 4)?;
-        let xf = DevBuf::new(&self.dev, n * prefill::padded_len(k) * 4)?;
+        let xq = DevBuf::new(&self.dev, n * rows::quant_words(k) * 4)?;
+        let xf = DevBuf::new(&self.dev, n * rows::padded_len(k) * 4)?;
         let acts = (xq.ptr, xf.ptr);
         self.dev
-            .launch(&prefill::quant_launch(xb.ptr, 0, acts, k, n, 1e-6))?;
+            .launch(&rows::quant_launch(xb.ptr, 0, acts, k, n, 1e-6))?;
         let (fused, apart) = (self.poisoned(n * total)?, self.poisoned(n * total)?);
         let base = PfRowsParams {
             xq: xq.ptr,
@@ -285,8 +286,8 @@ impl TestDevice {
         let mut fused_parts = Vec::new();
         for &(w, rows) in &ws {
             fused_parts.push((w, rows, fused.ptr + 4 * col));
-            let l = prefill::dense_launch(
-                prefill::Rows::Mma,
+            let l = rows::dense_launch(
+                rows::Rows::Mma,
                 w,
                 rows,
                 acts,
@@ -297,11 +298,8 @@ impl TestDevice {
             self.dev.launch(&l)?;
             col += rows as u64;
         }
-        self.dev.launch(&prefill::few_launch(
-            base,
-            &fused_parts,
-            prefill::Groups::Each(1),
-        ))?;
+        self.dev
+            .launch(&rows::few_launch(base, &fused_parts, rows::Groups::Each(1)))?;
         self.dev.sync()?;
         Ok((self.read(&fused, n * total)?, self.read(&apart, n * total)?))
     }
