@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use q4moe_model::backend::{
     check_span, sample_and_emit, Backend, BackendInfo, BackendResult, BatchOut, BatchRow,
-    DecodeRequest, DecodeStats, Flow, KvType, Logits, PhaseTimes, SessionId, TokenEvent,
+    DecodeRequest, DecodeStats, Flow, KvType, Logits, PhaseTimes, RowCopies, SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
@@ -33,6 +33,8 @@ pub struct CpuBackend {
     scratch: Scratch,
     /// The prompt's chunks' activations (batch::Batch).
     batch: batch::Batch,
+    /// The batched step's rows' copies of their logits for the samplers.
+    row_copies: RowCopies,
 }
 
 impl CpuBackend {
@@ -55,6 +57,7 @@ impl CpuBackend {
             sessions: HashMap::new(),
             scratch,
             batch: batch::Batch::default(),
+            row_copies: RowCopies::default(),
         }
     }
 

@@ -48,7 +48,7 @@ impl CpuBackend {
         for (row, kv) in rows.iter().zip(kvs) {
             self.sessions.insert(row.session, kv);
         }
-        choose_tokens(rows, out, &mut self.scratch.logits);
+        choose_tokens(rows, out, &mut self.row_copies);
         Ok(())
     }
 }

@@ -18,6 +18,7 @@
 //! the single-stream decode step (`decode`), whose kernels differ (dp4a matvecs, fused tails):
 //! a sequence stays on one path from its first generated token to its last.
 
+use q4moe_model::backend::RowCopies;
 use q4moe_model::Config;
 
 use crate::device::Device;
@@ -73,8 +74,8 @@ pub(crate) struct BatchBufs {
     states: Vec<StepState>,
     addrs: Vec<u64>,
     graphs: Vec<(BatchKey, Graph)>,
-    /// The host sampler's copy of a row's logits.
-    pub tmp: Vec<f32>,
+    /// The host samplers' copies of their rows' logits.
+    pub copies: RowCopies,
 }
 
 /// `buf` holding at least `bytes`, reallocated where it is smaller.

@@ -42,6 +42,9 @@ impl CudaBackend {
             let at = g * max * vocab;
             let logits = &mut out.logits[at..at + group.len() * vocab];
             self.batch_group(&mut *group, logits)?;
+            // The device's arg-max for the plain greedy rows; the other samplers draw on the
+            // host, in parallel across rows.
+            let (mut tokens, mut host) = (vec![None; group.len()], vec![false; group.len()]);
             for (i, row) in group.iter_mut().enumerate() {
                 // The step's own position: the session is one longer now.
                 let pos = self.kv_len(row.session) - 1;
@@ -49,17 +52,17 @@ impl CudaBackend {
                 if chosen == BT_NON_FINITE {
                     return Err(backend::non_finite(pos, "found on the device"));
                 }
-                let token = match row.sampler.as_deref_mut() {
+                match row.sampler.as_deref_mut() {
                     Some(s) if s.plain_greedy() => {
                         s.accept(chosen);
-                        Some(chosen)
+                        tokens[i] = Some(chosen);
                     }
-                    _ => {
-                        backend::choose_row(row, &logits[i * vocab..][..vocab], &mut self.batch.tmp)
-                    }
-                };
-                out.tokens.push(token);
+                    Some(_) => host[i] = true,
+                    None => {}
+                }
             }
+            backend::choose_on_host(group, logits, &host, &mut self.batch.copies, &mut tokens);
+            out.tokens.extend(tokens);
         }
         Ok(())
     }
