@@ -78,7 +78,8 @@ pub struct DeviceArgs {
     #[arg(short = 'c', long, default_value_t = 4096)]
     pub ctx: usize,
     /// MiB of KV the finished conversations keep for prefix reuse (least recently used dropped
-    /// beyond it; a CUDA session holds its whole capacity, a CPU one what it has used).
+    /// beyond it; a CUDA session holds what its KV has grown to, doubling from 256 positions, a CPU
+    /// one what it has used).
     #[arg(long, default_value_t = 4096)]
     pub kv_cache_mb: usize,
     /// KV cache element type, f16 or f32: f16 halves the bytes attention reads a position (long

@@ -17,8 +17,13 @@ pub struct CudaOptions {
     pub setup_cache: bool,
     /// Decode steps submitted before the oldest token is read back.
     pub in_flight: usize,
-    /// Positions each session's KV cache holds.
+    /// Positions a session's KV cache may hold.
     pub kv_capacity: usize,
+    /// Positions a new session's KV cache is allocated for; it doubles as the session grows,
+    /// up to kv_capacity, so a session costs what it holds (within 2x), not the whole
+    /// capacity (384 MiB at 4,096 positions of Qwen3-30B-A3B, f16). kv_capacity: each session
+    /// its whole capacity at once. The GPU tests set it small to grow often.
+    pub kv_grow_from: usize,
     /// How the KV cache stores keys and values (attention.cu's kv_t, chosen when the kernels
     /// are compiled): f16 halves what attention reads at long context.
     pub kv_type: KvType,
@@ -84,6 +89,7 @@ impl Default for CudaOptions {
             setup_cache: true,
             in_flight: 2,
             kv_capacity: 4096,
+            kv_grow_from: 256,
             kv_type: KvType::default(),
             profile_kernels: false,
             attn_max_blocks: params::ATT_MAX_BLOCKS,
@@ -117,6 +123,10 @@ impl CudaOptions {
         (
             "kv_capacity",
             "<n> >= 1: positions a session's KV cache holds (default 4096)",
+        ),
+        (
+            "kv_grow_from",
+            "<n> >= 1: positions a new session's KV starts with, doubling as it grows (default 256)",
         ),
         (
             "kv_type",
@@ -207,6 +217,7 @@ impl CudaOptions {
             "setup_cache" => self.setup_cache = flag()?,
             "in_flight" => self.in_flight = at_least_1()?,
             "kv_capacity" => self.kv_capacity = at_least_1()?,
+            "kv_grow_from" => self.kv_grow_from = at_least_1()?,
             "kv_type" => {
                 self.kv_type = match value {
                     "f32" => KvType::F32,
@@ -274,6 +285,7 @@ mod tests {
             ("setup_cache", "off"),
             ("in_flight", "3"),
             ("kv_capacity", "512"),
+            ("kv_grow_from", "16"),
             ("kv_type", "f32"),
             ("profile_kernels", "on"),
             ("attn_max_blocks", "2"),
@@ -298,6 +310,7 @@ mod tests {
             setup_cache: false,
             in_flight: 3,
             kv_capacity: 512,
+            kv_grow_from: 16,
             kv_type: KvType::F32,
             profile_kernels: true,
             attn_max_blocks: 2,

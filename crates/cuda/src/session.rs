@@ -15,6 +15,7 @@ use crate::Result;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SessionKey {
     pub session: SessionId,
+    /// The session's KV capacity now (it grows: CudaOptions::kv_grow_from).
     pub kv_capacity: usize,
     /// What the step runs after its layers.
     pub ending: Ending,
@@ -67,6 +68,12 @@ impl Session {
             len: 0,
             cache: Vec::new(),
         }
+    }
+
+    /// A new (grown) KV: the captured steps held the old one's addresses, so they go.
+    pub fn replace_kv(&mut self, kv: Kv) {
+        self.kv = kv;
+        self.cache.clear();
     }
 
     /// The entry built for `key`, if any.

@@ -135,3 +135,103 @@ fn fork_continues_as_prefilled() {
     let m = model(&cfg, SynthQuant::Q4_0, &dir);
     body::fork_continues_as_prefilled(&mut cuda(&m, 64, 1024), cfg.vocab_size);
 }
+
+/// A session whose KV grows (CudaOptions::kv_grow_from 4: 4, 8, .. positions, each growth a
+/// copy into a larger allocation) gives the bits of one holding its whole capacity from the
+/// start: a prefill's logits, a greedy and a sampled decode on the device, a fork, and batched
+/// steps; and it holds the bytes of what it has grown to, not of the capacity.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_growing_kv_gives_the_whole_capacitys_bits() {
+    use q4moe_model::backend::{BatchOut, BatchRow, DecodeRequest, Flow, Logits};
+    use q4moe_model::sampling::{Sampler, SamplingParams};
+    require_gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::tiny();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    let backend = |from: usize| {
+        let opts = CudaOptions {
+            kv_capacity: 256,
+            kv_grow_from: from,
+            batched_step: true,
+            ..CudaOptions::default()
+        };
+        CudaBackend::new(m.clone(), opts).unwrap()
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let mut rng = Lcg(17);
+    let prompt: Vec<u32> = (0..37).map(|_| rng.next(cfg.vocab_size) as u32).collect();
+    let short: Vec<u32> = prompt[..5].to_vec();
+    let greedy = SamplingParams::greedy();
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        seed: 5,
+        ..Default::default()
+    };
+    let run = |b: &mut CudaBackend| {
+        let mut seen = Vec::new();
+        let lg = b.prefill(1, &prompt[..36], Logits::All).unwrap();
+        seen.push(bits(&lg));
+        for (sampling, n) in [(&greedy, 60), (&sampled, 40)] {
+            let first = *prompt.last().unwrap();
+            let req = DecodeRequest {
+                session: 1,
+                first_token: first,
+                max_tokens: n,
+                sampling,
+                history: &prompt,
+                want_logits: false,
+            };
+            let mut toks = Vec::new();
+            b.decode(&req, &mut |ev| {
+                toks.push(ev.token);
+                Flow::Continue
+            })
+            .unwrap();
+            seen.push(toks);
+            b.truncate(1, 36);
+        }
+        b.fork(1, 2, 30).unwrap();
+        b.prefill(3, &short, Logits::None).unwrap();
+        let bytes3 = b.kv_bytes(3);
+        let mut samplers: Vec<Sampler> =
+            (0..3).map(|_| Sampler::new(greedy.clone(), &[])).collect();
+        let mut next = [prompt[36], prompt[30], prompt[4]];
+        let mut out = BatchOut::default();
+        for _ in 0..20 {
+            let mut rows: Vec<BatchRow<'_>> = samplers
+                .iter_mut()
+                .zip(next)
+                .enumerate()
+                .map(|(i, (s, token))| BatchRow {
+                    session: [1, 2, 3][i],
+                    token,
+                    sampler: Some(s),
+                    logits: true,
+                })
+                .collect();
+            b.step_batch(&mut rows, &mut out).unwrap();
+            seen.push(bits(&out.logits));
+            for (i, t) in out.tokens.iter().enumerate() {
+                next[i] = t.unwrap();
+            }
+        }
+        (seen, bytes3)
+    };
+    let (grown, grown_bytes) = run(&mut backend(4));
+    let (whole, whole_bytes) = run(&mut backend(256));
+    assert_eq!(grown.len(), whole.len());
+    for (i, (g, w)) in grown.iter().zip(&whole).enumerate() {
+        assert!(
+            g == w,
+            "record {i} differs between a growing KV and a whole one"
+        );
+    }
+    // Session 3 holds 5 positions: a KV of 8 against one of 256.
+    assert_eq!(
+        grown_bytes * 32,
+        whole_bytes,
+        "{grown_bytes} against {whole_bytes}"
+    );
+}

@@ -398,7 +398,7 @@ pub trait Backend: Send {
     /// Positions the session's KV holds (0 for an unknown session).
     fn kv_len(&self, session: SessionId) -> usize;
     /// Bytes the session's KV takes (what dropping it frees; 0 for an unknown session): on
-    /// the CPU it grows with the positions held, on CUDA it is the session's whole capacity.
+    /// the CPU it grows with the positions held, on CUDA with its allocation (doubling).
     fn kv_bytes(&self, session: SessionId) -> usize;
     /// Keeps the first `len` positions (for prefix reuse); no-op if already shorter.
     fn truncate(&mut self, session: SessionId, len: usize);

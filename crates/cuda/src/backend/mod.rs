@@ -223,7 +223,7 @@ impl CudaBackend {
     fn key(&self, session: SessionId, ending: Ending, steps: usize, reach: usize) -> SessionKey {
         SessionKey {
             session,
-            kv_capacity: self.opts.kv_capacity,
+            kv_capacity: self.sessions.get(&session).map_or(0, |s| s.kv.capacity),
             ending,
             steps,
             att_grid: step::att_grid(&self.model.config, &self.scratch, reach),
@@ -241,11 +241,31 @@ impl CudaBackend {
     }
 
     fn session(&mut self, id: SessionId) -> Result<&mut Session> {
-        if !self.sessions.contains_key(&id) {
-            let kv = Kv::new(&self.dev, &self.model.config, self.opts.kv_capacity)?;
-            self.sessions.insert(id, Session::new(kv));
+        self.session_holding(id, 0)
+    }
+
+    /// Session `id`, created or grown so its KV holds at least `need` positions (callers
+    /// check spans against kv_capacity first): a new session's KV is kv_grow_from positions,
+    /// doubled until it holds `need`. Growing allocates the larger KV and copies the held
+    /// positions into it; a call grows before its work, so no step of the old KV is in flight.
+    fn session_holding(&mut self, id: SessionId, need: usize) -> Result<&mut Session> {
+        let (c, o) = (&self.model.config, &self.opts);
+        let cap = Kv::capacity_for(need, o.kv_grow_from, o.kv_capacity);
+        match self.sessions.get_mut(&id) {
+            None => {
+                let kv = Kv::new(&self.dev, c, cap)?;
+                self.sessions.insert(id, Session::new(kv));
+            }
+            Some(s) if s.kv.capacity < need => {
+                let kv = Kv::new(&self.dev, c, cap)?;
+                kv.copy_from(&self.dev, c, &s.kv, s.len)?;
+                // The copies are done before the old buffers are freed.
+                self.dev.sync()?;
+                s.replace_kv(kv);
+            }
+            Some(_) => {}
         }
-        Ok(self.sessions.get_mut(&id).expect("inserted"))
+        Ok(self.sessions.get_mut(&id).expect("present"))
     }
 
     /// `tokens` may go into `session` next (backend::check_span).
@@ -260,23 +280,16 @@ impl CudaBackend {
         )
     }
 
-    /// `dst` anew with a copy of `src`'s first `len` positions, layer by layer (a session's
-    /// KV is [layer][capacity][kv_dim], so a prefix is one range a layer).
+    /// `dst` anew with a copy of `src`'s first `len` positions (Kv::copy_from).
     fn fork_kv(&mut self, src: SessionId, dst: SessionId, len: usize) -> Result<()> {
         self.dev.bind()?;
         self.sessions.remove(&dst);
-        self.session(dst)?;
+        self.session_holding(dst, len)?;
         let c = &self.model.config;
-        let bytes = len * c.kv_dim() * self.dev.kv_type.bytes();
         let (Some(from), Some(to)) = (self.sessions.get(&src), self.sessions.get(&dst)) else {
             return Ok(()); // an unknown src holds nothing: len is 0 (checked)
         };
-        let (from, to) = (&from.kv, &to.kv);
-        for l in 0..c.n_layer {
-            let ((sk, sv), (dk, dv)) = (from.layer(c, l), to.layer(c, l));
-            self.dev.copy_async(dk, sk, bytes)?;
-            self.dev.copy_async(dv, sv, bytes)?;
-        }
+        to.kv.copy_from(&self.dev, c, &from.kv, len)?;
         self.dev.sync()?;
         self.sessions.get_mut(&dst).expect("created").len = len;
         Ok(())
@@ -293,8 +306,8 @@ impl CudaBackend {
     /// resolves every launch again from the weights' tables.
     fn setup(&mut self, id: SessionId, ending: Ending, steps: usize, at: Reach) -> Result<StepRef> {
         let reach = Self::att_reach(at);
-        let key = self.key(id, ending, steps, reach);
         self.session(id)?;
+        let key = self.key(id, ending, steps, reach);
         let (c, w, s) = (&self.model.config, &self.w, &self.scratch);
         let sess = self.sessions.get_mut(&id).expect("created");
         if !self.opts.setup_cache {
@@ -644,6 +657,7 @@ impl Backend for CudaBackend {
             vocab
         });
         let len0 = self.kv_len(session);
+        self.session_holding(session, len0 + tokens.len())?;
         let at = |i: usize| Reach {
             last: len0 + i,
             end: len0 + tokens.len() - 1,
@@ -687,8 +701,8 @@ impl Backend for CudaBackend {
         }
         self.check_span(req.session, &[req.first_token])?;
         self.dev.bind()?;
-        let len0 = self.kv_len(req.session);
-        self.session(req.session)?;
+        let (_, len0, steps) = self.decode_span(req);
+        self.session_holding(req.session, len0 + steps)?;
         // The device handles greedy and the samplers step::sample_config accepts, penalties
         // included; the rest (top-k above SAMPLE_MAX_K, a logit bias, logits wanted, a
         // constraint's token mask, which the host's grammar engine computes each step) samples

@@ -75,7 +75,8 @@ impl CudaBackend {
         logits: &mut [f32],
     ) -> Result<()> {
         for row in group.iter() {
-            self.session(row.session)?;
+            let need = self.kv_len(row.session) + 1;
+            self.session_holding(row.session, need)?;
         }
         let c = &self.model.config;
         let rows: Vec<Row<'_>> = group

@@ -252,6 +252,16 @@ impl Kv {
         2 * c.n_layer * capacity * c.kv_dim() * kv_type.bytes()
     }
 
+    /// Positions a session's KV is allocated for when it must hold `need`: `from` doubled
+    /// until it does, at most `max` (CudaOptions::kv_grow_from, kv_capacity).
+    pub fn capacity_for(need: usize, from: usize, max: usize) -> usize {
+        let mut cap = from.max(1);
+        while cap < need {
+            cap *= 2;
+        }
+        cap.min(max)
+    }
+
     pub fn new(dev: &Device, c: &Config, capacity: usize) -> Result<Kv> {
         let elem_bytes = dev.kv_type.bytes();
         let bytes = Kv::bytes(c, capacity, dev.kv_type) / 2;
@@ -266,6 +276,22 @@ impl Kv {
         let off = (l * self.capacity * c.kv_dim() * self.elem_bytes) as u64;
         (self.k.ptr + off, self.v.ptr + off)
     }
+
+    /// Copies `from`'s first `len` positions into this cache, layer by layer (a layer's
+    /// positions are one range), in stream order.
+    pub(crate) fn copy_from(&self, dev: &Device, c: &Config, from: &Kv, len: usize) -> Result<()> {
+        let bytes = len * c.kv_dim() * self.elem_bytes;
+        assert!(len <= self.capacity.min(from.capacity) && self.elem_bytes == from.elem_bytes);
+        if bytes == 0 {
+            return Ok(());
+        }
+        for l in 0..c.n_layer {
+            let ((sk, sv), (dk, dv)) = (from.layer(c, l), self.layer(c, l));
+            dev.copy_async(dk, sk, bytes)?;
+            dev.copy_async(dv, sv, bytes)?;
+        }
+        Ok(())
+    }
 }
 
 /// The device sampler's buffers over `n` logits, in bytes (SampleParams): `work` (the candidates,
@@ -278,4 +304,33 @@ pub(crate) fn sample_bytes(n: usize) -> (usize, usize, usize) {
         .max(4 * (n + 2 * WALK_CHUNKS))
         .max(12 * n);
     (work, chunks * 8, 257 * 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Kv;
+
+    /// A KV starts at `from` positions and doubles until it holds what is needed, never past
+    /// the capacity.
+    #[test]
+    fn kv_capacity_doubles_from_its_start_up_to_the_cap() {
+        let cases = [
+            (0, 256, 4096, 256),
+            (256, 256, 4096, 256),
+            (257, 256, 4096, 512),
+            (3000, 256, 4096, 4096),
+            (4096, 256, 4096, 4096),
+            (5, 4, 256, 8),
+            (100, 4, 100, 100),
+            (1, 0, 8, 1),
+            (40, 4096, 512, 512),
+        ];
+        for (need, from, max, want) in cases {
+            assert_eq!(
+                Kv::capacity_for(need, from, max),
+                want,
+                "{need} from {from} up to {max}"
+            );
+        }
+    }
 }
