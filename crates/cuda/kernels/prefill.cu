@@ -459,7 +459,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) pf_mma(const PfRowsParams p
 // and 8 entries a block, took 263 us a 1,024-token chunk (the router's 128 rows x 2,048),
 // more than any pf_mma launch. grid (ceil(rows / 32), 1, ceil(n / 32)), 256 threads;
 // PfRowsParams as a dense pf_rows launch's.
+// The order of every F32 row's sum (bt_f32rows keeps it too): chains of F32_CHAIN values,
+// each fmaf in k order from 0, then the chains added in order from 0. Why chains: bt_f32rows
+// takes a chain a block, so a few tokens' router is not one 2,048-long fmaf chain an output.
 #define PFF_TILE 32
+#define F32_CHAIN 256
 extern "C" __global__ void __launch_bounds__(256) pf_f32rows(const PfRowsParams p) {
     __shared__ __align__(16) float ws[PFF_TILE][PFF_TILE + 2], xs[PFF_TILE][PFF_TILE + 2];
     pdl_start();
@@ -468,7 +472,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f32rows(const PfRowsParams 
     int lr = threadIdx.x >> 3, lc = (threadIdx.x & 7) * 4;  // loader: row / entry lr, values lc..
     const float* wrow = (const float*)p.w.data + (u64)min(r0 + lr, p.rows - 1) * k;
     const float* xrow = (const float*)p.xf + (u64)min(e0 + lr, p.n_dense - 1) * plen;
-    float acc[2][2] = {};
+    float acc[2][2] = {}, tot[2][2] = {};
     for (int k0 = 0; k0 < k; k0 += PFF_TILE) {
         float4 wv = *(const float4*)(wrow + k0 + lc);
         float4 xv = *(const float4*)(xrow + pad_idx(k0 + lc));
@@ -487,6 +491,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_f32rows(const PfRowsParams 
             acc[1][0] = fmaf(a.y, b.x, acc[1][0]);
             acc[1][1] = fmaf(a.y, b.y, acc[1][1]);
         }
+        if ((k0 + PFF_TILE) % F32_CHAIN == 0 || k0 + PFF_TILE >= k) {  // a chain ends
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                tot[i >> 1][i & 1] += acc[i >> 1][i & 1];
+                acc[i >> 1][i & 1] = 0.f;
+            }
+        }
     }
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -495,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f32rows(const PfRowsParams 
             int r = r0 + 2 * ty + i, e = e0 + 2 * tx + j;
             if (r >= p.rows || e >= p.n_dense) continue;
             float* dst = (float*)p.out + (u64)e * p.out_stride + r;
-            *dst = p.accumulate ? *dst + acc[i][j] : acc[i][j];
+            *dst = p.accumulate ? *dst + tot[i][j] : tot[i][j];
         }
 }
 

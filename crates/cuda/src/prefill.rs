@@ -12,8 +12,8 @@ use crate::launch::Launch;
 use crate::memory::DevBuf;
 use crate::params::*;
 use crate::rows::{
-    dense_launch, few_launch, padded_len, quant_launch, quant_words, rows_launch, splits, Groups,
-    Rows, F32_FEW, PFM_ENTRIES,
+    dense_launch, f32_few_launch, f32_split_sizes, few_launch, padded_len, quant_launch,
+    quant_words, rows_launch, splits, Groups, Rows, F32_FEW, PFM_ENTRIES,
 };
 use crate::step::{attn_params, rope_params, split_attention, topk, Kv};
 use crate::weights::{LayerW, Weights};
@@ -27,11 +27,12 @@ const PF_MAX_K: usize = 4096;
 const THREADS: u32 = 256;
 
 /// Floats of each of Prefill's buffers for `chunk` tokens, in `new`'s order (x, xq, xf, qkv, q,
-/// att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y): `new` allocates them and
+/// att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count): `new` allocates them and
 /// `bytes` sums them, so the memory check counts what is allocated.
-fn buffer_floats(c: &Config, chunk: usize) -> [usize; 16] {
+fn buffer_floats(c: &Config, chunk: usize) -> [usize; 18] {
     let (t, slots) = (chunk, chunk * c.n_expert_used);
     let (k_max, dff) = (c.d_model.max(c.q_dim()), c.d_ff_expert);
+    let (f32_part, f32_count) = f32_split_sizes(c.n_expert, c.d_model, F32_FEW.min(chunk));
     [
         t * c.d_model,
         t * quant_words(k_max),
@@ -49,6 +50,8 @@ fn buffer_floats(c: &Config, chunk: usize) -> [usize; 16] {
         slots * quant_words(dff),
         slots * padded_len(dff),
         slots * c.d_model,
+        f32_part,
+        f32_count,
     ]
 }
 
@@ -98,6 +101,10 @@ pub struct Prefill {
     hq: DevBuf,
     hf: DevBuf,
     y: DevBuf,
+    /// The router's split bt_f32rows launches (a chain of its sum a block): the chains' sums
+    /// and each tile's counter of blocks done.
+    f32_part: DevBuf,
+    f32_count: DevBuf,
 }
 
 impl Prefill {
@@ -119,8 +126,10 @@ impl Prefill {
             16 if tc => Some((Kernel::PfAttnTcG16, 8)),
             _ => None,
         };
-        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y] =
+        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count] =
             buffer_floats(c, chunk);
+        let f32_count = f(f32_count)?;
+        f32_count.fill(dev, 0)?; // bt_f32rows' counters start at zero and end each launch there
         Ok(Prefill {
             chunk,
             part_budget,
@@ -145,6 +154,8 @@ impl Prefill {
             hq: f(hq)?,
             hf: f(hf)?,
             y: f(y)?,
+            f32_part: f(f32_part)?,
+            f32_count,
         })
     }
 
@@ -273,10 +284,20 @@ impl Prefill {
     /// Dense rows of `w` against the n quantised activation rows: out[t * stride + r].
     fn dense(&self, w: Qw, rows: usize, out: u64, stride: usize, n: usize, add: bool) -> Launch {
         let x = (self.xq.ptr, self.xf.ptr);
-        // The router's F32 rows take bt_f32rows up to F32_FEW tokens whatever few_tokens says
-        // (but 0: the pf kernels only).
-        let few = n <= self.few_tokens || (is_f32(w.ty) && n <= F32_FEW && self.few_tokens > 0);
-        dense_launch(Rows::pick(self.mma, few), w, rows, x, (out, stride), n, add)
+        let on = match is_f32(w.ty) {
+            true => self.rows_on_f32(n),
+            false => self.rows_on(n),
+        };
+        dense_launch(on, w, rows, x, (out, stride), n, add)
+    }
+
+    /// The F32 rows' kernel for a launch of `n` tokens: bt_f32rows up to F32_FEW tokens
+    /// whatever few_tokens says (but 0: the pf kernels only).
+    fn rows_on_f32(&self, n: usize) -> Rows {
+        Rows::pick(
+            self.mma,
+            n <= self.few_tokens || (n <= F32_FEW && self.few_tokens > 0),
+        )
     }
 
     fn attention(&self, c: &Config, lw: &LayerW, keys: Keys, n: usize, out: &mut Vec<Launch>) {
@@ -380,7 +401,24 @@ impl Prefill {
     fn route(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
         let (nu, ne) = (c.n_expert_used, c.n_expert);
         out.push(self.quant(c, self.x.ptr, lw.ffn_norm, c.d_model, n));
-        let router = self.dense(lw.router, ne, self.logits.ptr, ne, n, false);
+        let router = match is_f32(lw.router.ty) && self.rows_on_f32(n) == Rows::Few {
+            // A chain of each sum a block (bt_f32rows' split form): the buffers are the
+            // router's, for up to F32_FEW tokens.
+            true => {
+                let p = PfRowsParams {
+                    w: lw.router,
+                    xq: self.xq.ptr,
+                    xf: self.xf.ptr,
+                    out: self.logits.ptr,
+                    rows: ne as i32,
+                    out_stride: ne as i32,
+                    n_dense: n as i32,
+                    ..Default::default()
+                };
+                f32_few_launch(p, n, Some((self.f32_part.ptr, self.f32_count.ptr)))
+            }
+            false => self.dense(lw.router, ne, self.logits.ptr, ne, n, false),
+        };
         out.push(named(router, "pf router"));
         let bufs = (self.logits.ptr, self.ids.ptr, self.weights.ptr);
         out.push(topk(c, Kernel::PfRoute, bufs, n as u32));
