@@ -29,6 +29,14 @@ SIZE_IS(PfQuantParams, 48); FIELD_AT(PfQuantParams, src, 0); FIELD_AT(PfQuantPar
 FIELD_AT(PfQuantParams, xq, 16); FIELD_AT(PfQuantParams, xf, 24); FIELD_AT(PfQuantParams, n, 32);
 FIELD_AT(PfQuantParams, stride, 36); FIELD_AT(PfQuantParams, swiglu, 40); FIELD_AT(PfQuantParams, eps, 44);
 
+// Row r of p's activations from the values at `src`: its quantised groups and padded floats
+// (RMSNorm'd with p.norm unless 0). `red`: 33 floats of shared memory.
+__device__ __forceinline__ void pf_quant_row(const PfQuantParams& p, int r, const float* src, float* red) {
+    const float* norm = (const float*)p.norm;
+    load_x_fast<X_QUANT>((u32*)p.xq + (u64)r * (p.n >> 5) * QXW, src, p.n, norm, p.eps, red);
+    load_x_fast<X_PAD>((float*)p.xf + (u64)r * padded_len(p.n), src, p.n, norm, p.eps, red);
+}
+
 // grid rows, 256 threads; dynamic shared memory n floats with swiglu.
 extern "C" __global__ void pf_quant(const PfQuantParams p) {
     extern __shared__ float hs[];
@@ -44,9 +52,7 @@ extern "C" __global__ void pf_quant(const PfQuantParams p) {
         __syncthreads();
         src = hs;
     }
-    const float* norm = (const float*)p.norm;
-    load_x_fast<X_QUANT>((u32*)p.xq + (u64)r * (p.n >> 5) * QXW, src, p.n, norm, p.eps, red);
-    load_x_fast<X_PAD>((float*)p.xf + (u64)r * padded_len(p.n), src, p.n, norm, p.eps, red);
+    pf_quant_row(p, r, src, red);
 }
 
 struct PfRowsParams {
@@ -607,13 +613,29 @@ SIZE_IS(PfCombineParams, 32); FIELD_AT(PfCombineParams, x, 0); FIELD_AT(PfCombin
 FIELD_AT(PfCombineParams, weights, 16); FIELD_AT(PfCombineParams, d, 24);
 FIELD_AT(PfCombineParams, n_used, 28);
 
-// x[t] += the weighted sum of its slots' outputs, in slot order: grid (ceil(d / 256), tokens).
-extern "C" __global__ void pf_combine(const PfCombineParams p) {
+// x[t] += the weighted sum of its slots' outputs, in slot order, then row t of x quantised
+// for the next launch (`q`: the next layer's attention norm, or the head's; q.src is x):
+// what a combine launch and a pf_quant launch did (the same bits), one launch a layer fewer.
+// grid tokens, 256 threads.
+struct PfCombineQuantParams {
+    PfCombineParams c;
+    PfQuantParams q;
+};
+SIZE_IS(PfCombineQuantParams, 80); FIELD_AT(PfCombineQuantParams, c, 0);
+FIELD_AT(PfCombineQuantParams, q, 32);
+
+extern "C" __global__ void pf_combine_quant(const PfCombineQuantParams cq) {
+    __shared__ float red[33];
+    const PfCombineParams& p = cq.c;
     pdl_start();
-    int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= p.d) return;
+    int t = blockIdx.x;
     const float* w = (const float*)p.weights + t * p.n_used;
-    float acc = 0.f;
-    for (int k = 0; k < p.n_used; k++) acc += w[k] * ((const float*)p.y)[((u64)t * p.n_used + k) * p.d + i];
-    ((float*)p.x)[(u64)t * p.d + i] += acc;
+    float* x = (float*)p.x + (u64)t * p.d;
+    for (int i = threadIdx.x; i < p.d; i += blockDim.x) {
+        float acc = 0.f;
+        for (int k = 0; k < p.n_used; k++) acc += w[k] * ((const float*)p.y)[((u64)t * p.n_used + k) * p.d + i];
+        x[i] += acc;
+    }
+    __syncthreads();  // the row's new values, to every thread of the block
+    pf_quant_row(cq.q, t, x, red);
 }

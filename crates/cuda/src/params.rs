@@ -459,6 +459,15 @@ pub struct PfCombineParams {
 }
 const _: () = assert!(std::mem::size_of::<PfCombineParams>() == 32);
 
+/// `PfCombineQuantParams` in prefill.cu: pf_combine_quant's combine and its quantisation of
+/// the same rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PfCombineQuantParams {
+    pub c: PfCombineParams,
+    pub q: PfQuantParams,
+}
+
 // ---- Layouts (dev/params_layout.py writes this block and the kernels' SIZE_IS / FIELD_AT)
 // Each params struct's size and field offsets, the numbers the kernels assert for the same
 // fields: a field moved, resized, added or dropped on one side only fails the build.
@@ -517,3 +526,4 @@ layout!(BtF32Params, 120; p @ 0, part @ 104, count @ 112);
 layout!(PfListsParams, 48; ids @ 0, list @ 8, counts @ 16, tiles @ 24, tokens @ 32, n_used @ 36,
     n_expert @ 40, list_cap @ 44);
 layout!(PfCombineParams, 32; x @ 0, y @ 8, weights @ 16, d @ 24, n_used @ 28);
+layout!(PfCombineQuantParams, 80; c @ 0, q @ 32);

@@ -13,7 +13,7 @@ use crate::memory::DevBuf;
 use crate::params::*;
 use crate::rows::{
     dense_launch, f32_few_launch, f32_split_sizes, few_launch, padded_len, quant_launch,
-    quant_words, rows_launch, splits, Groups, Rows, F32_FEW, PFM_ENTRIES,
+    quant_params, quant_words, rows_launch, splits, Groups, Rows, F32_FEW, PFM_ENTRIES,
 };
 use crate::step::{attn_params, rope_params, split_attention, topk, Kv};
 use crate::weights::{LayerW, Weights};
@@ -236,8 +236,8 @@ impl Prefill {
     ) -> Vec<Launch> {
         let layer_bytes = (n * 2 * 8) as u64;
         let keys = |l: usize| Keys::Rows(tab + l as u64 * layer_bytes, len);
+        // The last layer's combine quantised the residual with the head's norm.
         let mut out = self.layers(c, w, keys, n, true);
-        out.push(self.quant(c, self.x.ptr, w.output_norm, c.d_model, n));
         let head = self.dense(w.output, c.vocab_size, logits, c.vocab_size, n, false);
         out.push(named(head, "pf head"));
         out
@@ -267,10 +267,17 @@ impl Prefill {
             &e,
             0,
         )];
+        out.push(self.quant(c, self.x.ptr, w.layers[0].attn_norm, c.d_model, n));
         for (l, lw) in w.layers.iter().enumerate() {
             self.attention(c, lw, keys(l), n, &mut out);
+            // The experts' combine quantises the residual for what follows: the next layer's
+            // attention, or the head (`step_launches`).
+            let next_norm = w
+                .layers
+                .get(l + 1)
+                .map_or(w.output_norm, |next| next.attn_norm);
             if last_experts || l + 1 < w.layers.len() {
-                self.experts(c, lw, n, &mut out);
+                self.experts(c, lw, n, next_norm, &mut out);
             }
         }
         out
@@ -308,7 +315,8 @@ impl Prefill {
         };
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let stride = q_dim + 2 * kv_dim;
-        out.push(self.quant(c, self.x.ptr, lw.attn_norm, c.d_model, n));
+        // The residual came quantised with lw.attn_norm (the embedding's launch after, or the
+        // layer before's combine).
         let cols = [
             (lw.q, 0, q_dim),
             (lw.k, q_dim, kv_dim),
@@ -391,9 +399,11 @@ impl Prefill {
         Rows::pick(self.mma, n <= self.few_tokens)
     }
 
-    fn experts(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
+    /// The layer's experts over the n tokens; `next_norm` the RMSNorm weights the residual is
+    /// quantised with after them (the next launch's input).
+    fn experts(&self, c: &Config, lw: &LayerW, n: usize, next_norm: u64, out: &mut Vec<Launch>) {
         self.route(c, lw, n, out);
-        self.ffn(c, lw, n, out);
+        self.ffn(c, lw, n, next_norm, out);
     }
 
     /// The router's logits, each token's experts and weights, each expert's slots and the
@@ -458,7 +468,7 @@ impl Prefill {
 
     /// The chosen experts' FFN over their slots (gate, up, silu(gate) * up, down), then each
     /// token's weighted sum into the residual.
-    fn ffn(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
+    fn ffn(&self, c: &Config, lw: &LayerW, n: usize, next_norm: u64, out: &mut Vec<Launch>) {
         let (nu, ne, dff) = (c.n_expert_used, c.n_expert, c.d_ff_expert);
         let params =
             |w: Qw, rows: usize, (xq, xf): (u64, u64), o: u64, in_is_out: bool| PfRowsParams {
@@ -516,18 +526,26 @@ impl Prefill {
         let hs = (self.hq.ptr, self.hf.ptr);
         let down = grouped(params(lw.down, c.d_model, hs, self.y.ptr, true));
         out.push(named(down, "pf down"));
-        let comb = PfCombineParams {
-            x: self.x.ptr,
-            y: self.y.ptr,
-            weights: self.weights.ptr,
-            d: c.d_model as i32,
-            n_used: nu as i32,
+        let comb = PfCombineQuantParams {
+            c: PfCombineParams {
+                x: self.x.ptr,
+                y: self.y.ptr,
+                weights: self.weights.ptr,
+                d: c.d_model as i32,
+                n_used: nu as i32,
+            },
+            q: quant_params(
+                self.x.ptr,
+                next_norm,
+                (self.xq.ptr, self.xf.ptr),
+                c.d_model,
+                c.rms_eps,
+            ),
         };
-        let grid = ((c.d_model as u32).div_ceil(THREADS), n as u32, 1);
         out.push(Launch::new(
-            Kernel::PfCombine,
-            "pf_combine",
-            grid,
+            Kernel::PfCombineQuant,
+            "pf_combine_quant",
+            (n as u32, 1, 1),
             THREADS,
             0,
             &comb,

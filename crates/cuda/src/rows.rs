@@ -212,16 +212,7 @@ pub(crate) fn quant_launch(
     rows: usize,
     eps: f32,
 ) -> Launch {
-    let p = PfQuantParams {
-        src,
-        norm,
-        xq,
-        xf,
-        n: k as i32,
-        stride: k as i32,
-        swiglu: 0,
-        eps,
-    };
+    let p = quant_params(src, norm, (xq, xf), k, eps);
     Launch::new(
         Kernel::PfQuant,
         "pf_quant",
@@ -231,6 +222,27 @@ pub(crate) fn quant_launch(
         &p,
         0,
     )
+}
+
+/// pf_quant's params for rows of `k` values at `src` (a row every k), RMSNorm'd with `norm`
+/// unless 0 (pf_combine_quant's quantisation takes them too).
+pub(crate) fn quant_params(
+    src: u64,
+    norm: u64,
+    (xq, xf): (u64, u64),
+    k: usize,
+    eps: f32,
+) -> PfQuantParams {
+    PfQuantParams {
+        src,
+        norm,
+        xq,
+        xf,
+        n: k as i32,
+        stride: k as i32,
+        swiglu: 0,
+        eps,
+    }
 }
 
 /// Dense rows of `w` against the n activation rows pf_quant put at `x`: out[t * stride + r]
