@@ -542,6 +542,51 @@ FIELD_AT(PfListsParams, counts, 16); FIELD_AT(PfListsParams, tiles, 24); FIELD_A
 FIELD_AT(PfListsParams, n_used, 36); FIELD_AT(PfListsParams, n_expert, 40);
 FIELD_AT(PfListsParams, list_cap, 44);
 
+// pf_route and pf_lists in one launch, for few tokens: block t picks token t's experts as
+// pf_route does, and the last block to finish (a counter at `done`, which it resets) lists
+// every expert's slots in token order as pf_lists does (the same lists and counts), from the
+// ids in shared memory. Why: at B = 1 the batched step ran ~14 launches a layer, each a few
+// microseconds of latency with little work. grid tokens, 32 threads; tokens x n_used <= 256.
+#define BT_ROUTE_SLOTS 256
+struct BtRouteParams {
+    TopkParams t;
+    PfListsParams l;
+    u64 done;  // int*, zero between launches
+};
+SIZE_IS(BtRouteParams, 96); FIELD_AT(BtRouteParams, t, 0); FIELD_AT(BtRouteParams, l, 40);
+FIELD_AT(BtRouteParams, done, 88);
+
+extern "C" __global__ void bt_route(const BtRouteParams p) {
+    __shared__ float pr[4096];
+    __shared__ float red[1];
+    __shared__ int ids[BT_ROUTE_SLOTS];
+    __shared__ int last;
+    pdl_start();
+    int t = blockIdx.x, nu = p.t.n_used;
+    topk_block((const float*)p.t.logits + (u64)t * p.t.n_expert, p.t.n_expert, nu, p.t.norm_topk,
+               (int*)p.t.ids + t * nu, (float*)p.t.weights + t * nu, pr, red);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd((int*)p.done, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // every block's ids, published before its count
+    int total = p.l.tokens * p.l.n_used;
+    for (int i = threadIdx.x; i < total; i += blockDim.x) ids[i] = __ldcg((const int*)p.l.ids + i);
+    __syncthreads();
+    for (int e = threadIdx.x; e < p.l.n_expert; e += blockDim.x) {
+        int2* list = (int2*)p.l.list + (u64)e * p.l.list_cap;
+        int n = 0;
+        for (int i = 0; i < total; i++)
+            if (ids[i] == e) {
+                if (n < p.l.list_cap) list[n] = make_int2(i / p.l.n_used, i);
+                n++;
+            }
+        ((int*)p.l.counts)[e] = min(n, p.l.list_cap);
+    }
+    if (threadIdx.x == 0) *(int*)p.done = 0;  // for the next launch
+}
+
 // grid n_expert, 256 threads: block e lists expert e's slots in token order (a token picks an
 // expert once), 256 ids a pass, each hit's place from the warps' ballots.
 extern "C" __global__ void pf_lists(const PfListsParams p) {

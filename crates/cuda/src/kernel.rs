@@ -204,6 +204,8 @@ pub enum Kernel {
     BtF32Rows,
     PfRoute,
     PfLists,
+    /// pf_route and pf_lists in one launch, for few tokens.
+    BtRoute,
     PfTiles,
     /// The experts' weighted sum into the residual, then its quantisation for the next launch.
     PfCombineQuant,
@@ -220,7 +222,7 @@ pub enum Kernel {
 }
 
 /// The kernels with no mode.
-const SINGLE: [Kernel; 39] = [
+const SINGLE: [Kernel; 40] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -250,6 +252,7 @@ const SINGLE: [Kernel; 39] = [
     Kernel::PfF32Rows,
     Kernel::PfRoute,
     Kernel::PfLists,
+    Kernel::BtRoute,
     Kernel::PfTiles,
     Kernel::PfCombineQuant,
     Kernel::PfQkNormRope,
@@ -345,6 +348,7 @@ impl Kernel {
             Kernel::PfF32Rows => "pf_f32rows",
             Kernel::PfRoute => "pf_route",
             Kernel::PfLists => "pf_lists",
+            Kernel::BtRoute => "bt_route",
             Kernel::PfTiles => "pf_tiles",
             Kernel::PfCombineQuant => "pf_combine_quant",
             Kernel::PfQkNormRope => "pf_qk_norm_rope",

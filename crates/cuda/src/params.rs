@@ -445,6 +445,16 @@ pub struct PfListsParams {
     pub n_expert: i32,
     pub list_cap: i32,
 }
+
+/// `BtRouteParams` in prefill.cu: bt_route's pf_route part, its pf_lists part, and the counter
+/// of blocks done (zero between launches).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BtRouteParams {
+    pub t: TopkParams,
+    pub l: PfListsParams,
+    pub done: u64,
+}
 const _: () = assert!(std::mem::size_of::<PfListsParams>() == 48);
 
 /// `PfCombineParams` in prefill.cu.
@@ -525,5 +535,6 @@ layout!(BtRowsParams, 192; p @ 0, w1 @ 104, w2 @ 128, out1 @ 152, out2 @ 160, ro
 layout!(BtF32Params, 120; p @ 0, part @ 104, count @ 112);
 layout!(PfListsParams, 48; ids @ 0, list @ 8, counts @ 16, tiles @ 24, tokens @ 32, n_used @ 36,
     n_expert @ 40, list_cap @ 44);
+layout!(BtRouteParams, 96; t @ 0, l @ 40, done @ 88);
 layout!(PfCombineParams, 32; x @ 0, y @ 8, weights @ 16, d @ 24, n_used @ 28);
 layout!(PfCombineQuantParams, 80; c @ 0, q @ 32);

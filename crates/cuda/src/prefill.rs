@@ -15,7 +15,7 @@ use crate::rows::{
     dense_launch, f32_few_launch, f32_split_sizes, few_launch, padded_len, quant_launch,
     quant_params, quant_words, rows_launch, splits, Groups, Rows, F32_FEW, PFM_ENTRIES,
 };
-use crate::step::{attn_params, rope_params, split_attention, topk, Kv};
+use crate::step::{attn_params, rope_params, split_attention, topk, topk_params, Kv, TOPK_THREADS};
 use crate::weights::{LayerW, Weights};
 use crate::{KvType, Result};
 
@@ -25,11 +25,14 @@ const PFA_SMEM: u32 = 4 * 64 * 136 * 2;
 /// The largest row length the rows kernels and pf_quant take.
 const PF_MAX_K: usize = 4096;
 const THREADS: u32 = 256;
+/// Slots (tokens x experts a token) bt_route lists at most (prefill.cu BT_ROUTE_SLOTS).
+const BT_ROUTE_SLOTS: usize = 256;
 
 /// Floats of each of Prefill's buffers for `chunk` tokens, in `new`'s order (x, xq, xf, qkv, q,
-/// att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count): `new` allocates them and
+/// att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count,
+/// route_done): `new` allocates them and
 /// `bytes` sums them, so the memory check counts what is allocated.
-fn buffer_floats(c: &Config, chunk: usize) -> [usize; 18] {
+fn buffer_floats(c: &Config, chunk: usize) -> [usize; 19] {
     let (t, slots) = (chunk, chunk * c.n_expert_used);
     let (k_max, dff) = (c.d_model.max(c.q_dim()), c.d_ff_expert);
     let (f32_part, f32_count) = f32_split_sizes(c.n_expert, c.d_model, F32_FEW.min(chunk));
@@ -52,6 +55,7 @@ fn buffer_floats(c: &Config, chunk: usize) -> [usize; 18] {
         slots * c.d_model,
         f32_part,
         f32_count,
+        1,
     ]
 }
 
@@ -105,6 +109,8 @@ pub struct Prefill {
     /// and each tile's counter of blocks done.
     f32_part: DevBuf,
     f32_count: DevBuf,
+    /// bt_route's counter of blocks done (zero between launches).
+    route_done: DevBuf,
 }
 
 impl Prefill {
@@ -126,10 +132,12 @@ impl Prefill {
             16 if tc => Some((Kernel::PfAttnTcG16, 8)),
             _ => None,
         };
-        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count] =
+        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count, route_done] =
             buffer_floats(c, chunk);
         let f32_count = f(f32_count)?;
         f32_count.fill(dev, 0)?; // bt_f32rows' counters start at zero and end each launch there
+        let route_done = f(route_done)?;
+        route_done.fill(dev, 0)?; // bt_route's too
         Ok(Prefill {
             chunk,
             part_budget,
@@ -156,6 +164,7 @@ impl Prefill {
             y: f(y)?,
             f32_part: f(f32_part)?,
             f32_count,
+            route_done,
         })
     }
 
@@ -431,7 +440,6 @@ impl Prefill {
         };
         out.push(named(router, "pf router"));
         let bufs = (self.logits.ptr, self.ids.ptr, self.weights.ptr);
-        out.push(topk(c, Kernel::PfRoute, bufs, n as u32));
         let lists = PfListsParams {
             ids: self.ids.ptr,
             list: self.list.ptr,
@@ -442,6 +450,26 @@ impl Prefill {
             n_expert: ne as i32,
             list_cap: self.chunk as i32,
         };
+        if self.rows_on(n) == Rows::Few && n * nu <= BT_ROUTE_SLOTS {
+            // Both in one launch (bt_rows takes an expert or a slot a blockIdx.y: no work list).
+            let p = BtRouteParams {
+                t: topk_params(c, bufs),
+                l: lists,
+                done: self.route_done.ptr,
+            };
+            let grid = (n as u32, 1, 1);
+            out.push(Launch::new(
+                Kernel::BtRoute,
+                "bt_route",
+                grid,
+                TOPK_THREADS,
+                0,
+                &p,
+                0,
+            ));
+            return;
+        }
+        out.push(topk(c, Kernel::PfRoute, bufs, n as u32));
         out.push(Launch::new(
             Kernel::PfLists,
             "pf_lists",
