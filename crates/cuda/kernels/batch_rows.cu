@@ -230,46 +230,93 @@ extern "C" __global__ void __launch_bounds__(256, 2) bt_rows(const BtRowsParams 
     }
 }
 
-// F32 rows (the router) against few tokens' padded activations: pf_f32rows' launch, whose
-// blocks of 32 rows (4 for the router's 128) wait on a global load every 32 values (67 us a
-// launch at B = 1, H100). Here a block takes BTF_R rows x BTF_E entries, a thread an output,
-// and stages BTF_K values of its rows and entries at once (cp.async, one wait a stage); each
-// output is the same chain as pf_f32rows' (fmaf in k order from 0), so the same bits.
-// grid (ceil(rows / BTF_R), ceil(n / BTF_E), 1), BTF_R * BTF_E threads.
+// F32 rows (the router) against few tokens' padded activations, in pf_f32rows' order (chains
+// of F32_CHAIN values, then the chains in order). A block takes BTF_R rows x BTF_E entries, a
+// thread an output, over one chain (blockIdx.z) whose values of its rows and entries it stages
+// at once (cp.async; the weights before the wait: they never change). With `part`, each block
+// writes its chains' sums there and the last of a tile's blocks to finish (a counter in
+// `count`, which it resets) adds them in chain order; without, gridDim.z is 1 and a thread
+// walks every chain. Why: one thread an output walking all 2,048 values (one chain) took ~29
+// us a launch at B = 1 (H100, eager), most of it the chain's latency; a chain a block is 8x
+// shorter and 8x the blocks.
+// grid (ceil(rows / BTF_R), ceil(n / BTF_E), chains or 1), BTF_R * BTF_E threads.
 #define BTF_R 8
 #define BTF_E 8
-#define BTF_K 512
-#define BTF_S (BTF_K + 4)  // a padded stride: the warp's 4 rows and 8 entries hit distinct banks
-extern "C" __global__ void __launch_bounds__(BTF_R * BTF_E) bt_f32rows(const PfRowsParams p) {
+#define BTF_S (F32_CHAIN + 4)  // a padded stride: the warp's 4 rows and 8 entries hit distinct banks
+
+struct BtF32Params {
+    PfRowsParams p;
+    u64 part;   // float* [chains][n_dense][rows] the chains' sums, or 0
+    u64 count;  // int* [tiles], zero between launches: a tile's blocks done (with part)
+};
+SIZE_IS(BtF32Params, 120); FIELD_AT(BtF32Params, p, 0); FIELD_AT(BtF32Params, part, 104);
+FIELD_AT(BtF32Params, count, 112);
+
+// Chain c's values of the block's rows (with `w`) and entries (with `x`) into ws / xs, one
+// cp.async commit group; entries past n_dense are not loaded (their outputs are not stored).
+__device__ __forceinline__ void btf_stage(const PfRowsParams& p, float (*ws)[BTF_S], float (*xs)[BTF_S], int r0,
+                                          int e0, int c, bool w, bool x) {
+    int k = p.w.k, plen = padded_len(k), k0 = c * F32_CHAIN, q = min(F32_CHAIN, k - k0) >> 2;
+    int ne = min(BTF_E, p.n_dense - e0);
+    for (int i = threadIdx.x; i < (BTF_R + BTF_E) * q; i += blockDim.x) {
+        int row = i / q, col = 4 * (i - row * q);
+        if (row < BTF_R) {
+            const float* src = (const float*)p.w.data + (u64)min(r0 + row, p.rows - 1) * k + k0 + col;
+            if (w) cp_async16((uint4*)&ws[row][col], src, true);
+        } else if (x && row - BTF_R < ne) {
+            const float* src = (const float*)p.xf + (u64)(e0 + row - BTF_R) * plen + pad_idx(k0 + col);
+            cp_async16((uint4*)&xs[row - BTF_R][col], src, true);
+        }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+extern "C" __global__ void __launch_bounds__(BTF_R * BTF_E) bt_f32rows(const BtF32Params bp) {
 #if __CUDA_ARCH__ >= 800
     __shared__ __align__(16) float ws[BTF_R][BTF_S], xs[BTF_E][BTF_S];
-    pdl_start();
-    int r0 = blockIdx.x * BTF_R, e0 = blockIdx.y * BTF_E, k = p.w.k, plen = padded_len(k);
-    int r = threadIdx.x / BTF_E, e = threadIdx.x % BTF_E;
-    float acc = 0.f;
-    for (int k0 = 0; k0 < k; k0 += BTF_K) {
-        int q = min(BTF_K, k - k0) >> 2;  // float4s a row this stage
-        __syncthreads();                  // the last stage's reads are done
-        for (int i = threadIdx.x; i < (BTF_R + BTF_E) * q; i += blockDim.x) {
-            int row = i / q, c = 4 * (i - row * q);
-            if (row < BTF_R) {
-                const float* src = (const float*)p.w.data + (u64)min(r0 + row, p.rows - 1) * k + k0 + c;
-                cp_async16((uint4*)&ws[row][c], src, true);
-            } else {
-                int t = min(e0 + row - BTF_R, p.n_dense - 1);
-                const float* src = (const float*)p.xf + (u64)t * plen + pad_idx(k0 + c);
-                cp_async16((uint4*)&xs[row - BTF_R][c], src, true);
-            }
+    __shared__ int last;
+    const PfRowsParams& p = bp.p;
+    int r0 = blockIdx.x * BTF_R, e0 = blockIdx.y * BTF_E, k = p.w.k;
+    int r = threadIdx.x / BTF_E, e = threadIdx.x % BTF_E, chains = (k + F32_CHAIN - 1) / F32_CHAIN;
+    bool split = gridDim.z > 1;
+    int c0 = split ? blockIdx.z : 0, c1 = split ? c0 + 1 : chains;
+    float tot = 0.f;
+    for (int c = c0; c < c1; c++) {
+        if (c == c0) {
+            btf_stage(p, ws, xs, r0, e0, c, true, false);
+            pdl_start();
+            btf_stage(p, ws, xs, r0, e0, c, false, true);
+        } else {
+            __syncthreads();  // the last chain's reads are done
+            btf_stage(p, ws, xs, r0, e0, c, true, true);
         }
-        asm volatile("cp.async.commit_group;\n" ::);
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads();
+        float acc = 0.f;
+        int n = min(F32_CHAIN, k - c * F32_CHAIN);
 #pragma unroll 8
-        for (int kk = 0; kk < 4 * q; kk++) acc = fmaf(ws[r][kk], xs[e][kk], acc);
+        for (int kk = 0; kk < n; kk++) acc = fmaf(ws[r][kk], xs[e][kk], acc);
+        tot += acc;
     }
-    if (r0 + r < p.rows && e0 + e < p.n_dense) {
+    bool mine = r0 + r < p.rows && e0 + e < p.n_dense;
+    if (split) {
+        float* part = (float*)bp.part;
+        if (mine) part[((u64)c0 * p.n_dense + e0 + e) * p.rows + r0 + r] = tot;
+        __threadfence();
+        __syncthreads();
+        int* count = (int*)bp.count + blockIdx.y * gridDim.x + blockIdx.x;
+        if (threadIdx.x == 0) last = atomicAdd(count, 1) == (int)gridDim.z - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();  // the other blocks' sums, published before their counts
+        tot = 0.f;
+        for (int c = 0; c < chains; c++)
+            if (mine) tot += __ldcg(part + ((u64)c * p.n_dense + e0 + e) * p.rows + r0 + r);
+        if (threadIdx.x == 0) *count = 0;  // for the next launch
+    }
+    if (mine) {
         float* dst = (float*)p.out + (u64)(e0 + e) * p.out_stride + r0 + r;
-        *dst = p.accumulate ? *dst + acc : acc;
+        *dst = p.accumulate ? *dst + tot : tot;
     }
 #endif
 }

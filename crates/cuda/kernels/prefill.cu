@@ -29,6 +29,14 @@ SIZE_IS(PfQuantParams, 48); FIELD_AT(PfQuantParams, src, 0); FIELD_AT(PfQuantPar
 FIELD_AT(PfQuantParams, xq, 16); FIELD_AT(PfQuantParams, xf, 24); FIELD_AT(PfQuantParams, n, 32);
 FIELD_AT(PfQuantParams, stride, 36); FIELD_AT(PfQuantParams, swiglu, 40); FIELD_AT(PfQuantParams, eps, 44);
 
+// Row r of p's activations from the values at `src`: its quantised groups and padded floats
+// (RMSNorm'd with p.norm unless 0). `red`: 33 floats of shared memory.
+__device__ __forceinline__ void pf_quant_row(const PfQuantParams& p, int r, const float* src, float* red) {
+    const float* norm = (const float*)p.norm;
+    load_x_fast<X_QUANT>((u32*)p.xq + (u64)r * (p.n >> 5) * QXW, src, p.n, norm, p.eps, red);
+    load_x_fast<X_PAD>((float*)p.xf + (u64)r * padded_len(p.n), src, p.n, norm, p.eps, red);
+}
+
 // grid rows, 256 threads; dynamic shared memory n floats with swiglu.
 extern "C" __global__ void pf_quant(const PfQuantParams p) {
     extern __shared__ float hs[];
@@ -44,9 +52,7 @@ extern "C" __global__ void pf_quant(const PfQuantParams p) {
         __syncthreads();
         src = hs;
     }
-    const float* norm = (const float*)p.norm;
-    load_x_fast<X_QUANT>((u32*)p.xq + (u64)r * (p.n >> 5) * QXW, src, p.n, norm, p.eps, red);
-    load_x_fast<X_PAD>((float*)p.xf + (u64)r * padded_len(p.n), src, p.n, norm, p.eps, red);
+    pf_quant_row(p, r, src, red);
 }
 
 struct PfRowsParams {
@@ -459,7 +465,11 @@ extern "C" __global__ void __launch_bounds__(256, 2) pf_mma(const PfRowsParams p
 // and 8 entries a block, took 263 us a 1,024-token chunk (the router's 128 rows x 2,048),
 // more than any pf_mma launch. grid (ceil(rows / 32), 1, ceil(n / 32)), 256 threads;
 // PfRowsParams as a dense pf_rows launch's.
+// The order of every F32 row's sum (bt_f32rows keeps it too): chains of F32_CHAIN values,
+// each fmaf in k order from 0, then the chains added in order from 0. Why chains: bt_f32rows
+// takes a chain a block, so a few tokens' router is not one 2,048-long fmaf chain an output.
 #define PFF_TILE 32
+#define F32_CHAIN 256
 extern "C" __global__ void __launch_bounds__(256) pf_f32rows(const PfRowsParams p) {
     __shared__ __align__(16) float ws[PFF_TILE][PFF_TILE + 2], xs[PFF_TILE][PFF_TILE + 2];
     pdl_start();
@@ -468,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f32rows(const PfRowsParams 
     int lr = threadIdx.x >> 3, lc = (threadIdx.x & 7) * 4;  // loader: row / entry lr, values lc..
     const float* wrow = (const float*)p.w.data + (u64)min(r0 + lr, p.rows - 1) * k;
     const float* xrow = (const float*)p.xf + (u64)min(e0 + lr, p.n_dense - 1) * plen;
-    float acc[2][2] = {};
+    float acc[2][2] = {}, tot[2][2] = {};
     for (int k0 = 0; k0 < k; k0 += PFF_TILE) {
         float4 wv = *(const float4*)(wrow + k0 + lc);
         float4 xv = *(const float4*)(xrow + pad_idx(k0 + lc));
@@ -487,6 +497,13 @@ extern "C" __global__ void __launch_bounds__(256) pf_f32rows(const PfRowsParams 
             acc[1][0] = fmaf(a.y, b.x, acc[1][0]);
             acc[1][1] = fmaf(a.y, b.y, acc[1][1]);
         }
+        if ((k0 + PFF_TILE) % F32_CHAIN == 0 || k0 + PFF_TILE >= k) {  // a chain ends
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                tot[i >> 1][i & 1] += acc[i >> 1][i & 1];
+                acc[i >> 1][i & 1] = 0.f;
+            }
+        }
     }
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -495,7 +512,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f32rows(const PfRowsParams 
             int r = r0 + 2 * ty + i, e = e0 + 2 * tx + j;
             if (r >= p.rows || e >= p.n_dense) continue;
             float* dst = (float*)p.out + (u64)e * p.out_stride + r;
-            *dst = p.accumulate ? *dst + acc[i][j] : acc[i][j];
+            *dst = p.accumulate ? *dst + tot[i][j] : tot[i][j];
         }
 }
 
@@ -524,6 +541,51 @@ SIZE_IS(PfListsParams, 48); FIELD_AT(PfListsParams, ids, 0); FIELD_AT(PfListsPar
 FIELD_AT(PfListsParams, counts, 16); FIELD_AT(PfListsParams, tiles, 24); FIELD_AT(PfListsParams, tokens, 32);
 FIELD_AT(PfListsParams, n_used, 36); FIELD_AT(PfListsParams, n_expert, 40);
 FIELD_AT(PfListsParams, list_cap, 44);
+
+// pf_route and pf_lists in one launch, for few tokens: block t picks token t's experts as
+// pf_route does, and the last block to finish (a counter at `done`, which it resets) lists
+// every expert's slots in token order as pf_lists does (the same lists and counts), from the
+// ids in shared memory. Why: at B = 1 the batched step ran ~14 launches a layer, each a few
+// microseconds of latency with little work. grid tokens, 32 threads; tokens x n_used <= 256.
+#define BT_ROUTE_SLOTS 256
+struct BtRouteParams {
+    TopkParams t;
+    PfListsParams l;
+    u64 done;  // int*, zero between launches
+};
+SIZE_IS(BtRouteParams, 96); FIELD_AT(BtRouteParams, t, 0); FIELD_AT(BtRouteParams, l, 40);
+FIELD_AT(BtRouteParams, done, 88);
+
+extern "C" __global__ void bt_route(const BtRouteParams p) {
+    __shared__ float pr[4096];
+    __shared__ float red[1];
+    __shared__ int ids[BT_ROUTE_SLOTS];
+    __shared__ int last;
+    pdl_start();
+    int t = blockIdx.x, nu = p.t.n_used;
+    topk_block((const float*)p.t.logits + (u64)t * p.t.n_expert, p.t.n_expert, nu, p.t.norm_topk,
+               (int*)p.t.ids + t * nu, (float*)p.t.weights + t * nu, pr, red);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd((int*)p.done, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // every block's ids, published before its count
+    int total = p.l.tokens * p.l.n_used;
+    for (int i = threadIdx.x; i < total; i += blockDim.x) ids[i] = __ldcg((const int*)p.l.ids + i);
+    __syncthreads();
+    for (int e = threadIdx.x; e < p.l.n_expert; e += blockDim.x) {
+        int2* list = (int2*)p.l.list + (u64)e * p.l.list_cap;
+        int n = 0;
+        for (int i = 0; i < total; i++)
+            if (ids[i] == e) {
+                if (n < p.l.list_cap) list[n] = make_int2(i / p.l.n_used, i);
+                n++;
+            }
+        ((int*)p.l.counts)[e] = min(n, p.l.list_cap);
+    }
+    if (threadIdx.x == 0) *(int*)p.done = 0;  // for the next launch
+}
 
 // grid n_expert, 256 threads: block e lists expert e's slots in token order (a token picks an
 // expert once), 256 ids a pass, each hit's place from the warps' ballots.
@@ -596,13 +658,29 @@ SIZE_IS(PfCombineParams, 32); FIELD_AT(PfCombineParams, x, 0); FIELD_AT(PfCombin
 FIELD_AT(PfCombineParams, weights, 16); FIELD_AT(PfCombineParams, d, 24);
 FIELD_AT(PfCombineParams, n_used, 28);
 
-// x[t] += the weighted sum of its slots' outputs, in slot order: grid (ceil(d / 256), tokens).
-extern "C" __global__ void pf_combine(const PfCombineParams p) {
+// x[t] += the weighted sum of its slots' outputs, in slot order, then row t of x quantised
+// for the next launch (`q`: the next layer's attention norm, or the head's; q.src is x):
+// what a combine launch and a pf_quant launch did (the same bits), one launch a layer fewer.
+// grid tokens, 256 threads.
+struct PfCombineQuantParams {
+    PfCombineParams c;
+    PfQuantParams q;
+};
+SIZE_IS(PfCombineQuantParams, 80); FIELD_AT(PfCombineQuantParams, c, 0);
+FIELD_AT(PfCombineQuantParams, q, 32);
+
+extern "C" __global__ void pf_combine_quant(const PfCombineQuantParams cq) {
+    __shared__ float red[33];
+    const PfCombineParams& p = cq.c;
     pdl_start();
-    int t = blockIdx.y, i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= p.d) return;
+    int t = blockIdx.x;
     const float* w = (const float*)p.weights + t * p.n_used;
-    float acc = 0.f;
-    for (int k = 0; k < p.n_used; k++) acc += w[k] * ((const float*)p.y)[((u64)t * p.n_used + k) * p.d + i];
-    ((float*)p.x)[(u64)t * p.d + i] += acc;
+    float* x = (float*)p.x + (u64)t * p.d;
+    for (int i = threadIdx.x; i < p.d; i += blockDim.x) {
+        float acc = 0.f;
+        for (int k = 0; k < p.n_used; k++) acc += w[k] * ((const float*)p.y)[((u64)t * p.n_used + k) * p.d + i];
+        x[i] += acc;
+    }
+    __syncthreads();  // the row's new values, to every thread of the block
+    pf_quant_row(cq.q, t, x, red);
 }

@@ -13,7 +13,7 @@
 //! its reductions run in one order whatever the rows beside it: the integer block sums are
 //! exact, the blocks' scaled sums add in k order within a row, the attention's chunks merge in
 //! index order up to the row's own length (pf_attn_combine), the experts' outputs add in the
-//! token's slot order (pf_combine). So a sequence's logits are bit-identical alone (B = 1) or
+//! token's slot order (pf_combine_quant). So a sequence's logits are bit-identical alone (B = 1) or
 //! in any batch, in any slot (tests/batch.rs checks it on the device). They are not those of
 //! the single-stream decode step (`decode`), whose kernels differ (dp4a matvecs, fused tails):
 //! a sequence stays on one path from its first generated token to its last.

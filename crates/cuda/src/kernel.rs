@@ -204,8 +204,11 @@ pub enum Kernel {
     BtF32Rows,
     PfRoute,
     PfLists,
+    /// pf_route and pf_lists in one launch, for few tokens.
+    BtRoute,
     PfTiles,
-    PfCombine,
+    /// The experts' weighted sum into the residual, then its quantisation for the next launch.
+    PfCombineQuant,
     PfQkNormRope,
     PfAttnSplit,
     PfAttnCombine,
@@ -219,7 +222,7 @@ pub enum Kernel {
 }
 
 /// The kernels with no mode.
-const SINGLE: [Kernel; 39] = [
+const SINGLE: [Kernel; 40] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -249,8 +252,9 @@ const SINGLE: [Kernel; 39] = [
     Kernel::PfF32Rows,
     Kernel::PfRoute,
     Kernel::PfLists,
+    Kernel::BtRoute,
     Kernel::PfTiles,
-    Kernel::PfCombine,
+    Kernel::PfCombineQuant,
     Kernel::PfQkNormRope,
     Kernel::PfAttnSplit,
     Kernel::PfAttnCombine,
@@ -344,8 +348,9 @@ impl Kernel {
             Kernel::PfF32Rows => "pf_f32rows",
             Kernel::PfRoute => "pf_route",
             Kernel::PfLists => "pf_lists",
+            Kernel::BtRoute => "bt_route",
             Kernel::PfTiles => "pf_tiles",
-            Kernel::PfCombine => "pf_combine",
+            Kernel::PfCombineQuant => "pf_combine_quant",
             Kernel::PfQkNormRope => "pf_qk_norm_rope",
             Kernel::PfAttnSplit => "pf_attn_split",
             Kernel::PfAttnCombine => "pf_attn_combine",
@@ -380,12 +385,12 @@ fn down_symbol(m: DownMode) -> &'static str {
 mod tests {
     use super::*;
 
-    /// The table holds each kernel once and each symbol once: 39 without a mode, 18 matvecs,
+    /// The table holds each kernel once and each symbol once: 40 without a mode, 18 matvecs,
     /// 4 gate/up, 10 down, 8 o_proj_router, 8 head_argmax.
     #[test]
     fn every_kernel_has_one_distinct_symbol() {
         let all = Kernel::all();
-        assert_eq!(all.len(), 87);
+        assert_eq!(all.len(), 88);
         let mut symbols: Vec<&str> = all.iter().map(|k| k.symbol()).collect();
         symbols.sort();
         symbols.dedup();

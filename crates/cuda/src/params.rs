@@ -422,6 +422,16 @@ pub struct BtRowsParams {
     pub ids: u64,
 }
 
+/// `BtF32Params` in batch_rows.cu: a dense F32 launch on bt_f32rows, with the split form's
+/// buffers (the chains' sums, the tiles' counters) or 0 for the one-block-a-tile form.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BtF32Params {
+    pub p: PfRowsParams,
+    pub part: u64,
+    pub count: u64,
+}
+
 /// `PfListsParams` in prefill.cu.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -434,6 +444,16 @@ pub struct PfListsParams {
     pub n_used: i32,
     pub n_expert: i32,
     pub list_cap: i32,
+}
+
+/// `BtRouteParams` in prefill.cu: bt_route's pf_route part, its pf_lists part, and the counter
+/// of blocks done (zero between launches).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BtRouteParams {
+    pub t: TopkParams,
+    pub l: PfListsParams,
+    pub done: u64,
 }
 const _: () = assert!(std::mem::size_of::<PfListsParams>() == 48);
 
@@ -448,6 +468,15 @@ pub struct PfCombineParams {
     pub n_used: i32,
 }
 const _: () = assert!(std::mem::size_of::<PfCombineParams>() == 32);
+
+/// `PfCombineQuantParams` in prefill.cu: pf_combine_quant's combine and its quantisation of
+/// the same rows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PfCombineQuantParams {
+    pub c: PfCombineParams,
+    pub q: PfQuantParams,
+}
 
 // ---- Layouts (dev/params_layout.py writes this block and the kernels' SIZE_IS / FIELD_AT)
 // Each params struct's size and field offsets, the numbers the kernels assert for the same
@@ -503,6 +532,9 @@ layout!(PfRowsParams, 104; w @ 0, xq @ 24, xf @ 32, out @ 40, list @ 48, counts 
     in_is_out @ 92, z_entries @ 96, pad @ 100);
 layout!(BtRowsParams, 192; p @ 0, w1 @ 104, w2 @ 128, out1 @ 152, out2 @ 160, rows1 @ 168,
     rows2 @ 172, blocks0 @ 176, blocks1 @ 180, ids @ 184);
+layout!(BtF32Params, 120; p @ 0, part @ 104, count @ 112);
 layout!(PfListsParams, 48; ids @ 0, list @ 8, counts @ 16, tiles @ 24, tokens @ 32, n_used @ 36,
     n_expert @ 40, list_cap @ 44);
+layout!(BtRouteParams, 96; t @ 0, l @ 40, done @ 88);
 layout!(PfCombineParams, 32; x @ 0, y @ 8, weights @ 16, d @ 24, n_used @ 28);
+layout!(PfCombineQuantParams, 80; c @ 0, q @ 32);

@@ -12,10 +12,10 @@ use crate::launch::Launch;
 use crate::memory::DevBuf;
 use crate::params::*;
 use crate::rows::{
-    dense_launch, few_launch, padded_len, quant_launch, quant_words, rows_launch, splits, Groups,
-    Rows, F32_FEW, PFM_ENTRIES,
+    dense_launch, f32_few_launch, f32_split_sizes, few_launch, padded_len, quant_launch,
+    quant_params, quant_words, rows_launch, splits, Groups, Rows, F32_FEW, PFM_ENTRIES,
 };
-use crate::step::{attn_params, rope_params, split_attention, topk, Kv};
+use crate::step::{attn_params, rope_params, split_attention, topk, topk_params, Kv, TOPK_THREADS};
 use crate::weights::{LayerW, Weights};
 use crate::{KvType, Result};
 
@@ -25,13 +25,17 @@ const PFA_SMEM: u32 = 4 * 64 * 136 * 2;
 /// The largest row length the rows kernels and pf_quant take.
 const PF_MAX_K: usize = 4096;
 const THREADS: u32 = 256;
+/// Slots (tokens x experts a token) bt_route lists at most (prefill.cu BT_ROUTE_SLOTS).
+const BT_ROUTE_SLOTS: usize = 256;
 
 /// Floats of each of Prefill's buffers for `chunk` tokens, in `new`'s order (x, xq, xf, qkv, q,
-/// att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y): `new` allocates them and
+/// att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count,
+/// route_done): `new` allocates them and
 /// `bytes` sums them, so the memory check counts what is allocated.
-fn buffer_floats(c: &Config, chunk: usize) -> [usize; 16] {
+fn buffer_floats(c: &Config, chunk: usize) -> [usize; 19] {
     let (t, slots) = (chunk, chunk * c.n_expert_used);
     let (k_max, dff) = (c.d_model.max(c.q_dim()), c.d_ff_expert);
+    let (f32_part, f32_count) = f32_split_sizes(c.n_expert, c.d_model, F32_FEW.min(chunk));
     [
         t * c.d_model,
         t * quant_words(k_max),
@@ -49,6 +53,9 @@ fn buffer_floats(c: &Config, chunk: usize) -> [usize; 16] {
         slots * quant_words(dff),
         slots * padded_len(dff),
         slots * c.d_model,
+        f32_part,
+        f32_count,
+        1,
     ]
 }
 
@@ -98,6 +105,12 @@ pub struct Prefill {
     hq: DevBuf,
     hf: DevBuf,
     y: DevBuf,
+    /// The router's split bt_f32rows launches (a chain of its sum a block): the chains' sums
+    /// and each tile's counter of blocks done.
+    f32_part: DevBuf,
+    f32_count: DevBuf,
+    /// bt_route's counter of blocks done (zero between launches).
+    route_done: DevBuf,
 }
 
 impl Prefill {
@@ -119,8 +132,12 @@ impl Prefill {
             16 if tc => Some((Kernel::PfAttnTcG16, 8)),
             _ => None,
         };
-        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y] =
+        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count, route_done] =
             buffer_floats(c, chunk);
+        let f32_count = f(f32_count)?;
+        f32_count.fill(dev, 0)?; // bt_f32rows' counters start at zero and end each launch there
+        let route_done = f(route_done)?;
+        route_done.fill(dev, 0)?; // bt_route's too
         Ok(Prefill {
             chunk,
             part_budget,
@@ -145,6 +162,9 @@ impl Prefill {
             hq: f(hq)?,
             hf: f(hf)?,
             y: f(y)?,
+            f32_part: f(f32_part)?,
+            f32_count,
+            route_done,
         })
     }
 
@@ -225,8 +245,8 @@ impl Prefill {
     ) -> Vec<Launch> {
         let layer_bytes = (n * 2 * 8) as u64;
         let keys = |l: usize| Keys::Rows(tab + l as u64 * layer_bytes, len);
+        // The last layer's combine quantised the residual with the head's norm.
         let mut out = self.layers(c, w, keys, n, true);
-        out.push(self.quant(c, self.x.ptr, w.output_norm, c.d_model, n));
         let head = self.dense(w.output, c.vocab_size, logits, c.vocab_size, n, false);
         out.push(named(head, "pf head"));
         out
@@ -256,10 +276,17 @@ impl Prefill {
             &e,
             0,
         )];
+        out.push(self.quant(c, self.x.ptr, w.layers[0].attn_norm, c.d_model, n));
         for (l, lw) in w.layers.iter().enumerate() {
             self.attention(c, lw, keys(l), n, &mut out);
+            // The experts' combine quantises the residual for what follows: the next layer's
+            // attention, or the head (`step_launches`).
+            let next_norm = w
+                .layers
+                .get(l + 1)
+                .map_or(w.output_norm, |next| next.attn_norm);
             if last_experts || l + 1 < w.layers.len() {
-                self.experts(c, lw, n, &mut out);
+                self.experts(c, lw, n, next_norm, &mut out);
             }
         }
         out
@@ -273,10 +300,20 @@ impl Prefill {
     /// Dense rows of `w` against the n quantised activation rows: out[t * stride + r].
     fn dense(&self, w: Qw, rows: usize, out: u64, stride: usize, n: usize, add: bool) -> Launch {
         let x = (self.xq.ptr, self.xf.ptr);
-        // The router's F32 rows take bt_f32rows up to F32_FEW tokens whatever few_tokens says
-        // (but 0: the pf kernels only).
-        let few = n <= self.few_tokens || (is_f32(w.ty) && n <= F32_FEW && self.few_tokens > 0);
-        dense_launch(Rows::pick(self.mma, few), w, rows, x, (out, stride), n, add)
+        let on = match is_f32(w.ty) {
+            true => self.rows_on_f32(n),
+            false => self.rows_on(n),
+        };
+        dense_launch(on, w, rows, x, (out, stride), n, add)
+    }
+
+    /// The F32 rows' kernel for a launch of `n` tokens: bt_f32rows up to F32_FEW tokens
+    /// whatever few_tokens says (but 0: the pf kernels only).
+    fn rows_on_f32(&self, n: usize) -> Rows {
+        Rows::pick(
+            self.mma,
+            n <= self.few_tokens || (n <= F32_FEW && self.few_tokens > 0),
+        )
     }
 
     fn attention(&self, c: &Config, lw: &LayerW, keys: Keys, n: usize, out: &mut Vec<Launch>) {
@@ -287,7 +324,8 @@ impl Prefill {
         };
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let stride = q_dim + 2 * kv_dim;
-        out.push(self.quant(c, self.x.ptr, lw.attn_norm, c.d_model, n));
+        // The residual came quantised with lw.attn_norm (the embedding's launch after, or the
+        // layer before's combine).
         let cols = [
             (lw.q, 0, q_dim),
             (lw.k, q_dim, kv_dim),
@@ -370,9 +408,11 @@ impl Prefill {
         Rows::pick(self.mma, n <= self.few_tokens)
     }
 
-    fn experts(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
+    /// The layer's experts over the n tokens; `next_norm` the RMSNorm weights the residual is
+    /// quantised with after them (the next launch's input).
+    fn experts(&self, c: &Config, lw: &LayerW, n: usize, next_norm: u64, out: &mut Vec<Launch>) {
         self.route(c, lw, n, out);
-        self.ffn(c, lw, n, out);
+        self.ffn(c, lw, n, next_norm, out);
     }
 
     /// The router's logits, each token's experts and weights, each expert's slots and the
@@ -380,10 +420,26 @@ impl Prefill {
     fn route(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
         let (nu, ne) = (c.n_expert_used, c.n_expert);
         out.push(self.quant(c, self.x.ptr, lw.ffn_norm, c.d_model, n));
-        let router = self.dense(lw.router, ne, self.logits.ptr, ne, n, false);
+        let router = match is_f32(lw.router.ty) && self.rows_on_f32(n) == Rows::Few {
+            // A chain of each sum a block (bt_f32rows' split form): the buffers are the
+            // router's, for up to F32_FEW tokens.
+            true => {
+                let p = PfRowsParams {
+                    w: lw.router,
+                    xq: self.xq.ptr,
+                    xf: self.xf.ptr,
+                    out: self.logits.ptr,
+                    rows: ne as i32,
+                    out_stride: ne as i32,
+                    n_dense: n as i32,
+                    ..Default::default()
+                };
+                f32_few_launch(p, n, Some((self.f32_part.ptr, self.f32_count.ptr)))
+            }
+            false => self.dense(lw.router, ne, self.logits.ptr, ne, n, false),
+        };
         out.push(named(router, "pf router"));
         let bufs = (self.logits.ptr, self.ids.ptr, self.weights.ptr);
-        out.push(topk(c, Kernel::PfRoute, bufs, n as u32));
         let lists = PfListsParams {
             ids: self.ids.ptr,
             list: self.list.ptr,
@@ -394,6 +450,26 @@ impl Prefill {
             n_expert: ne as i32,
             list_cap: self.chunk as i32,
         };
+        if self.rows_on(n) == Rows::Few && n * nu <= BT_ROUTE_SLOTS {
+            // Both in one launch (bt_rows takes an expert or a slot a blockIdx.y: no work list).
+            let p = BtRouteParams {
+                t: topk_params(c, bufs),
+                l: lists,
+                done: self.route_done.ptr,
+            };
+            let grid = (n as u32, 1, 1);
+            out.push(Launch::new(
+                Kernel::BtRoute,
+                "bt_route",
+                grid,
+                TOPK_THREADS,
+                0,
+                &p,
+                0,
+            ));
+            return;
+        }
+        out.push(topk(c, Kernel::PfRoute, bufs, n as u32));
         out.push(Launch::new(
             Kernel::PfLists,
             "pf_lists",
@@ -420,7 +496,7 @@ impl Prefill {
 
     /// The chosen experts' FFN over their slots (gate, up, silu(gate) * up, down), then each
     /// token's weighted sum into the residual.
-    fn ffn(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
+    fn ffn(&self, c: &Config, lw: &LayerW, n: usize, next_norm: u64, out: &mut Vec<Launch>) {
         let (nu, ne, dff) = (c.n_expert_used, c.n_expert, c.d_ff_expert);
         let params =
             |w: Qw, rows: usize, (xq, xf): (u64, u64), o: u64, in_is_out: bool| PfRowsParams {
@@ -478,18 +554,26 @@ impl Prefill {
         let hs = (self.hq.ptr, self.hf.ptr);
         let down = grouped(params(lw.down, c.d_model, hs, self.y.ptr, true));
         out.push(named(down, "pf down"));
-        let comb = PfCombineParams {
-            x: self.x.ptr,
-            y: self.y.ptr,
-            weights: self.weights.ptr,
-            d: c.d_model as i32,
-            n_used: nu as i32,
+        let comb = PfCombineQuantParams {
+            c: PfCombineParams {
+                x: self.x.ptr,
+                y: self.y.ptr,
+                weights: self.weights.ptr,
+                d: c.d_model as i32,
+                n_used: nu as i32,
+            },
+            q: quant_params(
+                self.x.ptr,
+                next_norm,
+                (self.xq.ptr, self.xf.ptr),
+                c.d_model,
+                c.rms_eps,
+            ),
         };
-        let grid = ((c.d_model as u32).div_ceil(THREADS), n as u32, 1);
         out.push(Launch::new(
-            Kernel::PfCombine,
-            "pf_combine",
-            grid,
+            Kernel::PfCombineQuant,
+            "pf_combine_quant",
+            (n as u32, 1, 1),
             THREADS,
             0,
             &comb,

@@ -70,20 +70,7 @@ impl Rows {
 /// tiles (blockIdx.y), grouped pf_rows and bt_rows launches a group a blockIdx.y.
 pub(crate) fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
     if p.list == 0 && is_f32(p.w.ty) && on == Rows::Few {
-        let grid = (
-            (p.rows as u32).div_ceil(BTF_R),
-            entries.div_ceil(BTF_E as usize) as u32,
-            1,
-        );
-        return Launch::new(
-            Kernel::BtF32Rows,
-            "bt_f32rows",
-            grid,
-            BTF_R * BTF_E,
-            0,
-            &p,
-            0,
-        );
+        return f32_few_launch(p, entries, None);
     }
     if p.list == 0 && is_f32(p.w.ty) {
         let tiles = |n: usize| n.div_ceil(PFF_TILE) as u32;
@@ -116,6 +103,42 @@ pub(crate) fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups:
         }
     };
     Launch::new(kernel, name, grid, THREADS, smem, &p, 0)
+}
+
+/// Values of one chain of an F32 row's sum (prefill.cu F32_CHAIN): pf_f32rows and bt_f32rows
+/// both add each chain in k order, then the chains in order.
+pub(crate) const F32_CHAIN: usize = 256;
+
+/// The buffers of bt_f32rows' split form for `rows` rows of `k` values against at most
+/// `entries` tokens: floats of the chains' sums, and ints of the tiles' counters (zero
+/// before the first launch; each launch leaves them zero).
+pub(crate) fn f32_split_sizes(rows: usize, k: usize, entries: usize) -> (usize, usize) {
+    let tiles = rows.div_ceil(BTF_R as usize) * entries.div_ceil(BTF_E as usize);
+    (k.div_ceil(F32_CHAIN) * entries * rows, tiles)
+}
+
+/// bt_f32rows over `entries` tokens (dense F32 rows, few tokens): with `split` (the chains'
+/// sums and the tiles' counters, f32_split_sizes for these rows and at least these entries),
+/// a chain a block and the last block of a tile adding them; without, a thread walks every
+/// chain. The same bits either way.
+pub(crate) fn f32_few_launch(p: PfRowsParams, entries: usize, split: Option<(u64, u64)>) -> Launch {
+    let chains = (p.w.k as usize).div_ceil(F32_CHAIN) as u32;
+    let (part, count) = split.unwrap_or((0, 0));
+    let grid = (
+        (p.rows as u32).div_ceil(BTF_R),
+        entries.div_ceil(BTF_E as usize) as u32,
+        if split.is_some() { chains } else { 1 },
+    );
+    let bp = BtF32Params { p, part, count };
+    Launch::new(
+        Kernel::BtF32Rows,
+        "bt_f32rows",
+        grid,
+        BTF_R * BTF_E,
+        0,
+        &bp,
+        0,
+    )
 }
 
 /// Whether a weight's rows take the split types' kernels (pf_mma, bt_rows).
@@ -189,16 +212,7 @@ pub(crate) fn quant_launch(
     rows: usize,
     eps: f32,
 ) -> Launch {
-    let p = PfQuantParams {
-        src,
-        norm,
-        xq,
-        xf,
-        n: k as i32,
-        stride: k as i32,
-        swiglu: 0,
-        eps,
-    };
+    let p = quant_params(src, norm, (xq, xf), k, eps);
     Launch::new(
         Kernel::PfQuant,
         "pf_quant",
@@ -208,6 +222,27 @@ pub(crate) fn quant_launch(
         &p,
         0,
     )
+}
+
+/// pf_quant's params for rows of `k` values at `src` (a row every k), RMSNorm'd with `norm`
+/// unless 0 (pf_combine_quant's quantisation takes them too).
+pub(crate) fn quant_params(
+    src: u64,
+    norm: u64,
+    (xq, xf): (u64, u64),
+    k: usize,
+    eps: f32,
+) -> PfQuantParams {
+    PfQuantParams {
+        src,
+        norm,
+        xq,
+        xf,
+        n: k as i32,
+        stride: k as i32,
+        swiglu: 0,
+        eps,
+    }
 }
 
 /// Dense rows of `w` against the n activation rows pf_quant put at `x`: out[t * stride + r]
@@ -299,6 +334,23 @@ mod tests {
             let b: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
             assert_eq!(b.ids, ids, "{slots} slots of {experts} experts");
         }
+    }
+
+    /// bt_f32rows' split form takes a chain of 256 values a blockIdx.z, its buffers sized for
+    /// every chain, entry and row, and a counter a tile; the other form one blockIdx.z.
+    #[test]
+    fn f32_splits_take_a_chain_a_block() {
+        let mut p = params(GgmlType::F32, 2048, 0);
+        p.rows = 128;
+        let l = f32_few_launch(p, 9, Some((5, 6)));
+        assert_eq!((l.name, l.grid), ("bt_f32rows", (16, 2, 8)));
+        let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
+        // SAFETY: the launch's params are a BtF32Params (plain integers), 8-byte aligned.
+        let b: BtF32Params = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        assert_eq!((b.part, b.count, b.p.n_dense), (5, 6, 0));
+        assert_eq!(f32_few_launch(p, 9, None).grid, (16, 2, 1));
+        assert_eq!(f32_split_sizes(128, 2048, 9), (8 * 9 * 128, 16 * 2));
+        assert_eq!(f32_split_sizes(128, 768, 64), (3 * 64 * 128, 16 * 8));
     }
 
     /// One bt_rows launch over three parts: each part's blocks in turn along x, and each

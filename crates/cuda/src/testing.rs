@@ -250,6 +250,49 @@ impl TestDevice {
         self.read(&out, n * rows)
     }
 
+    /// F32 rows ([rows, k] little-endian f32 `bytes`) against `n` activation rows `x` through
+    /// bt_f32rows' split form (a chain of each sum a block, the last block of a tile adding
+    /// them), launched twice on the same counters: both outputs (out[t * rows + r]).
+    pub fn f32_rows_split(
+        &self,
+        bytes: &[u8],
+        (rows, k): (usize, usize),
+        x: &[f32],
+    ) -> Result<[Vec<f32>; 2]> {
+        let n = x.len() / k;
+        let (w, _keep) = self.weight(GgmlType::F32, bytes, k)?;
+        let xb = self.upload(x)?;
+        let xq = DevBuf::new(&self.dev, n * rows::quant_words(k) * 4)?;
+        let xf = DevBuf::new(&self.dev, n * rows::padded_len(k) * 4)?;
+        self.dev
+            .launch(&rows::quant_launch(xb.ptr, 0, (xq.ptr, xf.ptr), k, n, 1e-6))?;
+        let (part, count) = rows::f32_split_sizes(rows, k, n);
+        let (part, count) = (
+            DevBuf::new(&self.dev, part * 4)?,
+            DevBuf::new(&self.dev, count * 4)?,
+        );
+        count.fill(&self.dev, 0)?;
+        let mut outs = [Vec::new(), Vec::new()];
+        for o in &mut outs {
+            let out = self.poisoned(n * rows)?;
+            let p = PfRowsParams {
+                w,
+                xq: xq.ptr,
+                xf: xf.ptr,
+                out: out.ptr,
+                rows: rows as i32,
+                out_stride: rows as i32,
+                n_dense: n as i32,
+                ..Default::default()
+            };
+            self.dev
+                .launch(&rows::f32_few_launch(p, n, Some((part.ptr, count.ptr))))?;
+            self.dev.sync()?;
+            *o = self.read(&out, n * rows)?;
+        }
+        Ok(outs)
+    }
+
     /// `n` activation rows `x` ([n, k]) against up to three matrices (`parts`: type, ggml bytes,
     /// rows) side by side in one output ([n][sum of rows], a part's columns after the one
     /// before's): (bt_rows' one launch over all parts, pf_mma a launch each). sm_80+.

@@ -99,6 +99,23 @@ fn prefill_rows_match_host() {
                     "{ty:?} {rows}x{k}, {n} tokens: output {i}: {a} (pf kernels), {b} (bt_rows)"
                 );
             }
+            if ty == GgmlType::F32 {
+                // bt_f32rows' split form (a chain a block): the same bits, and again on the
+                // counters the first launch left.
+                for (j, split) in dev
+                    .f32_rows_split(&bytes, (rows, k), &x)
+                    .unwrap()
+                    .iter()
+                    .enumerate()
+                {
+                    for (i, (a, b)) in got.iter().zip(split).enumerate() {
+                        assert!(
+                            a.to_bits() == b.to_bits(),
+                            "F32 {rows}x{k}, {n} tokens, split launch {j}: output {i}: {a} (pf), {b}"
+                        );
+                    }
+                }
+            }
             let rb = bytes.len() / rows;
             let mut w = vec![0f32; k];
             let mut scale = 1f32;

@@ -23,7 +23,7 @@ pub(crate) use attention::{attn_params, rope_params, split_attention};
 pub(crate) use matvec::{looped, matvec, Mv};
 use modes::THREADS;
 use moe::{experts, layer_o_proj_router, o_proj_then_router, residual, router_fold};
-pub(crate) use moe::{o_proj_router, topk};
+pub(crate) use moe::{o_proj_router, topk, topk_params, TOPK_THREADS};
 pub(crate) use sample::{head_argmax, sample};
 pub use sample::{sample_config, tail, Choice, Ending};
 pub(crate) use scratch::sample_bytes;

@@ -289,19 +289,30 @@ pub(crate) fn o_proj_then_router(
 
 /// Softmax, top-k and renormalisation of the router logits (moe.cu topk_block), a block for
 /// each of `tokens` tokens: the decode's moe_topk or the batched prefill's pf_route.
-pub(crate) fn topk(
-    c: &Config,
-    kernel: Kernel,
-    (logits, ids, weights): (u64, u64, u64),
-    tokens: u32,
-) -> Launch {
-    let t = TopkParams {
+pub(crate) fn topk(c: &Config, kernel: Kernel, bufs: (u64, u64, u64), tokens: u32) -> Launch {
+    let t = topk_params(c, bufs);
+    Launch::new(
+        kernel,
+        kernel.symbol(),
+        (tokens, 1, 1),
+        TOPK_THREADS,
+        0,
+        &t,
+        0,
+    )
+}
+
+/// Threads of a top-k launch's block (a token a block).
+pub(crate) const TOPK_THREADS: u32 = 32;
+
+/// The top-k's params over the router logits at `logits`, into `ids` and `weights`.
+pub(crate) fn topk_params(c: &Config, (logits, ids, weights): (u64, u64, u64)) -> TopkParams {
+    TopkParams {
         logits,
         ids,
         weights,
         n_expert: c.n_expert as i32,
         n_used: c.n_expert_used as i32,
         norm_topk: c.norm_topk_prob as i32,
-    };
-    Launch::new(kernel, kernel.symbol(), (tokens, 1, 1), 32, 0, &t, 0)
+    }
 }
