@@ -184,6 +184,8 @@ pub enum Kernel {
     RouterFoldBuild,
     ArgmaxPartial,
     ArgmaxFinal,
+    /// argmax_partial over the ids a constraint allows (a constrained greedy decode).
+    ArgmaxMasked,
     SamplePartial,
     SampleWalk,
     SampleEdge,
@@ -219,7 +221,7 @@ pub enum Kernel {
 }
 
 /// The kernels with no mode.
-const SINGLE: [Kernel; 39] = [
+const SINGLE: [Kernel; 40] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -233,6 +235,7 @@ const SINGLE: [Kernel; 39] = [
     Kernel::RouterFoldBuild,
     Kernel::ArgmaxPartial,
     Kernel::ArgmaxFinal,
+    Kernel::ArgmaxMasked,
     Kernel::SamplePartial,
     Kernel::SampleWalk,
     Kernel::SampleEdge,
@@ -328,6 +331,7 @@ impl Kernel {
             Kernel::RouterCluster => "router_cluster",
             Kernel::ArgmaxPartial => "argmax_partial",
             Kernel::ArgmaxFinal => "argmax_final",
+            Kernel::ArgmaxMasked => "argmax_masked",
             Kernel::SamplePartial => "sample_partial",
             Kernel::SampleWalk => "sample_walk",
             Kernel::SampleEdge => "sample_edge",
@@ -380,12 +384,12 @@ fn down_symbol(m: DownMode) -> &'static str {
 mod tests {
     use super::*;
 
-    /// The table holds each kernel once and each symbol once: 39 without a mode, 18 matvecs,
+    /// The table holds each kernel once and each symbol once: 40 without a mode, 18 matvecs,
     /// 4 gate/up, 10 down, 8 o_proj_router, 8 head_argmax.
     #[test]
     fn every_kernel_has_one_distinct_symbol() {
         let all = Kernel::all();
-        assert_eq!(all.len(), 87);
+        assert_eq!(all.len(), 88);
         let mut symbols: Vec<&str> = all.iter().map(|k| k.symbol()).collect();
         symbols.sort();
         symbols.dedup();
