@@ -301,6 +301,37 @@ impl TokenMask for GrammarMask {
         }
     }
 
+    /// `mask`'s rule as bits: the grammar's allowed ids below what its bit set covers, and
+    /// the stop ids where the grammar allows its end (or failed); every id while waiting.
+    fn allowed_bits(&mut self, words: &mut [u32]) -> bool {
+        if self.waiting_for.is_some() {
+            words.fill(u32::MAX);
+            return true;
+        }
+        let allowed = match self.next.take() {
+            Some(a) => a,
+            None => self.allowed(),
+        };
+        let stops_ok = allowed.as_ref().is_none_or(|v| v.is_allowed(self.eos));
+        words.fill(0);
+        if let Some(v) = &allowed {
+            let covered = v.len().min(words.len() * 32);
+            let (full, part) = (covered / 32, covered % 32);
+            words[..full].copy_from_slice(&v.as_slice()[..full]);
+            if part > 0 {
+                words[full] = v.as_slice()[full] & ((1u32 << part) - 1);
+            }
+        }
+        if stops_ok {
+            for &t in self.stop_ids.iter() {
+                if let Some(w) = words.get_mut(t as usize / 32) {
+                    *w |= 1 << (t % 32);
+                }
+            }
+        }
+        true
+    }
+
     fn commit(&mut self, token: u32) {
         self.next = None;
         if let Some(t) = self.waiting_for {
@@ -350,7 +381,8 @@ mod tests {
 
     /// The word-at-a-time mask leaves exactly what the id-by-id rule leaves (allowed by the
     /// grammar, or a stop id where the grammar allows its end), with and without `prepare`
-    /// ahead of it, over a schema's whole course to its end and past it.
+    /// ahead of it, and `allowed_bits` sets exactly those ids, over a schema's whole course to
+    /// its end and past it.
     #[test]
     fn masking_by_words_matches_id_by_id_with_or_without_prepare() {
         let g = grammars();
@@ -358,6 +390,7 @@ mod tests {
             "b": { "type": "string", "maxLength": 3 } }, "required": ["a", "b"] });
         let c = g.compiled(&Grammar::JsonSchema(schema), None).unwrap();
         let (mut reference, mut plain, mut prepared) = (c.mask(), c.mask(), c.mask());
+        let mut as_bits = c.mask();
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         let mut ended = 0;
         for step in 0..200 {
@@ -391,11 +424,18 @@ mod tests {
                 "step {step}: by words against id by id"
             );
             assert_eq!(bits(&b), bits(&want), "step {step}: with prepare");
+            // The device's form: the same tokens as bits.
+            let mut words = vec![0u32; g.vocab.div_ceil(32)];
+            assert!(as_bits.allowed_bits(&mut words));
+            for (id, l) in want.iter().enumerate() {
+                let set = words[id / 32] >> (id % 32) & 1 == 1;
+                assert_eq!(set, l.is_finite(), "step {step}: id {id} as bits");
+            }
             let token = q4moe_model::sampling::argmax(&want);
             if reference.stop_ids.contains(&token) {
                 ended += 1;
             }
-            for m in [&mut reference, &mut plain, &mut prepared] {
+            for m in [&mut reference, &mut plain, &mut prepared, &mut as_bits] {
                 m.commit(token);
             }
         }

@@ -162,3 +162,42 @@ fn tool_turns_render_in_the_template_markup() {
     // <|im_end|> closes the system, user, assistant and tool turns: 4, not the forged fifth.
     assert_eq!(ids.iter().filter(|&&t| t == im_end).count(), 4, "{text}");
 }
+
+/// On CUDA a greedy constrained request chooses on the device over the constraint's bits
+/// (argmax_masked), token after token: the tokens the host's masked choice gives (wanting the
+/// logits sends the request to the host), and output the grammar accepts.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_greedy_constraint_on_the_device_gives_the_hosts_tokens() {
+    use q4moe_engine::{Device, Engine, EngineOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    q4moe_model::synth::write(
+        &path,
+        &q4moe_model::Config::tiny(),
+        SynthQuant::Q4_0,
+        7,
+        false,
+    )
+    .unwrap();
+    let opts = EngineOptions {
+        device: Device::Cuda,
+        kv_capacity: 512,
+        ..Default::default()
+    };
+    let mut e = Engine::load(&path, &opts).unwrap();
+    let lark = q4moe_engine::gbnf_to_lark("root ::= [a-c]{2,40} \".\"").unwrap();
+    for g in [Grammar::JsonSchema(schema()), Grammar::Lark(lark)] {
+        let mut req = request(&e, &g, 0);
+        req.sampling.temperature = 0.0;
+        let device = e.generate(&req, &mut |_| Flow::Continue).unwrap();
+        req.want_logits = true;
+        let host = e.generate(&req, &mut |_| Flow::Continue).unwrap();
+        assert_eq!(device.tokens, host.tokens, "{g:?}");
+        assert_eq!(device.text, host.text);
+        assert!(device.tokens.len() > 2, "{:?}", device.text);
+        if matches!(g, Grammar::JsonSchema(_)) {
+            check(&device);
+        }
+    }
+}

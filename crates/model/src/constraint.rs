@@ -20,6 +20,12 @@ pub trait TokenMask: Send {
     /// overlaps the step instead of following it. Optional: `mask` does it where this was not
     /// called.
     fn prepare(&mut self) {}
+    /// What the next `mask` would leave, as bits (bit id % 32 of word id / 32 set where the
+    /// token may be chosen) for a device that masks the logits itself; takes the place of
+    /// `mask` for that position. False where this constraint cannot say (the host masks).
+    fn allowed_bits(&mut self, _words: &mut [u32]) -> bool {
+        false
+    }
 }
 
 /// A compiled constraint: where each sequence's `TokenMask` comes from.

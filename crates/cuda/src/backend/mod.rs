@@ -505,23 +505,38 @@ impl CudaBackend {
         )
     }
 
+    /// The device chooses every token; with `constrained` (a greedy request's sampler holding
+    /// a constraint), over the ids the constraint allows: the host writes them as bits before
+    /// each step (Sampler::mask_bits) and tells the sampler the token after it, so a step waits
+    /// for the one before (one in flight, a step a graph) but only its token comes back.
     fn decode_device(
         &mut self,
         req: &DecodeRequest<'_>,
+        mut constrained: Option<&mut Sampler>,
         on_token: &mut dyn FnMut(TokenEvent<'_>) -> Flow,
     ) -> Result<(DecodeStats, usize, bool)> {
         let (id, len0, steps) = self.decode_span(req);
-        let f = self.opts.in_flight;
-        let ending = Ending::Head(self.start_device_decode(req, len0)?);
+        let masked = constrained.is_some();
+        let f = if masked { 1 } else { self.opts.in_flight };
+        let choice = self.start_device_decode(req, len0)?;
+        let ending = Ending::Head(Choice { masked, ..choice });
+        let mut bits = vec![0u32; self.model.config.vocab_size.div_ceil(32)];
         let mut phases = vec![PhaseTimes::default(); steps];
         let (mut submitted, mut handed, mut stopped) = (0usize, 0usize, false);
         // Up to `f` submissions of k_max steps (one graph each) ahead of the host, oldest first
         // as (first step, steps); a remainder shorter than k_max goes a step a graph.
-        let k_max = self.graph_steps();
+        let k_max = if masked { 1 } else { self.graph_steps() };
         let mut queued: VecDeque<(usize, usize)> = VecDeque::new();
         while handed < steps && !stopped {
             while submitted < steps && submitted < handed + f * k_max {
                 let k = if steps - submitted >= k_max { k_max } else { 1 };
+                if let Some(s) = constrained.as_deref_mut() {
+                    // The step before is done (one in flight): its mask may be rewritten.
+                    if !s.mask_bits(&mut bits) {
+                        bits.fill(u32::MAX);
+                    }
+                    self.scratch.mask.upload(&self.dev, 0, &bits)?;
+                }
                 #[cfg(feature = "timeline")]
                 self.timeline.begin(&self.dev, submitted)?;
                 let t0 = Instant::now();
@@ -551,6 +566,9 @@ impl CudaBackend {
                 self.pipeline.wait_published(len0 + handed, len0 + last)?
             };
             let t1 = Instant::now();
+            if let Some(s) = constrained.as_deref_mut() {
+                s.accept(st.token);
+            }
             stopped = on_token(TokenEvent {
                 token: st.token,
                 logits: None,
@@ -704,17 +722,23 @@ impl Backend for CudaBackend {
         let (_, len0, steps) = self.decode_span(req);
         self.session_holding(req.session, len0 + steps)?;
         // The device handles greedy and the samplers step::sample_config accepts, penalties
-        // included; the rest (top-k above SAMPLE_MAX_K, a logit bias, logits wanted, a
-        // constraint's token mask, which the host's grammar engine computes each step) samples
-        // on the host.
+        // included, and a greedy choice under a constraint's token mask (the host's grammar
+        // engine gives the bits each step); the rest (top-k above SAMPLE_MAX_K, a logit bias,
+        // logits wanted, a sampled choice under a constraint) samples on the host.
         let device_ok = req.sampling.logit_bias.is_empty()
             && req.sampling.constraint.is_none()
             && (req.sampling.is_greedy() || step::sample_config(req.sampling).is_some());
-        let host = req.want_logits || !device_ok;
-        let (stats, handed, full) = if host {
+        // A greedy constrained request chooses on the device over the constraint's bits.
+        let masked = req.sampling.logit_bias.is_empty()
+            && req.sampling.constraint.is_some()
+            && req.sampling.is_greedy();
+        let (stats, handed, full) = if req.want_logits || !(device_ok || masked) {
             self.decode_host(req, on_token)?
+        } else if masked {
+            let mut sampler = Sampler::new(req.sampling.clone(), req.history);
+            self.decode_device(req, Some(&mut sampler), on_token)?
         } else {
-            self.decode_device(req, on_token)?
+            self.decode_device(req, None, on_token)?
         };
         // The KV holds first_token and every handed token but the last.
         self.session(req.session)?.len = len0 + handed;

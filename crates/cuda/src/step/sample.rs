@@ -30,18 +30,23 @@ pub fn sample_config(p: &SamplingParams) -> Option<SampleConfig> {
 }
 
 /// How a step chooses its token after the head: the arg-max or the device sampler
-/// (`sampled`), after the penalties of the request's history and draws (`penalized`).
+/// (`sampled`), after the penalties of the request's history and draws (`penalized`); the
+/// arg-max over the ids a constraint allows (`masked`: Scratch::mask, which the host writes
+/// before each step; never with `sampled`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Choice {
     pub sampled: bool,
     pub penalized: bool,
+    pub masked: bool,
 }
 
 impl Choice {
+    /// The choice of an unconstrained request (a constrained one sets `masked`).
     pub fn of(p: &SamplingParams) -> Choice {
         Choice {
             sampled: !p.is_greedy(),
             penalized: p.has_penalties(),
+            masked: false,
         }
     }
 }
@@ -114,7 +119,7 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch>
         ..Mv::new(&rows, s.x.ptr, c.d_model)
     };
     let l2 = s.l2.head(c, w);
-    let greedy = !choice.sampled && !choice.penalized;
+    let greedy = !choice.sampled && !choice.penalized && !choice.masked;
     let am = argmax_params(c, s, 0);
     if let Some(l) = greedy
         .then(|| head_argmax(&head, s.head_blocks, am, s.head_counter.ptr))
@@ -145,6 +150,8 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch>
     }
     if choice.sampled {
         out.extend(sample(p, c.vocab_size));
+    } else if choice.masked {
+        out.extend(argmax_masked(c, s));
     } else {
         out.extend(argmax(c, s));
     }
@@ -202,6 +209,20 @@ fn argmax_params(c: &Config, s: &Scratch, n_blocks: usize) -> ArgmaxParams {
         n: c.vocab_size as i32,
         n_blocks: n_blocks as i32,
     }
+}
+
+/// The arg-max of the logits over the ids Scratch::mask allows, into the step state.
+fn argmax_masked(c: &Config, s: &Scratch) -> [Launch; 2] {
+    let [_, last] = argmax(c, s);
+    let p = MaskedArgmaxParams {
+        am: argmax_params(c, s, ARGMAX_BLOCKS),
+        mask: s.mask.ptr,
+    };
+    let grid = (ARGMAX_BLOCKS as u32, 1, 1);
+    [
+        Launch::new(Kernel::ArgmaxMasked, "argmax", grid, THREADS, 0, &p, 0),
+        last,
+    ]
 }
 
 /// The arg-max of the logits into the step state: partial maxima, then the final one.

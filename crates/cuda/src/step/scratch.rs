@@ -70,6 +70,8 @@ pub struct Scratch {
     pub sample_nucleus: DevBuf,
     /// u32 [vocab]: each id's count in the request's history and draws (the device penalties)
     pub sample_counts: DevBuf,
+    /// u32 [ceil(vocab / 32)]: the tokens a constraint allows next, a bit each (argmax_masked)
+    pub mask: DevBuf,
     pub n_split: usize,
     /// attn_gqa's blocks a KV head (CudaOptions::attn_max_blocks, at most n_split).
     pub att_blocks: usize,
@@ -204,6 +206,7 @@ impl Scratch {
             sample_finite: DevBuf::new(dev, sample_finite)?,
             sample_nucleus: DevBuf::new(dev, sample_nucleus)?,
             sample_counts: f(c.vocab_size)?,
+            mask: f(c.vocab_size.div_ceil(32))?,
             n_split,
             att_blocks: n_split.min(attn_max_blocks.max(1)),
             router_cluster: dev.clusters,
@@ -234,6 +237,7 @@ impl Scratch {
                 + 2 * c.kv_dim()
                 + c.n_head * n_split * (c.head_dim + 2)
                 + c.vocab_size
+                + c.vocab_size.div_ceil(32)
                 + c.n_expert * 4)
     }
 }

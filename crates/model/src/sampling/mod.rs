@@ -229,6 +229,13 @@ impl Sampler {
         self.observe(token);
     }
 
+    /// The constraint's next allowed tokens as bits (`TokenMask::allowed_bits`), for a device
+    /// that masks the logits and chooses the token itself; `accept` then takes its choice.
+    /// False without a constraint, or where it cannot say.
+    pub fn mask_bits(&mut self, words: &mut [u32]) -> bool {
+        self.mask.as_mut().is_some_and(|m| m.allowed_bits(words))
+    }
+
     /// Prepares the constraint's next mask, if the sampler has one (`TokenMask::prepare`): for
     /// a backend to call while the next logits are being computed.
     pub fn prepare(&mut self) {
