@@ -6,7 +6,7 @@
 #   cargo build --release -p q4moe-server --example serve_bench        # for serve:<quant>
 # Stripped copies fit the 64 MiB carry together (the newest of each test binary, the product,
 # the baseline, serve_bench) in one ignored folder:
-#   mkdir -p target/gpu/deps; for t in batch kernels moe_kernels parity matrix_parity generate logprobs; do
+#   mkdir -p target/gpu/deps; for t in batch kernels moe_kernels parity matrix_parity generate logprobs constraint; do
 #     f=$(ls -t target/release/deps/$t-* | grep -v '\.d$' | head -1); strip -s -o target/gpu/deps/${f##*/} $f; done
 #   strip -s -o target/gpu/q4moe target/release/q4moe; strip -s -o target/gpu/base target/baseline/q4moe
 #   strip -s -o target/gpu/serve_bench target/release/examples/serve_bench
@@ -15,7 +15,7 @@
 #       && cp target/gpu/base target/baseline/q4moe && cp target/gpu/serve_bench target/release/examples/
 #       && bash dev/gpu-check.sh tests sanitize")
 # Steps (default: tests bench:q4_0 bench:q4_k_m):
-#   tests          every carried CUDA test binary (TEST_BINS, default "batch kernels moe_kernels parity matrix_parity generate logprobs": the newest
+#   tests          every carried CUDA test binary (TEST_BINS, default "batch kernels moe_kernels parity matrix_parity generate logprobs constraint": the newest
 #                  target/release/deps/<name>-*) with --include-ignored; pass/fail counts. The
 #                  probe's test: TEST_BINS="timeline" (`cargo test --release -p q4moe-cuda --features timeline --no-run`).
 #   sanitize       compute-sanitizer memcheck on the tiny parity and batched-step tests and on the kernel tests.
@@ -65,7 +65,7 @@ RECORD=(--device cuda --prompt-len 128 --decode-len 256 --long-context 4096)
 
 run_tests() {
   local t b r
-  for t in ${TEST_BINS:-batch kernels moe_kernels parity matrix_parity generate logprobs}; do
+  for t in ${TEST_BINS:-batch kernels moe_kernels parity matrix_parity generate logprobs constraint}; do
     b=$(newest "$t")
     [ -n "$b" ] || { say "tests $t: NOT CARRIED"; failed=1; continue; }
     timeout 500 "$b" --include-ignored --test-threads=1 > "$OUT/tests-$t.log" 2>&1

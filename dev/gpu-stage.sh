@@ -7,7 +7,7 @@
 #   BASE=/path/q4moe dev/gpu-stage.sh        # and a baseline binary for ab:<quant>
 #   OTHER=/path/q4moe dev/gpu-stage.sh       # and a second build (Q=target/other/q4moe TAG=...)
 #   SERVE_BENCH=1 dev/gpu-stage.sh           # and serve_bench (serve:<quant>)
-# Test binaries staged: crates/cuda's tests and crates/engine's generate and logprobs (their
+# Test binaries staged: crates/cuda's tests and crates/engine's generate, logprobs and constraint (their
 # GPU cases), each the executable cargo names for this build, not the newest file of its name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ for line in sys.stdin:
         continue
     pkg, name = m["package_id"], m["target"]["name"]
     cuda = "q4moe-cuda" in pkg or "/cuda#" in pkg
-    if m["target"]["kind"] == ["test"] and (cuda and name != "timeline" or name in ("generate", "logprobs")):
+    if m["target"]["kind"] == ["test"] and (cuda and name != "timeline" or name in ("generate", "logprobs", "constraint")):
         print(m["executable"])
 ' | while read -r exe; do strip -s -o "$out/deps/$(basename "$exe")" "$exe"; done
 [ -n "${BASE:-}" ] && strip -s -o "$out/base" "$BASE"
