@@ -420,9 +420,10 @@ impl Prefill {
     fn route(&self, c: &Config, lw: &LayerW, n: usize, out: &mut Vec<Launch>) {
         let (nu, ne) = (c.n_expert_used, c.n_expert);
         out.push(self.quant(c, self.x.ptr, lw.ffn_norm, c.d_model, n));
-        let router = match is_f32(lw.router.ty) && self.rows_on_f32(n) == Rows::Few {
+        let split = is_f32(lw.router.ty) && self.rows_on_f32(n) == Rows::Few && n <= F32_FEW;
+        let router = match split {
             // A chain of each sum a block (bt_f32rows' split form): the buffers are the
-            // router's, for up to F32_FEW tokens.
+            // router's, for up to F32_FEW tokens (few_tokens may say more).
             true => {
                 let p = PfRowsParams {
                     w: lw.router,
