@@ -29,6 +29,8 @@
 #                  --release -p q4moe-server --example serve_bench`) at CONC streams (default
 #                  1,4,16,64): aggregate tok/s, TTFT and inter-token p50/p99; JSON to $OUT/serve-<quant>.json.
 #                  SERVE_ARGS adds serve_bench arguments (e.g. "--cuda-opt batched_step=on").
+#   prefill:<quant> `q4moe bench --prefill` (PREFILL, default 128,512,2048,8192): prefill alone,
+#                  tok/s per prompt length; JSON to $OUT/prefill-<quant>.json (TAG as batch).
 #   schema:<quant> `q4moe bench --json-schema` (a long JSON string): decode tok/s with and without
 #                  the schema; JSON to $OUT/schema-<quant>.json.
 #   ab:<quant>     the before/after gate: binaries $Q and $BASE (default target/baseline/q4moe)
@@ -115,6 +117,15 @@ run_batch() {
   grep -E 'B = ' "$OUT/$f.log" | while read -r l; do say "batch $q${TAG:+ ($TAG)}: $l"; done
 }
 
+run_prefill() {
+  local q=$1 f="prefill-$1${TAG:+-$TAG}"
+  model "$q" || return
+  timeout 400 "$Q" bench --model "/tmp/$q.gguf" --device cuda --runs 5 \
+    --prefill "${PREFILL:-128,512,2048,8192}" --json-out "$OUT/$f.json" > "$OUT/$f.log" 2>&1 \
+    || { say "prefill $q${TAG:+ ($TAG)} FAILED: $(tail -3 "$OUT/$f.log")"; failed=1; }
+  grep -E '^ +[0-9]+ ' "$OUT/$f.log" | while read -r l; do say "prefill $q${TAG:+ ($TAG)}: $l"; done
+}
+
 # schema <quant>: greedy decode held to a JSON schema (a long string) beside the same decode
 # unconstrained (issue 56: what the host-side token mask costs on the GPU).
 run_schema() {
@@ -198,6 +209,7 @@ for s in $steps; do
     batch:*) run_batch "${s#batch:}" ;;
     serve:*) run_serve "${s#serve:}" ;;
     schema:*) run_schema "${s#schema:}" ;;
+    prefill:*) run_prefill "${s#prefill:}" ;;
     ab) run_ab q4_0 ;;
     *) say "unknown step: $s (tests, sanitize, bench:<quant>, ab:<quant>, batch:<quant>, serve:<quant>, schema:<quant>)"; failed=1 ;;
   esac
