@@ -12,8 +12,9 @@ use crate::launch::Launch;
 use crate::memory::DevBuf;
 use crate::params::*;
 use crate::rows::{
-    dense_launch, f32_few_launch, f32_split_sizes, few_launch, padded_len, quant_launch,
-    quant_params, quant_words, rows_launch, splits, Groups, Rows, F32_FEW, PFM_ENTRIES,
+    dense_launch, dense_params, f32_few_launch, f32_split_sizes, few_launch, padded_len,
+    quant_launch, quant_params, quant_words, rows_launch, splits, Groups, Rows, F32_FEW,
+    PFM_ENTRIES,
 };
 use crate::step::{attn_params, rope_params, split_attention, topk, topk_params, Kv, TOPK_THREADS};
 use crate::weights::{LayerW, Weights};
@@ -425,16 +426,8 @@ impl Prefill {
             // A chain of each sum a block (bt_f32rows' split form): the buffers are the
             // router's, for up to F32_FEW tokens (few_tokens may say more).
             true => {
-                let p = PfRowsParams {
-                    w: lw.router,
-                    xq: self.xq.ptr,
-                    xf: self.xf.ptr,
-                    out: self.logits.ptr,
-                    rows: ne as i32,
-                    out_stride: ne as i32,
-                    n_dense: n as i32,
-                    ..Default::default()
-                };
+                let x = (self.xq.ptr, self.xf.ptr);
+                let p = dense_params(lw.router, ne, x, (self.logits.ptr, ne), n, false);
                 f32_few_launch(p, n, Some((self.f32_part.ptr, self.f32_count.ptr)))
             }
             false => self.dense(lw.router, ne, self.logits.ptr, ne, n, false),

@@ -251,12 +251,25 @@ pub(crate) fn dense_launch(
     on: Rows,
     w: Qw,
     rows: usize,
+    x: (u64, u64),
+    out: (u64, usize),
+    n: usize,
+    add: bool,
+) -> Launch {
+    rows_launch(on, dense_params(w, rows, x, out, n, add), n, 1)
+}
+
+/// A dense launch's params: `rows` rows of `w` against the n activation rows at `(xq, xf)`,
+/// into out[t * stride + r] (+= with `add`).
+pub(crate) fn dense_params(
+    w: Qw,
+    rows: usize,
     (xq, xf): (u64, u64),
     (out, stride): (u64, usize),
     n: usize,
     add: bool,
-) -> Launch {
-    let p = PfRowsParams {
+) -> PfRowsParams {
+    PfRowsParams {
         w,
         xq,
         xf,
@@ -266,8 +279,7 @@ pub(crate) fn dense_launch(
         n_dense: n as i32,
         accumulate: add as i32,
         ..Default::default()
-    };
-    rows_launch(on, p, n, 1)
+    }
 }
 
 #[cfg(test)]

@@ -275,16 +275,7 @@ impl TestDevice {
         let mut outs = [Vec::new(), Vec::new()];
         for o in &mut outs {
             let out = self.poisoned(n * rows)?;
-            let p = PfRowsParams {
-                w,
-                xq: xq.ptr,
-                xf: xf.ptr,
-                out: out.ptr,
-                rows: rows as i32,
-                out_stride: rows as i32,
-                n_dense: n as i32,
-                ..Default::default()
-            };
+            let p = rows::dense_params(w, rows, (xq.ptr, xf.ptr), (out.ptr, rows), n, false);
             self.dev
                 .launch(&rows::f32_few_launch(p, n, Some((part.ptr, count.ptr))))?;
             self.dev.sync()?;
