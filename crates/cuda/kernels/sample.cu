@@ -56,30 +56,23 @@ extern "C" __global__ void argmax_partial(const ArgmaxParams p) {
     argmax_partial_unit(p, sv, si, this_unit());
 }
 
-// argmax_partial over the ids a constraint allows (bit id % 32 of mask[id / 32]): a constrained
-// greedy decode chooses on the device, as the host's masked arg-max does (the same ties), and
-// only its token comes back. argmax_final merges the partials.
-struct MaskedArgmaxParams {
-    ArgmaxParams am;
-    u64 mask;  // const u32* [ceil(n / 32)]
+// The logits of the ids a constraint does not allow (bit id % 32 of mask[id / 32] clear) to
+// -inf, as the host's TokenMask::mask does, before the choice (the arg-max or the sampler,
+// which then see what the host's would): a constrained decode chooses on the device and only
+// its token comes back. grid ceil(n / 256), 256 threads.
+struct MaskLogitsParams {
+    u64 logits;  // float* [n]
+    u64 mask;    // const u32* [ceil(n / 32)]
+    int n;
+    int pad;
 };
-SIZE_IS(MaskedArgmaxParams, 56); FIELD_AT(MaskedArgmaxParams, am, 0); FIELD_AT(MaskedArgmaxParams, mask, 48);
+SIZE_IS(MaskLogitsParams, 24); FIELD_AT(MaskLogitsParams, logits, 0); FIELD_AT(MaskLogitsParams, mask, 8);
+FIELD_AT(MaskLogitsParams, n, 16); FIELD_AT(MaskLogitsParams, pad, 20);
 
-extern "C" __global__ void argmax_masked(const MaskedArgmaxParams p) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
+extern "C" __global__ void mask_logits(const MaskLogitsParams p) {
     pdl_start();
-    Unit u = this_unit();
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    const float* lg = (const float*)p.am.logits;
-    const u32* mask = (const u32*)p.mask;
-    for (int i = u.x * blockDim.x + threadIdx.x; i < p.am.n; i += u.nx * blockDim.x) {
-        float v = lg[i];
-        if (v == v && (mask[i >> 5] >> (i & 31) & 1)) better(bv, bi, v, i);
-    }
-    block_argmax(bv, bi, sv, si);
-    if (threadIdx.x == 0) { ((float*)p.am.part_v)[u.x] = bv; ((int*)p.am.part_i)[u.x] = bi; }
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < p.n && !(((const u32*)p.mask)[i >> 5] >> (i & 31) & 1)) ((float*)p.logits)[i] = -INFINITY;
 }
 
 __device__ __forceinline__ void argmax_final_unit(const ArgmaxParams& p, float* sv, int* si) {

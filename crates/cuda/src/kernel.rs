@@ -184,8 +184,8 @@ pub enum Kernel {
     RouterFoldBuild,
     ArgmaxPartial,
     ArgmaxFinal,
-    /// argmax_partial over the ids a constraint allows (a constrained greedy decode).
-    ArgmaxMasked,
+    /// The logits a constraint does not allow to -inf (a constrained decode on the device).
+    MaskLogits,
     SamplePartial,
     SampleWalk,
     SampleEdge,
@@ -238,7 +238,7 @@ const SINGLE: [Kernel; 41] = [
     Kernel::RouterFoldBuild,
     Kernel::ArgmaxPartial,
     Kernel::ArgmaxFinal,
-    Kernel::ArgmaxMasked,
+    Kernel::MaskLogits,
     Kernel::SamplePartial,
     Kernel::SampleWalk,
     Kernel::SampleEdge,
@@ -335,7 +335,7 @@ impl Kernel {
             Kernel::RouterCluster => "router_cluster",
             Kernel::ArgmaxPartial => "argmax_partial",
             Kernel::ArgmaxFinal => "argmax_final",
-            Kernel::ArgmaxMasked => "argmax_masked",
+            Kernel::MaskLogits => "mask_logits",
             Kernel::SamplePartial => "sample_partial",
             Kernel::SampleWalk => "sample_walk",
             Kernel::SampleEdge => "sample_edge",

@@ -286,12 +286,14 @@ pub struct ArgmaxParams {
     pub n_blocks: i32,
 }
 
-/// `MaskedArgmaxParams` in sample.cu: argmax_partial's params and the constraint's bits.
+/// `MaskLogitsParams` in sample.cu: the logits, the constraint's bits, the vocabulary.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct MaskedArgmaxParams {
-    pub am: ArgmaxParams,
+pub struct MaskLogitsParams {
+    pub logits: u64,
     pub mask: u64,
+    pub n: i32,
+    pub pad: i32,
 }
 
 /// `HeadArgmaxParams` in sample.cu: the walking head's params, then the arg-max's (part_v /
@@ -525,7 +527,7 @@ layout!(RouterParams, 88; w @ 0, input @ 8, norm @ 16, xn_out @ 24, logits @ 32,
     weights @ 48, counter @ 56, n_expert @ 64, k @ 68, n_used @ 72, norm_topk @ 76, eps @ 80);
 layout!(ArgmaxParams, 48; logits @ 0, part_v @ 8, part_i @ 16, state @ 24, publish @ 32, n @ 40,
     n_blocks @ 44);
-layout!(MaskedArgmaxParams, 56; am @ 0, mask @ 48);
+layout!(MaskLogitsParams, 24; logits @ 0, mask @ 8, n @ 16, pad @ 20);
 layout!(HeadArgmaxParams, 208; mv @ 0, am @ 152, counter @ 200);
 layout!(AttnGqaParams, 112; qkv @ 0, q_norm @ 8, k_norm @ 16, k_cache @ 24, v_cache @ 32,
     part @ 40, state @ 48, out @ 56, done @ 64, n_head @ 72, n_kv_head @ 76, head_dim @ 80,

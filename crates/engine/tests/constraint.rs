@@ -163,12 +163,13 @@ fn tool_turns_render_in_the_template_markup() {
     assert_eq!(ids.iter().filter(|&&t| t == im_end).count(), 4, "{text}");
 }
 
-/// On CUDA a greedy constrained request chooses on the device over the constraint's bits
-/// (argmax_masked), token after token: the tokens the host's masked choice gives (wanting the
-/// logits sends the request to the host), and output the grammar accepts.
+/// On CUDA a constrained request chooses on the device among the ids the constraint's bits
+/// allow (mask_logits, then the arg-max or the device sampler), token after token: the tokens
+/// the host's masked choice gives (wanting the logits sends the request to the host), greedy
+/// and sampled, and output the grammar accepts.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn a_greedy_constraint_on_the_device_gives_the_hosts_tokens() {
+fn a_constraint_on_the_device_gives_the_hosts_tokens() {
     use q4moe_engine::{Device, Engine, EngineOptions};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
@@ -188,16 +189,21 @@ fn a_greedy_constraint_on_the_device_gives_the_hosts_tokens() {
     let mut e = Engine::load(&path, &opts).unwrap();
     let lark = q4moe_engine::gbnf_to_lark("root ::= [a-c]{2,40} \".\"").unwrap();
     for g in [Grammar::JsonSchema(schema()), Grammar::Lark(lark)] {
-        let mut req = request(&e, &g, 0);
-        req.sampling.temperature = 0.0;
-        let device = e.generate(&req, &mut |_| Flow::Continue).unwrap();
-        req.want_logits = true;
-        let host = e.generate(&req, &mut |_| Flow::Continue).unwrap();
-        assert_eq!(device.tokens, host.tokens, "{g:?}");
-        assert_eq!(device.text, host.text);
-        assert!(device.tokens.len() > 2, "{:?}", device.text);
-        if matches!(g, Grammar::JsonSchema(_)) {
-            check(&device);
+        for temperature in [0.0, 1.0] {
+            let mut req = request(&e, &g, 3);
+            req.sampling.temperature = temperature;
+            let device = e.generate(&req, &mut |_| Flow::Continue).unwrap();
+            req.want_logits = true;
+            let host = e.generate(&req, &mut |_| Flow::Continue).unwrap();
+            assert_eq!(
+                device.tokens, host.tokens,
+                "{g:?} at temperature {temperature}"
+            );
+            assert_eq!(device.text, host.text);
+            assert!(device.tokens.len() > 2, "{:?}", device.text);
+            if matches!(g, Grammar::JsonSchema(_)) {
+                check(&device);
+            }
         }
     }
 }

@@ -505,8 +505,8 @@ impl CudaBackend {
         )
     }
 
-    /// The device chooses every token; with `constrained` (a greedy request's sampler holding
-    /// a constraint), over the ids the constraint allows: the host writes them as bits before
+    /// The device chooses every token; with `constrained` (the request's sampler, holding a
+    /// constraint), among the ids the constraint allows: the host writes them as bits before
     /// each step (Sampler::mask_bits) and tells the sampler the token after it, so a step waits
     /// for the one before (one in flight, a step a graph) but only its token comes back.
     fn decode_device(
@@ -722,17 +722,13 @@ impl Backend for CudaBackend {
         let (_, len0, steps) = self.decode_span(req);
         self.session_holding(req.session, len0 + steps)?;
         // The device handles greedy and the samplers step::sample_config accepts, penalties
-        // included, and a greedy choice under a constraint's token mask (the host's grammar
-        // engine gives the bits each step); the rest (top-k above SAMPLE_MAX_K, a logit bias,
-        // logits wanted, a sampled choice under a constraint) samples on the host.
+        // included, under a constraint's token mask too (the host's grammar engine gives the
+        // bits each step); the rest (top-k above SAMPLE_MAX_K, a logit bias, logits wanted)
+        // samples on the host.
         let device_ok = req.sampling.logit_bias.is_empty()
-            && req.sampling.constraint.is_none()
             && (req.sampling.is_greedy() || step::sample_config(req.sampling).is_some());
-        // A greedy constrained request chooses on the device over the constraint's bits.
-        let masked = req.sampling.logit_bias.is_empty()
-            && req.sampling.constraint.is_some()
-            && req.sampling.is_greedy();
-        let (stats, handed, full) = if req.want_logits || !(device_ok || masked) {
+        let masked = req.sampling.constraint.is_some();
+        let (stats, handed, full) = if req.want_logits || !device_ok {
             self.decode_host(req, on_token)?
         } else if masked {
             let mut sampler = Sampler::new(req.sampling.clone(), req.history);

@@ -30,9 +30,9 @@ pub fn sample_config(p: &SamplingParams) -> Option<SampleConfig> {
 }
 
 /// How a step chooses its token after the head: the arg-max or the device sampler
-/// (`sampled`), after the penalties of the request's history and draws (`penalized`); the
-/// arg-max over the ids a constraint allows (`masked`: Scratch::mask, which the host writes
-/// before each step; never with `sampled`).
+/// (`sampled`), after the penalties of the request's history and draws (`penalized`) and
+/// the constraint's mask (`masked`: the ids Scratch::mask, which the host writes before each
+/// step, does not allow go to -inf), in the host sampler's order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Choice {
     pub sampled: bool,
@@ -148,10 +148,26 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch>
             (c.vocab_size as u32).div_ceil(THREADS),
         ));
     }
+    if choice.masked {
+        let m = MaskLogitsParams {
+            logits: s.logits.ptr,
+            mask: s.mask.ptr,
+            n: c.vocab_size as i32,
+            pad: 0,
+        };
+        let grid = ((c.vocab_size as u32).div_ceil(THREADS), 1, 1);
+        out.push(Launch::new(
+            Kernel::MaskLogits,
+            "sample",
+            grid,
+            THREADS,
+            0,
+            &m,
+            0,
+        ));
+    }
     if choice.sampled {
         out.extend(sample(p, c.vocab_size));
-    } else if choice.masked {
-        out.extend(argmax_masked(c, s));
     } else {
         out.extend(argmax(c, s));
     }
@@ -209,20 +225,6 @@ fn argmax_params(c: &Config, s: &Scratch, n_blocks: usize) -> ArgmaxParams {
         n: c.vocab_size as i32,
         n_blocks: n_blocks as i32,
     }
-}
-
-/// The arg-max of the logits over the ids Scratch::mask allows, into the step state.
-fn argmax_masked(c: &Config, s: &Scratch) -> [Launch; 2] {
-    let [_, last] = argmax(c, s);
-    let p = MaskedArgmaxParams {
-        am: argmax_params(c, s, ARGMAX_BLOCKS),
-        mask: s.mask.ptr,
-    };
-    let grid = (ARGMAX_BLOCKS as u32, 1, 1);
-    [
-        Launch::new(Kernel::ArgmaxMasked, "argmax", grid, THREADS, 0, &p, 0),
-        last,
-    ]
 }
 
 /// The arg-max of the logits into the step state: partial maxima, then the final one.

@@ -70,7 +70,7 @@ pub struct Scratch {
     pub sample_nucleus: DevBuf,
     /// u32 [vocab]: each id's count in the request's history and draws (the device penalties)
     pub sample_counts: DevBuf,
-    /// u32 [ceil(vocab / 32)]: the tokens a constraint allows next, a bit each (argmax_masked)
+    /// u32 [ceil(vocab / 32)]: the tokens a constraint allows next, a bit each (mask_logits)
     pub mask: DevBuf,
     pub n_split: usize,
     /// attn_gqa's blocks a KV head (CudaOptions::attn_max_blocks, at most n_split).
