@@ -145,9 +145,8 @@ __device__ void btr_dots(const PfRowsParams& p, BtrRows<T>& rows, u64 row0, int 
 // the slot's expert, or -1 where an earlier slot chose it too (that block takes the expert);
 // else blockIdx.y itself. Why slots: at B = 1 the expert grid was 128 rows of blocks for 8
 // experts, and the 120 idle rows of blocks each waited on a read of their count before they
-// left, two blocks an SM at a time.
-// The slot's id and the earlier slots' (the first 64 of them) are loaded together: one round
-// trip, which the expert grid spent on its count.
+// left, two blocks an SM at a time. The slot's id and the earlier slots' (the first 64 of
+// them) are loaded together: one round trip, which the expert grid spent on its count.
 __device__ __forceinline__ int btr_group(const int* ids) {
     int y = blockIdx.y, lane = threadIdx.x & 31;
     if (!ids) return y;

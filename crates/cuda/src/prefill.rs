@@ -509,10 +509,7 @@ impl Prefill {
             };
         let on = self.rows_on(n);
         let slots = Groups::routed(self.ids.ptr, n * nu, ne);
-        let grouped = |p: PfRowsParams| match on == Rows::Few && splits(&p.w) {
-            true => few_launch(p, &[(p.w, p.rows as usize, p.out)], slots),
-            false => rows_launch(on, p, n * nu, ne),
-        };
+        let grouped = |p: PfRowsParams| rows_launch(on, p, n * nu, slots);
         let x = (self.xq.ptr, self.xf.ptr);
         let up = self.gu.ptr + 4 * dff as u64;
         let gate = params(lw.gate, dff, x, self.gu.ptr, false);

@@ -68,7 +68,7 @@ impl Rows {
 /// pf_f32rows (dense), the split types as `on` says (`Rows`), the others on pf_rows. Dense
 /// launches tile the entries over blockIdx.z, grouped pf_mma launches take the work list's
 /// tiles (blockIdx.y), grouped pf_rows and bt_rows launches a group a blockIdx.y.
-pub(crate) fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: usize) -> Launch {
+pub(crate) fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: Groups) -> Launch {
     if p.list == 0 && is_f32(p.w.ty) && on == Rows::Few {
         return f32_few_launch(p, entries, None);
     }
@@ -80,8 +80,9 @@ pub(crate) fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups:
     let on = if splits(&p.w) { on } else { Rows::Plain };
     let blocks = |rows: usize| (p.rows as u32).div_ceil(rows as u32);
     if on == Rows::Few {
-        return few_launch(p, &[(p.w, p.rows as usize, p.out)], Groups::Each(groups));
+        return few_launch(p, &[(p.w, p.rows as usize, p.out)], groups);
     }
+    let groups = groups.count();
     let mma = on == Rows::Mma;
     let (kernel, name, rows, z, smem) = match mma {
         true => (Kernel::PfMma, "pf_mma", PFM_ROWS, PFM_ENTRIES, PFM_SMEM),
@@ -146,9 +147,10 @@ pub(crate) fn splits(w: &Qw) -> bool {
     Quant::of(w.ty).is_some() && w.k % 256 == 0
 }
 
-/// What a bt_rows launch's blockIdx.y takes: `Each` of n groups (1 for a dense launch, the
-/// experts), or `Slots`: the routed slots (`ids`, token-major) of a grouped launch, a slot
-/// taking its expert unless an earlier slot chose it too (btr_group). Slots where they are at
+/// The groups of a launch: `Each` of n groups (1 for a dense launch, the experts), or
+/// `Slots`: a grouped launch's `experts`, whose bt_rows launch takes the routed slots (`ids`,
+/// token-major) a blockIdx.y, a slot taking its expert unless an earlier slot chose it too
+/// (btr_group); the other kernels take the experts. Slots where they are at
 /// most a quarter of the experts: at B = 1, 8 rows of blocks instead of 128 mostly idle ones.
 /// Measured (H200, Q4_0, Qwen3-30B-A3B's 128 experts, 8 a token, one call): slots against the
 /// expert grid 180.0 / 312.5 / 470.7 / 584.6 tok/s against 143.2 / 265.0 / 451.3 / 662.3 at
@@ -156,16 +158,31 @@ pub(crate) fn splits(w: &Qw) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Groups {
     Each(usize),
-    Slots { ids: u64, slots: usize },
+    Slots {
+        ids: u64,
+        slots: usize,
+        experts: usize,
+    },
 }
 
 impl Groups {
     /// A grouped launch's: slots where at most a quarter of the experts.
     pub(crate) fn routed(ids: u64, slots: usize, experts: usize) -> Groups {
         match 4 * slots <= experts {
-            true => Groups::Slots { ids, slots },
+            true => Groups::Slots {
+                ids,
+                slots,
+                experts,
+            },
             false => Groups::Each(experts),
         }
+    }
+
+    /// The groups themselves (the kernels other than bt_rows take a group a blockIdx.y or a
+    /// work list over them).
+    fn count(self) -> usize {
+        let (Groups::Each(n) | Groups::Slots { experts: n, .. }) = self;
+        n
     }
 }
 
@@ -256,7 +273,12 @@ pub(crate) fn dense_launch(
     n: usize,
     add: bool,
 ) -> Launch {
-    rows_launch(on, dense_params(w, rows, x, out, n, add), n, 1)
+    rows_launch(
+        on,
+        dense_params(w, rows, x, out, n, add),
+        n,
+        Groups::Each(1),
+    )
 }
 
 /// A dense launch's params: `rows` rows of `w` against the n activation rows at `(xq, xf)`,
@@ -316,7 +338,7 @@ mod tests {
             (Rows::Few, Q4_0, 2080, 0, 3, 1, "pf_rows", (24, 1, 1)),
         ];
         for (on, ty, k, list, entries, groups, name, grid) in cases {
-            let l = rows_launch(on, params(ty, k, list), entries, groups);
+            let l = rows_launch(on, params(ty, k, list), entries, Groups::Each(groups));
             assert_eq!((l.name, l.grid), (name, grid), "{on:?} {ty:?} k {k}");
         }
     }
@@ -345,6 +367,10 @@ mod tests {
             // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.
             let b: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
             assert_eq!(b.ids, ids, "{slots} slots of {experts} experts");
+            // rows_launch takes the same grid for bt_rows, and the experts for pf_mma.
+            assert_eq!(rows_launch(Rows::Few, p, slots, g).grid, l.grid);
+            let mma = rows_launch(Rows::Mma, p, slots, g).grid;
+            assert_eq!(mma.1 as usize, slots.div_ceil(PFM_ENTRIES) + experts);
         }
     }
 
