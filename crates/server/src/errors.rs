@@ -123,6 +123,15 @@ pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError
         )
         .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded"),
         E::Invalid(msg) => ApiError::invalid(prompt_param, msg),
+        // Other sequences hold the KV pool's pages: the client may retry once they finish.
+        E::Backend(full @ q4moe_model::backend::BackendError::KvFull { .. }) => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: full.to_string(),
+            kind: "server_error",
+            param: None,
+            code: Some("kv_cache_full"),
+            retry_after: Some(1),
+        },
         // The model's template overran its limits or its worker failed: the server's fault
         // (its model file), not the request's.
         E::Tokenizer(t @ (TokenizerError::TemplateLimit(_) | TokenizerError::TemplateWorker(_))) => {
