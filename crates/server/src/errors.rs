@@ -167,4 +167,24 @@ mod tests {
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.body()["error"]["param"], "messages");
     }
+
+    /// A full KV pool is the server's momentary state: 503 with Retry-After, the pool named.
+    #[test]
+    fn a_full_kv_pool_is_503_with_retry_after() {
+        let full = q4moe_model::backend::BackendError::KvFull {
+            session: 3,
+            needed: 4096,
+            free: 1024,
+            capacity: 1 << 20,
+        };
+        let e = from_engine(EngineError::Backend(full), "messages");
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.retry_after, Some(1));
+        assert_eq!(e.body()["error"]["code"], "kv_cache_full");
+        let msg = e.body()["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            msg.contains("KV pool is full (4096 more bytes needed, 1024 of 1048576 free"),
+            "{msg}"
+        );
+    }
 }
