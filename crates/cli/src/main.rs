@@ -77,9 +77,10 @@ pub struct DeviceArgs {
     /// length.
     #[arg(short = 'c', long, default_value_t = 4096)]
     pub ctx: usize,
-    /// MiB of KV the finished conversations keep for prefix reuse (least recently used dropped
-    /// beyond it; a CUDA session holds what its KV has grown to, doubling from 256 positions, a CPU
-    /// one what it has used).
+    /// MiB of KV. CPU: the pool every session's KV pages come from (running requests and the
+    /// conversations kept for prefix reuse; kept ones are dropped, least recently used first,
+    /// when a request needs room). CUDA: what the kept conversations may hold (a session holds
+    /// what its KV has grown to, doubling from 256 positions).
     #[arg(long, default_value_t = 4096)]
     pub kv_cache_mb: usize,
     /// KV cache element type, f16 or f32: f16 halves the bytes attention reads a position (long

@@ -304,7 +304,7 @@ impl Batch {
     /// Token i's queries (`self.q`) over its cache's first `pos[i] + 1` positions of layer
     /// `li`, every head of every token in one parallel region, into `self.attn`.
     fn attend(&mut self, c: &Config, seats: &Seats<'_>, li: usize, pos: &[usize]) {
-        let (hd, heads, kv_dim) = (c.head_dim, c.n_head, c.kv_dim());
+        let (hd, heads) = (c.head_dim, c.n_head);
         let longest = pos.iter().max().map_or(0, |p| p + 1);
         self.attn.resize(pos.len() * c.q_dim(), 0.0);
         self.scores.resize(pos.len() * heads * longest, 0.0);
@@ -316,10 +316,10 @@ impl Batch {
             longest,
             |j, o, scores| {
                 let (i, h) = (j / heads, j % heads);
-                let (kv, len) = (seats.kv_ref(i), pos[i] + 1);
-                let cached = (&kv.k[li][..len * kv_dim], &kv.v[li][..len * kv_dim]);
+                let len = pos[i] + 1;
+                let cached = seats.kv_ref(i).view(li, len);
                 let q = &q[i * c.q_dim()..(i + 1) * c.q_dim()];
-                attend_head(c, h, q, cached, &mut scores[..len], o);
+                attend_head(c, h, q, &cached, &mut scores[..len], o);
             },
         );
     }

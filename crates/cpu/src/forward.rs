@@ -8,7 +8,7 @@ use q4moe_gguf::quant::{
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvView};
 use crate::ops::{dot_f32, rmsnorm, rmsnorm_heads, rope_neox, silu, softmax, top_k};
 use crate::par;
 
@@ -338,7 +338,7 @@ pub(crate) fn attend_token(
     s: &mut Scratch,
 ) {
     push_token(c, w, kv, li, pos, s);
-    attend(c, &s.q, &kv.k[li], &kv.v[li], &mut s.scores, &mut s.attn);
+    attend(c, &s.q, &kv.view(li, pos + 1), &mut s.scores, &mut s.attn);
 }
 
 /// The head norms and RoPE of the token's `s.q` and `s.k` (in place), and its keys and values
@@ -360,44 +360,37 @@ pub(crate) fn push_token(
 
 /// Grouped-query attention of one query position over every cached position, head-parallel.
 /// `scores` is scratch (resized to heads x positions, so no allocation per head or token).
-fn attend(
-    c: &Config,
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let len = keys.len() / c.kv_dim();
+fn attend(c: &Config, q: &[f32], cached: &KvView<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let len = cached.len();
     scores.resize((out.len() / c.head_dim) * len, 0.0);
     par::chunks_mut2(out, c.head_dim, scores, len, |h, o, scores| {
-        attend_head(c, h, q, (keys, values), scores, o)
+        attend_head(c, h, q, cached, scores, o)
     });
 }
 
-/// Query head `h` of `q` over the cached `keys` and `values` (as many positions as `scores`
+/// Query head `h` of `q` over the `cached` keys and values (as many positions as `scores`
 /// holds) into `o`: the one body every attention path runs, so a head's output is the same
 /// bits alone or in a batch.
 pub(crate) fn attend_head(
     c: &Config,
     h: usize,
     q: &[f32],
-    (keys, values): (&[f32], &[f32]),
+    cached: &KvView<'_>,
     scores: &mut [f32],
     o: &mut [f32],
 ) {
-    let (hd, kv_dim) = (c.head_dim, c.kv_dim());
+    let hd = c.head_dim;
     let scale = 1.0 / (hd as f32).sqrt();
     let g = h / c.n_group();
     let qh = &q[h * hd..(h + 1) * hd];
     for (t, sc) in scores.iter_mut().enumerate() {
-        let kt = &keys[t * kv_dim + g * hd..t * kv_dim + (g + 1) * hd];
+        let kt = &cached.key(t)[g * hd..(g + 1) * hd];
         *sc = dot_f32(qh, kt) * scale;
     }
     softmax(scores);
     o.fill(0.0);
     for (t, &p) in scores.iter().enumerate() {
-        let vt = &values[t * kv_dim + g * hd..t * kv_dim + (g + 1) * hd];
+        let vt = &cached.value(t)[g * hd..(g + 1) * hd];
         o.iter_mut().zip(vt).for_each(|(a, b)| *a += p * b);
     }
 }

@@ -1,71 +1,358 @@
+//! Every session's keys and values, in pages of `PAGE` positions from one pool bounded in
+//! bytes: a session costs the pages it holds, not its context capacity, and a session forked
+//! from another (a conversation's next branch, the `n` choices of one prompt) shares the pages
+//! of the prefix instead of copying them. A shared page is copied only when one of its holders
+//! writes into it (the last, partly filled page of a fork), so the prefix stays the same bits
+//! for every holder. Pages are per layer; attention reads a layer through `KvView`, position by
+//! position in the order the contiguous cache was read, so paging changes no output bit.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use q4moe_model::backend::KvType;
 use q4moe_model::Config;
 
+/// Positions a page holds (vLLM's block size): small enough that a session's last page wastes
+/// little, large enough that a page's 16 x kv_dim floats are one allocation among few.
+pub const PAGE: usize = 16;
+
+/// The pool every session's pages come from: at most `capacity` pages live at once. A page
+/// gives its place back when its last holder drops it. Cloning shares the one pool.
+#[derive(Clone)]
+pub struct KvPool {
+    inner: Arc<PoolCount>,
+    /// f32 keys (and as many values) a page holds: PAGE x kv_dim.
+    page_floats: usize,
+}
+
+struct PoolCount {
+    capacity: usize,
+    used: AtomicUsize,
+}
+
+/// The pool cannot give the pages a step needs (`Backend::kv_needed` says how many bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolFull {
+    pub needed_pages: usize,
+    pub free_pages: usize,
+}
+
+impl KvPool {
+    /// A pool of at most `max_bytes` of pages (at least one page) for `c`'s layers.
+    pub fn new(c: &Config, max_bytes: usize) -> Self {
+        let page_floats = PAGE * c.kv_dim();
+        let page_bytes = 2 * page_floats * std::mem::size_of::<f32>();
+        KvPool {
+            inner: Arc::new(PoolCount {
+                capacity: (max_bytes / page_bytes).max(1),
+                used: AtomicUsize::new(0),
+            }),
+            page_floats,
+        }
+    }
+
+    /// Bytes one page takes (keys and values, f32).
+    pub fn page_bytes(&self) -> usize {
+        2 * self.page_floats * std::mem::size_of::<f32>()
+    }
+
+    pub fn capacity_pages(&self) -> usize {
+        self.inner.capacity
+    }
+
+    pub fn used_pages(&self) -> usize {
+        self.inner.used.load(Ordering::Relaxed)
+    }
+
+    pub fn free_pages(&self) -> usize {
+        self.capacity_pages().saturating_sub(self.used_pages())
+    }
+
+    /// A zeroed page, if the pool has room.
+    fn take(&self) -> Option<Page> {
+        let count = &self.inner;
+        count
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                (u < count.capacity).then_some(u + 1)
+            })
+            .ok()?;
+        Some(Page {
+            k: vec![0.0; self.page_floats],
+            v: vec![0.0; self.page_floats],
+            count: count.clone(),
+        })
+    }
+}
+
+/// PAGE positions of one layer: [PAGE, kv_dim] keys and values.
+struct Page {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    count: Arc<PoolCount>,
+}
+
+impl Drop for Page {
+    fn drop(&mut self) {
+        self.count.used.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One layer of a session: its pages in position order and the positions written.
+#[derive(Clone, Default)]
+struct Layer {
+    pages: Vec<Arc<Page>>,
+    len: usize,
+}
+
+impl Layer {
+    /// Pages this layer must take to hold `n` more positions: the new pages past its last, and
+    /// a copy of the partly filled last page where another session shares it.
+    fn pages_needed(&self, n: usize) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        let grow = (self.len + n)
+            .div_ceil(PAGE)
+            .saturating_sub(self.pages.len());
+        let shared_tail =
+            self.len % PAGE != 0 && Arc::strong_count(&self.pages[self.len / PAGE]) > 1;
+        grow + usize::from(shared_tail)
+    }
+}
+
 /// One session's keys and values, held by the backend, never by the layers.
 pub struct KvCache {
-    /// Per layer: [len, kv_dim] keys after k_norm and RoPE.
-    pub k: Vec<Vec<f32>>,
-    /// Per layer: [len, kv_dim] values.
-    pub v: Vec<Vec<f32>>,
+    layers: Vec<Layer>,
     kv_dim: usize,
     /// Values are stored as f32 rounded to this type (what the GPU's cache holds), so both
     /// backends attend over the same numbers.
     kv_type: KvType,
+    pool: KvPool,
 }
 
 impl KvCache {
-    pub fn new(c: &Config, kv_type: KvType) -> Self {
+    pub fn new(c: &Config, kv_type: KvType, pool: &KvPool) -> Self {
         KvCache {
-            k: vec![Vec::new(); c.n_layer],
-            v: vec![Vec::new(); c.n_layer],
+            layers: vec![Layer::default(); c.n_layer],
             kv_dim: c.kv_dim(),
             kv_type,
+            pool: pool.clone(),
         }
     }
 
-    /// Appends one position's keys and values to layer `li`, rounded to the cache's type.
+    /// Pages the cache must take from the pool to hold `n` more positions in every layer.
+    pub fn pages_needed(&self, n: usize) -> usize {
+        self.layers.iter().map(|l| l.pages_needed(n)).sum()
+    }
+
+    /// Takes from the pool what `n` more positions need (`pages_needed`), so the pushes that
+    /// follow write into pages this cache alone holds. All or nothing: a refusal takes no page
+    /// and leaves the cache as it was.
+    pub fn reserve(&mut self, n: usize) -> Result<(), PoolFull> {
+        let needed = self.pages_needed(n);
+        let mut taken: Vec<Page> = Vec::with_capacity(needed);
+        for _ in 0..needed {
+            match self.pool.take() {
+                Some(p) => taken.push(p),
+                None => {
+                    let free = self.pool.free_pages() + taken.len();
+                    return Err(PoolFull {
+                        needed_pages: needed,
+                        free_pages: free,
+                    });
+                }
+            }
+        }
+        for layer in &mut self.layers {
+            if n == 0 {
+                break;
+            }
+            let tail = layer.len / PAGE;
+            if layer.len % PAGE != 0 && Arc::strong_count(&layer.pages[tail]) > 1 {
+                let mut copy = taken.pop().expect("counted by pages_needed");
+                copy.k.copy_from_slice(&layer.pages[tail].k);
+                copy.v.copy_from_slice(&layer.pages[tail].v);
+                layer.pages[tail] = Arc::new(copy);
+            }
+            while layer.pages.len() < (layer.len + n).div_ceil(PAGE) {
+                layer
+                    .pages
+                    .push(Arc::new(taken.pop().expect("counted by pages_needed")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends one position's keys and values to layer `li`, rounded to the cache's type, into
+    /// the pages `reserve` took. Unreserved (a bug, not an input), it takes the page past the
+    /// pool's bound rather than fail mid-token.
     pub fn push(&mut self, li: usize, k: &[f32], v: &[f32]) {
-        let t = self.kv_type;
-        self.k[li].extend(k.iter().map(|&x| t.round(x)));
-        self.v[li].extend(v.iter().map(|&x| t.round(x)));
+        let (t, kv_dim) = (self.kv_type, self.kv_dim);
+        let layer = &mut self.layers[li];
+        let (page, at) = (layer.len / PAGE, layer.len % PAGE * kv_dim);
+        if page == layer.pages.len() || Arc::strong_count(&layer.pages[page]) > 1 {
+            debug_assert!(false, "layer {li}: position {} was not reserved", layer.len);
+            let count = &self.pool.inner;
+            count.used.fetch_add(1, Ordering::Relaxed);
+            let mut fresh = Page {
+                k: vec![0.0; self.pool.page_floats],
+                v: vec![0.0; self.pool.page_floats],
+                count: count.clone(),
+            };
+            if let Some(old) = layer.pages.get(page) {
+                fresh.k.copy_from_slice(&old.k);
+                fresh.v.copy_from_slice(&old.v);
+            }
+            layer.pages.truncate(page);
+            layer.pages.push(Arc::new(fresh));
+        }
+        let p = Arc::get_mut(&mut layer.pages[page]).expect("a page written is this cache's alone");
+        for (dst, &x) in p.k[at..at + kv_dim].iter_mut().zip(k) {
+            *dst = t.round(x);
+        }
+        for (dst, &x) in p.v[at..at + kv_dim].iter_mut().zip(v) {
+            *dst = t.round(x);
+        }
+        layer.len += 1;
     }
 
     /// Positions held (every layer holds the same number once a token has finished).
     pub fn len(&self) -> usize {
-        self.k.last().map_or(0, |k| k.len() / self.kv_dim)
-    }
-
-    /// Bytes the cache's buffers take.
-    pub fn bytes(&self) -> usize {
-        let floats: usize = self.k.iter().chain(&self.v).map(Vec::capacity).sum();
-        floats * std::mem::size_of::<f32>()
+        self.layers.last().map_or(0, |l| l.len)
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// A copy of the first `len` positions (Backend::fork).
-    pub fn prefix(&self, len: usize) -> KvCache {
-        let n = len * self.kv_dim;
-        let copy = |bufs: &[Vec<f32>]| bufs.iter().map(|b| b[..n.min(b.len())].to_vec()).collect();
+    /// Layer `li`'s first `len` positions, for attention.
+    pub fn view(&self, li: usize, len: usize) -> KvView<'_> {
+        let layer = &self.layers[li];
+        assert!(
+            len <= layer.len,
+            "layer {li} holds {} positions, not {len}",
+            layer.len
+        );
+        KvView {
+            pages: &layer.pages,
+            len,
+            kv_dim: self.kv_dim,
+        }
+    }
+
+    /// Bytes of the pages this cache holds (those it shares counted whole).
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.pages.len()).sum::<usize>() * self.pool.page_bytes()
+    }
+
+    /// Every page this cache holds, by identity (to count pages shared between caches once).
+    pub fn page_ids(&self) -> impl Iterator<Item = usize> + '_ {
+        self.layers
+            .iter()
+            .flat_map(|l| l.pages.iter().map(|p| Arc::as_ptr(p) as usize))
+    }
+
+    /// A cache holding the first `len` positions, sharing this one's pages (Backend::fork):
+    /// it takes no page until one of the two writes into a page they share.
+    pub fn fork(&self, len: usize) -> KvCache {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                let len = len.min(l.len);
+                Layer {
+                    pages: l.pages[..len.div_ceil(PAGE)].to_vec(),
+                    len,
+                }
+            })
+            .collect();
         KvCache {
-            k: copy(&self.k),
-            v: copy(&self.v),
+            layers,
+            pool: self.pool.clone(),
             ..*self
         }
     }
 
+    /// Keeps the first `len` positions; the pages past them go back to the pool (unless
+    /// another session shares them).
     pub fn truncate(&mut self, len: usize) {
-        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            buf.truncate(len * self.kv_dim);
+        for l in &mut self.layers {
+            l.len = l.len.min(len);
+            l.pages.truncate(l.len.div_ceil(PAGE));
         }
+    }
+}
+
+/// One layer's first positions of a session, page by page.
+pub struct KvView<'a> {
+    pages: &'a [Arc<Page>],
+    len: usize,
+    kv_dim: usize,
+}
+
+impl KvView<'_> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Position `t`'s keys, [kv_dim].
+    #[inline]
+    pub fn key(&self, t: usize) -> &[f32] {
+        debug_assert!(t < self.len);
+        let at = t % PAGE * self.kv_dim;
+        &self.pages[t / PAGE].k[at..at + self.kv_dim]
+    }
+
+    /// Position `t`'s values, [kv_dim].
+    #[inline]
+    pub fn value(&self, t: usize) -> &[f32] {
+        debug_assert!(t < self.len);
+        let at = t % PAGE * self.kv_dim;
+        &self.pages[t / PAGE].v[at..at + self.kv_dim]
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Random values (a fixed seed), never zeros.
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Pushes `n` random positions into every layer of `kv` (reserved first).
+    fn fill(kv: &mut KvCache, c: &Config, n: usize, seed: u64) -> Vec<Vec<f32>> {
+        kv.reserve(n).unwrap();
+        let mut rows = Vec::new();
+        for t in 0..n {
+            let k = random(c.kv_dim(), seed + 2 * t as u64);
+            let v = random(c.kv_dim(), seed + 2 * t as u64 + 1);
+            for li in 0..c.n_layer {
+                kv.push(li, &k, &v);
+            }
+            rows.push(k);
+            rows.push(v);
+        }
+        rows
+    }
+
+    fn unbounded(c: &Config) -> KvPool {
+        KvPool::new(c, usize::MAX)
+    }
 
     #[test]
     fn push_rounds_to_the_cache_type() {
@@ -75,14 +362,116 @@ mod tests {
         let ulp = 2f32.powi(-12);
         let k: Vec<f32> = (0..n).map(|i| 1.0 + [1.0, 3.0][i % 2] * ulp).collect();
         let v: Vec<f32> = (0..n).map(|i| -3.0 - (i % 2) as f32 * 8.0 * ulp).collect(); // f16 steps 2^-9 in [2, 4)
-        let mut f16 = KvCache::new(&c, KvType::F16);
-        let mut f32 = KvCache::new(&c, KvType::F32);
-        f16.push(0, &k, &v);
-        f32.push(0, &k, &v);
-        assert_eq!((&f32.k[0], &f32.v[0]), (&k, &v));
-        for (i, &got) in f16.k[0].iter().enumerate() {
+        let pool = unbounded(&c);
+        let mut f16 = KvCache::new(&c, KvType::F16, &pool);
+        let mut f32 = KvCache::new(&c, KvType::F32, &pool);
+        for kv in [&mut f16, &mut f32] {
+            kv.reserve(1).unwrap();
+            kv.push(0, &k, &v);
+        }
+        let (exact, rounded) = (f32.view(0, 1), f16.view(0, 1));
+        assert_eq!((exact.key(0), exact.value(0)), (&k[..], &v[..]));
+        for (i, &got) in rounded.key(0).iter().enumerate() {
             assert_eq!(got, [1.0, 1.0 + 4.0 * ulp][i % 2], "key {i}");
         }
-        assert_eq!(f16.v[0], v, "values that are f16 already stay exact");
+        assert_eq!(
+            rounded.value(0),
+            &v[..],
+            "values that are f16 already stay exact"
+        );
+    }
+
+    #[test]
+    fn positions_read_back_across_pages() {
+        let c = Config::tiny();
+        let pool = unbounded(&c);
+        let mut kv = KvCache::new(&c, KvType::F32, &pool);
+        let n = 2 * PAGE + 5;
+        let rows = fill(&mut kv, &c, n, 7);
+        assert_eq!(kv.len(), n);
+        assert_eq!(
+            pool.used_pages(),
+            3 * c.n_layer,
+            "pages of {PAGE} positions, per layer"
+        );
+        assert_eq!(kv.bytes(), 3 * c.n_layer * pool.page_bytes());
+        for li in 0..c.n_layer {
+            let view = kv.view(li, n);
+            for t in 0..n {
+                assert_eq!(view.key(t), &rows[2 * t][..], "layer {li} key {t}");
+                assert_eq!(view.value(t), &rows[2 * t + 1][..], "layer {li} value {t}");
+            }
+        }
+        kv.truncate(PAGE + 1);
+        assert_eq!((kv.len(), pool.used_pages()), (PAGE + 1, 2 * c.n_layer));
+        drop(kv);
+        assert_eq!(pool.used_pages(), 0, "a dropped cache gives its pages back");
+    }
+
+    #[test]
+    fn a_fork_shares_its_prefix_until_it_writes() {
+        let c = Config::tiny();
+        let pool = unbounded(&c);
+        let mut a = KvCache::new(&c, KvType::F32, &pool);
+        let n = 2 * PAGE + 3;
+        let rows = fill(&mut a, &c, n, 11);
+        let before = pool.used_pages();
+        let len = PAGE + 4;
+        let mut b = a.fork(len);
+        assert_eq!(pool.used_pages(), before, "a fork takes no page");
+        assert_eq!(b.len(), len);
+        // b writes into the page it shares with a (position PAGE + 4 of page 1): one copy a
+        // layer, and a's positions there stay a's.
+        assert_eq!(b.pages_needed(1), c.n_layer);
+        let theirs = fill(&mut b, &c, 1, 99);
+        assert_eq!(pool.used_pages(), before + c.n_layer);
+        for li in 0..c.n_layer {
+            let (va, vb) = (a.view(li, n), b.view(li, len + 1));
+            for t in 0..len {
+                assert_eq!(vb.key(t), va.key(t), "layer {li}: shared position {t}");
+            }
+            assert_eq!(vb.key(len), &theirs[0][..]);
+            assert_eq!(
+                va.key(len),
+                &rows[2 * len][..],
+                "a's own position {len} untouched"
+            );
+        }
+        // Every page of a's is still a's: dropping b gives back only b's copies.
+        drop(b);
+        assert_eq!(pool.used_pages(), before);
+        // A fork at a page boundary writes into a new page at once: nothing is copied.
+        let d = a.fork(PAGE);
+        assert_eq!(d.pages_needed(1), c.n_layer);
+        assert_eq!(a.pages_needed(1), 0, "a's last page is a's alone");
+    }
+
+    #[test]
+    fn the_pool_refuses_what_it_cannot_hold_and_takes_nothing() {
+        let c = Config::tiny();
+        let pool = KvPool::new(&c, 0);
+        assert_eq!(pool.capacity_pages(), 1, "at least one page");
+        let pool = KvPool::new(&c, 3 * c.n_layer * 2 * PAGE * c.kv_dim() * 4 + 5);
+        assert_eq!(pool.capacity_pages(), 3 * c.n_layer);
+        let mut a = KvCache::new(&c, KvType::F32, &pool);
+        fill(&mut a, &c, 2 * PAGE, 3);
+        let mut b = KvCache::new(&c, KvType::F32, &pool);
+        let err = b.reserve(PAGE + 1).unwrap_err();
+        assert_eq!(
+            err,
+            PoolFull {
+                needed_pages: 2 * c.n_layer,
+                free_pages: c.n_layer
+            }
+        );
+        assert_eq!(
+            (b.bytes(), pool.used_pages()),
+            (0, 2 * c.n_layer),
+            "all or nothing"
+        );
+        b.reserve(PAGE).unwrap();
+        assert_eq!(pool.free_pages(), 0);
+        drop(a);
+        assert_eq!(pool.free_pages(), 2 * c.n_layer);
     }
 }

@@ -15,20 +15,23 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use q4moe_model::backend::{
-    check_span, sample_and_emit, Backend, BackendInfo, BackendResult, BatchOut, BatchRow,
-    DecodeRequest, DecodeStats, Flow, KvType, Logits, PhaseTimes, RowCopies, SessionId, TokenEvent,
+    check_span, sample_and_emit, Backend, BackendError, BackendInfo, BackendResult, BatchOut,
+    BatchRow, DecodeRequest, DecodeStats, Flow, KvPoolStats, KvType, Logits, PhaseTimes, RowCopies,
+    SessionId, TokenEvent,
 };
 use q4moe_model::sampling::Sampler;
 use q4moe_model::{Config, Model};
 
 pub use forward::{Precision, Scratch};
-pub use kv::KvCache;
+pub use kv::{KvCache, KvPool, PAGE};
 
 pub struct CpuBackend {
     model: Arc<Model>,
     weights: forward::HostWeights,
     kv_capacity: usize,
     kv_type: KvType,
+    /// Every session's KV pages come from here (kv.rs).
+    pool: KvPool,
     sessions: HashMap<SessionId, KvCache>,
     scratch: Scratch,
     /// The prompt's chunks' activations (batch::Batch).
@@ -46,6 +49,7 @@ impl CpuBackend {
 
     pub fn with_precision(model: Arc<Model>, kv_capacity: usize, precision: Precision) -> Self {
         let kv_capacity = kv_capacity.min(model.config.context_length).max(1);
+        let pool = KvPool::new(&model.config, usize::MAX);
         populate(model.file.bytes());
         let weights = forward::HostWeights::new(&model);
         let scratch = Scratch::new(&model.config, precision);
@@ -54,6 +58,7 @@ impl CpuBackend {
             weights,
             kv_capacity,
             kv_type: KvType::default(),
+            pool,
             sessions: HashMap::new(),
             scratch,
             batch: batch::Batch::default(),
@@ -67,6 +72,22 @@ impl CpuBackend {
         self
     }
 
+    /// Bounds every session's KV together to `max_bytes` of pages (default: unbounded). Set
+    /// before the first session.
+    pub fn with_kv_pool(mut self, max_bytes: usize) -> Self {
+        self.sessions.clear();
+        self.pool = KvPool::new(&self.model.config, max_bytes);
+        self
+    }
+
+    /// Takes the pages `n` more positions of `session` need (a new session starts empty), or
+    /// refuses with `KvFull`, the session unchanged.
+    fn reserve(&mut self, session: SessionId, n: usize) -> BackendResult<()> {
+        let (c, kv_type, pool) = (&self.model.config, self.kv_type, &self.pool);
+        let kv = session_kv(&mut self.sessions, c, kv_type, pool, session);
+        kv.reserve(n).map_err(|e| pool_full(pool, session, e))
+    }
+
     /// `tokens` may go into `session` next (backend::check_span).
     fn check_span(&self, session: SessionId, tokens: &[u32]) -> BackendResult<()> {
         let held = self.kv_len(session);
@@ -75,6 +96,7 @@ impl CpuBackend {
 
     /// Runs one token and leaves the logits in the scratch; non-finite logits are an error.
     fn step(&mut self, session: SessionId, token: u32) -> BackendResult<&[f32]> {
+        self.reserve(session, 1)?;
         self.advance(session, token);
         let position = self.kv_len(session) - 1;
         let logits = forward::head(&self.model, &self.weights, &mut self.scratch);
@@ -82,33 +104,35 @@ impl CpuBackend {
         Ok(logits)
     }
 
-    /// `token` through every layer of `session` (its keys and values cached), without the
-    /// output head.
+    /// `token` through every layer of `session` (its keys and values cached, its page
+    /// reserved), without the output head.
     fn advance(&mut self, session: SessionId, token: u32) {
-        let kv = session_kv(
-            &mut self.sessions,
-            &self.model.config,
-            self.kv_type,
-            session,
-        );
+        let kv = self.sessions.get_mut(&session).expect("reserved");
         forward::token_layers(&self.model, &self.weights, kv, token, &mut self.scratch);
     }
 
     /// `tokens` through every layer of `session` a chunk at a time (batch.rs): the same keys,
     /// values and residual as `advance` a token at a time, with each run of weight rows read
     /// once a chunk.
-    fn advance_batched(&mut self, session: SessionId, tokens: &[u32]) {
-        let kv = session_kv(
-            &mut self.sessions,
-            &self.model.config,
-            self.kv_type,
-            session,
-        );
+    fn advance_batched(&mut self, session: SessionId, tokens: &[u32]) -> BackendResult<()> {
+        self.reserve(session, tokens.len())?;
+        let kv = self.sessions.get_mut(&session).expect("reserved");
         for chunk in tokens.chunks(batch::CHUNK) {
             let (model, weights) = (&self.model, &self.weights);
             self.batch
                 .layers(model, weights, kv, chunk, &mut self.scratch);
         }
+        Ok(())
+    }
+}
+
+/// The error a refused reservation of `session`'s pages gives, in bytes.
+pub(crate) fn pool_full(pool: &KvPool, session: SessionId, e: kv::PoolFull) -> BackendError {
+    BackendError::KvFull {
+        session,
+        needed: e.needed_pages * pool.page_bytes(),
+        free: e.free_pages * pool.page_bytes(),
+        capacity: pool.capacity_pages() * pool.page_bytes(),
     }
 }
 
@@ -117,11 +141,12 @@ fn session_kv<'a>(
     sessions: &'a mut HashMap<SessionId, KvCache>,
     c: &Config,
     kv_type: KvType,
+    pool: &KvPool,
     session: SessionId,
 ) -> &'a mut KvCache {
     sessions
         .entry(session)
-        .or_insert_with(|| KvCache::new(c, kv_type))
+        .or_insert_with(|| KvCache::new(c, kv_type, pool))
 }
 
 /// Maps every page of the (page-cached) model into this process's page tables up front, as
@@ -194,7 +219,7 @@ impl Backend for CpuBackend {
         match logits {
             Logits::None => {
                 if !tokens.is_empty() {
-                    self.advance_batched(session, tokens);
+                    self.advance_batched(session, tokens)?;
                 }
                 Ok(Vec::new())
             }
@@ -208,7 +233,7 @@ impl Backend for CpuBackend {
             Logits::Last => {
                 let (last, before) = tokens.split_last().expect("checked: not empty");
                 if !before.is_empty() {
-                    self.advance_batched(session, before);
+                    self.advance_batched(session, before)?;
                 }
                 Ok(self.step(session, *last)?.to_vec())
             }
@@ -261,6 +286,33 @@ impl Backend for CpuBackend {
         self.sessions.get(&session).map_or(0, KvCache::bytes)
     }
 
+    fn kv_bytes_of(&self, sessions: &[SessionId]) -> usize {
+        let pages: std::collections::HashSet<usize> = sessions
+            .iter()
+            .filter_map(|s| self.sessions.get(s))
+            .flat_map(KvCache::page_ids)
+            .collect();
+        pages.len() * self.pool.page_bytes()
+    }
+
+    fn kv_pool(&self) -> Option<KvPoolStats> {
+        let page_bytes = self.pool.page_bytes();
+        Some(KvPoolStats {
+            capacity_bytes: self.pool.capacity_pages().saturating_mul(page_bytes),
+            used_bytes: self.pool.used_pages() * page_bytes,
+            page_positions: PAGE,
+            page_bytes,
+        })
+    }
+
+    fn kv_needed(&self, session: SessionId, positions: usize) -> usize {
+        let pages = match self.sessions.get(&session) {
+            Some(kv) => kv.pages_needed(positions),
+            None => positions.div_ceil(PAGE) * self.model.config.n_layer,
+        };
+        pages * self.pool.page_bytes()
+    }
+
     fn truncate(&mut self, session: SessionId, len: usize) {
         if let Some(kv) = self.sessions.get_mut(&session) {
             kv.truncate(len);
@@ -273,10 +325,10 @@ impl Backend for CpuBackend {
 
     fn fork(&mut self, src: SessionId, dst: SessionId, len: usize) -> BackendResult<()> {
         q4moe_model::backend::check_fork(src, dst, len, self.kv_len(src))?;
-        let kv = self.sessions.get(&src).map(|kv| kv.prefix(len));
+        let kv = self.sessions.get(&src).map(|kv| kv.fork(len));
         self.sessions.insert(
             dst,
-            kv.unwrap_or_else(|| KvCache::new(&self.model.config, self.kv_type)),
+            kv.unwrap_or_else(|| KvCache::new(&self.model.config, self.kv_type, &self.pool)),
         );
         Ok(())
     }

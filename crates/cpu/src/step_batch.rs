@@ -31,9 +31,21 @@ impl CpuBackend {
             .map(|r| {
                 self.sessions
                     .remove(&r.session)
-                    .unwrap_or_else(|| KvCache::new(c, self.kv_type))
+                    .unwrap_or_else(|| KvCache::new(c, self.kv_type, &self.pool))
             })
             .collect();
+        // Every row's page first: a refused step runs no row (its reserved pages stay with
+        // their sessions, for the step that runs).
+        let refused = rows
+            .iter()
+            .zip(&mut kvs)
+            .find_map(|(r, kv)| kv.reserve(1).err().map(|e| (r.session, e)));
+        if let Some((session, e)) = refused {
+            for (row, kv) in rows.iter().zip(kvs) {
+                self.sessions.insert(row.session, kv);
+            }
+            return Err(crate::pool_full(&self.pool, session, e));
+        }
         let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
         let (model, weights) = (&self.model, &self.weights);
         self.batch.run(

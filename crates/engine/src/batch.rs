@@ -9,7 +9,9 @@
 
 use std::time::Instant;
 
-use q4moe_model::backend::{BatchOut, BatchRow, DecodeStats, Flow, Logits, SessionId};
+use q4moe_model::backend::{
+    BackendError, BatchOut, BatchRow, DecodeStats, Flow, Logits, SessionId,
+};
 use q4moe_model::sampling::Sampler;
 
 use crate::collect::{Collector, Outcome};
@@ -132,10 +134,10 @@ impl Batcher {
         self.seqs.is_empty()
     }
 
-    /// Bytes the running sequences' KV takes.
+    /// Bytes the running sequences' KV takes (a page they share counted once).
     pub fn kv_bytes(&self, engine: &Engine) -> usize {
-        let b = engine.backend.as_ref();
-        self.seqs.iter().map(|s| b.kv_bytes(s.session)).sum()
+        let ids: Vec<SessionId> = self.seqs.iter().map(|s| s.session).collect();
+        engine.backend.kv_bytes_of(&ids)
     }
 
     pub fn has_room(&self) -> bool {
@@ -206,6 +208,7 @@ impl Batcher {
 
     fn prefill(&mut self, engine: &mut Engine) {
         let mut budget = self.opts.prefill_budget;
+        let decoding = self.seqs.iter().any(Sequence::prompt_in);
         let mut failed = Vec::new();
         for i in 0..self.seqs.len() {
             if budget == 0 {
@@ -228,7 +231,11 @@ impl Batcher {
             }
             let chunk = &s.req.prompt[s.fed..end];
             let mode = wanted.map_or(Logits::None, |_| Logits::All);
-            match engine.backend.prefill(s.session, chunk, mode) {
+            let backend = engine.backend.as_mut();
+            engine
+                .sessions
+                .make_room(backend, &[(s.session, chunk.len())]);
+            match backend.prefill(s.session, chunk, mode) {
                 Ok(all) => {
                     if let Some(o) = wanted {
                         let vocab = engine.model.config.vocab_size;
@@ -238,6 +245,9 @@ impl Batcher {
                     budget -= chunk.len();
                     s.fed = end;
                 }
+                // The pool is full of running sequences' pages: wait while some are decoding
+                // (they finish and give theirs back); with none decoding, none would.
+                Err(BackendError::KvFull { .. }) if decoding => {}
                 Err(e) => failed.push((i, EngineError::from(e))),
             }
         }
@@ -281,11 +291,61 @@ impl Batcher {
         Ok(Share::Forked)
     }
 
+    /// One batched step for every sequence whose prompt is in. Where the KV pool cannot give
+    /// every row its next position (cached sessions dropped first), the newest sequence holding
+    /// KV (a row, or a prompt half in) ends with the pool's error, and the step runs again
+    /// without it: the older ones always go on.
     fn decode(&mut self, engine: &mut Engine) {
+        loop {
+            match self.try_decode(engine) {
+                Err(BackendError::KvFull {
+                    needed,
+                    free,
+                    capacity,
+                    ..
+                }) => {
+                    let b = engine.backend.as_ref();
+                    let holds = |s: &Sequence| s.prompt_in() || b.kv_len(s.session) > 0;
+                    let i = self
+                        .seqs
+                        .iter()
+                        .rposition(holds)
+                        .expect("a refused step had rows");
+                    let session = self.seqs[i].session;
+                    let e = BackendError::KvFull {
+                        session,
+                        needed,
+                        free,
+                        capacity,
+                    };
+                    self.fail(engine, i, e.into());
+                }
+                Err(e) => {
+                    let why = format!("the batched step failed: {e}");
+                    for i in (0..self.seqs.len()).rev() {
+                        if self.seqs[i].prompt_in() {
+                            self.fail(engine, i, EngineError::Aborted(why.clone()));
+                        }
+                    }
+                    return;
+                }
+                Ok(()) => return,
+            }
+        }
+    }
+
+    fn try_decode(&mut self, engine: &mut Engine) -> std::result::Result<(), BackendError> {
         let ready: Vec<bool> = self.seqs.iter().map(Sequence::prompt_in).collect();
         if !ready.contains(&true) {
-            return;
+            return Ok(());
         }
+        let needs: Vec<(SessionId, usize)> = self
+            .seqs
+            .iter()
+            .filter(|s| s.prompt_in())
+            .map(|s| (s.session, 1))
+            .collect();
+        engine.sessions.make_room(engine.backend.as_mut(), &needs);
         let mut rows: Vec<BatchRow<'_>> = self
             .seqs
             .iter_mut()
@@ -300,13 +360,7 @@ impl Batcher {
             .collect();
         let stepped = engine.backend.step_batch(&mut rows, &mut self.out);
         drop(rows);
-        if let Err(e) = stepped {
-            let why = format!("the batched step failed: {e}");
-            for i in (0..self.seqs.len()).rev().filter(|&i| ready[i]) {
-                self.fail(engine, i, EngineError::Aborted(why.clone()));
-            }
-            return;
-        }
+        stepped?;
         let mut row = 0;
         for s in self
             .seqs
@@ -323,6 +377,7 @@ impl Batcher {
             s.next = token;
             s.done = flow == Flow::Stop || s.collector.generated() >= s.max_tokens;
         }
+        Ok(())
     }
 
     /// Finishes the sequences marked done and returns their sessions to the store.

@@ -36,8 +36,11 @@ pub struct EngineOptions {
     pub kv_capacity: usize,
     /// How the KV cache stores keys and values (both backends round alike).
     pub kv_type: KvType,
-    /// Bound on the bytes of KV the cached (idle) sessions keep for prefix reuse, least
-    /// recently used dropped beyond it (`--kv-cache-mb`). Sessions generating are not counted.
+    /// Bound on the bytes of KV (`--kv-cache-mb`). On the CPU, the pool every session's KV
+    /// pages come from, the running sequences' and the idle sessions kept for prefix reuse
+    /// alike (kept ones are dropped, least recently used first, when a running one needs
+    /// room). On CUDA, whose sessions each hold their own allocation, the bound on the kept
+    /// sessions alone.
     pub kv_cache_bytes: usize,
     /// How the CPU backend multiplies activations by the quantised weights: Q8 (activations
     /// quantised as llama.cpp does, the default) or Exact (f32 activations, the float
@@ -77,6 +80,7 @@ pub fn open_backend(model: Arc<Model>, opts: &EngineOptions) -> Result<Box<dyn B
     let cpu = || {
         CpuBackend::with_precision(model.clone(), kv_capacity, opts.cpu_precision)
             .with_kv_type(opts.kv_type)
+            .with_kv_pool(opts.kv_cache_bytes)
     };
     match opts.device {
         Device::Cpu => Ok(Box::new(cpu())),

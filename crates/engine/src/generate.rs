@@ -101,6 +101,11 @@ impl Engine {
         // The session store leaves at least the last prompt token uncached: decode runs it.
         let (&last, before) = req.prompt.split_last().expect("checked: not empty");
         let mut c = Collector::new(self.prompter.tokenizer(), req);
+        // Room in the KV pool for the whole request where one is kept (cached sessions dropped
+        // for it); a request that outgrows what is left ends with the pool's error.
+        let positions = req.prompt.len() - cached + max_tokens;
+        self.sessions
+            .make_room(self.backend.as_mut(), &[(session, positions)]);
         match req.logprobs.filter(|o| o.prompt) {
             // In bounded chunks: every position's logits are vocab floats each.
             Some(o) => {

@@ -114,6 +114,11 @@ impl Engine {
         self.sessions.bytes(self.backend.as_ref())
     }
 
+    /// The KV pool, where the backend keeps every session's KV in one (the CPU).
+    pub fn kv_pool(&self) -> Option<q4moe_model::backend::KvPoolStats> {
+        self.backend.kv_pool()
+    }
+
     pub fn batched_step(&self) -> bool {
         self.backend.info().batched_step
     }

@@ -1,7 +1,8 @@
 //! Which tokens each backend session's KV holds, for prefix reuse across requests, with LRU
 //! eviction under a bound on the bytes the cached sessions' KV takes (what the backend says a
-//! session costs: the CPU's grows with its positions, a CUDA session holds its whole
-//! capacity).
+//! session costs: the CPU's the pages it holds, a page shared between sessions counted once;
+//! a CUDA session its allocation), and, where the backend keeps KV in one pool (the CPU), LRU
+//! eviction of cached sessions when a running one needs room (`make_room`).
 
 use std::collections::HashMap;
 
@@ -45,8 +46,9 @@ impl SessionStore {
     /// the truncation would throw away (a next turn, whose history may render a little
     /// differently from the tokens generated), or shares at least half the prompt (a regenerated
     /// or edited turn). A prompt that shares less (another conversation with the same system
-    /// prompt) gets a new session holding a copy of that prefix (Backend::fork), and the
-    /// conversation it came from stays whole for its own next turn.
+    /// prompt) gets a new session holding that prefix (Backend::fork: the prefix's pages shared
+    /// on a paged backend, copied on CUDA), and the conversation it came from stays whole for
+    /// its own next turn.
     pub fn acquire(
         &mut self,
         backend: &mut dyn Backend,
@@ -114,9 +116,32 @@ impl SessionStore {
         }
     }
 
-    /// Bytes the cached sessions' KV takes.
+    /// Bytes the cached sessions' KV takes (a page they share counted once).
     pub fn bytes(&self, backend: &dyn Backend) -> usize {
-        self.entries.keys().map(|&id| backend.kv_bytes(id)).sum()
+        let ids: Vec<SessionId> = self.entries.keys().copied().collect();
+        backend.kv_bytes_of(&ids)
+    }
+
+    /// Where the backend keeps KV in one pool: drops cached sessions, least recently used
+    /// first, until the pool has room for `needs` (each running session and the positions it is
+    /// about to add), or none is left. Returns whether the room is there (always, without a
+    /// pool). A cached session whose pages a running one shares frees only what is its own.
+    pub fn make_room(&mut self, backend: &mut dyn Backend, needs: &[(SessionId, usize)]) -> bool {
+        loop {
+            let Some(pool) = backend.kv_pool() else {
+                return true;
+            };
+            let needed: usize = needs.iter().map(|&(s, n)| backend.kv_needed(s, n)).sum();
+            if needed <= pool.free_bytes() {
+                return true;
+            }
+            let oldest = self.entries.iter().min_by_key(|(_, e)| e.last_used);
+            let Some((&oldest, _)) = oldest else {
+                return false;
+            };
+            self.entries.remove(&oldest);
+            backend.drop_session(oldest);
+        }
     }
 
     /// Drops a session that failed mid-way (its KV is in an unknown state).

@@ -375,18 +375,18 @@ fn a_conversation_sharing_only_an_opening_keeps_the_other_whole() {
     assert_eq!(again.tokens, a2_out.tokens);
 }
 
-/// The session store keeps finished conversations within `kv_cache_bytes` of KV (as the backend
-/// counts them), dropping the least recently used: with room for about two, a third
-/// conversation drops the first, whose next turn then starts from nothing, while the last two
-/// still reuse their prefixes.
+/// The session store keeps finished conversations within `kv_cache_bytes` of KV (on the CPU, the
+/// pool every session's pages come from), dropping the least recently used: with room for about
+/// two, a third conversation drops the first, whose next turn then starts from nothing, while
+/// the last two still reuse their prefixes.
 #[test]
 fn the_session_store_is_bounded_in_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.gguf");
     let cfg = q4moe_model::Config::tiny();
     q4moe_model::synth::write(&path, &cfg, SynthQuant::Q4_0, 5, false).unwrap();
-    // One 40-token conversation's KV on the CPU (f32 buffers, K and V, every layer), rounded up
-    // by Vec growth: less than 64 positions' worth.
+    // One conversation (40 prompt tokens, 4 generated) holds three 16-position pages a layer on
+    // the CPU; the pool holds eight (129 positions' worth, rounded down to pages).
     let per_position = 2 * cfg.n_layer * cfg.kv_dim() * 4;
     let opts = q4moe_engine::EngineOptions {
         device: q4moe_engine::Device::Cpu,

@@ -22,6 +22,14 @@ pub enum BackendError {
     },
     #[error("token id {token} is outside the vocabulary of {vocab}")]
     BadToken { token: u32, vocab: usize },
+    /// The KV pool cannot give a session the pages it needs now (other sessions hold them).
+    #[error("session {session}: the KV pool is full ({needed} more bytes needed, {free} of {capacity} free; --kv-cache-mb sets the pool)")]
+    KvFull {
+        session: SessionId,
+        needed: usize,
+        free: usize,
+        capacity: usize,
+    },
     #[error("device: {0}")]
     Device(String),
     #[error("{0}")]
@@ -166,6 +174,23 @@ pub struct BackendInfo {
     /// `Unsupported` or the backend holds it back (CUDA without `batched_step=on`), and front
     /// ends run one sequence at a time through `decode`.
     pub batched_step: bool,
+}
+
+/// The pool a paged backend keeps every session's KV in (`Backend::kv_pool`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvPoolStats {
+    /// Bytes the pool may hold in all, and holds now (a page shared by sessions counted once).
+    pub capacity_bytes: usize,
+    pub used_bytes: usize,
+    /// Positions a page holds, and its bytes (one layer's keys and values).
+    pub page_positions: usize,
+    pub page_bytes: usize,
+}
+
+impl KvPoolStats {
+    pub fn free_bytes(&self) -> usize {
+        self.capacity_bytes.saturating_sub(self.used_bytes)
+    }
 }
 
 /// One decode-n run: feed `first_token` at the session's current length, sample the next token
@@ -397,17 +422,35 @@ pub trait Backend: Send {
 
     /// Positions the session's KV holds (0 for an unknown session).
     fn kv_len(&self, session: SessionId) -> usize;
-    /// Bytes the session's KV takes (what dropping it frees; 0 for an unknown session): on
-    /// the CPU it grows with the positions held, on CUDA with its allocation (doubling).
+    /// Bytes the session's KV takes (0 for an unknown session): on the CPU the pages it holds
+    /// (those it shares with another session counted whole), on CUDA its allocation (doubling
+    /// as it grows).
     fn kv_bytes(&self, session: SessionId) -> usize;
+    /// Bytes the sessions' KV takes together, a page two of them share counted once.
+    fn kv_bytes_of(&self, sessions: &[SessionId]) -> usize {
+        sessions.iter().map(|&s| self.kv_bytes(s)).sum()
+    }
+    /// The pool every session's KV comes from, where the backend keeps KV in pages of one
+    /// pool bounded in bytes (the CPU); None where each session holds its own allocation.
+    fn kv_pool(&self) -> Option<KvPoolStats> {
+        None
+    }
+    /// Bytes `session` (new or held) must take from the pool to hold `positions` more: its new
+    /// pages, and a copy of a partly filled page it shares with another session. 0 without a
+    /// pool. A step refused with `KvFull` needs at least this much free.
+    fn kv_needed(&self, session: SessionId, positions: usize) -> usize {
+        let _ = (session, positions);
+        0
+    }
     /// Keeps the first `len` positions (for prefix reuse); no-op if already shorter.
     fn truncate(&mut self, session: SessionId, len: usize);
     /// Frees the session's KV and any setup cached for it.
     fn drop_session(&mut self, session: SessionId);
     /// Makes `dst` (a new session; any session of that id is replaced) hold `src`'s first
     /// `len` positions, so requests sharing a prompt prefix (the `n` choices of one prompt, a
-    /// conversation branching) compute it once. The KV is copied, not shared (it is not
-    /// paged): the copy costs its bytes. The forked positions are bit-identical to `src`'s,
+    /// conversation branching) compute it once. A paged backend (the CPU) shares the prefix's
+    /// pages, copying only a partly filled one when either session writes into it; CUDA copies
+    /// the positions (its KV is not paged). The forked positions are bit-identical to `src`'s,
     /// so a sequence's output is the same forked or prefilled itself.
     fn fork(&mut self, src: SessionId, dst: SessionId, len: usize) -> BackendResult<()>;
 }

@@ -123,6 +123,15 @@ pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError
         )
         .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded"),
         E::Invalid(msg) => ApiError::invalid(prompt_param, msg),
+        // Other sequences hold the KV pool's pages: the client may retry once they finish.
+        E::Backend(full @ q4moe_model::backend::BackendError::KvFull { .. }) => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: full.to_string(),
+            kind: "server_error",
+            param: None,
+            code: Some("kv_cache_full"),
+            retry_after: Some(1),
+        },
         // The model's template overran its limits or its worker failed: the server's fault
         // (its model file), not the request's.
         E::Tokenizer(t @ (TokenizerError::TemplateLimit(_) | TokenizerError::TemplateWorker(_))) => {
@@ -157,5 +166,25 @@ mod tests {
         let e = from_engine(EngineError::Tokenizer(raised), "messages");
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.body()["error"]["param"], "messages");
+    }
+
+    /// A full KV pool is the server's momentary state: 503 with Retry-After, the pool named.
+    #[test]
+    fn a_full_kv_pool_is_503_with_retry_after() {
+        let full = q4moe_model::backend::BackendError::KvFull {
+            session: 3,
+            needed: 4096,
+            free: 1024,
+            capacity: 1 << 20,
+        };
+        let e = from_engine(EngineError::Backend(full), "messages");
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.retry_after, Some(1));
+        assert_eq!(e.body()["error"]["code"], "kv_cache_full");
+        let msg = e.body()["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            msg.contains("KV pool is full (4096 more bytes needed, 1024 of 1048576 free"),
+            "{msg}"
+        );
     }
 }

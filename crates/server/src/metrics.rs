@@ -65,6 +65,8 @@ pub struct Metrics {
     batch_size: AtomicI64,
     /// KV bytes held by the running sequences and by the cached sessions.
     kv_bytes: [AtomicI64; 2],
+    /// The KV pool's pages in use and its capacity in pages (-1: the backend keeps no pool).
+    kv_pages: [AtomicI64; 2],
     /// Finish reason ("stop", "length", "cancelled", "error") -> sequences.
     finished: Mutex<BTreeMap<&'static str, u64>>,
     ttft: Mutex<Histogram>,
@@ -84,6 +86,7 @@ impl Default for Metrics {
             queue_depth: AtomicI64::new(0),
             batch_size: AtomicI64::new(0),
             kv_bytes: Default::default(),
+            kv_pages: [AtomicI64::new(-1), AtomicI64::new(-1)],
             finished: Mutex::default(),
             ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
             tpot: Mutex::new(Histogram::new(TPOT_BUCKETS)),
@@ -117,6 +120,18 @@ impl Metrics {
     pub fn kv_bytes(&self, running: usize, cached: usize) {
         self.kv_bytes[0].store(running as i64, Ordering::Relaxed);
         self.kv_bytes[1].store(cached as i64, Ordering::Relaxed);
+    }
+
+    /// The KV pool's pages in use and its capacity, where the backend keeps one.
+    pub fn kv_pool(&self, pool: Option<q4moe_model::backend::KvPoolStats>) {
+        let pages = |bytes: usize, p: &q4moe_model::backend::KvPoolStats| {
+            i64::try_from(bytes / p.page_bytes.max(1)).unwrap_or(i64::MAX)
+        };
+        let (used, capacity) = pool.map_or((-1, -1), |p| {
+            (pages(p.used_bytes, &p), pages(p.capacity_bytes, &p))
+        });
+        self.kv_pages[0].store(used, Ordering::Relaxed);
+        self.kv_pages[1].store(capacity, Ordering::Relaxed);
     }
 
     pub fn batch_size(&self, running: usize) {
@@ -213,12 +228,19 @@ impl Metrics {
             "# HELP q4moe_batch_size Sequences in the running batch.\n# TYPE q4moe_batch_size gauge\nq4moe_batch_size {}",
             self.batch_size.load(Ordering::Relaxed)
         );
-        out.push_str("# HELP q4moe_kv_bytes KV cache bytes held, by the running sequences and by finished conversations kept for prefix reuse (--kv-cache-mb bounds those).\n# TYPE q4moe_kv_bytes gauge\n");
+        out.push_str("# HELP q4moe_kv_bytes KV cache bytes held, by the running sequences and by finished conversations kept for prefix reuse (--kv-cache-mb bounds those on CUDA; on the CPU it bounds the pool, q4moe_kv_pages).\n# TYPE q4moe_kv_bytes gauge\n");
         for (state, v) in ["running", "cached"].iter().zip(&self.kv_bytes) {
             let _ = writeln!(
                 out,
                 "q4moe_kv_bytes{{state=\"{state}\"}} {}",
                 v.load(Ordering::Relaxed)
+            );
+        }
+        let [used, capacity] = self.kv_pages.each_ref().map(|v| v.load(Ordering::Relaxed));
+        if capacity >= 0 {
+            let _ = writeln!(
+                out,
+                "# HELP q4moe_kv_pages KV pool pages (one layer's keys and values for a run of positions), in use and in all (--kv-cache-mb).\n# TYPE q4moe_kv_pages gauge\nq4moe_kv_pages{{state=\"used\"}} {used}\nq4moe_kv_pages{{state=\"capacity\"}} {capacity}"
             );
         }
         out.push_str("# HELP q4moe_sequences_finished_total Sequences ended, by finish reason.\n# TYPE q4moe_sequences_finished_total counter\n");

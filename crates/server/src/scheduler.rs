@@ -244,6 +244,7 @@ fn serial_worker(mut engine: Engine, mut rx: mpsc::Receiver<Job>, metrics: Arc<M
         }));
         metrics.batch_size(0);
         metrics.kv_bytes(0, engine.cached_kv_bytes());
+        metrics.kv_pool(engine.kv_pool());
         if outcome.is_err() {
             // The sessions' KV may be half-written: forget them and keep serving.
             engine.reset_sessions();

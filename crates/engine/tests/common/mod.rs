@@ -9,11 +9,21 @@ use q4moe_model::{Config, Model};
 
 /// The tiny model in `quant`, written into `dir`, on the CPU with a 256-position KV.
 pub fn tiny_engine(dir: &tempfile::TempDir, quant: SynthQuant) -> Engine {
+    tiny_engine_with(dir, quant, EngineOptions::default().kv_cache_bytes)
+}
+
+/// `tiny_engine` with a KV pool of `kv_cache_bytes`.
+pub fn tiny_engine_with(
+    dir: &tempfile::TempDir,
+    quant: SynthQuant,
+    kv_cache_bytes: usize,
+) -> Engine {
     let path = dir.path().join("tiny.gguf");
     synth::write(&path, &Config::tiny(), quant, 7, false).unwrap();
     let opts = EngineOptions {
         device: Device::Cpu,
         kv_capacity: 256,
+        kv_cache_bytes,
         ..Default::default()
     };
     Engine::from_model(Arc::new(Model::load(&path).unwrap()), &opts).unwrap()

@@ -1,0 +1,185 @@
+//! The engine over a KV pool bounded in bytes (the CPU's paged KV, `--kv-cache-mb`): the `n`
+//! choices of one prompt hold its pages once; when running sequences need room, kept
+//! conversations go first; when the running ones alone fill the pool, the newest ends with a
+//! clear error and the older ones finish with what they give alone; a request larger than the
+//! pool fails with that error and the engine serves on.
+
+use std::sync::{Arc, Mutex};
+
+use q4moe_engine::{
+    BatchOptions, Batcher, Engine, EngineError, Flow, GenerateOutput, GenerateRequest,
+    SamplingParams, SequenceSink,
+};
+use q4moe_model::backend::BackendError;
+use q4moe_model::synth::SynthQuant;
+
+mod common;
+use common::tiny_engine_with;
+
+type Results = Arc<Mutex<Vec<Option<q4moe_engine::Result<GenerateOutput>>>>>;
+
+/// Keeps each sequence's result, error or not.
+struct Keep {
+    id: usize,
+    results: Results,
+}
+
+impl SequenceSink for Keep {
+    fn piece(&mut self, _: q4moe_engine::Piece<'_>) -> Flow {
+        Flow::Continue
+    }
+    fn cancelled(&self) -> bool {
+        false
+    }
+    fn finished(self: Box<Self>, result: q4moe_engine::Result<GenerateOutput>) {
+        self.results.lock().unwrap()[self.id] = Some(result);
+    }
+}
+
+/// Bytes of one page (16 positions of one layer's keys and values) and the layers.
+fn page(engine: &Engine) -> (usize, usize) {
+    let pool = engine.kv_pool().expect("the CPU keeps a pool");
+    (pool.page_bytes, engine.model.config.n_layer)
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
+    let mut req = GenerateRequest::new(prompt, max_tokens);
+    req.stop_at_eos = false;
+    req.sampling = SamplingParams {
+        temperature: 1.0,
+        seed,
+        ..Default::default()
+    };
+    req
+}
+
+/// Random in-vocabulary tokens (a fixed seed).
+fn tokens(n: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            3 + (s % 1000) as u32
+        })
+        .collect()
+}
+
+fn run_to_end(engine: &mut Engine, batch: &mut Batcher) {
+    for _ in 0..10_000 {
+        if batch.is_empty() {
+            return;
+        }
+        batch.step(engine);
+    }
+    panic!("the batch never drained");
+}
+
+#[test]
+fn the_choices_of_one_prompt_hold_its_pages_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = tiny_engine_with(&dir, SynthQuant::Q4_0, 64 << 20);
+    let (page_bytes, layers) = page(&engine);
+    // 70 tokens: the 69 prefilled fill four pages a layer, shared by all three choices.
+    let prompt = tokens(70, 1);
+    let reqs: Vec<_> = (0..3).map(|i| request(prompt.clone(), 6, 50 + i)).collect();
+    let results: Results = Arc::new(Mutex::new(vec![None, None, None]));
+    let mut batch = Batcher::new(BatchOptions {
+        max_batch: 4,
+        prefill_budget: 512,
+    })
+    .unwrap();
+    for (id, r) in reqs.iter().enumerate() {
+        let sink = Box::new(Keep {
+            id,
+            results: results.clone(),
+        });
+        batch.admit(&mut engine, r.clone(), sink);
+    }
+    // One step: the first takes its prompt in, the others fork it, all three decode a token.
+    batch.step(&mut engine);
+    let one = 70usize.div_ceil(16) * layers * page_bytes;
+    let held = batch.kv_bytes(&engine);
+    assert!(
+        held < 2 * one,
+        "three choices hold {held} bytes, one alone {one}: the prompt's pages were copied"
+    );
+    assert_eq!(held, engine.kv_pool().unwrap().used_bytes);
+    run_to_end(&mut engine, &mut batch);
+    // Each choice gives what it gives alone.
+    for (i, r) in reqs.iter().enumerate() {
+        engine.reset_sessions();
+        let alone = engine.generate(r, &mut |_| Flow::Continue).unwrap();
+        let got = results.lock().unwrap()[i].take().unwrap().unwrap();
+        assert_eq!(got.tokens, alone.tokens, "choice {i}");
+    }
+}
+
+#[test]
+fn a_full_pool_ends_the_newest_sequence_and_the_older_ones_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    // Eight pages a layer (128 positions): each request wants 20 + 80 = 100.
+    let mut engine = tiny_engine_with(&dir, SynthQuant::Q4_0, 0);
+    let (page_bytes, layers) = page(&engine);
+    let mut engine = tiny_engine_with(&dir, SynthQuant::Q4_0, 8 * layers * page_bytes);
+    let reqs: Vec<_> = (0..2)
+        .map(|i| request(tokens(20, 10 + i), 80, 7 + i))
+        .collect();
+    let alone = engine.generate(&reqs[0], &mut |_| Flow::Continue).unwrap();
+    engine.reset_sessions();
+    // A kept conversation takes pages too: it is dropped for the running ones first.
+    engine
+        .generate(&request(tokens(40, 99), 4, 1), &mut |_| Flow::Continue)
+        .unwrap();
+    assert!(engine.cached_kv_bytes() > 0);
+    let results: Results = Arc::new(Mutex::new(vec![None, None]));
+    let mut batch = Batcher::new(BatchOptions::default()).unwrap();
+    for (id, r) in reqs.iter().enumerate() {
+        let sink = Box::new(Keep {
+            id,
+            results: results.clone(),
+        });
+        batch.admit(&mut engine, r.clone(), sink);
+    }
+    run_to_end(&mut engine, &mut batch);
+    let mut results = results.lock().unwrap();
+    let first = results[0]
+        .take()
+        .unwrap()
+        .expect("the older sequence finishes");
+    assert_eq!(
+        first.tokens, alone.tokens,
+        "the older sequence's tokens changed"
+    );
+    match results[1].take().unwrap() {
+        Err(EngineError::Backend(e @ BackendError::KvFull { .. })) => {
+            assert!(e.to_string().contains("KV pool is full"), "{e}")
+        }
+        other => panic!("the newest sequence should end with the pool's error: {other:?}"),
+    }
+}
+
+#[test]
+fn a_request_larger_than_the_pool_fails_clearly_and_the_engine_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = tiny_engine_with(&dir, SynthQuant::Q4_0, 0);
+    let (page_bytes, layers) = page(&engine);
+    let mut engine = tiny_engine_with(&dir, SynthQuant::Q4_0, 4 * layers * page_bytes);
+    let big = request(tokens(30, 3), 100, 1);
+    match engine.generate(&big, &mut |_| Flow::Continue) {
+        Err(EngineError::Backend(BackendError::KvFull { capacity, .. })) => {
+            assert_eq!(capacity, 4 * layers * page_bytes)
+        }
+        other => panic!("a request past the pool should fail with KvFull: {other:?}"),
+    }
+    assert_eq!(
+        engine.kv_pool().unwrap().used_bytes,
+        0,
+        "the failed session's pages came back"
+    );
+    let small = engine
+        .generate(&request(tokens(30, 3), 10, 1), &mut |_| Flow::Continue)
+        .unwrap();
+    assert_eq!(small.tokens.len(), 10);
+}
