@@ -120,8 +120,7 @@ fn the_choices_of_one_prompt_hold_its_pages_once() {
 fn a_full_pool_ends_the_newest_sequence_and_the_older_ones_finish() {
     let dir = tempfile::tempdir().unwrap();
     // Eight pages a layer (128 positions): each request wants 20 + 80 = 100.
-    let mut engine = tiny_engine_with(&dir, SynthQuant::Q4_0, 0);
-    let (page_bytes, layers) = page(&engine);
+    let (page_bytes, layers) = page(&tiny_engine_with(&dir, SynthQuant::Q4_0, 0));
     let mut engine = tiny_engine_with(&dir, SynthQuant::Q4_0, 8 * layers * page_bytes);
     let reqs: Vec<_> = (0..2)
         .map(|i| request(tokens(20, 10 + i), 80, 7 + i))
@@ -163,8 +162,7 @@ fn a_full_pool_ends_the_newest_sequence_and_the_older_ones_finish() {
 #[test]
 fn a_request_larger_than_the_pool_fails_clearly_and_the_engine_serves_on() {
     let dir = tempfile::tempdir().unwrap();
-    let mut engine = tiny_engine_with(&dir, SynthQuant::Q4_0, 0);
-    let (page_bytes, layers) = page(&engine);
+    let (page_bytes, layers) = page(&tiny_engine_with(&dir, SynthQuant::Q4_0, 0));
     let mut engine = tiny_engine_with(&dir, SynthQuant::Q4_0, 4 * layers * page_bytes);
     let big = request(tokens(30, 3), 100, 1);
     match engine.generate(&big, &mut |_| Flow::Continue) {
