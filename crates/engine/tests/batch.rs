@@ -12,7 +12,7 @@ use q4moe_engine::{
 use q4moe_model::synth::SynthQuant;
 
 mod common;
-use common::tiny_engine;
+use common::{run_to_end, tiny_engine};
 
 #[derive(Debug, Clone, PartialEq)]
 enum Ev {
@@ -106,16 +106,6 @@ fn requests(engine: &Engine) -> Vec<GenerateRequest> {
             req
         })
         .collect()
-}
-
-fn run_to_end(engine: &mut Engine, batch: &mut Batcher) {
-    for _ in 0..10_000 {
-        if batch.is_empty() {
-            return;
-        }
-        batch.step(engine);
-    }
-    panic!("the batch never drained");
 }
 
 #[test]

@@ -13,7 +13,7 @@ use q4moe_engine::{
 use q4moe_model::synth::SynthQuant;
 
 mod common;
-use common::tiny_engine_with;
+use common::{random_tokens, run_to_end, tiny_engine_with};
 
 type Results = Arc<Mutex<Vec<Option<q4moe_engine::Result<GenerateOutput>>>>>;
 
@@ -52,27 +52,12 @@ fn request(prompt: Vec<u32>, max_tokens: usize, seed: u64) -> GenerateRequest {
     req
 }
 
-/// Random in-vocabulary tokens (a fixed seed).
+/// Random ids of the tiny model's vocabulary past its first few (a fixed seed).
 fn tokens(n: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            3 + (s % 1000) as u32
-        })
+    random_tokens(n, seed, 1000)
+        .into_iter()
+        .map(|t| t + 3)
         .collect()
-}
-
-fn run_to_end(engine: &mut Engine, batch: &mut Batcher) {
-    for _ in 0..10_000 {
-        if batch.is_empty() {
-            return;
-        }
-        batch.step(engine);
-    }
-    panic!("the batch never drained");
 }
 
 #[test]
