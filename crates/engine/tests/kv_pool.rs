@@ -13,7 +13,7 @@ use q4moe_engine::{
 use q4moe_model::synth::SynthQuant;
 
 mod common;
-use common::{random_tokens, run_to_end, tiny_engine_with};
+use common::{alone, random_tokens, run_to_end, tiny_engine_with};
 
 type Results = Arc<Mutex<Vec<Option<q4moe_engine::Result<GenerateOutput>>>>>;
 
@@ -33,6 +33,16 @@ impl SequenceSink for Keep {
     fn finished(self: Box<Self>, result: q4moe_engine::Result<GenerateOutput>) {
         self.results.lock().unwrap()[self.id] = Some(result);
     }
+}
+
+/// Admits `reqs` into `batch`, each with a sink keeping its result by index.
+fn admit_all(engine: &mut Engine, batch: &mut Batcher, reqs: &[GenerateRequest]) -> Results {
+    let results: Results = Arc::new(Mutex::new(reqs.iter().map(|_| None).collect()));
+    for (id, r) in reqs.iter().enumerate() {
+        let results = results.clone();
+        batch.admit(engine, r.clone(), Box::new(Keep { id, results }));
+    }
+    results
 }
 
 /// Bytes of one page (16 positions of one layer's keys and values) and the layers.
@@ -68,19 +78,12 @@ fn the_choices_of_one_prompt_hold_its_pages_once() {
     // 70 tokens: the 69 prefilled fill four pages a layer, shared by all three choices.
     let prompt = tokens(70, 1);
     let reqs: Vec<_> = (0..3).map(|i| request(prompt.clone(), 6, 50 + i)).collect();
-    let results: Results = Arc::new(Mutex::new(vec![None, None, None]));
     let mut batch = Batcher::new(BatchOptions {
         max_batch: 4,
         prefill_budget: 512,
     })
     .unwrap();
-    for (id, r) in reqs.iter().enumerate() {
-        let sink = Box::new(Keep {
-            id,
-            results: results.clone(),
-        });
-        batch.admit(&mut engine, r.clone(), sink);
-    }
+    let results = admit_all(&mut engine, &mut batch, &reqs);
     // One step: the first takes its prompt in, the others fork it, all three decode a token.
     batch.step(&mut engine);
     let one = 70usize.div_ceil(16) * layers * page_bytes;
@@ -110,28 +113,14 @@ fn a_full_pool_takes_the_newest_sequences_kv_and_every_output_stays_its_own() {
     let reqs: Vec<_> = (0..2)
         .map(|i| request(tokens(20, 10 + i), 80, 7 + i))
         .collect();
-    let alone: Vec<GenerateOutput> = reqs
-        .iter()
-        .map(|r| {
-            engine.reset_sessions();
-            engine.generate(r, &mut |_| Flow::Continue).unwrap()
-        })
-        .collect();
-    engine.reset_sessions();
+    let alone = alone(&mut engine, &reqs);
     // A kept conversation takes pages too: it is dropped for the running ones first.
     engine
         .generate(&request(tokens(40, 99), 4, 1), &mut |_| Flow::Continue)
         .unwrap();
     assert!(engine.cached_kv_bytes() > 0);
-    let results: Results = Arc::new(Mutex::new(vec![None, None]));
     let mut batch = Batcher::new(BatchOptions::default()).unwrap();
-    for (id, r) in reqs.iter().enumerate() {
-        let sink = Box::new(Keep {
-            id,
-            results: results.clone(),
-        });
-        batch.admit(&mut engine, r.clone(), sink);
-    }
+    let results = admit_all(&mut engine, &mut batch, &reqs);
     run_to_end(&mut engine, &mut batch);
     assert!(batch.preemptions() >= 1, "the two never collided");
     let mut results = results.lock().unwrap();
@@ -150,18 +139,9 @@ fn a_sequence_alone_past_the_pool_ends_with_kv_exceeded() {
     let small = request(tokens(10, 5), 8, 3);
     let alone = engine.generate(&small, &mut |_| Flow::Continue).unwrap();
     engine.reset_sessions();
-    let results: Results = Arc::new(Mutex::new(vec![None, None]));
     let mut batch = Batcher::new(BatchOptions::default()).unwrap();
-    for (id, r) in [small, request(tokens(30, 6), 100, 4)]
-        .into_iter()
-        .enumerate()
-    {
-        let sink = Box::new(Keep {
-            id,
-            results: results.clone(),
-        });
-        batch.admit(&mut engine, r, sink);
-    }
+    let reqs = [small, request(tokens(30, 6), 100, 4)];
+    let results = admit_all(&mut engine, &mut batch, &reqs);
     run_to_end(&mut engine, &mut batch);
     let mut results = results.lock().unwrap();
     assert_eq!(results[0].take().unwrap().unwrap().tokens, alone.tokens);

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use q4moe_engine::{Batcher, Device, Engine, EngineOptions};
+use q4moe_engine::{Batcher, Device, Engine, EngineOptions, Flow, GenerateOutput, GenerateRequest};
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
 
@@ -46,4 +46,17 @@ pub fn random_tokens(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
     (0..n)
         .map(|_| (rng.next_u64() % vocab as u64) as u32)
         .collect()
+}
+
+/// What each request gives alone, each from a fresh session store.
+pub fn alone(engine: &mut Engine, reqs: &[GenerateRequest]) -> Vec<GenerateOutput> {
+    let out = reqs
+        .iter()
+        .map(|r| {
+            engine.reset_sessions();
+            engine.generate(r, &mut |_| Flow::Continue).unwrap()
+        })
+        .collect();
+    engine.reset_sessions();
+    out
 }
