@@ -228,8 +228,9 @@ impl Batcher {
     /// Prompts (and the contexts of requeued sequences) a chunk at a time, first come, first
     /// served, under the budget. Where the KV is pooled and others are decoding, a chunk goes
     /// in only while the pool keeps a page for each of them besides (kept sessions dropped for
-    /// it first); otherwise it waits for them, so a new prompt does not take the pages the
-    /// running sequences are about to need.
+    /// it first); otherwise it waits for them, and the younger prompts behind it wait too, so
+    /// a new prompt neither takes the pages the running sequences are about to need nor
+    /// overtakes an older one.
     fn prefill(&mut self, engine: &mut Engine) {
         let mut budget = self.opts.prefill_budget;
         let page = engine.backend.kv_pool().map_or(0, |p| p.page_positions);
@@ -265,8 +266,9 @@ impl Batcher {
             let mut needs = vec![(session, chunk.len())];
             needs.extend_from_slice(&running);
             let room = engine.sessions.make_room(engine.backend.as_mut(), &needs);
+            // First come, first served: the younger prompts wait behind one that does not fit.
             if !room && !running.is_empty() {
-                continue;
+                break;
             }
             // With nothing decoding, a full pool is held by other prompts half in: the newest
             // after this one gives its KV back (first come, first served), until this one fits
