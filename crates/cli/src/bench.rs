@@ -420,13 +420,19 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         },
         AnyBackend::Cpu(_) => report::Extras {
             open_s,
-            copy_gbs: None,
+            copy_gbs: Some(cpu_copy_bandwidth()),
             kernels: Vec::new(),
             graph_setups: None,
         },
     };
     let record = report::build(&a, &label, &model, &info, &results, long.as_ref(), &extras);
     finish(&a, &record)
+}
+
+/// The CPU's copy bandwidth, measured in the run as the GPU's is: 256 MiB copied by the
+/// forward pass's threads, the median of 5 copies.
+fn cpu_copy_bandwidth() -> f64 {
+    q4moe_cpu::copy_bandwidth(256 << 20, 5)
 }
 
 /// Prints the record as `--output` asks and writes it where `--json-out` says.
@@ -463,12 +469,15 @@ fn run_batched(
             seed: a.seed,
         };
         if let Some(mut batched) = batch::run(backend.get(), model, &plan)? {
-            if let AnyBackend::Cuda(b) = backend {
-                let copy = b.measure_copy_bandwidth();
-                batch::add_copy_share(&mut batched, copy);
-                // --profile kernels: the batched steps' launches, eager and timed.
-                record["kernel_profile"] =
-                    report::kernel_json(&b.kernel_profile(), Some(copy)).into();
+            match backend {
+                AnyBackend::Cuda(b) => {
+                    let copy = b.measure_copy_bandwidth();
+                    batch::add_copy_share(&mut batched, copy);
+                    // --profile kernels: the batched steps' launches, eager and timed.
+                    record["kernel_profile"] =
+                        report::kernel_json(&b.kernel_profile(), Some(copy)).into();
+                }
+                AnyBackend::Cpu(_) => batch::add_copy_share(&mut batched, cpu_copy_bandwidth()),
             }
             record["batched"] = batched;
         }

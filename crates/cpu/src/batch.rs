@@ -400,14 +400,13 @@ impl Batch {
         self.hidden.resize(ff * total, 0.0);
         let mut rows: Vec<&mut [f32]> = self.hidden.chunks_mut(total).collect();
         par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
-            for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
-                let (r, len) = (r0 + j * RUN_ROWS, run.len());
-                for (e, at, list) in groups.iter() {
-                    let span = at..at + list.len();
-                    let g = Rows::expert(m, gate, e);
+            for (e, at, list) in groups.iter() {
+                let span = at..at + list.len();
+                let (g, u) = (Rows::expert(m, gate, e), Rows::expert(m, up, e));
+                for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
+                    let (r, len) = (r0 + j * RUN_ROWS, run.len());
                     dots(g, r, len, &ga[span.clone()], |i, k, v| run[i][list[k]] = v);
-                    let u = Rows::expert(m, up, e);
-                    dots(u, r, len, &ua[span], |i, k, v| {
+                    dots(u, r, len, &ua[span.clone()], |i, k, v| {
                         let h = &mut run[i][list[k]];
                         *h = silu(*h) * v;
                     });
@@ -441,11 +440,11 @@ impl Batch {
         self.out.resize(c.d_model * total, 0.0);
         let mut rows: Vec<&mut [f32]> = self.out.chunks_mut(total).collect();
         par::guided_mut(&mut rows, MIN_ROWS, |r0, piece| {
-            for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
-                let (r, len) = (r0 + j * RUN_ROWS, run.len());
-                for (e, at, list) in groups.iter() {
-                    let d = Rows::expert(m, down, e);
-                    dots(d, r, len, &gh[at..at + list.len()], |i, k, v| {
+            for (e, at, list) in groups.iter() {
+                let d = Rows::expert(m, down, e);
+                for (j, run) in piece.chunks_mut(RUN_ROWS).enumerate() {
+                    let r = r0 + j * RUN_ROWS;
+                    dots(d, r, run.len(), &gh[at..at + list.len()], |i, k, v| {
                         run[i][list[k]] = v
                     });
                 }

@@ -321,17 +321,10 @@ impl KvView<'_> {
 mod tests {
     use super::*;
 
-    /// Random values (a fixed seed), never zeros.
+    /// Random values in [-2, 2) (a fixed seed).
     fn random(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
-            })
-            .collect()
+        let mut rng = q4moe_model::sampling::Rng::new(seed);
+        (0..n).map(|_| rng.next_f32() * 4.0 - 2.0).collect()
     }
 
     /// Pushes `n` random positions into every layer of `kv` (reserved first).

@@ -5,6 +5,7 @@ mod batch;
 mod forward;
 mod group;
 mod kv;
+mod measure;
 mod ops;
 mod par;
 pub use par::{set_threads, threads, ThreadsError};
@@ -24,6 +25,7 @@ use q4moe_model::{Config, Model};
 
 pub use forward::{Precision, Scratch};
 pub use kv::{KvCache, KvPool, PAGE};
+pub use measure::copy_bandwidth;
 
 pub struct CpuBackend {
     model: Arc<Model>,

@@ -19,14 +19,9 @@ fn model() -> (tempfile::TempDir, Arc<Model>) {
 
 /// Random in-vocabulary tokens (a fixed seed).
 fn tokens(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut rng = q4moe_model::sampling::Rng::new(seed);
     (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab as u64) as u32
-        })
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
         .collect()
 }
 

@@ -52,10 +52,23 @@ pub(crate) struct BatchKey {
     buffers: [u64; 4],
 }
 
-/// The positions a step's launches are built for: every position of the longest row's last
-/// attention chunk, so one graph serves 32 steps.
+/// The positions a step's launches are built for: every position of its attention chunks.
 fn reach(chunks: usize) -> usize {
     chunks * crate::params::ATT_CHUNK
+}
+
+/// The attention chunks a captured step is built for: the longest row's, rounded up to 1, 2, 4
+/// or a multiple of 8 (256 positions), so one graph serves up to 256 steps of the rows'
+/// growth instead of 32 (a capture every 32 steps of a running batch). A chunk past a row's
+/// context writes an empty partial that the merge skips (attn_split_chunk, attn_combine_unit:
+/// the merge walks the row's own chunks), so the bucket changes no row's bits; the extra blocks
+/// exit at once.
+fn chunk_bucket(chunks: usize) -> usize {
+    if chunks <= 4 {
+        chunks.max(1).next_power_of_two()
+    } else {
+        chunks.div_ceil(8) * 8
+    }
 }
 
 /// Captured graphs kept at most (one a batch size in steady use).
@@ -110,7 +123,7 @@ impl BatchBufs {
             }
         }
         let longest = rows.iter().map(|r| r.pos + 1).max().unwrap_or(1);
-        let chunks = crate::prefill::n_split(longest);
+        let chunks = chunk_bucket(crate::prefill::n_split(longest));
         let tab = at_least(dev, &mut self.tab, 8 * self.addrs.len())?;
         let logits = at_least(dev, &mut self.logits, 4 * n * c.vocab_size)?;
         let tokens = at_least(dev, &mut self.tokens, 4 * n)?;
@@ -206,5 +219,33 @@ impl BatchBufs {
             i = end;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{chunk_bucket, reach};
+    use crate::prefill::n_split;
+
+    /// Every context reaches no further than its bucket, the bucket at most 7 chunks (224
+    /// positions) past it, and a bucket holds for 256 positions of growth past 128.
+    #[test]
+    fn a_bucket_covers_the_longest_row_and_changes_every_256_positions() {
+        for len in 1..=40_000 {
+            let (chunks, b) = (n_split(len), chunk_bucket(n_split(len)));
+            assert!(
+                reach(b) >= len && b >= chunks && b - chunks < 8,
+                "{len}: {chunks} -> {b}"
+            );
+        }
+        let buckets: Vec<usize> = [1, 33, 65, 97, 129, 384, 385, 640, 641]
+            .map(|len| chunk_bucket(n_split(len)))
+            .to_vec();
+        assert_eq!(buckets, [1, 2, 4, 4, 8, 16, 16, 24, 24]);
+        // Past 128 positions a bucket holds for 256 of them: it changes at 257, 513, ...
+        let changes: Vec<usize> = (130..=4096)
+            .filter(|&len| chunk_bucket(n_split(len)) != chunk_bucket(n_split(len - 1)))
+            .collect();
+        assert_eq!(changes, (1..16).map(|i| 256 * i + 1).collect::<Vec<_>>());
     }
 }

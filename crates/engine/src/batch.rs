@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use q4moe_model::backend::{
-    BackendError, BatchOut, BatchRow, DecodeStats, Flow, Logits, SessionId,
+    Backend, BackendError, BatchOut, BatchRow, DecodeStats, Flow, Logits, SessionId,
 };
 use q4moe_model::sampling::Sampler;
 
@@ -73,12 +73,16 @@ struct Sequence {
     session: SessionId,
     /// Prompt tokens already in the session's KV before this request.
     cached: usize,
-    /// Prompt tokens in the KV now; decoding starts at `prompt.len() - 1` (the last prompt
-    /// token is the first decode step's input, as in `generate`).
+    /// The prompt, then the tokens generated so far: the KV must hold all but the last before
+    /// the next decode step, which feeds the last (`next`).
+    context: Vec<u32>,
+    /// Positions in the KV now: the prompt's as it is prefilled (decoding starts when all but
+    /// its last token are in, as in `generate`), then one more a step.
     fed: usize,
     max_tokens: usize,
-    /// The token the next step feeds.
-    next: u32,
+    /// Its KV was taken for older sequences once (the pool was full) and its context is
+    /// prefilled again: its reused prompt tokens (`cached`) stay what they were.
+    requeued: bool,
     sampler: Sampler,
     collector: Collector,
     sink: Box<dyn SequenceSink>,
@@ -89,7 +93,13 @@ struct Sequence {
 
 impl Sequence {
     fn prompt_in(&self) -> bool {
-        self.fed + 1 == self.req.prompt.len()
+        self.fed + 1 == self.context.len()
+    }
+
+    /// Whether a full KV pool may take this sequence's KV and prefill its context again later
+    /// (preemption by recompute): not where the prompt's logprobs come from that prefill.
+    fn recomputable(&self) -> bool {
+        !self.req.prompt_logprobs()
     }
 }
 
@@ -109,6 +119,8 @@ pub struct Batcher {
     /// In admission order: prompts are prefilled first come, first served.
     seqs: Vec<Sequence>,
     out: BatchOut,
+    /// Sequences whose KV a full pool took back so far (`requeue`).
+    preempted: u64,
 }
 
 impl Batcher {
@@ -118,6 +130,7 @@ impl Batcher {
             opts,
             seqs: Vec::new(),
             out: BatchOut::default(),
+            preempted: 0,
         })
     }
 
@@ -132,6 +145,12 @@ impl Batcher {
 
     pub fn is_empty(&self) -> bool {
         self.seqs.is_empty()
+    }
+
+    /// Times a full KV pool took a running sequence's KV back, to prefill its context again
+    /// later (the sequence's output is unchanged).
+    pub fn preemptions(&self) -> u64 {
+        self.preempted
     }
 
     /// Bytes the running sequences' KV takes (a page they share counted once).
@@ -161,13 +180,13 @@ impl Batcher {
             &req.prompt,
             req.reuse_prefix && !req.prompt_logprobs(),
         );
-        let last = *req.prompt.last().expect("checked: not empty");
         self.seqs.push(Sequence {
             session,
             cached,
+            context: req.prompt.clone(),
             fed: cached,
             max_tokens,
-            next: last,
+            requeued: false,
             sampler: Sampler::new(req.sampling.clone(), &req.prompt),
             collector: Collector::new(engine.prompter.tokenizer(), &req),
             sink,
@@ -206,9 +225,21 @@ impl Batcher {
         }
     }
 
+    /// Prompts (and the contexts of requeued sequences) a chunk at a time, first come, first
+    /// served, under the budget. Where the KV is pooled and others are decoding, a chunk goes
+    /// in only while the pool keeps a page for each of them besides (kept sessions dropped for
+    /// it first); otherwise it waits for them, and the younger prompts behind it wait too, so
+    /// a new prompt neither takes the pages the running sequences are about to need nor
+    /// overtakes an older one.
     fn prefill(&mut self, engine: &mut Engine) {
         let mut budget = self.opts.prefill_budget;
-        let decoding = self.seqs.iter().any(Sequence::prompt_in);
+        let page = engine.backend.kv_pool().map_or(0, |p| p.page_positions);
+        let running: Vec<(SessionId, usize)> = self
+            .seqs
+            .iter()
+            .filter(|s| s.prompt_in())
+            .map(|s| (s.session, page))
+            .collect();
         let mut failed = Vec::new();
         for i in 0..self.seqs.len() {
             if budget == 0 {
@@ -222,32 +253,62 @@ impl Batcher {
                     continue;
                 }
             }
-            let s = &mut self.seqs[i];
+            let s = &self.seqs[i];
             let wanted = s.req.logprobs.filter(|o| o.prompt);
             let take = wanted.map_or(budget, |_| budget.min(PROMPT_LOGITS_CHUNK));
-            let end = (s.fed + take).min(s.req.prompt.len() - 1);
-            if end <= s.fed {
+            let (session, fed) = (s.session, s.fed);
+            let end = (fed + take).min(s.context.len() - 1);
+            if end <= fed {
                 continue;
             }
-            let chunk = &s.req.prompt[s.fed..end];
+            let chunk = s.context[fed..end].to_vec();
             let mode = wanted.map_or(Logits::None, |_| Logits::All);
-            let backend = engine.backend.as_mut();
-            engine
-                .sessions
-                .make_room(backend, &[(s.session, chunk.len())]);
-            match backend.prefill(s.session, chunk, mode) {
+            let mut needs = vec![(session, chunk.len())];
+            needs.extend_from_slice(&running);
+            let room = engine.sessions.make_room(engine.backend.as_mut(), &needs);
+            // First come, first served: the younger prompts wait behind one that does not fit.
+            if !room && !running.is_empty() {
+                break;
+            }
+            // With nothing decoding, a full pool is held by other prompts half in: the newest
+            // after this one gives its KV back (first come, first served), until this one fits
+            // or holds the only KV there is.
+            let result = loop {
+                let r = engine.backend.prefill(session, &chunk, mode);
+                let younger = match &r {
+                    Err(BackendError::KvFull { .. }) if running.is_empty() => {
+                        let b = engine.backend.as_ref();
+                        (i + 1..self.seqs.len())
+                            .rev()
+                            .find(|&j| b.kv_len(self.seqs[j].session) > 0)
+                    }
+                    _ => None,
+                };
+                match younger {
+                    Some(j) => self.requeue(engine, j),
+                    None => break r,
+                }
+            };
+            match result {
                 Ok(all) => {
+                    let s = &mut self.seqs[i];
                     if let Some(o) = wanted {
                         let vocab = engine.model.config.vocab_size;
-                        let lps = prompt_logprobs(&s.req.prompt, s.fed, &all, vocab, o.top);
+                        let lps = prompt_logprobs(&s.req.prompt, fed, &all, vocab, o.top);
                         s.collector.push_prompt_logprobs(lps);
                     }
                     budget -= chunk.len();
                     s.fed = end;
                 }
-                // The pool is full of running sequences' pages: wait while some are decoding
-                // (they finish and give theirs back); with none decoding, none would.
-                Err(BackendError::KvFull { .. }) if decoding => {}
+                // Past the pool with no other sequence holding KV: it never fits.
+                Err(BackendError::KvFull { capacity, .. })
+                    if alone(engine.backend.as_ref(), &self.seqs, i) =>
+                {
+                    failed.push((i, EngineError::KvExceeded { capacity }))
+                }
+                // Older sequences hold the pages (decoding, or their prompts half in): wait
+                // for them to finish and give theirs back.
+                Err(BackendError::KvFull { .. }) => {}
                 Err(e) => failed.push((i, EngineError::from(e))),
             }
         }
@@ -263,14 +324,14 @@ impl Batcher {
     /// A sequence that wants its prompt's logprobs computes its own prompt.
     fn share(&mut self, engine: &mut Engine, i: usize) -> Result<Share> {
         let s = &self.seqs[i];
-        let mine = &s.req.prompt[..s.req.prompt.len() - 1];
+        let mine = &s.context[..s.context.len() - 1];
         if s.prompt_in() || s.req.logprobs.is_some_and(|o| o.prompt) {
             return Ok(Share::None);
         }
         let best = self.seqs[..i]
             .iter()
             .map(|t| {
-                let theirs = &t.req.prompt[..t.req.prompt.len() - 1];
+                let theirs = &t.context[..t.context.len() - 1];
                 (t, crate::sessions::common_prefix(theirs, mine))
             })
             .max_by_key(|&(_, n)| n);
@@ -284,7 +345,7 @@ impl Batcher {
         engine.backend.fork(src, dst, n)?;
         let s = &mut self.seqs[i];
         // Counted as cached (usage's cached_tokens) when this request computed none of it.
-        if s.fed == s.cached {
+        if s.fed == s.cached && !s.requeued {
             s.cached = n;
         }
         s.fed = n;
@@ -293,8 +354,11 @@ impl Batcher {
 
     /// One batched step for every sequence whose prompt is in. Where the KV pool cannot give
     /// every row its next position (cached sessions dropped first), the newest sequence holding
-    /// KV (a row, or a prompt half in) ends with the pool's error, and the step runs again
-    /// without it: the older ones always go on.
+    /// KV (a row, or a prompt half in) gives its KV back and waits to prefill its context (the
+    /// prompt and what it generated) again, and the step runs without it: the older ones always
+    /// go on, and its output is the same (batch invariance: the prefilled context's KV is the
+    /// decoded one's bits). Only a sequence that alone outgrows the pool (or whose prompt
+    /// logprobs came from its prefill) ends with the pool's error.
     fn decode(&mut self, engine: &mut Engine) {
         loop {
             match self.try_decode(engine) {
@@ -311,14 +375,23 @@ impl Batcher {
                         .iter()
                         .rposition(holds)
                         .expect("a refused step had rows");
-                    let session = self.seqs[i].session;
-                    let e = BackendError::KvFull {
-                        session,
-                        needed,
-                        free,
-                        capacity,
+                    let others = self.seqs.iter().filter(|s| holds(s)).count() > 1;
+                    if others && self.seqs[i].recomputable() {
+                        self.requeue(engine, i);
+                        continue;
+                    }
+                    let e = if others {
+                        let session = self.seqs[i].session;
+                        EngineError::from(BackendError::KvFull {
+                            session,
+                            needed,
+                            free,
+                            capacity,
+                        })
+                    } else {
+                        EngineError::KvExceeded { capacity }
                     };
-                    self.fail(engine, i, e.into());
+                    self.fail(engine, i, e);
                 }
                 Err(e) => {
                     let why = format!("the batched step failed: {e}");
@@ -353,7 +426,7 @@ impl Batcher {
             .filter(|(_, &r)| r)
             .map(|(s, _)| BatchRow {
                 session: s.session,
-                token: s.next,
+                token: *s.context.last().expect("not empty"),
                 logits: s.req.needs_logits(),
                 sampler: Some(&mut s.sampler),
             })
@@ -374,7 +447,9 @@ impl Batcher {
             row += 1;
             let sink = &mut s.sink;
             let flow = s.collector.accept(token, logits, &mut |p| sink.piece(p));
-            s.next = token;
+            // The fed token's KV is in; the new one is fed next.
+            s.fed += 1;
+            s.context.push(token);
             s.done = flow == Flow::Stop || s.collector.generated() >= s.max_tokens;
         }
         Ok(())
@@ -394,12 +469,34 @@ impl Batcher {
         }
     }
 
+    /// Takes sequence `i`'s KV back into the pool: it prefills its context again once there is
+    /// room, into a new empty session (so it holds nothing while it waits, and the next
+    /// preemption takes another), forking what an earlier sequence shares with it (`share`).
+    fn requeue(&mut self, engine: &mut Engine, i: usize) {
+        let backend = engine.backend.as_mut();
+        let s = &mut self.seqs[i];
+        engine.sessions.discard(backend, s.session);
+        let (session, held) = engine.sessions.acquire(backend, &s.context, false);
+        debug_assert_eq!(held, 0, "a new session");
+        s.session = session;
+        s.fed = 0;
+        s.requeued = true;
+        self.preempted += 1;
+    }
+
     /// Ends sequence `i` with an error; its KV is in doubt, so its session is dropped.
     fn fail(&mut self, engine: &mut Engine, i: usize, e: EngineError) {
         let s = self.seqs.remove(i);
         engine.sessions.discard(engine.backend.as_mut(), s.session);
         s.sink.finished(Err(e));
     }
+}
+
+/// Whether no sequence but `i` holds KV.
+fn alone(b: &dyn Backend, seqs: &[Sequence], i: usize) -> bool {
+    seqs.iter()
+        .enumerate()
+        .all(|(j, t)| j == i || b.kv_len(t.session) == 0)
 }
 
 fn finish_ok(engine: &mut Engine, s: Sequence) {

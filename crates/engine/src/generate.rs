@@ -5,7 +5,9 @@
 
 use std::time::Instant;
 
-use q4moe_model::backend::{DecodeRequest, DecodeStats, Flow, Logits, SessionId, TokenEvent};
+use q4moe_model::backend::{
+    BackendError, DecodeRequest, DecodeStats, Flow, Logits, SessionId, TokenEvent,
+};
 
 use crate::collect::{Collector, Outcome};
 use crate::logprobs::{prompt_logprobs, LogprobOptions, Piece, PROMPT_LOGITS_CHUNK};
@@ -37,7 +39,15 @@ impl Engine {
             &req.prompt,
             req.reuse_prefix && !req.prompt_logprobs(),
         );
-        let result = self.run_session(req, session, cached, max_tokens, on_piece);
+        // Run alone after the store made room: a pool too small for it is too small, full stop.
+        let result = self
+            .run_session(req, session, cached, max_tokens, on_piece)
+            .map_err(|e| match e {
+                EngineError::Backend(BackendError::KvFull { capacity, .. }) => {
+                    EngineError::KvExceeded { capacity }
+                }
+                e => e,
+            });
         match &result {
             Ok(out) => self.release_session(session, &req.prompt, &out.tokens),
             Err(_) => self.sessions.discard(self.backend.as_mut(), session),

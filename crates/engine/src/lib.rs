@@ -55,6 +55,10 @@ pub enum EngineError {
     PromptOverContext { context: usize },
     #[error("{0}")]
     Invalid(String),
+    /// The request alone needs more KV than the pool holds (the pool's bytes), whatever else
+    /// gives its pages back: a retry fails the same way.
+    #[error("the request needs more KV than the pool of {capacity} bytes holds (--kv-cache-mb); shorten the prompt or max_tokens, or raise the pool")]
+    KvExceeded { capacity: usize },
     /// A sequence was stopped by a failure outside its own request (a batched step it was in).
     #[error("generation aborted: {0}")]
     Aborted(String),

@@ -12,7 +12,7 @@ use q4moe_engine::{
 use q4moe_model::synth::SynthQuant;
 
 mod common;
-use common::tiny_engine;
+use common::{alone, run_to_end, tiny_engine};
 
 #[derive(Debug, Clone, PartialEq)]
 enum Ev {
@@ -106,16 +106,6 @@ fn requests(engine: &Engine) -> Vec<GenerateRequest> {
             req
         })
         .collect()
-}
-
-fn run_to_end(engine: &mut Engine, batch: &mut Batcher) {
-    for _ in 0..10_000 {
-        if batch.is_empty() {
-            return;
-        }
-        batch.step(engine);
-    }
-    panic!("the batch never drained");
 }
 
 #[test]
@@ -339,14 +329,7 @@ fn choices_of_one_prompt_share_its_prefill_and_give_what_each_gives_alone() {
             req
         })
         .collect();
-    let alone: Vec<GenerateOutput> = reqs
-        .iter()
-        .map(|r| {
-            engine.reset_sessions();
-            engine.generate(r, &mut |_| Flow::Continue).unwrap()
-        })
-        .collect();
-    engine.reset_sessions();
+    let alone = alone(&mut engine, &reqs);
     let h = Harness::new(reqs.len());
     let mut batch = Batcher::new(BatchOptions {
         max_batch: 4,

@@ -70,6 +70,7 @@ pub(crate) fn worker(
         metrics.batch_size(batch.running());
         metrics.kv_bytes(batch.kv_bytes(&engine), engine.cached_kv_bytes());
         metrics.kv_pool(engine.kv_pool());
+        metrics.preemptions(batch.preemptions());
     }
 }
 

@@ -123,6 +123,8 @@ pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError
         )
         .with_status(StatusCode::BAD_REQUEST, "context_length_exceeded"),
         E::Invalid(msg) => ApiError::invalid(prompt_param, msg),
+        E::KvExceeded { .. } => ApiError::invalid("max_tokens", e.to_string())
+            .with_status(StatusCode::BAD_REQUEST, "kv_cache_exceeded"),
         // Other sequences hold the KV pool's pages: the client may retry once they finish.
         E::Backend(full @ q4moe_model::backend::BackendError::KvFull { .. }) => ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
@@ -170,7 +172,7 @@ mod tests {
 
     /// A full KV pool is the server's momentary state: 503 with Retry-After, the pool named.
     #[test]
-    fn a_full_kv_pool_is_503_with_retry_after() {
+    fn a_full_kv_pool_is_503_with_retry_after_and_a_request_past_it_400() {
         let full = q4moe_model::backend::BackendError::KvFull {
             session: 3,
             needed: 4096,
@@ -186,5 +188,10 @@ mod tests {
             msg.contains("KV pool is full (4096 more bytes needed, 1024 of 1048576 free"),
             "{msg}"
         );
+        // A request that alone outgrows the pool is the request's to change: 400.
+        let e = from_engine(EngineError::KvExceeded { capacity: 1 << 20 }, "messages");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.retry_after, None);
+        assert_eq!(e.body()["error"]["code"], "kv_cache_exceeded");
     }
 }

@@ -67,6 +67,8 @@ pub struct Metrics {
     kv_bytes: [AtomicI64; 2],
     /// The KV pool's pages in use and its capacity in pages (-1: the backend keeps no pool).
     kv_pages: [AtomicI64; 2],
+    /// Running sequences whose KV a full pool took back, to prefill their contexts again.
+    preemptions: AtomicU64,
     /// Finish reason ("stop", "length", "cancelled", "error") -> sequences.
     finished: Mutex<BTreeMap<&'static str, u64>>,
     ttft: Mutex<Histogram>,
@@ -87,6 +89,7 @@ impl Default for Metrics {
             batch_size: AtomicI64::new(0),
             kv_bytes: Default::default(),
             kv_pages: [AtomicI64::new(-1), AtomicI64::new(-1)],
+            preemptions: AtomicU64::new(0),
             finished: Mutex::default(),
             ttft: Mutex::new(Histogram::new(TTFT_BUCKETS)),
             tpot: Mutex::new(Histogram::new(TPOT_BUCKETS)),
@@ -132,6 +135,11 @@ impl Metrics {
         });
         self.kv_pages[0].store(used, Ordering::Relaxed);
         self.kv_pages[1].store(capacity, Ordering::Relaxed);
+    }
+
+    /// The batch's preemptions so far (`Batcher::preemptions`).
+    pub fn preemptions(&self, n: u64) {
+        self.preemptions.store(n, Ordering::Relaxed);
     }
 
     pub fn batch_size(&self, running: usize) {
@@ -243,6 +251,11 @@ impl Metrics {
                 "# HELP q4moe_kv_pages KV pool pages (one layer's keys and values for a run of positions), in use and in all (--kv-cache-mb).\n# TYPE q4moe_kv_pages gauge\nq4moe_kv_pages{{state=\"used\"}} {used}\nq4moe_kv_pages{{state=\"capacity\"}} {capacity}"
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP q4moe_kv_preemptions_total Running sequences whose KV a full pool took back; each prefilled its context again and went on (its output unchanged).\n# TYPE q4moe_kv_preemptions_total counter\nq4moe_kv_preemptions_total {}",
+            self.preemptions.load(Ordering::Relaxed)
+        );
         out.push_str("# HELP q4moe_sequences_finished_total Sequences ended, by finish reason.\n# TYPE q4moe_sequences_finished_total counter\n");
         for (reason, n) in lock(&self.finished).iter() {
             let _ = writeln!(

@@ -13,7 +13,7 @@ fn num(x: &Value) -> f64 {
     x.as_f64().unwrap_or(f64::NAN)
 }
 
-/// A share of the copy bandwidth, or "-" where none was measured (the CPU).
+/// A share of the copy bandwidth, or "-" where none was measured.
 fn pct(x: &Value) -> String {
     x.as_f64().map_or("-".into(), |p| format!("{p:.1}"))
 }
@@ -66,7 +66,8 @@ pub fn print_table(r: &Value) {
         );
     }
     head += &format!(" {:>8}", "GB/s");
-    if gpu {
+    let copy = r["copy_bandwidth_gb_s"].as_f64().is_some();
+    if copy {
         head += &format!(" {:>7}", "% copy");
     }
     println!("{head}");
@@ -92,7 +93,7 @@ pub fn print_table(r: &Value) {
             );
         }
         line += &format!(" {:>8.1}", f(&v["achieved_gb_s"]));
-        if gpu {
+        if copy {
             line += &format!(" {:>7}", pct(&v["pct_of_copy_bandwidth"]));
         }
         println!("{line}");
@@ -158,18 +159,22 @@ fn print_batched(b: &Value) {
         b["runs"]
     );
     println!(
-        "{:>4} {:>26} {:>22} {:>22} {:>12} {:>12}  invariance",
-        "B", "aggregate tok/s", "tok/s a sequence", "step ms", "weights MB", "GB/s"
+        "{:>4} {:>26} {:>22} {:>22} {:>12} {:>12} {:>7}  invariance",
+        "B", "aggregate tok/s", "tok/s a sequence", "step ms", "weights MB", "GB/s", "% copy"
     );
     for s in b["sizes"].as_array().into_iter().flatten() {
+        let share = s["share_of_copy_bandwidth"]
+            .as_f64()
+            .map(|x| Value::from(100.0 * x));
         println!(
-            "{:>4} {:>26} {:>22} {:>22} {:>12.1} {:>12.1}  {}",
+            "{:>4} {:>26} {:>22} {:>22} {:>12.1} {:>12.1} {:>7}  {}",
             s["batch"].as_u64().unwrap_or(0),
             span(&s["aggregate_tok_s"], 1),
             span(&s["per_sequence_tok_s"], 1),
             span(&s["step_ms"], 2),
             num(&s["distinct_weight_bytes_per_step_max"]) / 1e6,
             num(&s["weight_gb_s_at_bound"]),
+            pct(&share.unwrap_or(Value::Null)),
             text(&s["invariance"])
         );
     }
