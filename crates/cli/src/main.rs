@@ -77,10 +77,10 @@ pub struct DeviceArgs {
     /// length.
     #[arg(short = 'c', long, default_value_t = 4096)]
     pub ctx: usize,
-    /// MiB of KV. CPU: the pool every session's KV pages come from (running requests and the
-    /// conversations kept for prefix reuse; kept ones are dropped, least recently used first,
-    /// when a request needs room). CUDA: what the kept conversations may hold (a session holds
-    /// what its KV has grown to, doubling from 256 positions).
+    /// MiB of KV every session may hold together, running requests and the conversations
+    /// kept for prefix reuse (kept ones are dropped, least recently used first, when a request
+    /// needs room; past it, the newest running request waits and picks up later). CPU: one pool
+    /// of 16-position pages; CUDA: each session's own allocation, doubling from 256 positions.
     #[arg(long, default_value_t = 4096)]
     pub kv_cache_mb: usize,
     /// KV cache element type, f16 or f32: f16 halves the bytes attention reads a position (long

@@ -19,12 +19,34 @@ pub enum CudaError {
     Unsupported(String),
     #[error("step state read-back: {0}")]
     ReadBack(String),
+    /// The sessions' KV would pass `CudaOptions::kv_pool_bytes`.
+    #[error("session {session}: the KV pool is full")]
+    KvFull {
+        session: u64,
+        needed: usize,
+        free: usize,
+        capacity: usize,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, CudaError>;
 
 impl From<CudaError> for q4moe_model::backend::BackendError {
     fn from(e: CudaError) -> Self {
-        q4moe_model::backend::BackendError::Device(e.to_string())
+        use q4moe_model::backend::BackendError;
+        match e {
+            CudaError::KvFull {
+                session,
+                needed,
+                free,
+                capacity,
+            } => BackendError::KvFull {
+                session,
+                needed,
+                free,
+                capacity,
+            },
+            e => BackendError::Device(e.to_string()),
+        }
     }
 }

@@ -24,6 +24,11 @@ pub struct CudaOptions {
     /// capacity (384 MiB at 4,096 positions of Qwen3-30B-A3B, f16). kv_capacity: each session
     /// its whole capacity at once. The GPU tests set it small to grow often.
     pub kv_grow_from: usize,
+    /// Bytes every session's KV may take together (the engine's kv_cache_bytes,
+    /// `--kv-cache-mb`): a session that would grow past it is refused with KvFull, so the
+    /// engine drops kept sessions or preempts the newest running one instead of running out of
+    /// device memory. Default: no bound.
+    pub kv_pool_bytes: usize,
     /// How the KV cache stores keys and values (attention.cu's kv_t, chosen when the kernels
     /// are compiled): f16 halves what attention reads at long context.
     pub kv_type: KvType,
@@ -90,6 +95,7 @@ impl Default for CudaOptions {
             in_flight: 2,
             kv_capacity: 4096,
             kv_grow_from: 256,
+            kv_pool_bytes: usize::MAX,
             kv_type: KvType::default(),
             profile_kernels: false,
             attn_max_blocks: params::ATT_MAX_BLOCKS,

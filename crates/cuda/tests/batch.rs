@@ -235,3 +235,81 @@ fn a_growing_kv_gives_the_whole_capacitys_bits() {
         "{grown_bytes} against {whole_bytes}"
     );
 }
+
+/// `kv_pool_bytes` bounds every session's KV together: a prefill, a batched step or a fork that
+/// would grow past it is refused with KvFull and changes nothing; once a session is dropped the
+/// same work runs, with the bits of an unbounded backend.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_kv_pool_bounds_every_sessions_kv() {
+    use q4moe_model::backend::{BackendError, BatchOut, BatchRow, Logits};
+    require_gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::tiny();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    let backend = |pool: usize| {
+        let opts = CudaOptions {
+            kv_capacity: 256,
+            kv_grow_from: 16,
+            kv_pool_bytes: pool,
+            batched_step: true,
+            ..CudaOptions::default()
+        };
+        CudaBackend::new(m.clone(), opts).unwrap()
+    };
+    let mut free = backend(usize::MAX);
+    assert!(free.kv_pool().is_none(), "no bound, no pool");
+    let mut rng = Lcg(29);
+    let prompt: Vec<u32> = (0..40).map(|_| rng.next(cfg.vocab_size) as u32).collect();
+    free.prefill(1, &prompt[..20], Logits::None).unwrap();
+    let one = free.kv_bytes(1); // 32 positions (16 doubled)
+                                // Room for 64 positions in all.
+    let mut b = backend(2 * one);
+    let pool = b.kv_pool().unwrap();
+    assert_eq!((pool.capacity_bytes, pool.used_bytes), (2 * one, 0));
+    b.prefill(1, &prompt[..20], Logits::None).unwrap();
+    assert_eq!(
+        b.kv_needed(2, 40),
+        2 * one,
+        "a new session of 40 positions: 64 of them"
+    );
+    let err = b.prefill(2, &prompt, Logits::None).unwrap_err();
+    assert!(
+        matches!(err, BackendError::KvFull { session: 2, .. }),
+        "{err}"
+    );
+    assert_eq!(
+        (b.kv_len(2), b.kv_bytes(2)),
+        (0, 0),
+        "a refused prefill holds nothing"
+    );
+    b.prefill(2, &prompt[..10], Logits::None).unwrap();
+    assert!(matches!(b.fork(1, 3, 20), Err(BackendError::KvFull { .. })));
+    let step = |b: &mut CudaBackend, rows: &[(u64, u32)]| {
+        let mut out = BatchOut::default();
+        let mut rows: Vec<BatchRow<'_>> = rows
+            .iter()
+            .map(|&(session, token)| BatchRow {
+                session,
+                token,
+                sampler: None,
+                logits: true,
+            })
+            .collect();
+        b.step_batch(&mut rows, &mut out)
+            .map(|_| out.logits.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
+    };
+    // Session 1 at 32 positions must double to 64 for its next: the step is refused whole.
+    b.prefill(1, &prompt[20..32], Logits::None).unwrap();
+    assert_eq!(b.kv_len(1), 32);
+    let err = step(&mut b, &[(2, 7), (1, 9)]).unwrap_err();
+    assert!(matches!(err, BackendError::KvFull { .. }), "{err}");
+    assert_eq!(
+        (b.kv_len(1), b.kv_len(2)),
+        (32, 10),
+        "a refused step changes no session"
+    );
+    b.drop_session(2);
+    free.prefill(1, &prompt[20..32], Logits::None).unwrap();
+    assert!(step(&mut b, &[(1, 9)]).unwrap() == step(&mut free, &[(1, 9)]).unwrap());
+}

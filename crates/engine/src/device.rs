@@ -36,11 +36,11 @@ pub struct EngineOptions {
     pub kv_capacity: usize,
     /// How the KV cache stores keys and values (both backends round alike).
     pub kv_type: KvType,
-    /// Bound on the bytes of KV (`--kv-cache-mb`). On the CPU, the pool every session's KV
-    /// pages come from, the running sequences' and the idle sessions kept for prefix reuse
-    /// alike (kept ones are dropped, least recently used first, when a running one needs
-    /// room). On CUDA, whose sessions each hold their own allocation, the bound on the kept
-    /// sessions alone.
+    /// Bound on the bytes of KV every session holds together (`--kv-cache-mb`), the running
+    /// sequences' and the idle sessions kept for prefix reuse alike (kept ones are dropped,
+    /// least recently used first, when a running one needs room): on the CPU the pool its pages
+    /// come from; on CUDA, whose sessions each hold their own allocation (doubling as they
+    /// grow), the sum of those (`CudaOptions::kv_pool_bytes`).
     pub kv_cache_bytes: usize,
     /// How the CPU backend multiplies activations by the quantised weights: Q8 (activations
     /// quantised as llama.cpp does, the default) or Exact (f32 activations, the float
@@ -75,6 +75,7 @@ pub fn open_backend(model: Arc<Model>, opts: &EngineOptions) -> Result<Box<dyn B
         in_flight: opts.cuda.in_flight.max(1),
         kv_capacity,
         kv_type: opts.kv_type,
+        kv_pool_bytes: opts.kv_cache_bytes,
         ..opts.cuda.clone()
     };
     let cpu = || {

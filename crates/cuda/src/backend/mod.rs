@@ -29,7 +29,7 @@ use crate::step::{self, Choice, Ending, Kv, Scratch};
 #[cfg(feature = "timeline")]
 use crate::timeline::{self, Timeline};
 use crate::weights::{self, Weights};
-use crate::{CudaOptions, GraphSetups, KernelTime, Result};
+use crate::{CudaError, CudaOptions, GraphSetups, KernelTime, Result};
 
 /// A prompt's tokens queued on the device at once by `prefill` (pinned step states; the host
 /// waits for the queue once a round).
@@ -249,6 +249,16 @@ impl CudaBackend {
     /// doubled until it holds `need`. Growing allocates the larger KV and copies the held
     /// positions into it; a call grows before its work, so no step of the old KV is in flight.
     fn session_holding(&mut self, id: SessionId, need: usize) -> Result<&mut Session> {
+        let growth = self.kv_growth(id, need);
+        let pool = self.opts.kv_pool_bytes;
+        if growth > 0 && self.kv_used().saturating_add(growth) > pool {
+            return Err(CudaError::KvFull {
+                session: id,
+                needed: growth,
+                free: pool.saturating_sub(self.kv_used()),
+                capacity: pool,
+            });
+        }
         let (c, o) = (&self.model.config, &self.opts);
         let cap = Kv::capacity_for(need, o.kv_grow_from, o.kv_capacity);
         match self.sessions.get_mut(&id) {
@@ -266,6 +276,27 @@ impl CudaBackend {
             Some(_) => {}
         }
         Ok(self.sessions.get_mut(&id).expect("present"))
+    }
+
+    /// Bytes every session's KV takes.
+    fn kv_used(&self) -> usize {
+        self.sessions
+            .values()
+            .map(|s| s.kv.k.bytes + s.kv.v.bytes)
+            .sum()
+    }
+
+    /// Bytes session `id`'s KV grows by to hold `need` positions (a new session's whole KV; a
+    /// grown one replaces the old, whose bytes come back): what `kv_pool_bytes` must allow.
+    fn kv_growth(&self, id: SessionId, need: usize) -> usize {
+        let (c, o) = (&self.model.config, &self.opts);
+        let bytes = |cap| Kv::bytes(c, cap, o.kv_type);
+        let grown = bytes(Kv::capacity_for(need, o.kv_grow_from, o.kv_capacity));
+        match self.sessions.get(&id) {
+            None => grown,
+            Some(s) if s.kv.capacity < need => grown.saturating_sub(s.kv.k.bytes + s.kv.v.bytes),
+            Some(_) => 0,
+        }
     }
 
     /// `tokens` may go into `session` next (backend::check_span).
@@ -766,6 +797,21 @@ impl Backend for CudaBackend {
         self.sessions
             .get(&session)
             .map_or(0, |s| s.kv.k.bytes + s.kv.v.bytes)
+    }
+
+    fn kv_pool(&self) -> Option<backend::KvPoolStats> {
+        let o = &self.opts;
+        (o.kv_pool_bytes != usize::MAX).then(|| backend::KvPoolStats {
+            capacity_bytes: o.kv_pool_bytes,
+            used_bytes: self.kv_used(),
+            page_positions: o.kv_grow_from,
+            page_bytes: Kv::bytes(&self.model.config, o.kv_grow_from, o.kv_type),
+        })
+    }
+
+    fn kv_needed(&self, session: SessionId, positions: usize) -> usize {
+        let need = self.kv_len(session) + positions;
+        self.kv_growth(session, need.min(self.opts.kv_capacity))
     }
 
     fn truncate(&mut self, session: SessionId, len: usize) {
