@@ -317,6 +317,8 @@ mod tests {
             in_flight: 3,
             kv_capacity: 512,
             kv_grow_from: 16,
+            // Not a key: the engine sets it from kv_cache_bytes.
+            kv_pool_bytes: usize::MAX,
             kv_type: KvType::F32,
             profile_kernels: true,
             attn_max_blocks: 2,
