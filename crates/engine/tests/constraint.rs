@@ -2,17 +2,15 @@
 //! `Engine::generate` and the continuous batch): the grammar alone makes the output valid, and
 //! a constrained sequence in a batch gets what it gets alone.
 
-use std::sync::{Arc, Mutex};
-
 use q4moe_engine::{
     BatchOptions, Batcher, Finish, Flow, GenerateOutput, GenerateRequest, Grammar, SamplingParams,
-    SequenceSink, ToolCall,
+    ToolCall,
 };
 use q4moe_model::synth::SynthQuant;
 use serde_json::{json, Value};
 
 mod common;
-use common::tiny_engine;
+use common::{admit_all, run_to_end, tiny_engine};
 
 fn request(e: &q4moe_engine::Engine, grammar: &Grammar, seed: u64) -> GenerateRequest {
     let prompt = e.encode_prompt("Write it down:").unwrap();
@@ -77,20 +75,6 @@ fn serial_generation_follows_a_schema_and_a_grammar() {
     );
 }
 
-struct Keep(Arc<Mutex<Vec<GenerateOutput>>>);
-
-impl SequenceSink for Keep {
-    fn piece(&mut self, _: q4moe_engine::Piece<'_>) -> Flow {
-        Flow::Continue
-    }
-    fn cancelled(&self) -> bool {
-        false
-    }
-    fn finished(self: Box<Self>, result: q4moe_engine::Result<GenerateOutput>) {
-        self.0.lock().unwrap().push(result.unwrap());
-    }
-}
-
 #[test]
 fn batched_generation_follows_the_schema_as_it_does_alone() {
     let dir = tempfile::tempdir().unwrap();
@@ -104,22 +88,15 @@ fn batched_generation_follows_the_schema_as_it_does_alone() {
                 .text
         })
         .collect();
-    let outs = Arc::new(Mutex::new(Vec::new()));
     let mut b = Batcher::new(BatchOptions::default()).unwrap();
-    for seed in 0..3 {
-        let req = request(&e, &g, seed);
-        b.admit(&mut e, req, Box::new(Keep(outs.clone())));
+    let reqs: Vec<_> = (0..3).map(|seed| request(&e, &g, seed)).collect();
+    let results = admit_all(&mut e, &mut b, &reqs);
+    run_to_end(&mut e, &mut b);
+    for (i, want) in alone.iter().enumerate() {
+        let got = results.lock().unwrap()[i].take().unwrap().unwrap();
+        check(&got);
+        assert_eq!(&got.text, want, "sequence {i}");
     }
-    while !b.is_empty() {
-        b.step(&mut e);
-    }
-    let mut got: Vec<GenerateOutput> = std::mem::take(&mut *outs.lock().unwrap());
-    got.iter().for_each(check);
-    let mut texts: Vec<String> = got.drain(..).map(|o| o.text).collect();
-    let mut want = alone;
-    texts.sort();
-    want.sort();
-    assert_eq!(texts, want);
 }
 
 /// Tools and tool turns render in Qwen3's markup; a control token typed in a call's arguments

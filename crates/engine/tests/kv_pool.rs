@@ -4,46 +4,13 @@
 //! back and prefills its context again later, every output unchanged; a sequence that alone
 //! outgrows the pool, or a serial request, fails with a clear error and the engine serves on.
 
-use std::sync::{Arc, Mutex};
-
 use q4moe_engine::{
-    BatchOptions, Batcher, Engine, EngineError, Flow, GenerateOutput, GenerateRequest,
-    SamplingParams, SequenceSink,
+    BatchOptions, Batcher, Engine, EngineError, Flow, GenerateRequest, SamplingParams,
 };
 use q4moe_model::synth::SynthQuant;
 
 mod common;
-use common::{alone, random_tokens, run_to_end, tiny_engine_with};
-
-type Results = Arc<Mutex<Vec<Option<q4moe_engine::Result<GenerateOutput>>>>>;
-
-/// Keeps each sequence's result, error or not.
-struct Keep {
-    id: usize,
-    results: Results,
-}
-
-impl SequenceSink for Keep {
-    fn piece(&mut self, _: q4moe_engine::Piece<'_>) -> Flow {
-        Flow::Continue
-    }
-    fn cancelled(&self) -> bool {
-        false
-    }
-    fn finished(self: Box<Self>, result: q4moe_engine::Result<GenerateOutput>) {
-        self.results.lock().unwrap()[self.id] = Some(result);
-    }
-}
-
-/// Admits `reqs` into `batch`, each with a sink keeping its result by index.
-fn admit_all(engine: &mut Engine, batch: &mut Batcher, reqs: &[GenerateRequest]) -> Results {
-    let results: Results = Arc::new(Mutex::new(reqs.iter().map(|_| None).collect()));
-    for (id, r) in reqs.iter().enumerate() {
-        let results = results.clone();
-        batch.admit(engine, r.clone(), Box::new(Keep { id, results }));
-    }
-    results
-}
+use common::{admit_all, alone, random_tokens, run_to_end, tiny_engine_with};
 
 /// Bytes of one page (16 positions of one layer's keys and values) and the layers.
 fn page(engine: &Engine) -> (usize, usize) {

@@ -1,9 +1,11 @@
 //! What the engine's test files share: a CPU engine over the tiny synthetic model.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use q4moe_engine::{Batcher, Device, Engine, EngineOptions, Flow, GenerateOutput, GenerateRequest};
+use q4moe_engine::{
+    Batcher, Device, Engine, EngineOptions, Flow, GenerateOutput, GenerateRequest, SequenceSink,
+};
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
 
@@ -59,4 +61,34 @@ pub fn alone(engine: &mut Engine, reqs: &[GenerateRequest]) -> Vec<GenerateOutpu
         .collect();
     engine.reset_sessions();
     out
+}
+
+pub type Results = Arc<Mutex<Vec<Option<q4moe_engine::Result<GenerateOutput>>>>>;
+
+/// A sink keeping each sequence's result by its index, error or not.
+pub struct Keep {
+    id: usize,
+    results: Results,
+}
+
+impl SequenceSink for Keep {
+    fn piece(&mut self, _: q4moe_engine::Piece<'_>) -> Flow {
+        Flow::Continue
+    }
+    fn cancelled(&self) -> bool {
+        false
+    }
+    fn finished(self: Box<Self>, result: q4moe_engine::Result<GenerateOutput>) {
+        self.results.lock().unwrap()[self.id] = Some(result);
+    }
+}
+
+/// Admits `reqs` into `batch`, each with a sink keeping its result by index.
+pub fn admit_all(engine: &mut Engine, batch: &mut Batcher, reqs: &[GenerateRequest]) -> Results {
+    let results: Results = Arc::new(Mutex::new(reqs.iter().map(|_| None).collect()));
+    for (id, r) in reqs.iter().enumerate() {
+        let results = results.clone();
+        batch.admit(engine, r.clone(), Box::new(Keep { id, results }));
+    }
+    results
 }
