@@ -41,10 +41,9 @@ impl KvPool {
     /// A pool of at most `max_bytes` of pages (at least one page) for `c`'s layers.
     pub fn new(c: &Config, max_bytes: usize) -> Self {
         let page_floats = PAGE * c.kv_dim();
-        let page_bytes = 2 * page_floats * std::mem::size_of::<f32>();
         KvPool {
             inner: Arc::new(PoolCount {
-                capacity: (max_bytes / page_bytes).max(1),
+                capacity: (max_bytes / page_bytes(page_floats)).max(1),
                 used: AtomicUsize::new(0),
             }),
             page_floats,
@@ -53,7 +52,7 @@ impl KvPool {
 
     /// Bytes one page takes (keys and values, f32).
     pub fn page_bytes(&self) -> usize {
-        2 * self.page_floats * std::mem::size_of::<f32>()
+        page_bytes(self.page_floats)
     }
 
     pub fn capacity_pages(&self) -> usize {
@@ -77,12 +76,23 @@ impl KvPool {
                 (u < count.capacity).then_some(u + 1)
             })
             .ok()?;
-        Some(Page {
+        Some(self.counted_page())
+    }
+
+    /// A zeroed page whose place `used` already counts (`take`), or past the bound
+    /// (`KvCache::push`'s fallback counts it first).
+    fn counted_page(&self) -> Page {
+        Page {
             k: vec![0.0; self.page_floats],
             v: vec![0.0; self.page_floats],
-            count: count.clone(),
-        })
+            count: self.inner.clone(),
+        }
     }
+}
+
+/// Bytes of a page of `page_floats` keys and as many values (f32).
+fn page_bytes(page_floats: usize) -> usize {
+    2 * page_floats * std::mem::size_of::<f32>()
 }
 
 /// PAGE positions of one layer: [PAGE, kv_dim] keys and values.
@@ -90,6 +100,15 @@ struct Page {
     k: Vec<f32>,
     v: Vec<f32>,
     count: Arc<PoolCount>,
+}
+
+impl Page {
+    /// `other`'s keys and values, in this page (a copy of a shared page one holder writes).
+    fn copied_from(mut self, other: &Page) -> Page {
+        self.k.copy_from_slice(&other.k);
+        self.v.copy_from_slice(&other.v);
+        self
+    }
 }
 
 impl Drop for Page {
@@ -150,6 +169,9 @@ impl KvCache {
     /// follow write into pages this cache alone holds. All or nothing: a refusal takes no page
     /// and leaves the cache as it was.
     pub fn reserve(&mut self, n: usize) -> Result<(), PoolFull> {
+        if n == 0 {
+            return Ok(());
+        }
         let needed = self.pages_needed(n);
         let mut taken: Vec<Page> = Vec::with_capacity(needed);
         for _ in 0..needed {
@@ -165,15 +187,10 @@ impl KvCache {
             }
         }
         for layer in &mut self.layers {
-            if n == 0 {
-                break;
-            }
             let tail = layer.len / PAGE;
             if layer.len % PAGE != 0 && Arc::strong_count(&layer.pages[tail]) > 1 {
-                let mut copy = taken.pop().expect("counted by pages_needed");
-                copy.k.copy_from_slice(&layer.pages[tail].k);
-                copy.v.copy_from_slice(&layer.pages[tail].v);
-                layer.pages[tail] = Arc::new(copy);
+                let copy = taken.pop().expect("counted by pages_needed");
+                layer.pages[tail] = Arc::new(copy.copied_from(&layer.pages[tail]));
             }
             while layer.pages.len() < (layer.len + n).div_ceil(PAGE) {
                 layer
@@ -193,16 +210,10 @@ impl KvCache {
         let (page, at) = (layer.len / PAGE, layer.len % PAGE * kv_dim);
         if page == layer.pages.len() || Arc::strong_count(&layer.pages[page]) > 1 {
             debug_assert!(false, "layer {li}: position {} was not reserved", layer.len);
-            let count = &self.pool.inner;
-            count.used.fetch_add(1, Ordering::Relaxed);
-            let mut fresh = Page {
-                k: vec![0.0; self.pool.page_floats],
-                v: vec![0.0; self.pool.page_floats],
-                count: count.clone(),
-            };
+            self.pool.inner.used.fetch_add(1, Ordering::Relaxed);
+            let mut fresh = self.pool.counted_page();
             if let Some(old) = layer.pages.get(page) {
-                fresh.k.copy_from_slice(&old.k);
-                fresh.v.copy_from_slice(&old.v);
+                fresh = fresh.copied_from(old);
             }
             layer.pages.truncate(page);
             layer.pages.push(Arc::new(fresh));

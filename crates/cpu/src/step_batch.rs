@@ -40,25 +40,24 @@ impl CpuBackend {
             .iter()
             .zip(&mut kvs)
             .find_map(|(r, kv)| kv.reserve(1).err().map(|e| (r.session, e)));
-        if let Some((session, e)) = refused {
-            for (row, kv) in rows.iter().zip(kvs) {
-                self.sessions.insert(row.session, kv);
-            }
-            return Err(crate::pool_full(&self.pool, session, e));
+        if refused.is_none() {
+            let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
+            let (model, weights) = (&self.model, &self.weights);
+            self.batch.run(
+                model,
+                weights,
+                &mut Seats::Sessions(&mut kvs),
+                &tokens,
+                &mut self.scratch,
+            );
+            self.batch
+                .head(model, weights, &self.scratch, &mut out.logits);
         }
-        let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
-        let (model, weights) = (&self.model, &self.weights);
-        self.batch.run(
-            model,
-            weights,
-            &mut Seats::Sessions(&mut kvs),
-            &tokens,
-            &mut self.scratch,
-        );
-        self.batch
-            .head(model, weights, &self.scratch, &mut out.logits);
         for (row, kv) in rows.iter().zip(kvs) {
             self.sessions.insert(row.session, kv);
+        }
+        if let Some((session, e)) = refused {
+            return Err(crate::pool_full(&self.pool, session, e));
         }
         choose_tokens(rows, out, &mut self.row_copies);
         Ok(())

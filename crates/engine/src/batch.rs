@@ -234,12 +234,7 @@ impl Batcher {
     fn prefill(&mut self, engine: &mut Engine) {
         let mut budget = self.opts.prefill_budget;
         let page = engine.backend.kv_pool().map_or(0, |p| p.page_positions);
-        let running: Vec<(SessionId, usize)> = self
-            .seqs
-            .iter()
-            .filter(|s| s.prompt_in())
-            .map(|s| (s.session, page))
-            .collect();
+        let running = self.decoding(page);
         let mut failed = Vec::new();
         for i in 0..self.seqs.len() {
             if budget == 0 {
@@ -369,13 +364,12 @@ impl Batcher {
                     ..
                 }) => {
                     let b = engine.backend.as_ref();
-                    let holds = |s: &Sequence| s.prompt_in() || b.kv_len(s.session) > 0;
                     let i = self
                         .seqs
                         .iter()
-                        .rposition(holds)
+                        .rposition(|s| holds_kv(b, s))
                         .expect("a refused step had rows");
-                    let others = self.seqs.iter().filter(|s| holds(s)).count() > 1;
+                    let others = !alone(b, &self.seqs, i);
                     if others && self.seqs[i].recomputable() {
                         self.requeue(engine, i);
                         continue;
@@ -412,12 +406,7 @@ impl Batcher {
         if !ready.contains(&true) {
             return Ok(());
         }
-        let needs: Vec<(SessionId, usize)> = self
-            .seqs
-            .iter()
-            .filter(|s| s.prompt_in())
-            .map(|s| (s.session, 1))
-            .collect();
+        let needs = self.decoding(1);
         engine.sessions.make_room(engine.backend.as_mut(), &needs);
         let mut rows: Vec<BatchRow<'_>> = self
             .seqs
@@ -469,6 +458,15 @@ impl Batcher {
         }
     }
 
+    /// Each decoding sequence's session with `positions` it is about to add.
+    fn decoding(&self, positions: usize) -> Vec<(SessionId, usize)> {
+        self.seqs
+            .iter()
+            .filter(|s| s.prompt_in())
+            .map(|s| (s.session, positions))
+            .collect()
+    }
+
     /// Takes sequence `i`'s KV back into the pool: it prefills its context again once there is
     /// room, into a new empty session (so it holds nothing while it waits, and the next
     /// preemption takes another), forking what an earlier sequence shares with it (`share`).
@@ -492,11 +490,16 @@ impl Batcher {
     }
 }
 
+/// Whether `s` holds KV or is about to (its prompt in: a one-token prompt holds none yet).
+fn holds_kv(b: &dyn Backend, s: &Sequence) -> bool {
+    s.prompt_in() || b.kv_len(s.session) > 0
+}
+
 /// Whether no sequence but `i` holds KV.
 fn alone(b: &dyn Backend, seqs: &[Sequence], i: usize) -> bool {
     seqs.iter()
         .enumerate()
-        .all(|(j, t)| j == i || b.kv_len(t.session) == 0)
+        .all(|(j, t)| j == i || !holds_kv(b, t))
 }
 
 fn finish_ok(engine: &mut Engine, s: Sequence) {

@@ -68,12 +68,17 @@ impl ApiError {
 
     /// The engine's queue is full: the request was not accepted, so the client may retry.
     pub fn busy() -> Self {
+        Self::retry_later("the request queue is full; retry later", "queue_full")
+    }
+
+    /// 503 with `Retry-After: 1`: the server's momentary state, not the request's fault.
+    pub fn retry_later(message: impl Into<String>, code: &'static str) -> Self {
         ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
-            message: "the request queue is full; retry later".into(),
+            message: message.into(),
             kind: "server_error",
             param: None,
-            code: Some("queue_full"),
+            code: Some(code),
             retry_after: Some(1),
         }
     }
@@ -126,14 +131,9 @@ pub fn from_engine(e: q4moe_engine::EngineError, prompt_param: &str) -> ApiError
         E::KvExceeded { .. } => ApiError::invalid("max_tokens", e.to_string())
             .with_status(StatusCode::BAD_REQUEST, "kv_cache_exceeded"),
         // Other sequences hold the KV pool's pages: the client may retry once they finish.
-        E::Backend(full @ q4moe_model::backend::BackendError::KvFull { .. }) => ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: full.to_string(),
-            kind: "server_error",
-            param: None,
-            code: Some("kv_cache_full"),
-            retry_after: Some(1),
-        },
+        E::Backend(full @ q4moe_model::backend::BackendError::KvFull { .. }) => {
+            ApiError::retry_later(full.to_string(), "kv_cache_full")
+        }
         // The model's template overran its limits or its worker failed: the server's fault
         // (its model file), not the request's.
         E::Tokenizer(t @ (TokenizerError::TemplateLimit(_) | TokenizerError::TemplateWorker(_))) => {
