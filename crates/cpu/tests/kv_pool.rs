@@ -2,12 +2,15 @@
 //! forked session shares its source's prefix pages (copying only the partly filled page it
 //! writes into), and a step the pool cannot hold is refused with `KvFull`, changing nothing.
 
+mod shared;
+
 use std::sync::Arc;
 
 use q4moe_cpu::{CpuBackend, PAGE};
-use q4moe_model::backend::{Backend, BackendError, BatchOut, BatchRow, Logits};
+use q4moe_model::backend::{Backend, BackendError, Logits};
 use q4moe_model::synth::{self, SynthQuant};
 use q4moe_model::{Config, Model};
+use shared::batch::step_bits as step;
 
 fn model() -> (tempfile::TempDir, Arc<Model>) {
     let dir = tempfile::tempdir().unwrap();
@@ -23,24 +26,6 @@ fn tokens(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
     (0..n)
         .map(|_| (rng.next_u64() % vocab as u64) as u32)
         .collect()
-}
-
-/// One batched step of `(session, token)` rows: every row's logits as bits.
-fn step(b: &mut dyn Backend, rows: &[(u64, u32)]) -> Result<Vec<Vec<u32>>, BackendError> {
-    let mut out = BatchOut::default();
-    let mut rows: Vec<BatchRow<'_>> = rows
-        .iter()
-        .map(|&(session, token)| BatchRow {
-            session,
-            token,
-            logits: true,
-            sampler: None,
-        })
-        .collect();
-    b.step_batch(&mut rows, &mut out)?;
-    Ok((0..rows.len())
-        .map(|i| out.row(i).iter().map(|x| x.to_bits()).collect())
-        .collect())
 }
 
 #[test]

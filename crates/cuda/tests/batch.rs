@@ -242,7 +242,7 @@ fn a_growing_kv_gives_the_whole_capacitys_bits() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_kv_pool_bounds_every_sessions_kv() {
-    use q4moe_model::backend::{BackendError, BatchOut, BatchRow, Logits};
+    use q4moe_model::backend::{BackendError, Logits};
     require_gpu();
     let dir = tempfile::tempdir().unwrap();
     let cfg = Config::tiny();
@@ -285,20 +285,7 @@ fn the_kv_pool_bounds_every_sessions_kv() {
     );
     b.prefill(2, &prompt[..10], Logits::None).unwrap();
     assert!(matches!(b.fork(1, 3, 20), Err(BackendError::KvFull { .. })));
-    let step = |b: &mut CudaBackend, rows: &[(u64, u32)]| {
-        let mut out = BatchOut::default();
-        let mut rows: Vec<BatchRow<'_>> = rows
-            .iter()
-            .map(|&(session, token)| BatchRow {
-                session,
-                token,
-                sampler: None,
-                logits: true,
-            })
-            .collect();
-        b.step_batch(&mut rows, &mut out)
-            .map(|_| out.logits.iter().map(|x| x.to_bits()).collect::<Vec<u32>>())
-    };
+    let step = body::step_bits;
     // Session 1 at 32 positions must double to 64 for its next: the step is refused whole.
     b.prefill(1, &prompt[20..32], Logits::None).unwrap();
     assert_eq!(b.kv_len(1), 32);

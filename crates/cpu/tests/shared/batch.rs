@@ -231,6 +231,15 @@ fn row(session: u64, token: u32) -> BatchRow<'static> {
     }
 }
 
+/// One batched step of `(session, token)` rows, each row's logits brought back: every row's
+/// logits as bits.
+pub fn step_bits(b: &mut dyn Backend, rows: &[(u64, u32)]) -> Result<Vec<Vec<u32>>, BackendError> {
+    let mut out = BatchOut::default();
+    let mut rows: Vec<BatchRow<'_>> = rows.iter().map(|&(s, t)| row(s, t)).collect();
+    b.step_batch(&mut rows, &mut out)?;
+    Ok((0..rows.len()).map(|i| bits(out.row(i))).collect())
+}
+
 /// A step the backend refuses (a bad token, a session twice, a full context) changes no
 /// session, and an empty step is fine. `b` holds 8 positions a session.
 pub fn refused_steps_change_no_session(b: &mut dyn Backend, vocab: usize) {
