@@ -49,6 +49,8 @@ pub struct Batch {
     /// [t] each token's experts and their weights, in its own top-k order
     picks: Vec<(Vec<usize>, Vec<f32>)>,
     groups: ExpertGroups,
+    /// Bytes of the experts' weights the last `run` read: each chosen expert of a layer once.
+    pub experts_read: u64,
 }
 
 /// Where a batch's tokens sit: the caches they append to, and so their positions.
@@ -226,6 +228,7 @@ impl Batch {
         }
         let mut pos = std::mem::take(&mut self.pos);
         seats.positions(t, &mut pos);
+        self.experts_read = 0;
         for (li, l) in m.layers.iter().enumerate() {
             self.attention(m, l, &w.layers[li], seats, li, &pos, s);
             self.experts(m, l, &w.layers[li], s);
@@ -353,6 +356,11 @@ impl Batch {
             c.n_expert,
             picks.iter().flat_map(|(e, _)| e.iter().copied()),
         );
+        let expert_bytes: u64 = [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps]
+            .iter()
+            .map(|w| w.slab_bytes() as u64)
+            .sum();
+        self.experts_read += groups.iter().count() as u64 * expert_bytes;
         self.gate_up(m, l, s, &n, &groups, t * nu);
         self.n = n;
         self.down(m, l, s, &groups, t * nu);

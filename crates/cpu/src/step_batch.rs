@@ -21,6 +21,7 @@ impl CpuBackend {
         })?;
         out.logits.clear();
         out.tokens.clear();
+        out.expert_bytes = None;
         if rows.is_empty() {
             return Ok(());
         }
@@ -52,6 +53,7 @@ impl CpuBackend {
             );
             self.batch
                 .head(model, weights, &self.scratch, &mut out.logits);
+            out.expert_bytes = Some(self.batch.experts_read);
         }
         for (row, kv) in rows.iter().zip(kvs) {
             self.sessions.insert(row.session, kv);

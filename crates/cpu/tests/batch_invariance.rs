@@ -123,3 +123,52 @@ fn fork_continues_as_prefilled() {
     let mut b = CpuBackend::with_precision(m, 64, Precision::Q8);
     body::fork_continues_as_prefilled(&mut b, cfg.vocab_size);
 }
+
+/// A step counts the expert weights it read, each expert a layer's rows chose once: one row
+/// reads its `n_expert_used` experts a layer; two rows with the same token and history choose
+/// the same experts, so they read no more than one; rows of other tokens read at least as much
+/// and at most every expert.
+#[test]
+fn a_step_counts_each_chosen_expert_once() {
+    let cfg = Config::tiny();
+    let (_dir, m) = model(&cfg, SynthQuant::Q4_K_M);
+    let one_expert: u64 = m
+        .layers
+        .iter()
+        .map(|l| {
+            [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps]
+                .iter()
+                .map(|t| t.slab_bytes() as u64)
+                .sum::<u64>()
+        })
+        .sum();
+    let mut b = CpuBackend::new(m.clone(), 64);
+    let mut read = |rows: &[(u64, u32)]| {
+        let mut out = BatchOut::default();
+        let mut rows: Vec<BatchRow<'_>> = rows
+            .iter()
+            .map(|&(session, token)| BatchRow {
+                session,
+                token,
+                sampler: None,
+                logits: false,
+            })
+            .collect();
+        b.step_batch(&mut rows, &mut out).unwrap();
+        out.expert_bytes.expect("the CPU counts them")
+    };
+    // One row reads n_expert_used experts of every layer (Q4_K_M's mix: their bytes differ
+    // from layer to layer, so the sum is over layers).
+    let used = cfg.n_expert_used as u64;
+    assert_eq!(read(&[(1, 7)]), used * one_expert);
+    assert_eq!(
+        read(&[(2, 7), (3, 7)]),
+        used * one_expert,
+        "the same choices, read once"
+    );
+    let many = read(&[(4, 1), (5, 2), (6, 3), (7, 4)]);
+    assert!(
+        many >= used * one_expert && many <= cfg.n_expert as u64 * one_expert,
+        "{many}"
+    );
+}

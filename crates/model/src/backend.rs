@@ -267,6 +267,10 @@ pub struct BatchOut {
     pub logits: Vec<f32>,
     /// [rows]: the token chosen for `rows[i]` where it carried a sampler, else `None`.
     pub tokens: Vec<Option<u32>>,
+    /// Bytes of expert weights the step read (each expert a layer's rows chose, once), where
+    /// the backend counts them (the CPU); None where it does not (CUDA: its routers choose on
+    /// the device).
+    pub expert_bytes: Option<u64>,
 }
 
 impl BatchOut {

@@ -172,17 +172,27 @@ fn print_batched(b: &Value) {
             span(&s["aggregate_tok_s"], 1),
             span(&s["per_sequence_tok_s"], 1),
             span(&s["step_ms"], 2),
-            num(&s["distinct_weight_bytes_per_step_max"]) / 1e6,
-            num(&s["weight_gb_s_at_bound"]),
+            num(&s["distinct_weight_bytes_per_step"]) / 1e6,
+            num(&s["weight_gb_s"]),
             pct(&share.unwrap_or(Value::Null)),
             text(&s["invariance"])
         );
     }
+    let weights = match b["distinct_bytes_are_a_bound"].as_bool() {
+        Some(false) => {
+            "attention, router and head once, and the experts the rows' routers \
+                        chose, each once a layer, as the backend counted them, averaged over \
+                        the timed steps"
+        }
+        _ => {
+            "at most: attention, router and head once, and min(B x experts used, experts) \
+              experts a layer, a bound, where the backend does not count its routers' choices"
+        }
+    };
     println!(
-        "weights MB: the distinct weight bytes a step reads, at most (attention, router, head, \
-         and min(B x experts used, experts) experts a layer: a bound, the backend does not report \
-         its routers' choices); GB/s: those bytes over the median step{}; invariance: every \
-         row's tokens and first logits against the sequence run alone through the batched step",
+        "weights MB: the distinct weight bytes a step reads ({weights}); GB/s: those bytes over \
+         the median step{}; invariance: every row's tokens and first logits against the \
+         sequence run alone through the batched step",
         match b["copy_gb_s"].as_f64() {
             Some(c) => format!(" (the copy bandwidth measured in the run: {c:.0} GB/s)"),
             None => String::new(),
