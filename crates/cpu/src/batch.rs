@@ -356,11 +356,7 @@ impl Batch {
             c.n_expert,
             picks.iter().flat_map(|(e, _)| e.iter().copied()),
         );
-        let expert_bytes: u64 = [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps]
-            .iter()
-            .map(|w| w.slab_bytes() as u64)
-            .sum();
-        self.experts_read += groups.iter().count() as u64 * expert_bytes;
+        self.experts_read += (groups.iter().count() * l.expert_bytes()) as u64;
         self.gate_up(m, l, s, &n, &groups, t * nu);
         self.n = n;
         self.down(m, l, s, &groups, t * nu);

@@ -132,16 +132,7 @@ fn fork_continues_as_prefilled() {
 fn a_step_counts_each_chosen_expert_once() {
     let cfg = Config::tiny();
     let (_dir, m) = model(&cfg, SynthQuant::Q4_K_M);
-    let one_expert: u64 = m
-        .layers
-        .iter()
-        .map(|l| {
-            [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps]
-                .iter()
-                .map(|t| t.slab_bytes() as u64)
-                .sum::<u64>()
-        })
-        .sum();
+    let one_expert: u64 = m.layers.iter().map(|l| l.expert_bytes() as u64).sum();
     let mut b = CpuBackend::new(m.clone(), 64);
     let mut read = |rows: &[(u64, u32)]| {
         let mut out = BatchOut::default();

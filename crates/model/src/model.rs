@@ -72,6 +72,16 @@ pub struct LayerTensors {
     pub ffn_down_exps: QTensor,
 }
 
+impl LayerTensors {
+    /// Bytes of one expert's weights (its gate, up and down slabs).
+    pub fn expert_bytes(&self) -> usize {
+        [&self.ffn_gate_exps, &self.ffn_up_exps, &self.ffn_down_exps]
+            .iter()
+            .map(|t| t.slab_bytes())
+            .sum()
+    }
+}
+
 /// A loaded model: the mapping, its geometry and every tensor binding. Immutable and shareable;
 /// session state (KV, scratch, setup caches) lives in the backends.
 pub struct Model {
@@ -168,11 +178,7 @@ impl Model {
             .iter()
             .map(|t| t.n_bytes())
             .sum::<usize>();
-            let experts = [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps]
-                .iter()
-                .map(|t| t.slab_bytes() * c.n_expert_used)
-                .sum::<usize>();
-            (attn + experts) as u64
+            (attn + l.expert_bytes() * c.n_expert_used) as u64
         };
         self.layers.iter().map(per_layer).sum::<u64>()
             + self.output.n_bytes() as u64

@@ -121,13 +121,7 @@ fn one_batch(
 
 /// One expert's weights in every layer.
 fn one_expert_bytes(m: &Model) -> u64 {
-    let layer = |l: &q4moe_model::LayerTensors| {
-        [&l.ffn_gate_exps, &l.ffn_up_exps, &l.ffn_down_exps]
-            .iter()
-            .map(|t| t.slab_bytes() as u64)
-            .sum::<u64>()
-    };
-    m.layers.iter().map(layer).sum()
+    m.layers.iter().map(|l| l.expert_bytes() as u64).sum()
 }
 
 /// Weight bytes one step reads at batch size `b` besides the experts': attention, router and
