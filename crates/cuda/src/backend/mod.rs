@@ -721,9 +721,7 @@ impl Backend for CudaBackend {
     }
 
     fn kv_bytes(&self, session: SessionId) -> usize {
-        self.sessions
-            .get(&session)
-            .map_or(0, |s| s.kv.k.bytes + s.kv.v.bytes)
+        self.sessions.get(&session).map_or(0, |s| s.kv.held_bytes())
     }
 
     fn kv_pool(&self) -> Option<backend::KvPoolStats> {

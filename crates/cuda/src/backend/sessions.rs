@@ -19,16 +19,7 @@ impl CudaBackend {
     /// doubled until it holds `need`. Growing allocates the larger KV and copies the held
     /// positions into it; a call grows before its work, so no step of the old KV is in flight.
     pub(super) fn session_holding(&mut self, id: SessionId, need: usize) -> Result<&mut Session> {
-        let growth = self.kv_growth(id, need);
-        let pool = self.opts.kv_pool_bytes;
-        if growth > 0 && self.kv_used().saturating_add(growth) > pool {
-            return Err(CudaError::KvFull {
-                session: id,
-                needed: growth,
-                free: pool.saturating_sub(self.kv_used()),
-                capacity: pool,
-            });
-        }
+        self.check_room(id, self.kv_growth(id, need))?;
         let (c, o) = (&self.model.config, &self.opts);
         let cap = Kv::capacity_for(need, o.kv_grow_from, o.kv_capacity);
         match self.sessions.get_mut(&id) {
@@ -48,12 +39,36 @@ impl CudaBackend {
         Ok(self.sessions.get_mut(&id).expect("present"))
     }
 
+    /// Every (session, need) at once, all or nothing: their growth together checked against
+    /// `kv_pool_bytes` first (KvFull for the first session, nothing grown), then each grown.
+    pub(super) fn hold_all(&mut self, wants: &[(SessionId, usize)]) -> Result<()> {
+        let growth = wants.iter().map(|&(id, n)| self.kv_growth(id, n)).sum();
+        if let Some(&(id, _)) = wants.first() {
+            self.check_room(id, growth)?;
+        }
+        for &(id, need) in wants {
+            self.session_holding(id, need)?;
+        }
+        Ok(())
+    }
+
+    /// KvFull (naming `id`) where `growth` more bytes would pass `kv_pool_bytes`.
+    fn check_room(&self, id: SessionId, growth: usize) -> Result<()> {
+        let (pool, used) = (self.opts.kv_pool_bytes, self.kv_used());
+        if growth > 0 && used.saturating_add(growth) > pool {
+            return Err(CudaError::KvFull {
+                session: id,
+                needed: growth,
+                free: pool.saturating_sub(used),
+                capacity: pool,
+            });
+        }
+        Ok(())
+    }
+
     /// Bytes every session's KV takes.
     pub(super) fn kv_used(&self) -> usize {
-        self.sessions
-            .values()
-            .map(|s| s.kv.k.bytes + s.kv.v.bytes)
-            .sum()
+        self.sessions.values().map(|s| s.kv.held_bytes()).sum()
     }
 
     /// Bytes session `id`'s KV grows by to hold `need` positions (a new session's whole KV; a
@@ -64,7 +79,7 @@ impl CudaBackend {
         let grown = bytes(Kv::capacity_for(need, o.kv_grow_from, o.kv_capacity));
         match self.sessions.get(&id) {
             None => grown,
-            Some(s) if s.kv.capacity < need => grown.saturating_sub(s.kv.k.bytes + s.kv.v.bytes),
+            Some(s) if s.kv.capacity < need => grown.saturating_sub(s.kv.held_bytes()),
             Some(_) => 0,
         }
     }

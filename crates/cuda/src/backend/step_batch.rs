@@ -32,7 +32,14 @@ impl CudaBackend {
             ));
         };
         self.dev.bind()?;
-        let vocab = c.vocab_size;
+        // Every row's next position before any submission: a step the pool cannot hold grows
+        // no session and runs no row, even where its rows take several submissions.
+        let wants: Vec<_> = rows
+            .iter()
+            .map(|r| (r.session, self.kv_len(r.session) + 1))
+            .collect();
+        self.hold_all(&wants)?;
+        let vocab = self.model.config.vocab_size;
         // Resizing to last step's length writes nothing: rows whose logits nobody reads keep
         // stale values (BatchRow::logits), and the host touches B x vocab floats only where
         // they are needed.
@@ -74,10 +81,6 @@ impl CudaBackend {
         group: &mut [backend::BatchRow<'_>],
         logits: &mut [f32],
     ) -> Result<()> {
-        for row in group.iter() {
-            let need = self.kv_len(row.session) + 1;
-            self.session_holding(row.session, need)?;
-        }
         let c = &self.model.config;
         let rows: Vec<Row<'_>> = group
             .iter()

@@ -256,6 +256,11 @@ impl Kv {
         2 * c.n_layer * capacity * c.kv_dim() * kv_type.bytes()
     }
 
+    /// Bytes this KV holds (its K and V allocations).
+    pub fn held_bytes(&self) -> usize {
+        self.k.bytes + self.v.bytes
+    }
+
     /// Positions a session's KV is allocated for when it must hold `need`: `from` doubled
     /// until it does, at most `max` (CudaOptions::kv_grow_from, kv_capacity).
     pub fn capacity_for(need: usize, from: usize, max: usize) -> usize {
