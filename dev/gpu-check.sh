@@ -20,11 +20,12 @@
 #                  probe's test: TEST_BINS="timeline" (`cargo test --release -p q4moe-cuda --features timeline --no-run`).
 #   sanitize       compute-sanitizer memcheck on the tiny parity and batched-step tests and on the kernel tests.
 #   bench:<quant>  `q4moe bench` of record (q4_0, q4_k_m) on a synthetic Qwen3-30B-A3B written
-#                  once per quant to /tmp; JSON to $OUT/bench-<quant>.json.
+#                  once per quant to /tmp; JSON to $OUT/bench-<quant>.json (TAG as batch).
 #   batch:<quant>  `q4moe bench --batch` (BATCH, default 1,2,4,8,16,32,64) on the synthetic model:
 #                  aggregate tok/s, step ms and the invariance verdict per B; JSON to
 #                  $OUT/batch-<quant>.json (batch-<quant>-$TAG.json with TAG set: two binaries,
-#                  Q=... TAG=..., in one call).
+#                  Q=... TAG=..., in one call). BATCH_ARGS adds bench arguments (e.g.
+#                  "--profile kernels": the batched step's launches eager, each timed).
 #   serve:<quant>  the HTTP serving bench (target/release/examples/serve_bench, carried; `cargo build
 #                  --release -p q4moe-server --example serve_bench`) at CONC streams (default
 #                  1,4,16,64): aggregate tok/s, TTFT and inter-token p50/p99; JSON to $OUT/serve-<quant>.json.
@@ -99,20 +100,20 @@ run_sanitize() {
 # The benchmark of record: the whole ablation (cache off / on, in-flight 1 / 2), 5 runs, the
 # per-kernel profile of the eager path and the sampled rows, as the records were made.
 run_bench() {
-  local q=$1
+  local q=$1 f="bench-$1${TAG:+-$TAG}"
   [ $failed = 0 ] || { say "bench $q skipped: a step before it failed (no record of a broken build)"; return; }
   model "$q" || return
   timeout 400 "$Q" bench --model "/tmp/$q.gguf" "${RECORD[@]}" --runs 5 --profile kernels \
-    --sampled --json-out "$OUT/bench-$q.json" > "$OUT/bench-$q.log" 2>&1
-  sed -n '/^variant/,/^parity/p' "$OUT/bench-$q.log"
-  say "bench $q: $(grep -E '^cache on, in-flight 2' "$OUT/bench-$q.log" | head -1)"
+    --sampled --json-out "$OUT/$f.json" > "$OUT/$f.log" 2>&1
+  sed -n '/^variant/,/^parity/p' "$OUT/$f.log"
+  say "bench $q${TAG:+ ($TAG)}: $(grep -E '^cache on, in-flight 2' "$OUT/$f.log" | head -1)"
 }
 
 run_batch() {
   local q=$1 f="batch-$1${TAG:+-$TAG}"
   model "$q" || return
   timeout 450 "$Q" bench --model "/tmp/$q.gguf" --device cuda --prompt-len 128 --decode-len 64 \
-    --runs 5 --batch "${BATCH:-1,2,4,8,16,32,64}" --json-out "$OUT/$f.json" > "$OUT/$f.log" 2>&1 \
+    --runs 5 --batch "${BATCH:-1,2,4,8,16,32,64}" ${BATCH_ARGS:-} --json-out "$OUT/$f.json" > "$OUT/$f.log" 2>&1 \
     || { say "batch $q${TAG:+ ($TAG)} FAILED: $(tail -3 "$OUT/$f.log")"; failed=1; }
   grep -E 'B = ' "$OUT/$f.log" | while read -r l; do say "batch $q${TAG:+ ($TAG)}: $l"; done
 }
