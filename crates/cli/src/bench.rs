@@ -468,14 +468,20 @@ fn run_batched(
             runs: a.runs,
             seed: a.seed,
         };
-        if let Some(mut batched) = batch::run(backend.get(), model, &plan)? {
+        if let Some(refs) = batch::references(backend.get(), &plan)? {
+            let before = match backend {
+                AnyBackend::Cuda(b) => b.kernel_profile(),
+                AnyBackend::Cpu(_) => Vec::new(),
+            };
+            let mut batched = batch::run(backend.get(), model, &plan, &refs)?;
             match backend {
                 AnyBackend::Cuda(b) => {
                     let copy = b.measure_copy_bandwidth();
                     batch::add_copy_share(&mut batched, copy);
-                    // --profile kernels: the batched steps' launches, eager and timed.
-                    record["kernel_profile"] =
-                        report::kernel_json(&b.kernel_profile(), Some(copy)).into();
+                    // --profile kernels: the timed runs' launches (their prompts' prefills and
+                    // their steps), eager and timed; not the references'.
+                    let timed = report::kernels_since(&b.kernel_profile(), &before);
+                    record["kernel_profile"] = report::kernel_json(&timed, Some(copy)).into();
                 }
                 AnyBackend::Cpu(_) => batch::add_copy_share(&mut batched, cpu_copy_bandwidth()),
             }

@@ -21,7 +21,7 @@ pub const MAX_BATCH: usize = 256;
 const SESSION_BASE: u64 = 1 << 32;
 
 /// One sequence decoded alone: its greedy tokens and its first step's logits.
-struct Alone {
+pub struct Alone {
     tokens: Vec<u32>,
     first_logits: Vec<f32>,
 }
@@ -165,33 +165,48 @@ fn invariant(run: &BatchRun, refs: &[Alone]) -> bool {
             .all(|(l, r)| bits(l) == bits(&r.first_logits))
 }
 
-/// Runs the batched bench; `None` where the backend has no batched step (a geometry without
-/// CUDA's batched kernels), after saying so on stderr.
-pub fn run(b: &mut dyn Backend, m: &Model, plan: &BatchPlan<'_>) -> anyhow::Result<Option<Value>> {
+/// Every row's sequence alone (the invariance references), for the largest B of the plan, run
+/// before any timed batch (so a kernel profile taken between the two holds the batches' launches
+/// only); `None` where the backend has no batched step (a geometry without CUDA's batched
+/// kernels), after saying so on stderr.
+pub fn references(b: &mut dyn Backend, plan: &BatchPlan<'_>) -> anyhow::Result<Option<Vec<Alone>>> {
+    let vocab = b.config().vocab_size;
+    let most = plan.batch.iter().copied().max().unwrap_or(0);
+    let mut refs = Vec::with_capacity(most);
+    for i in 0..most {
+        match alone(b, &prompt(plan, vocab, i), plan.decode_len) {
+            Ok(r) => refs.push(r),
+            Err(e) if is_unsupported(&e) => {
+                eprintln!(
+                    "batched decode: this backend has no batched step here ({}); skipped",
+                    b.info().kind
+                );
+                b.drop_session(SESSION_BASE);
+                return Ok(None);
+            }
+            Err(e) => return Err(e.context("a sequence alone through the batched step")),
+        }
+    }
+    Ok(Some(refs))
+}
+
+/// Runs the batched bench at each B of the plan against `refs` (`references`).
+pub fn run(
+    b: &mut dyn Backend,
+    m: &Model,
+    plan: &BatchPlan<'_>,
+    refs: &[Alone],
+) -> anyhow::Result<Value> {
     let vocab = m.config.vocab_size;
-    let mut refs: Vec<Alone> = Vec::new();
     let mut sizes = Vec::new();
     let mut all_counted = true;
     for &size in plan.batch {
         let prompts: Vec<Vec<u32>> = (0..size).map(|i| prompt(plan, vocab, i)).collect();
         let mut runs = Vec::with_capacity(plan.runs);
         for _ in 0..plan.runs {
-            match one_batch(b, &prompts, plan.decode_len) {
-                Ok(r) => runs.push(r),
-                Err(e) if is_unsupported(&e) => {
-                    eprintln!(
-                        "batched decode: this backend has no batched step here ({}); skipped",
-                        b.info().kind
-                    );
-                    (0..size).for_each(|i| b.drop_session(SESSION_BASE + i as u64));
-                    return Ok(None);
-                }
-                Err(e) => return Err(e.context(format!("batched step at B = {size}"))),
-            }
-        }
-        while refs.len() < size {
-            let p = prompt(plan, vocab, refs.len());
-            refs.push(alone(b, &p, plan.decode_len)?);
+            let r = one_batch(b, &prompts, plan.decode_len)
+                .with_context(|| format!("batched step at B = {size}"))?;
+            runs.push(r);
         }
         let same = runs.iter().all(|r| invariant(r, &refs[..size]));
         let counted = distinct_bytes_counted(m, size, &runs);
@@ -207,7 +222,7 @@ pub fn run(b: &mut dyn Backend, m: &Model, plan: &BatchPlan<'_>) -> anyhow::Resu
         );
         sizes.push(rec);
     }
-    Ok(Some(json!({
+    Ok(json!({
         "prompt_len": plan.prompt_len,
         "decode_len": plan.decode_len,
         "runs": plan.runs,
@@ -216,7 +231,7 @@ pub fn run(b: &mut dyn Backend, m: &Model, plan: &BatchPlan<'_>) -> anyhow::Resu
         // the timed steps; a bound: min(B x used, experts) experts a layer.
         "distinct_bytes_are_a_bound": !all_counted,
         "sizes": sizes,
-    })))
+    }))
 }
 
 /// The copy bandwidth measured in the same run, and each size's weight bandwidth as a share

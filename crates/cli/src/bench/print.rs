@@ -50,7 +50,7 @@ pub fn print_table(r: &Value) {
         }
         print_kernels(
             r,
-            "--profile kernels: every launch of the runs, eager, timed with events",
+            "--profile kernels: the timed runs' launches (their prefills and steps, not the references'), eager, timed with events",
         );
         return;
     }

@@ -1,6 +1,7 @@
 //! The benchmark record: JSON with its conditions, and the printed table.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use q4moe_engine::BackendInfo;
 use q4moe_model::Model;
@@ -30,6 +31,26 @@ pub fn kernel_json(kernels: &[q4moe_cuda::KernelTime], copy_gbs: Option<f64>) ->
             json!({ "name": k.name, "calls": k.calls, "total_ms": s * 1e3, "bytes_read": k.bytes_read,
                     "us_per_call": s * 1e6 / k.calls.max(1) as f64, "gb_s": gbs,
                     "pct_of_copy_bandwidth": copy_gbs.map(|c| 100.0 * gbs / c) })
+        })
+        .collect()
+}
+
+/// The launches timed since `before` (both cumulative profiles of one backend): each kernel's
+/// calls, time and bytes less what `before` had; kernels with no new call left out.
+pub fn kernels_since(
+    now: &[q4moe_cuda::KernelTime],
+    before: &[q4moe_cuda::KernelTime],
+) -> Vec<q4moe_cuda::KernelTime> {
+    now.iter()
+        .filter_map(|k| {
+            let b = before.iter().find(|b| b.name == k.name);
+            let calls = k.calls - b.map_or(0, |b| b.calls);
+            (calls > 0).then(|| q4moe_cuda::KernelTime {
+                name: k.name.clone(),
+                calls,
+                total: k.total.saturating_sub(b.map_or(Duration::ZERO, |b| b.total)),
+                bytes_read: k.bytes_read - b.map_or(0, |b| b.bytes_read),
+            })
         })
         .collect()
 }
@@ -242,5 +263,27 @@ mod tests {
         );
         let back: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
         assert_eq!(back, r);
+    }
+
+    /// The profile of what ran since a snapshot: the differences of each kernel's counts, a
+    /// kernel first seen since then whole, one with no new call left out.
+    #[test]
+    fn kernels_since_keeps_what_ran_after_the_snapshot() {
+        let k = |name: &str, calls, us, bytes_read| q4moe_cuda::KernelTime {
+            name: name.into(),
+            calls,
+            total: Duration::from_micros(us),
+            bytes_read,
+        };
+        let before = [k("pf o", 10, 100, 1_000), k("pf_quant", 30, 90, 0)];
+        let now = [k("pf o", 25, 260, 2_500), k("pf_quant", 30, 90, 0), k("bt_argmax", 4, 8, 0)];
+        let got: Vec<_> = kernels_since(&now, &before)
+            .into_iter()
+            .map(|t| (t.name, t.calls, t.total.as_micros(), t.bytes_read))
+            .collect();
+        assert_eq!(
+            got,
+            [("pf o".to_string(), 15, 160, 1_500), ("bt_argmax".to_string(), 4, 8, 0)]
+        );
     }
 }
