@@ -48,7 +48,9 @@ pub fn kernels_since(
             (calls > 0).then(|| q4moe_cuda::KernelTime {
                 name: k.name.clone(),
                 calls,
-                total: k.total.saturating_sub(b.map_or(Duration::ZERO, |b| b.total)),
+                total: k
+                    .total
+                    .saturating_sub(b.map_or(Duration::ZERO, |b| b.total)),
                 bytes_read: k.bytes_read - b.map_or(0, |b| b.bytes_read),
             })
         })
@@ -276,14 +278,21 @@ mod tests {
             bytes_read,
         };
         let before = [k("pf o", 10, 100, 1_000), k("pf_quant", 30, 90, 0)];
-        let now = [k("pf o", 25, 260, 2_500), k("pf_quant", 30, 90, 0), k("bt_argmax", 4, 8, 0)];
+        let now = [
+            k("pf o", 25, 260, 2_500),
+            k("pf_quant", 30, 90, 0),
+            k("bt_argmax", 4, 8, 0),
+        ];
         let got: Vec<_> = kernels_since(&now, &before)
             .into_iter()
             .map(|t| (t.name, t.calls, t.total.as_micros(), t.bytes_read))
             .collect();
         assert_eq!(
             got,
-            [("pf o".to_string(), 15, 160, 1_500), ("bt_argmax".to_string(), 4, 8, 0)]
+            [
+                ("pf o".to_string(), 15, 160, 1_500),
+                ("bt_argmax".to_string(), 4, 8, 0)
+            ]
         );
     }
 }
