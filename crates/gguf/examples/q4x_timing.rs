@@ -3,7 +3,9 @@
 //! on runs of 64 rows as the CPU backend's batched step calls them, over a working set of
 //! several experts (so weights stream from beyond L2 as in a decode step).
 //!
-//! `cargo run --release -p q4moe-gguf --example q4x_timing [reps]`
+//! `cargo run --release -p q4moe-gguf --example q4x_timing [reps]` (env: Q4X_ISA = avx2,
+//! avxvnni or avx512vnni to time that ISA's kernel instead of the detected one's; Q4X_EXPERTS,
+//! Q4X_ALIGN below).
 //!
 //! Each line ends with a hash of every output's bits: two builds (say, before and after a
 //! kernel change) that print the same hashes computed the same values.
@@ -11,7 +13,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use q4moe_gguf::quant;
+use q4moe_gguf::quant::{self, Isa};
 
 /// Rows per call, as the CPU backend's `RUN_ROWS`.
 const RUN_ROWS: usize = 64;
@@ -53,6 +55,12 @@ fn fold(h: u64, v: &[f32]) -> u64 {
 }
 
 fn main() {
+    let isa = match std::env::var("Q4X_ISA").as_deref() {
+        Ok("avx2") => Isa::Avx2,
+        Ok("avxvnni") => Isa::AvxVnni,
+        Ok("avx512vnni") => Isa::Avx512Vnni,
+        _ => quant::detected_isa(),
+    };
     let reps: usize = std::env::args()
         .nth(1)
         .and_then(|v| v.parse().ok())
@@ -98,9 +106,15 @@ fn main() {
                     for r in (0..rows).step_by(RUN_ROWS) {
                         let run = &m[r * row_bytes..];
                         if n == 0 {
-                            quant::vec_dot_q4_0x_rows(run, row_bytes, refs[0], &mut out);
+                            quant::vec_dot_q4_0x_rows_isa(isa, run, row_bytes, refs[0], &mut out);
                         } else {
-                            quant::vec_dot_q4_0x_rows_acts(run, row_bytes, &refs[..n], &mut out);
+                            quant::vec_dot_q4_0x_rows_acts_isa(
+                                isa,
+                                run,
+                                row_bytes,
+                                &refs[..n],
+                                &mut out,
+                            );
                         }
                         if rep == 0 {
                             hash = fold(hash, &out);
@@ -127,5 +141,7 @@ fn main() {
             );
         }
     }
-    println!("(N = 1*: vec_dot_q4_0x_rows; the rest vec_dot_q4_0x_rows_acts; best of {reps})");
+    println!(
+        "(N = 1*: vec_dot_q4_0x_rows; the rest vec_dot_q4_0x_rows_acts; best of {reps}; {isa:?})"
+    );
 }

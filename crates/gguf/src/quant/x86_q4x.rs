@@ -471,17 +471,16 @@ mod tests {
     /// present), matches the scalar lane model bit for bit on 1..=9 activations.
     #[test]
     fn every_kernel_matches_the_lane_model() {
+        use std::arch::is_x86_feature_detected as has;
         let f = |s: &str| {
-            std::arch::is_x86_feature_detected!("avx2")
+            crate::quant::detected_isa() >= Isa::Avx2
                 && match s {
-                    "avxvnni" => std::arch::is_x86_feature_detected!("avxvnni"),
-                    "vnni256" => {
-                        std::arch::is_x86_feature_detected!("avx512vnni")
-                            && std::arch::is_x86_feature_detected!("avx512vl")
-                    }
+                    "avxvnni" => has!("avxvnni"),
+                    "vnni256" => has!("avx512f") && has!("avx512vnni") && has!("avx512vl"),
                     "avx512" => {
-                        std::arch::is_x86_feature_detected!("avx512vnni")
-                            && std::arch::is_x86_feature_detected!("avx512vl")
+                        has!("avx512f")
+                            && has!("avx512vnni")
+                            && has!("avx512vl")
                             && has_bw_dq_vbmi()
                     }
                     _ => true,
