@@ -77,10 +77,16 @@ pub(crate) fn prepare<'a>(
     }
     buf.clear();
     if q4_0x_applies(ty, n) {
+        // From a 64-byte boundary (vectors are multiples of 64 bytes): the AVX-512 kernel
+        // reads them 64 bytes at a time, and loads split across cache lines cost it ~15%.
+        let stride = q4_0x_act_bytes(n);
+        buf.reserve(x.len() / n * stride + 63);
+        let pad = (64 - buf.as_ptr() as usize % 64) % 64;
+        buf.resize(pad, 0);
         for v in x.chunks(n) {
             quantize_activation_q4_0x(v, buf);
         }
-        return Act::Q4x(buf, q4_0x_act_bytes(n));
+        return Act::Q4x(&buf[pad..], stride);
     }
     for v in x.chunks(n) {
         quantize_activation_q8(ty, v, buf);

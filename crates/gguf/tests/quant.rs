@@ -391,3 +391,65 @@ fn non_finite_activations_are_never_hidden() {
         }
     }
 }
+
+/// Every ISA's Q4_0 x Q8_0x8 kernel (one row, rows, rows x N activations) gives bit for bit
+/// what the scalar model of its arithmetic gives, hence what every other ISA gives: a sequence
+/// computes the same alone (one activation, any ISA) as in a batch of any size.
+#[test]
+fn q4_0x_kernels_are_bit_exact_with_the_lane_model() {
+    let mut rng = StdRng::seed_from_u64(19);
+    for (n, rows) in [(256usize, 3usize), (768, 5), (2048, 2)] {
+        // Random nibbles and scales (never zero) as well as quantised Gaussian rows.
+        let data: Vec<u8> = (0..rows)
+            .flat_map(|r| random_rows(&mut rng, Q4_0, n).swap_remove(r % 2))
+            .collect();
+        let row_bytes = data.len() / rows;
+        let row = |r: usize| &data[r * row_bytes..(r + 1) * row_bytes];
+        let acts: Vec<Vec<u8>> = (0..9)
+            .map(|_| q4_0x_activations(&randn(&mut rng, n)).1)
+            .collect();
+        let want: Vec<Vec<u32>> = (0..rows)
+            .map(|r| {
+                acts.iter()
+                    .map(|a| quant::vec_dot_q4_0x_lanes(row(r), a).to_bits())
+                    .collect()
+            })
+            .collect();
+        for isa in quant::available_isas()
+            .into_iter()
+            .filter(|&i| i >= Isa::Avx2)
+        {
+            for (r, want) in want.iter().enumerate() {
+                for (j, a) in acts.iter().enumerate() {
+                    let got = quant::vec_dot_q4_0x_isa(isa, row(r), a);
+                    assert_eq!(got.to_bits(), want[j], "{isa:?} n={n} row {r} act {j}");
+                }
+            }
+            for (j, a) in acts.iter().enumerate() {
+                let mut out = vec![0f32; rows];
+                quant::vec_dot_q4_0x_rows_isa(isa, &data, row_bytes, a, &mut out);
+                for (r, got) in out.iter().enumerate() {
+                    assert_eq!(
+                        got.to_bits(),
+                        want[r][j],
+                        "{isa:?} rows n={n} row {r} act {j}"
+                    );
+                }
+            }
+            for count in 1..=acts.len() {
+                let refs: Vec<&[u8]> = acts[..count].iter().map(|a| a.as_slice()).collect();
+                let mut out = vec![0f32; rows * count];
+                quant::vec_dot_q4_0x_rows_acts_isa(isa, &data, row_bytes, &refs, &mut out);
+                for (r, got) in out.chunks(count).enumerate() {
+                    for (j, got) in got.iter().enumerate() {
+                        assert_eq!(
+                            got.to_bits(),
+                            want[r][j],
+                            "{isa:?} N={count} n={n} row {r} act {j}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

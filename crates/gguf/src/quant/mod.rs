@@ -32,6 +32,8 @@ mod x86_512;
 #[cfg(target_arch = "x86_64")]
 mod x86_lanes;
 #[cfg(target_arch = "x86_64")]
+mod x86_q4x;
+#[cfg(target_arch = "x86_64")]
 mod x86_q8;
 
 use crate::{GgmlType, GgufError, Result};
@@ -395,6 +397,12 @@ pub fn vec_dot_q4_0x_ref(row: &[u8], act: &[u8]) -> f32 {
     q4_0x::vec_dot_ref(row, act)
 }
 
+/// Scalar model of `vec_dot_q4_0x`'s SIMD arithmetic, in the same order: bit for bit what every
+/// ISA's kernel returns (tests hold them to it).
+pub fn vec_dot_q4_0x_lanes(row: &[u8], act: &[u8]) -> f32 {
+    q4_0x::vec_dot_lanes(row, act)
+}
+
 /// A Q4_0 row (a whole number of 256-weight groups) against `quantize_activation_q4_0x` output:
 /// the same per-block integer sums as `vec_dot_q8`, fewer instructions per block.
 #[inline]
@@ -416,8 +424,9 @@ pub fn vec_dot_q4_0x_isa(isa: Isa, row: &[u8], act: &[u8]) -> f32 {
             isa_available(isa),
             "{isa:?} kernels requested on a CPU without them"
         );
-        // SAFETY: AVX2/FMA/F16C detected (every isa >= Avx2 implies them); lengths asserted.
-        return unsafe { x86_q8::q4_0x(bs, act) };
+        // SAFETY: the features of `isa`'s kernel were detected at run time (asserted above);
+        // lengths asserted.
+        return unsafe { x86_q4x::q4_0x(x86_q4x::Kernel::of(isa), bs, act) };
     }
     let _ = isa;
     q4_0x::vec_dot_ref(row, act)
@@ -428,6 +437,17 @@ pub fn vec_dot_q4_0x_isa(isa: Isa, row: &[u8], act: &[u8]) -> f32 {
 /// once for all the activations (a batch's tokens). The rest of `rows` (what the caller reads
 /// next) is only prefetched.
 pub fn vec_dot_q4_0x_rows_acts(rows: &[u8], row_bytes: usize, acts: &[&[u8]], out: &mut [f32]) {
+    vec_dot_q4_0x_rows_acts_isa(detected_isa(), rows, row_bytes, acts, out)
+}
+
+/// `vec_dot_q4_0x_rows_acts` with an explicit ISA (must be one of `available_isas()`).
+pub fn vec_dot_q4_0x_rows_acts_isa(
+    isa: Isa,
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
     let n = out.len() / acts.len().max(1);
     assert!(
         !acts.is_empty()
@@ -442,11 +462,17 @@ pub fn vec_dot_q4_0x_rows_acts(rows: &[u8], row_bytes: usize, acts: &[&[u8]], ou
         "vec_dot_q4_0x_rows_acts: row and activations differ"
     );
     #[cfg(target_arch = "x86_64")]
-    if detected_isa() >= Isa::Avx2 {
-        // SAFETY: AVX2/FMA/F16C detected; n rows and activations of their length (asserted).
-        unsafe { x86_q8::q4_0x_rows_acts(rows, row_bytes, acts, out) };
+    if isa >= Isa::Avx2 {
+        assert!(
+            isa_available(isa),
+            "{isa:?} kernels requested on a CPU without them"
+        );
+        // SAFETY: the features of `isa`'s kernel were detected at run time (asserted above);
+        // n rows and activations of their length (asserted).
+        unsafe { x86_q4x::q4_0x_rows_acts(x86_q4x::Kernel::of(isa), rows, row_bytes, acts, out) };
         return;
     }
+    let _ = isa;
     for (i, o) in out.chunks_mut(acts.len()).enumerate() {
         let row = &rows[i * row_bytes..(i + 1) * row_bytes];
         for (o, a) in o.iter_mut().zip(acts) {
@@ -461,6 +487,17 @@ const GROUP_ROW_BYTES: usize = std::mem::size_of::<BlockQ4_0>() * q4_0x::GROUP_B
 /// `out[i] = vec_dot_q4_0x(row i of rows, act)` for `out.len()` consecutive rows of `row_bytes`
 /// bytes each: one dispatch for many rows (rows of 768 weights are only ~100 cycles of work).
 pub fn vec_dot_q4_0x_rows(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]) {
+    vec_dot_q4_0x_rows_isa(detected_isa(), rows, row_bytes, act, out)
+}
+
+/// `vec_dot_q4_0x_rows` with an explicit ISA (must be one of `available_isas()`).
+pub fn vec_dot_q4_0x_rows_isa(
+    isa: Isa,
+    rows: &[u8],
+    row_bytes: usize,
+    act: &[u8],
+    out: &mut [f32],
+) {
     assert!(
         rows.len() >= out.len() * row_bytes,
         "vec_dot_q4_0x_rows: too few rows"
@@ -471,11 +508,17 @@ pub fn vec_dot_q4_0x_rows(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [
         "vec_dot_q4_0x_rows: row and activations differ"
     );
     #[cfg(target_arch = "x86_64")]
-    if detected_isa() >= Isa::Avx2 {
-        // SAFETY: AVX2/FMA/F16C detected; `out.len()` rows of the activations' length (asserted).
-        unsafe { x86_q8::q4_0x_rows(rows, row_bytes, act, out) };
+    if isa >= Isa::Avx2 {
+        assert!(
+            isa_available(isa),
+            "{isa:?} kernels requested on a CPU without them"
+        );
+        // SAFETY: the features of `isa`'s kernel were detected at run time (asserted above);
+        // `out.len()` rows of the activations' length (asserted).
+        unsafe { x86_q4x::q4_0x_rows(x86_q4x::Kernel::of(isa), rows, row_bytes, act, out) };
         return;
     }
+    let _ = isa;
     for (i, o) in out.iter_mut().enumerate() {
         *o = q4_0x::vec_dot_ref(&rows[i * row_bytes..(i + 1) * row_bytes], act);
     }

@@ -2,18 +2,20 @@
 //!
 //! Per group of 8 Q8_0 blocks y0..y7 (256 weights), 320 bytes:
 //!
-//! | bytes            | content |
-//! |------------------|---------|
-//! | 64k..64k+32      | `yk.qs[0..16] ++ y(k+4).qs[0..16]` for k = 0..4 (pairs with the low nibbles) |
-//! | 64k+32..64k+64   | `yk.qs[16..32] ++ y(k+4).qs[16..32]` (pairs with the high nibbles) |
-//! | 256..288         | i32 x 8: `8 * sum(yb.qs)` for b = 0..8 |
-//! | 288..320         | f32 x 8: `f16(yb.d)` for b = 0..8 |
+//! | bytes                      | content |
+//! |----------------------------|---------|
+//! | 128p + 32h + 4b .. +4      | `yb.qs[4q..4q+4]`, q = 2p + h (p, h in 0..2, b in 0..8): pairs with low nibbles |
+//! | 128p + 64 + 32h + 4b .. +4 | `yb.qs[16+4q..16+4q+4]`: pairs with high nibbles |
+//! | 256..288                   | i32 x 8: `-8 * sum(yb.qs)` for b = 0..8 |
+//! | 288..320                   | f32 x 8: `f16(yb.d)` for b = 0..8 |
 //!
-//! Pairing block k with block k + 4 puts block b's integer sum in lane b after the kernel's
-//! horizontal adds, so the 8 weight scales convert in one `vcvtph2ps` in natural order and a
-//! group costs one subtract, one convert and one FMA. Unsigned nibbles times signed activations
-//! (`vpmaddubsw`) minus the precomputed `8 * sum(y)` give the same per-block integer sums as
-//! `vec_dot_q8` on plain Q8_0 activations.
+//! Every 32-byte piece holds 4 bytes of each block, block b at i32 lane b, and the kernel
+//! transposes a group's weights to match (once per group, whatever the number of activations):
+//! u8 x i8 products summed 4 at a time (`vpdpbusd`, or `vpmaddubsw` + `vpmaddwd`) then land in
+//! lane b with no horizontal adds, starting from the stored `-8 * sum(y)` (nibbles are
+//! unsigned), which gives the same per-block integer sums as `vec_dot_q8` on plain Q8_0
+//! activations. The scales then convert in one `vcvtph2ps` in natural order and a group costs
+//! one convert and one FMA an activation. 64-byte halves (p) serve the 512-bit kernel.
 
 use super::{blocks, f16_to_f32, BlockQ4_0, BlockQ8_0};
 
@@ -32,15 +34,19 @@ pub(crate) fn from_q8_0(ys: &[BlockQ8_0], out: &mut Vec<u8>) {
     );
     out.reserve(ys.len() / GROUP_BLOCKS * GROUP_BYTES);
     for g in ys.chunks_exact(GROUP_BLOCKS) {
-        for k in 0..4 {
-            out.extend_from_slice(&g[k].qs[..16]);
-            out.extend_from_slice(&g[k + 4].qs[..16]);
-            out.extend_from_slice(&g[k].qs[16..]);
-            out.extend_from_slice(&g[k + 4].qs[16..]);
+        for p in 0..2 {
+            for high in [0, 16] {
+                for h in 0..2 {
+                    let q = 2 * p + h;
+                    for y in g {
+                        out.extend_from_slice(&y.qs[high + 4 * q..high + 4 * q + 4]);
+                    }
+                }
+            }
         }
         for y in g {
             let sum: i32 = y.qs.iter().map(|&q| q as i8 as i32).sum();
-            out.extend_from_slice(&(8 * sum).to_le_bytes());
+            out.extend_from_slice(&(-8 * sum).to_le_bytes());
         }
         for y in g {
             out.extend_from_slice(&f16_to_f32(y.d).to_le_bytes());
@@ -51,11 +57,12 @@ pub(crate) fn from_q8_0(ys: &[BlockQ8_0], out: &mut Vec<u8>) {
 /// One prepared group: each block's values and scale.
 fn unpack(g: &[u8]) -> [([i8; 32], f32); GROUP_BLOCKS] {
     std::array::from_fn(|b| {
-        let (k, half) = (b % 4, 16 * (b / 4));
         let mut y = [0i8; 32];
         for j in 0..16 {
-            y[j] = g[64 * k + half + j] as i8;
-            y[16 + j] = g[64 * k + 32 + half + j] as i8;
+            let (q, i) = (j / 4, j % 4);
+            let at = 128 * (q / 2) + 32 * (q % 2) + 4 * b + i;
+            y[j] = g[at] as i8;
+            y[16 + j] = g[at + 64] as i8;
         }
         let o = 288 + 4 * b;
         (y, f32::from_le_bytes(g[o..o + 4].try_into().unwrap()))
@@ -81,4 +88,28 @@ pub(crate) fn vec_dot_ref(row: &[u8], act: &[u8]) -> f32 {
         }
     }
     sum
+}
+
+/// The SIMD kernels' arithmetic in scalar code, bit for bit: lane b accumulates, group after
+/// group, `fma(sum_b, d_w * d_a, acc_b)` of its block's exact integer sum; then the 8 lanes
+/// are summed in `x86_lanes::hsum`'s order.
+pub(crate) fn vec_dot_lanes(row: &[u8], act: &[u8]) -> f32 {
+    let bs: &[BlockQ4_0] = blocks(row);
+    let mut acc = [0f32; GROUP_BLOCKS];
+    for (g, ga) in bs
+        .chunks_exact(GROUP_BLOCKS)
+        .zip(act.chunks_exact(GROUP_BYTES))
+    {
+        for ((acc, b), (y, dy)) in acc.iter_mut().zip(g).zip(unpack(ga)) {
+            let s: i32 = b
+                .values()
+                .iter()
+                .zip(y)
+                .map(|(&w, y)| w as i32 * y as i32)
+                .sum();
+            *acc = (s as f32).mul_add(f16_to_f32(b.d) * dy, *acc);
+        }
+    }
+    let s: [f32; 4] = std::array::from_fn(|i| acc[i] + acc[i + 4]);
+    (s[0] + s[2]) + (s[1] + s[3])
 }
