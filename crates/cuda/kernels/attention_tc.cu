@@ -312,3 +312,41 @@ extern "C" __global__ void __launch_bounds__(256, 1) attn_gqa_128_8_tc(const Att
     tl_mark(TL_END);
 #endif
 }
+
+// The batched decode step's attention on tensor cores (prefill.rs Keys::Rows, Qwen3-MoE's shape
+// over an f16 cache): attn_gqa_128_8_tc for row blockIdx.z of the step, its projections, cache,
+// position, partials, merge counters and output found from row 0's by the strides and the
+// step's table of caches. A row's span is its own length's (gqa_span: the knobs are the
+// backend's, not the batch's), so its bits are the same alone or beside any rows; norm, RoPE and
+// the KV append are in the launch, as alone. grid (n_kv_head, blocks a KV head, rows).
+struct BtGqaParams {
+    AttnGqaParams g;  // row 0's buffers
+    u64 kv;           // const u64* [rows][2]: this layer's K and V cache of each row
+    u32 qkv_stride;   // floats between rows' projections
+    u32 part_stride;  // floats between rows' partials
+};
+SIZE_IS(BtGqaParams, 128); FIELD_AT(BtGqaParams, g, 0); FIELD_AT(BtGqaParams, kv, 112);
+FIELD_AT(BtGqaParams, qkv_stride, 120); FIELD_AT(BtGqaParams, part_stride, 124);
+
+extern "C" __global__ void __launch_bounds__(256, 1) bt_attn_gqa_tc(const BtGqaParams b) {
+#if defined(KV_F16) && __CUDA_ARCH__ >= 800
+    __shared__ TcSmem sm;
+    extern __shared__ __align__(16) uint4 tc_staged[];  // [p.stage][8 warps][16][32]
+    AttnGqaParams p = b.g;
+    u64 z = blockIdx.z;
+    // The table and the states were uploaded before the step: read before pdl_wait, from L2.
+    const u64* kv = (const u64*)b.kv + 2 * z;
+    p.k_cache = __ldcg(kv);
+    p.v_cache = __ldcg(kv + 1);
+    p.qkv += 4 * z * b.qkv_stride;
+    p.part += 4 * z * b.part_stride;
+    p.out += 4 * z * (u64)(p.n_head * 128);
+    p.done += 4 * z * (u64)(p.n_kv_head + p.n_head);
+    p.state += z * sizeof(StepState);
+    Unit u = this_unit();
+    GqaSpan w = gqa_span(p);
+    if (u.y >= w.n_act) return;
+    attn_tc_unit(p, sm, tc_staged, u, w.span, w.n_act == 1);
+    if (w.n_act > 1) attn_gqa_merge<128, 8>(p, sm.ml, u.x, w.n_act);
+#endif
+}

@@ -178,6 +178,7 @@ pub enum Kernel {
     AttnGqa128x8,
     /// The same shape on tensor cores over the f16 cache (sm_80+).
     AttnGqa128x8Tc,
+    BtAttnGqaTc,
     MoeTopk,
     RouterTopk,
     RouterCluster,
@@ -224,7 +225,7 @@ pub enum Kernel {
 }
 
 /// The kernels with no mode.
-const SINGLE: [Kernel; 41] = [
+const SINGLE: [Kernel; 42] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -232,6 +233,7 @@ const SINGLE: [Kernel; 41] = [
     Kernel::AttnGqa,
     Kernel::AttnGqa128x8,
     Kernel::AttnGqa128x8Tc,
+    Kernel::BtAttnGqaTc,
     Kernel::MoeTopk,
     Kernel::RouterTopk,
     Kernel::RouterCluster,
@@ -301,6 +303,7 @@ impl Kernel {
                 | Kernel::AttnGqa
                 | Kernel::AttnGqa128x8
                 | Kernel::AttnGqa128x8Tc
+                | Kernel::BtAttnGqaTc
                 | Kernel::SampleWalk
                 | Kernel::PfMma
                 | Kernel::PfAttnTc
@@ -330,6 +333,7 @@ impl Kernel {
             Kernel::AttnGqa => "attn_gqa",
             Kernel::AttnGqa128x8 => "attn_gqa_128_8",
             Kernel::AttnGqa128x8Tc => "attn_gqa_128_8_tc",
+            Kernel::BtAttnGqaTc => "bt_attn_gqa_tc",
             Kernel::MoeTopk => "moe_topk",
             Kernel::RouterTopk => "router_topk",
             Kernel::RouterCluster => "router_cluster",

@@ -332,6 +332,17 @@ pub struct AttnGqaParams {
 }
 const _: () = assert!(std::mem::size_of::<AttnGqaParams>() == 112);
 
+/// `BtGqaParams` in attention_tc.cu: the batched step's attention on tensor cores, row
+/// blockIdx.z's buffers `g`'s advanced by the strides, its cache from the table at `kv`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BtGqaParams {
+    pub g: AttnGqaParams,
+    pub kv: u64,
+    pub qkv_stride: u32,
+    pub part_stride: u32,
+}
+
 /// `SampleConfig` in sample.cu: the device sampler's settings, uploaded per request.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -532,6 +543,7 @@ layout!(HeadArgmaxParams, 208; mv @ 0, am @ 152, counter @ 200);
 layout!(AttnGqaParams, 112; qkv @ 0, q_norm @ 8, k_norm @ 16, k_cache @ 24, v_cache @ 32,
     part @ 40, state @ 48, out @ 56, done @ 64, n_head @ 72, n_kv_head @ 76, head_dim @ 80,
     n_split @ 84, scale @ 88, eps @ 92, theta @ 96, max_blocks @ 100, min_span @ 104, stage @ 108);
+layout!(BtGqaParams, 128; g @ 0, kv @ 112, qkv_stride @ 120, part_stride @ 124);
 layout!(SampleConfig, 32; temperature @ 0, top_k @ 4, top_p @ 8, min_p @ 12, repetition @ 16,
     presence @ 20, frequency @ 24, pad @ 28);
 layout!(SampleParams, 88; logits @ 0, state @ 8, publish @ 16, cfg @ 24, rng @ 32, work @ 40,

@@ -16,7 +16,9 @@ use crate::rows::{
     quant_launch, quant_params, quant_words, rows_launch, splits, Groups, Rows, F32_FEW,
     PFM_ENTRIES,
 };
-use crate::step::{attn_params, rope_params, split_attention, topk, topk_params, Kv, TOPK_THREADS};
+use crate::step::{
+    att_rows, attn_params, rope_params, split_attention, topk, topk_params, Kv, TOPK_THREADS,
+};
 use crate::weights::{LayerW, Weights};
 use crate::{KvType, Result};
 
@@ -31,9 +33,9 @@ const BT_ROUTE_SLOTS: usize = 256;
 
 /// Floats of each of Prefill's buffers for `chunk` tokens, in `new`'s order (x, xq, xf, qkv, q,
 /// att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count,
-/// route_done): `new` allocates them and
+/// route_done, bt_done): `new` allocates them and
 /// `bytes` sums them, so the memory check counts what is allocated.
-fn buffer_floats(c: &Config, chunk: usize) -> [usize; 19] {
+fn buffer_floats(c: &Config, chunk: usize) -> [usize; 20] {
     let (t, slots) = (chunk, chunk * c.n_expert_used);
     let (k_max, dff) = (c.d_model.max(c.q_dim()), c.d_ff_expert);
     let (f32_part, f32_count) = f32_split_sizes(c.n_expert, c.d_model, F32_FEW.min(chunk));
@@ -57,6 +59,7 @@ fn buffer_floats(c: &Config, chunk: usize) -> [usize; 19] {
         f32_part,
         f32_count,
         1,
+        t * (c.n_kv_head + c.n_head),
     ]
 }
 
@@ -112,6 +115,21 @@ pub struct Prefill {
     f32_count: DevBuf,
     /// bt_route's counter of blocks done (zero between launches).
     route_done: DevBuf,
+    /// The batched step's attention on tensor cores, where the device and geometry take it.
+    bt_gqa: Option<BtGqa>,
+    /// bt_attn_gqa_tc's merge counters and maxima, [rows][n_kv_head + n_head] (zero between
+    /// launches).
+    bt_done: DevBuf,
+}
+
+/// The batched step's attention on tensor cores (bt_attn_gqa_tc, Qwen3-MoE's shape over an f16
+/// cache): the single-stream kernel's span knobs (AttnGqaParams::max_blocks, min_span, stage),
+/// the backend's and not the batch's, so a row's span is its own length's alone or in a batch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BtGqa {
+    pub max_blocks: usize,
+    pub min_span: usize,
+    pub stage: usize,
 }
 
 impl Prefill {
@@ -120,6 +138,7 @@ impl Prefill {
         c: &Config,
         chunk: usize,
         (part_budget, few_tokens): (usize, usize),
+        bt_gqa: Option<BtGqa>,
     ) -> Result<Prefill> {
         let f = |n: usize| DevBuf::new(dev, n.max(1) * 4);
         let mma = tensor_cores(dev);
@@ -133,12 +152,14 @@ impl Prefill {
             16 if tc => Some((Kernel::PfAttnTcG16, 8)),
             _ => None,
         };
-        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count, route_done] =
+        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count, route_done, bt_done] =
             buffer_floats(c, chunk);
         let f32_count = f(f32_count)?;
         f32_count.fill(dev, 0)?; // bt_f32rows' counters start at zero and end each launch there
         let route_done = f(route_done)?;
         route_done.fill(dev, 0)?; // bt_route's too
+        let bt_done = f(bt_done)?;
+        bt_done.fill(dev, 0)?; // and bt_attn_gqa_tc's
         Ok(Prefill {
             chunk,
             part_budget,
@@ -166,6 +187,8 @@ impl Prefill {
             f32_part: f(f32_part)?,
             f32_count,
             route_done,
+            bt_gqa: bt_gqa.filter(|_| attn_tc.is_some_and(|(k, _)| k == Kernel::PfAttnTc)),
+            bt_done,
         })
     }
 
@@ -357,6 +380,13 @@ impl Prefill {
             Kernel::PfAttnSplit,
             Kernel::PfAttnCombine,
         ];
+        if let (Keys::Rows(tab, len), Some(g)) = (keys, self.bt_gqa) {
+            self.rows_attention_tc(c, lw, (tab, len), n, g, out);
+            out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
+            let o = self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true);
+            out.push(named(o, "pf o"));
+            return;
+        }
         let [rope, ..] = split_attention(c, &r, &a, n as u32, kernels);
         out.push(match keys {
             Keys::Prompt(..) => rope,
@@ -401,6 +431,64 @@ impl Prefill {
         out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
         let o = self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true);
         out.push(named(o, "pf o"));
+    }
+
+    /// The batched step's attention of `n` rows on tensor cores (bt_attn_gqa_tc: norm, RoPE,
+    /// the KV append, the chunks and their merge in one launch), each row's cache in the table
+    /// at `tab`, contexts up to `len`: in sub-batches whose partials fit the budget, as the
+    /// generic path's (the partials are laid out as its: n_split(len) chunks a head).
+    fn rows_attention_tc(
+        &self,
+        c: &Config,
+        lw: &LayerW,
+        (tab, len): (u64, usize),
+        n: usize,
+        g: BtGqa,
+        out: &mut Vec<Launch>,
+    ) {
+        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+        let p = AttnGqaParams {
+            qkv: self.qkv.ptr,
+            q_norm: lw.q_norm,
+            k_norm: lw.k_norm,
+            k_cache: 0, // each row's, from the table
+            v_cache: 0,
+            part: self.part.ptr,
+            state: self.states.ptr,
+            out: self.att.ptr,
+            done: self.bt_done.ptr,
+            n_head: c.n_head as i32,
+            n_kv_head: c.n_kv_head as i32,
+            head_dim: c.head_dim as i32,
+            n_split: n_split(len) as i32,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            eps: c.rms_eps,
+            theta: c.rope_theta,
+            max_blocks: g.max_blocks as i32,
+            min_span: g.min_span as i32,
+            stage: g.stage as i32,
+        };
+        let blocks = att_rows(len, (g.min_span, g.stage), g.max_blocks) as u32;
+        let smem = g.stage as u32 * ATT_TC_STAGE_BYTES;
+        let stride = q_dim + 2 * kv_dim;
+        let sub = self.part_tokens(c, len);
+        for z0 in (0..n).step_by(sub) {
+            let z = z0 as u64;
+            let b = BtGqaParams {
+                g: AttnGqaParams {
+                    qkv: p.qkv + 4 * z * stride as u64,
+                    state: p.state + z * size_of::<StepState>() as u64,
+                    out: p.out + 4 * z * q_dim as u64,
+                    ..p
+                },
+                kv: tab + z * 16,
+                qkv_stride: stride as u32,
+                part_stride: (part_bytes(c, len) / 4) as u32,
+            };
+            let grid = (c.n_kv_head as u32, blocks, sub.min(n - z0) as u32);
+            let k = Kernel::BtAttnGqaTc;
+            out.push(Launch::new(k, "bt_attn_gqa_tc", grid, 256, smem, &b, 0));
+        }
     }
 
     /// The split types' kernel for a launch of `n` tokens (each group, dense or an expert, has

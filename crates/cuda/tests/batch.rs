@@ -98,6 +98,57 @@ fn mid_q4_k_m() {
     check(Config::mid(), SynthQuant::Q4_K_M);
 }
 
+/// Qwen3-30B-A3B's attention shape (head_dim 128, 8 query heads a KV head), whose batched step
+/// attends on tensor cores (bt_attn_gqa_tc) over the f16 cache.
+fn qwen3_attention() -> Config {
+    Config {
+        n_head: 32,
+        n_kv_head: 4,
+        ..Config::mid()
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn mid_q4_0_qwen3_attention() {
+    check(qwen3_attention(), SynthQuant::Q4_0);
+}
+
+/// Rows of up to 300 positions with no tiles staged (attn_stage 0), so on tensor cores a row's
+/// context splits over up to 3 blocks a KV head that merge, beside rows one block holds: each
+/// row bit for bit as alone, and within the tolerance of the CPU's decode.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn qwen3_attention_long_rows_split_and_merge() {
+    require_gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = qwen3_attention();
+    let m = model(&cfg, SynthQuant::Q4_0, &dir);
+    let opts = CudaOptions {
+        kv_capacity: 512,
+        prefill_chunk: 1024,
+        batched_step: true,
+        attn_stage: Some(0),
+        ..CudaOptions::default()
+    };
+    let mut gpu = CudaBackend::new(m.clone(), opts).unwrap();
+    let mut rng = Lcg(29);
+    let seqs: Vec<body::Seq> = [300, 7, 170, 129, 33]
+        .iter()
+        .map(|&len| body::Seq {
+            prompt: (0..len).map(|_| rng.next(cfg.vocab_size) as u32).collect(),
+            join: rng.next(3),
+            steps: 4,
+        })
+        .collect();
+    let refs = body::alone_all(&mut gpu, &seqs, AloneBy::BatchOfOne);
+    body::check_scenario(&mut gpu, &seqs, &refs, &mut rng, 0.0, "long rows");
+    let mut cpu = CpuBackend::with_precision(m, 512, Precision::Exact).with_kv_type(KvType::F16);
+    let refs = body::alone_all(&mut cpu, &seqs, AloneBy::Decode);
+    let worst = body::check_scenario(&mut gpu, &seqs, &refs, &mut rng, 2e-3, "long rows, CPU");
+    eprintln!("long rows: batched CUDA logits vs the CPU's: largest relative error {worst:.2e}");
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn refused_steps_change_no_session() {

@@ -21,9 +21,9 @@ use crate::device::Device;
 use crate::l2::L2Plan;
 use crate::launch::Launch;
 use crate::memory::{DevBuf, Pinned};
-use crate::params::StepState;
+use crate::params::{StepState, ATT_TC_MIN_SPAN_DEFAULT};
 use crate::pipeline::{Pipeline, RING};
-use crate::prefill::{self, Prefill};
+use crate::prefill::{self, BtGqa, Prefill};
 use crate::profile::Profiler;
 use crate::session::{Session, SessionKey, StepCache};
 use crate::step::{self, Choice, Ending, Kv, Scratch};
@@ -131,6 +131,11 @@ impl CudaBackend {
                 &c,
                 n,
                 (opts.prefill_part_budget, opts.few_tokens),
+                scratch.att_tc.then_some(BtGqa {
+                    max_blocks: scratch.att_blocks,
+                    min_span: ATT_TC_MIN_SPAN_DEFAULT,
+                    stage: scratch.att_stage,
+                }),
             )?),
         };
         let pipeline = Pipeline::new()?;

@@ -122,7 +122,11 @@ fn att_dims(c: &Config, s: &Scratch, reach: usize) -> (u32, u32, u32) {
 }
 
 /// `att_grid` for the span knobs (min_span, stage) and at most `max_blocks` blocks.
-fn att_rows(reach: usize, (min_span, stage): (usize, usize), max_blocks: usize) -> usize {
+pub(crate) fn att_rows(
+    reach: usize,
+    (min_span, stage): (usize, usize),
+    max_blocks: usize,
+) -> usize {
     let chunks = reach.max(1).div_ceil(ATT_CHUNK);
     let fit = match stage {
         0 => 0,
