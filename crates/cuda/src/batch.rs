@@ -3,8 +3,9 @@
 //! read once a step for all B rows and each chosen expert once for the tokens that chose it
 //! (pf_route picks every token's experts on the device, pf_lists groups the tokens by expert,
 //! pf_mma runs an expert's tokens in tiles on the int8 tensor cores); each token attends over
-//! its own session's cache at its own position (bt_qk_norm_rope, bt_attn_split: a table on the
-//! device of each row's cache, rewritten each step); then the output head for all B and each
+//! its own session's cache at its own position (bt_attn_gqa_tc on tensor cores for Qwen3-MoE's
+//! shape, else bt_qk_norm_rope and bt_attn_split: a table on the device of each row's cache,
+//! rewritten each step); then the output head for all B and each
 //! row's arg-max on the device (bt_argmax). A row whose sampler is plain greedy and that asks
 //! for no logits takes that token (B tokens come back, not B x vocab logits); the others' logits
 //! come back to the host, where their samplers choose (`choose_row`, as the CPU does).
