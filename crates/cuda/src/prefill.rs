@@ -17,7 +17,8 @@ use crate::rows::{
     PFM_ENTRIES,
 };
 use crate::step::{
-    att_rows, attn_params, rope_params, split_attention, topk, topk_params, Kv, TOPK_THREADS,
+    att_rows, attn_params, gqa_params, rope_params, split_attention, topk, topk_params, Kv,
+    TOPK_THREADS,
 };
 use crate::weights::{LayerW, Weights};
 use crate::{KvType, Result};
@@ -447,27 +448,16 @@ impl Prefill {
         out: &mut Vec<Launch>,
     ) {
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
-        let p = AttnGqaParams {
-            qkv: self.qkv.ptr,
-            q_norm: lw.q_norm,
-            k_norm: lw.k_norm,
-            k_cache: 0, // each row's, from the table
-            v_cache: 0,
-            part: self.part.ptr,
-            state: self.states.ptr,
-            out: self.att.ptr,
-            done: self.bt_done.ptr,
-            n_head: c.n_head as i32,
-            n_kv_head: c.n_kv_head as i32,
-            head_dim: c.head_dim as i32,
-            n_split: n_split(len) as i32,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-            eps: c.rms_eps,
-            theta: c.rope_theta,
-            max_blocks: g.max_blocks as i32,
-            min_span: g.min_span as i32,
-            stage: g.stage as i32,
-        };
+        // Each row's cache comes from the table: (0, 0) here.
+        let bufs = [
+            self.qkv.ptr,
+            self.part.ptr,
+            self.states.ptr,
+            self.att.ptr,
+            self.bt_done.ptr,
+        ];
+        let knobs = (g.max_blocks, g.min_span, g.stage);
+        let p = gqa_params(c, lw, (0, 0), bufs, n_split(len), knobs);
         let blocks = att_rows(len, (g.min_span, g.stage), g.max_blocks) as u32;
         let smem = g.stage as u32 * ATT_TC_STAGE_BYTES;
         let stride = q_dim + 2 * kv_dim;

@@ -26,27 +26,15 @@ pub(crate) fn attention(
     let a = attn_params(c, (kc, vc), bufs, s.n_split);
     if let Some(g) = gqa(c, s) {
         let (kernel, min_span, stage) = (g.kernel, g.min_span, g.stage);
-        let g = AttnGqaParams {
-            qkv: s.qkv.ptr,
-            q_norm: lw.q_norm,
-            k_norm: lw.k_norm,
-            k_cache: kc,
-            v_cache: vc,
-            part: s.part.ptr,
-            state: s.state.ptr,
-            out: s.attn.ptr,
-            done: s.attn_done.ptr,
-            n_head: c.n_head as i32,
-            n_kv_head: c.n_kv_head as i32,
-            head_dim: c.head_dim as i32,
-            n_split: s.n_split as i32,
-            scale: a.scale,
-            eps: c.rms_eps,
-            theta: c.rope_theta,
-            max_blocks: s.att_blocks as i32,
-            min_span: min_span as i32,
-            stage: stage as i32,
-        };
+        let bufs = [
+            s.qkv.ptr,
+            s.part.ptr,
+            s.state.ptr,
+            s.attn.ptr,
+            s.attn_done.ptr,
+        ];
+        let knobs = (s.att_blocks, min_span, stage);
+        let g = gqa_params(c, lw, (kc, vc), bufs, s.n_split, knobs);
         // The staged tiles' shared memory holds the blocks one an SM as att_solo_smem does.
         let smem = s.att_solo_smem.max(stage as u32 * ATT_TC_STAGE_BYTES);
         out.push(Launch::new(
@@ -62,6 +50,40 @@ pub(crate) fn attention(
         let r = rope_params(c, lw, (kc, vc), (s.qkv.ptr, s.q.ptr), s.state.ptr);
         let kernels = [Kernel::QkNormRope, Kernel::AttnSplit, Kernel::AttnCombine];
         out.extend(split_attention(c, &r, &a, 1, kernels));
+    }
+}
+
+/// attn_gqa's params for layer `lw` over the cache (k, v): `bufs` the projections, partials,
+/// step state, output and merge counters; partials laid out for `n_split` chunks a head; the
+/// span knobs (max_blocks, min_span, stage). The batched step's attention takes row 0's.
+pub(crate) fn gqa_params(
+    c: &Config,
+    lw: &LayerW,
+    (k_cache, v_cache): (u64, u64),
+    [qkv, part, state, out, done]: [u64; 5],
+    n_split: usize,
+    (max_blocks, min_span, stage): (usize, usize, usize),
+) -> AttnGqaParams {
+    AttnGqaParams {
+        qkv,
+        q_norm: lw.q_norm,
+        k_norm: lw.k_norm,
+        k_cache,
+        v_cache,
+        part,
+        state,
+        out,
+        done,
+        n_head: c.n_head as i32,
+        n_kv_head: c.n_kv_head as i32,
+        head_dim: c.head_dim as i32,
+        n_split: n_split as i32,
+        scale: 1.0 / (c.head_dim as f32).sqrt(),
+        eps: c.rms_eps,
+        theta: c.rope_theta,
+        max_blocks: max_blocks as i32,
+        min_span: min_span as i32,
+        stage: stage as i32,
     }
 }
 

@@ -19,7 +19,7 @@ use crate::weights::{weight_bytes, Weights};
 
 pub use attention::att_grid;
 use attention::attention;
-pub(crate) use attention::{att_rows, attn_params, rope_params, split_attention};
+pub(crate) use attention::{att_rows, attn_params, gqa_params, rope_params, split_attention};
 pub(crate) use matvec::{looped, matvec, Mv};
 use modes::THREADS;
 use moe::{experts, layer_o_proj_router, o_proj_then_router, residual, router_fold};

@@ -78,16 +78,19 @@ pub(crate) fn vec_dot_ref(row: &[u8], act: &[u8]) -> f32 {
         .zip(act.chunks_exact(GROUP_BYTES))
     {
         for (b, (y, dy)) in g.iter().zip(unpack(ga)) {
-            let s: i32 = b
-                .values()
-                .iter()
-                .zip(y)
-                .map(|(&w, y)| w as i32 * y as i32)
-                .sum();
-            sum += f16_to_f32(b.d) * dy * s as f32;
+            sum += f16_to_f32(b.d) * dy * block_sum(b, &y) as f32;
         }
     }
     sum
+}
+
+/// A block's exact integer dot: its weights (nibbles less 8) against the activation's 32 values.
+fn block_sum(b: &BlockQ4_0, y: &[i8; 32]) -> i32 {
+    b.values()
+        .iter()
+        .zip(y)
+        .map(|(&w, &y)| w as i32 * y as i32)
+        .sum()
 }
 
 /// The SIMD kernels' arithmetic in scalar code, bit for bit: lane b accumulates, group after
@@ -101,13 +104,7 @@ pub(crate) fn vec_dot_lanes(row: &[u8], act: &[u8]) -> f32 {
         .zip(act.chunks_exact(GROUP_BYTES))
     {
         for ((acc, b), (y, dy)) in acc.iter_mut().zip(g).zip(unpack(ga)) {
-            let s: i32 = b
-                .values()
-                .iter()
-                .zip(y)
-                .map(|(&w, y)| w as i32 * y as i32)
-                .sum();
-            *acc = (s as f32).mul_add(f16_to_f32(b.d) * dy, *acc);
+            *acc = (block_sum(b, &y) as f32).mul_add(f16_to_f32(b.d) * dy, *acc);
         }
     }
     let s: [f32; 4] = std::array::from_fn(|i| acc[i] + acc[i + 4]);
