@@ -178,6 +178,7 @@ pub enum Kernel {
     AttnGqa128x8,
     /// The same shape on tensor cores over the f16 cache (sm_80+).
     AttnGqa128x8Tc,
+    /// That kernel for each row of the batched step (bt_attn_gqa_tc).
     BtAttnGqaTc,
     MoeTopk,
     RouterTopk,

@@ -342,11 +342,6 @@ impl Prefill {
     }
 
     fn attention(&self, c: &Config, lw: &LayerW, keys: Keys, n: usize, out: &mut Vec<Launch>) {
-        let ((kc, vc), len) = match keys {
-            Keys::Prompt(kv, pos0) => (kv, pos0 + n),
-            // The rows' caches come from the table (bt_*); these two are unused.
-            Keys::Rows(_, len) => ((0, 0), len),
-        };
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let stride = q_dim + 2 * kv_dim;
         // The residual came quantised with lw.attn_norm (the embedding's launch after, or the
@@ -373,6 +368,26 @@ impl Prefill {
                 out.push(named(l, name));
             }
         }
+        match (keys, self.bt_gqa) {
+            (Keys::Rows(tab, len), Some(g)) => self.rows_attention_tc(c, lw, (tab, len), n, g, out),
+            _ => self.split_heads(c, lw, keys, n, out),
+        }
+        out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
+        let o = self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true);
+        out.push(named(o, "pf o"));
+    }
+
+    /// The n tokens' attention over their projections in `self.qkv` into `self.att`: norm and
+    /// RoPE (appending the keys and values), then a prompt's on tensor cores where the shape
+    /// has it, else the generic split chunks and their merge (the rows' forms for the batched
+    /// step).
+    fn split_heads(&self, c: &Config, lw: &LayerW, keys: Keys, n: usize, out: &mut Vec<Launch>) {
+        let ((kc, vc), len) = match keys {
+            Keys::Prompt(kv, pos0) => (kv, pos0 + n),
+            // The rows' caches come from the table (bt_*); these two are unused.
+            Keys::Rows(_, len) => ((0, 0), len),
+        };
+        let q_dim = c.q_dim();
         let r = rope_params(c, lw, (kc, vc), (self.qkv.ptr, self.q.ptr), self.states.ptr);
         let bufs = (self.q.ptr, self.part.ptr, self.att.ptr, self.states.ptr);
         let a = attn_params(c, (kc, vc), bufs, n_split(len));
@@ -381,13 +396,6 @@ impl Prefill {
             Kernel::PfAttnSplit,
             Kernel::PfAttnCombine,
         ];
-        if let (Keys::Rows(tab, len), Some(g)) = (keys, self.bt_gqa) {
-            self.rows_attention_tc(c, lw, (tab, len), n, g, out);
-            out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
-            let o = self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true);
-            out.push(named(o, "pf o"));
-            return;
-        }
         let [rope, ..] = split_attention(c, &r, &a, n as u32, kernels);
         out.push(match keys {
             Keys::Prompt(..) => rope,
@@ -429,9 +437,6 @@ impl Prefill {
                 out.extend([split, combine]);
             }
         }
-        out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
-        let o = self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true);
-        out.push(named(o, "pf o"));
     }
 
     /// The batched step's attention of `n` rows on tensor cores (bt_attn_gqa_tc: norm, RoPE,
@@ -461,6 +466,7 @@ impl Prefill {
         let blocks = att_rows(len, (g.min_span, g.stage), g.max_blocks) as u32;
         let smem = g.stage as u32 * ATT_TC_STAGE_BYTES;
         let stride = q_dim + 2 * kv_dim;
+        let part_stride = (part_bytes(c, len) / 4) as u32;
         let sub = self.part_tokens(c, len);
         for z0 in (0..n).step_by(sub) {
             let z = z0 as u64;
@@ -471,9 +477,9 @@ impl Prefill {
                     out: p.out + 4 * z * q_dim as u64,
                     ..p
                 },
-                kv: tab + z * 16,
+                kv: tab + z * 2 * 8, // a row's K and V addresses
                 qkv_stride: stride as u32,
-                part_stride: (part_bytes(c, len) / 4) as u32,
+                part_stride,
             };
             let grid = (c.n_kv_head as u32, blocks, sub.min(n - z0) as u32);
             let k = Kernel::BtAttnGqaTc;

@@ -20,6 +20,11 @@ impl CudaBackend {
     /// positions into it; a call grows before its work, so no step of the old KV is in flight.
     pub(super) fn session_holding(&mut self, id: SessionId, need: usize) -> Result<&mut Session> {
         self.check_room(id, self.kv_growth(id, need))?;
+        self.grow(id, need)
+    }
+
+    /// `session_holding` once the pool's room for the growth is checked.
+    fn grow(&mut self, id: SessionId, need: usize) -> Result<&mut Session> {
         let (c, o) = (&self.model.config, &self.opts);
         let cap = Kv::capacity_for(need, o.kv_grow_from, o.kv_capacity);
         match self.sessions.get_mut(&id) {
@@ -39,15 +44,16 @@ impl CudaBackend {
         Ok(self.sessions.get_mut(&id).expect("present"))
     }
 
-    /// Every (session, need) at once, all or nothing: their growth together checked against
-    /// `kv_pool_bytes` first (KvFull for the first session, nothing grown), then each grown.
+    /// Every (session, need) at once (distinct sessions), all or nothing: their growth
+    /// together checked against `kv_pool_bytes` first (KvFull for the first session, nothing
+    /// grown), then each grown.
     pub(super) fn hold_all(&mut self, wants: &[(SessionId, usize)]) -> Result<()> {
         let growth = wants.iter().map(|&(id, n)| self.kv_growth(id, n)).sum();
         if let Some(&(id, _)) = wants.first() {
             self.check_room(id, growth)?;
         }
         for &(id, need) in wants {
-            self.session_holding(id, need)?;
+            self.grow(id, need)?;
         }
         Ok(())
     }
