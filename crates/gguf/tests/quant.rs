@@ -121,6 +121,16 @@ fn random_rows(rng: &mut StdRng, ty: GgmlType, n: usize) -> Vec<Vec<u8>> {
     rows
 }
 
+/// `rows` consecutive Q4_0 rows of `n` values, alternately quantised Gaussian and random bytes
+/// (`random_rows`), and the bytes of one.
+fn q4_0_matrix(rng: &mut StdRng, n: usize, rows: usize) -> (Vec<u8>, usize) {
+    let data: Vec<u8> = (0..rows)
+        .flat_map(|r| random_rows(rng, Q4_0, n).swap_remove(r % 2))
+        .collect();
+    let row_bytes = data.len() / rows;
+    (data, row_bytes)
+}
+
 #[test]
 fn vec_dot_fast_matches_reference() {
     let mut rng = StdRng::seed_from_u64(3);
@@ -283,10 +293,7 @@ fn vec_dot_q4_0x_rows_matches_reference() {
     let mut rng = StdRng::seed_from_u64(12);
     for (n, rows) in [(768usize, 64usize), (2048, 7), (256, 200)] {
         let (xq, xp) = q4_0x_activations(&randn(&mut rng, n));
-        let data: Vec<u8> = (0..rows)
-            .flat_map(|r| random_rows(&mut rng, Q4_0, n).swap_remove(r % 2))
-            .collect();
-        let row_bytes = data.len() / rows;
+        let (data, row_bytes) = q4_0_matrix(&mut rng, n, rows);
         let mut out = vec![0f32; rows];
         quant::vec_dot_q4_0x_rows(&data, row_bytes, &xp, &mut out);
         for (r, &got) in out.iter().enumerate() {
@@ -307,10 +314,7 @@ fn vec_dot_q4_0x_rows_matches_reference() {
 fn vec_dot_q4_0x_acts_is_bit_exact_with_one_activation_at_a_time() {
     let mut rng = StdRng::seed_from_u64(13);
     for (n, rows) in [(768usize, 5usize), (2048, 3), (256, 2)] {
-        let data: Vec<u8> = (0..rows)
-            .flat_map(|r| random_rows(&mut rng, Q4_0, n).swap_remove(r % 2))
-            .collect();
-        let row_bytes = data.len() / rows;
+        let (data, row_bytes) = q4_0_matrix(&mut rng, n, rows);
         for count in [1usize, 2, 7, 8, 9, 19] {
             let acts: Vec<Vec<u8>> = (0..count)
                 .map(|_| q4_0x_activations(&randn(&mut rng, n)).1)
@@ -400,10 +404,7 @@ fn q4_0x_kernels_are_bit_exact_with_the_lane_model() {
     let mut rng = StdRng::seed_from_u64(19);
     for (n, rows) in [(256usize, 3usize), (768, 5), (2048, 2)] {
         // Random nibbles and scales (never zero) as well as quantised Gaussian rows.
-        let data: Vec<u8> = (0..rows)
-            .flat_map(|r| random_rows(&mut rng, Q4_0, n).swap_remove(r % 2))
-            .collect();
-        let row_bytes = data.len() / rows;
+        let (data, row_bytes) = q4_0_matrix(&mut rng, n, rows);
         let row = |r: usize| &data[r * row_bytes..(r + 1) * row_bytes];
         let acts: Vec<Vec<u8>> = (0..9)
             .map(|_| q4_0x_activations(&randn(&mut rng, n)).1)
