@@ -169,6 +169,17 @@ pub fn isa_available(isa: Isa) -> bool {
     }
 }
 
+/// Panics where `isa`'s kernels need features this CPU lacks: the `*_isa` entry points take an
+/// ISA from their caller (tests, timing tools) and must never run an unsupported instruction.
+#[cfg(target_arch = "x86_64")]
+#[track_caller]
+fn assert_available(isa: Isa) {
+    assert!(
+        isa_available(isa),
+        "{isa:?} kernels requested on a CPU without them"
+    );
+}
+
 fn has_avxvnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     return is_x86_feature_detected!("avxvnni");
@@ -263,10 +274,7 @@ pub fn vec_dot_isa(isa: Isa, ty: GgmlType, row: &[u8], x: &[f32]) -> f32 {
     );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        assert!(
-            isa_available(isa),
-            "{isa:?} kernels requested on a CPU without them"
-        );
+        assert_available(isa);
         // SAFETY: the features of `isa` were detected at run time (asserted above).
         return unsafe { x86::vec_dot_f32(isa, ty, row, x) };
     }
@@ -320,10 +328,7 @@ pub fn vec_dot_q8_isa(isa: Isa, ty: GgmlType, row: &[u8], xq: &[u8]) -> f32 {
     debug_assert_q8_lengths(ty, row, xq);
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        assert!(
-            isa_available(isa),
-            "{isa:?} kernels requested on a CPU without them"
-        );
+        assert_available(isa);
         // SAFETY: the features of `isa` were detected at run time (asserted above).
         return unsafe { x86::vec_dot_q8(isa, ty, row, xq) };
     }
@@ -420,10 +425,7 @@ pub fn vec_dot_q4_0x_isa(isa: Isa, row: &[u8], act: &[u8]) -> f32 {
     );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        assert!(
-            isa_available(isa),
-            "{isa:?} kernels requested on a CPU without them"
-        );
+        assert_available(isa);
         // SAFETY: the features of `isa`'s kernel were detected at run time (asserted above);
         // lengths asserted.
         return unsafe { x86_q4x::q4_0x(x86_q4x::Kernel::of(isa), bs, act) };
@@ -463,10 +465,7 @@ pub fn vec_dot_q4_0x_rows_acts_isa(
     );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        assert!(
-            isa_available(isa),
-            "{isa:?} kernels requested on a CPU without them"
-        );
+        assert_available(isa);
         // SAFETY: the features of `isa`'s kernel were detected at run time (asserted above);
         // n rows and activations of their length (asserted).
         unsafe { x86_q4x::q4_0x_rows_acts(x86_q4x::Kernel::of(isa), rows, row_bytes, acts, out) };
@@ -509,10 +508,7 @@ pub fn vec_dot_q4_0x_rows_isa(
     );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        assert!(
-            isa_available(isa),
-            "{isa:?} kernels requested on a CPU without them"
-        );
+        assert_available(isa);
         // SAFETY: the features of `isa`'s kernel were detected at run time (asserted above);
         // `out.len()` rows of the activations' length (asserted).
         unsafe { x86_q4x::q4_0x_rows(x86_q4x::Kernel::of(isa), rows, row_bytes, act, out) };
