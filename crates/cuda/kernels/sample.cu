@@ -802,6 +802,7 @@ struct BtArgmaxParams {
 SIZE_IS(BtArgmaxParams, 24); FIELD_AT(BtArgmaxParams, logits, 0); FIELD_AT(BtArgmaxParams, tokens, 8);
 FIELD_AT(BtArgmaxParams, n, 16); FIELD_AT(BtArgmaxParams, pad, 20);
 #define BT_NON_FINITE 0xffffffffu
+#define BTA_UNROLL 8
 
 extern "C" __global__ void __launch_bounds__(1024) bt_argmax(const BtArgmaxParams p) {
     __shared__ float sv[32];
@@ -814,7 +815,31 @@ extern "C" __global__ void __launch_bounds__(1024) bt_argmax(const BtArgmaxParam
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     bool seen_bad = false;
-    for (int i = threadIdx.x; i < p.n; i += blockDim.x) {
+    // Rows of whole float4s (n % 4 == 0) in BTA_UNROLL loads a thread at once: a plain strided
+    // loop waited one L2 round trip per value, ~150 in a row of 151,936 (62 us a launch, H200
+    // eager, against the ~5 us its 600 KB take). `better` is a total order, so the order in
+    // which a thread meets the values changes no choice.
+    int n4 = p.n % 4 == 0 ? p.n / 4 : 0;
+    const float4* l4 = (const float4*)lg;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += BTA_UNROLL * blockDim.x) {
+        float4 v[BTA_UNROLL];
+#pragma unroll
+        for (int u = 0; u < BTA_UNROLL; u++) {
+            int i = i0 + u * blockDim.x;
+            if (i < n4) v[u] = __ldcg(l4 + i);
+        }
+#pragma unroll
+        for (int u = 0; u < BTA_UNROLL; u++) {
+            int i = i0 + u * blockDim.x;
+            if (i >= n4) break;
+            float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                if (isfinite(e[c])) better(bv, bi, e[c], 4 * i + c); else seen_bad = true;
+            }
+        }
+    }
+    for (int i = 4 * n4 + threadIdx.x; i < p.n; i += blockDim.x) {
         float v = lg[i];
         if (isfinite(v)) better(bv, bi, v, i); else seen_bad = true;
     }

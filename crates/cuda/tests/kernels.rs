@@ -392,6 +392,40 @@ fn argmax_matches_host_with_ties_and_nan() {
     assert_eq!(dev.argmax(&[f32::NEG_INFINITY; 64]).unwrap(), 0);
 }
 
+/// The batched step's arg-max (bt_argmax), a row a block: the host's choice (the lowest index
+/// among equal maxima, wherever they fall in a thread's loads) on rows of whole float4s and of
+/// other lengths, and BT_NON_FINITE for a row with a NaN or an infinity, whatever its neighbours.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bt_argmax_matches_host_per_row() {
+    let dev = device();
+    let mut rng = Rng::new(21);
+    for n in [151936, 1001, 4096 + 3] {
+        let rows = 6;
+        let mut lg = randn(&mut rng, n * rows, 5.0);
+        let row = |r: usize, i: usize| r * n + i;
+        // Row 0: a tie between two threads' loads; row 1: a tie inside one float4; row 2: the
+        // maximum in the last value (the scalar tail where n % 4 != 0); rows 3 and 4: a NaN and
+        // an infinity; row 5: random.
+        lg[row(0, n / 3)] = 100.0;
+        lg[row(0, n - 5)] = 100.0;
+        lg[row(1, 9)] = 100.0;
+        lg[row(1, 10)] = 100.0;
+        lg[row(2, n - 1)] = 100.0;
+        lg[row(3, n / 2)] = f32::NAN;
+        lg[row(4, 3)] = f32::INFINITY;
+        let got = dev.bt_argmax(&lg, rows).unwrap();
+        for (r, &g) in got.iter().enumerate() {
+            let v = &lg[r * n..(r + 1) * n];
+            let want = match v.iter().all(|x| x.is_finite()) {
+                true => argmax(v),
+                false => u32::MAX, // BT_NON_FINITE
+            };
+            assert_eq!(g, want, "n {n}, row {r}");
+        }
+    }
+}
+
 /// The device sampler draws exactly the host sampler's tokens (same seed, same draw sequence):
 /// several settings (a top-k cut with and without top-p, the nucleus, no cut), a small and the
 /// full Qwen3 vocabulary, exact ties and non-finite logits, and a flat vocabulary whose nucleus

@@ -677,6 +677,27 @@ impl TestDevice {
         Ok(s[0].token)
     }
 
+    /// The batched step's greedy choice (bt_argmax) over `rows` rows of `logits`, one token a
+    /// row (BT_NON_FINITE where the row holds a NaN or an infinity).
+    pub fn bt_argmax(&self, logits: &[f32], rows: usize) -> Result<Vec<u32>> {
+        let lb = self.upload(logits)?;
+        let tokens = self.poisoned(rows)?;
+        let p = BtArgmaxParams {
+            logits: lb.ptr,
+            tokens: tokens.ptr,
+            n: (logits.len() / rows) as i32,
+            pad: 0,
+        };
+        let k = Kernel::BtArgmax;
+        let grid = (rows as u32, 1, 1);
+        self.dev
+            .launch(&Launch::new(k, "bt_argmax", grid, 1024, 0, &p, 0))?;
+        self.dev.sync()?;
+        let mut out = vec![0u32; rows];
+        tokens.download(&self.dev, 0, &mut out)?;
+        Ok(out)
+    }
+
     /// `draws` device samples of one logits vector, the RNG state carried from draw to draw
     /// (starting at `params.seed`) and the penalties' counts from `history` and the draws, as
     /// a decode would (the logits fresh each draw, as the host sampler is given them); None
