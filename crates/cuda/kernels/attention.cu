@@ -536,14 +536,16 @@ __device__ __forceinline__ void attn_gqa_unit(const AttnGqaParams& p, GqaSmem& s
 // merges them with attn_combine's arithmetic per output (the same maximum, then l and acc summed
 // in chunk order), warp g on head g, 4 dims a lane, so one pass of chunk loads serves 4 outputs
 // and 16 chunks' loads are in flight at once. Counts and maxima return to 0 for the next launch.
+// True in the merging block (its warps g < G wrote their heads' outputs).
 template <int HD, int GG>
-__device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const float (&ml)[8][2], int kvh, int n_act) {
+__device__ __forceinline__ bool attn_gqa_merge(const AttnGqaParams& p, const float (&ml)[8][2], int kvh, int n_act) {
     __shared__ int last;
     int G = GG ? GG : p.n_head / p.n_kv_head, hd = HD ? HD : p.head_dim, g = threadIdx.x >> 5, lane = threadIdx.x & 31;
     u32* cnt = (u32*)p.done + kvh;
     u32* mk = (u32*)p.done + p.n_kv_head + kvh * G;  // [G] maximum keys of this group's heads
     if (threadIdx.x < G) atomicMax(mk + threadIdx.x, float_key(ml[threadIdx.x][0]));
-    if (!last_to_arrive(cnt, n_act, &last) || g >= G) return;  // this block's partials and maxima are visible to the last
+    if (!last_to_arrive(cnt, n_act, &last)) return false;  // this block's partials and maxima are visible to the last
+    if (g >= G) return true;
     int h = kvh * G + g;
     const float* base = (const float*)p.part + (u64)h * p.n_split * (hd + 2);
     float m = key_float(__ldcg(mk + g));
@@ -562,6 +564,7 @@ __device__ __forceinline__ void attn_gqa_merge(const AttnGqaParams& p, const flo
         if (lane + 32 * j < hd) ((float*)p.out)[h * hd + lane + 32 * j] = acc[j] / l;
     __syncwarp();
     if (lane == 0) mk[g] = 0;
+    return true;
 }
 
 // Chunks a block walks (span) and the blocks a KV head that hold positions (n_act): the grid's

@@ -324,9 +324,27 @@ struct BtGqaParams {
     u64 kv;           // const u64* [rows][2]: this layer's K and V cache of each row
     u32 qkv_stride;   // floats between rows' projections
     u32 part_stride;  // floats between rows' partials
+    u64 xq;           // u32* [rows][q_dim / 32 * QXW]: the outputs quantised, as pf_quant's (no norm)
+    u64 xf;           // float* [rows][padded_len(q_dim)]: and padded
 };
-SIZE_IS(BtGqaParams, 128); FIELD_AT(BtGqaParams, g, 0); FIELD_AT(BtGqaParams, kv, 112);
+SIZE_IS(BtGqaParams, 144); FIELD_AT(BtGqaParams, g, 0); FIELD_AT(BtGqaParams, kv, 112);
 FIELD_AT(BtGqaParams, qkv_stride, 120); FIELD_AT(BtGqaParams, part_stride, 124);
+FIELD_AT(BtGqaParams, xq, 128); FIELD_AT(BtGqaParams, xf, 136);
+
+// Warp w's head (KV head kvh's w-th) of row z's output, just written by this warp, quantised
+// for the o projection as pf_quant's load_x_fast (no norm) quantises it: lane i the values
+// 4i..4i+3 of the head's 128 (four groups of 32, eight lanes each), so quant_store sees the
+// lanes and values pf_quant's threads give it, and the padded floats as X_PAD stores them. Why:
+// pf_quant was a launch of its own after every layer's attention (~6 us eager, H200).
+__device__ __forceinline__ void bt_quant_head(const BtGqaParams& b, const AttnGqaParams& p, u64 z, int kvh) {
+    int lane = threadIdx.x & 31, h = kvh * 8 + (threadIdx.x >> 5), q_dim = p.n_head * 128;
+    __syncwarp();  // the warp's lanes wrote the head's outputs
+    float4 v = ((const float4*)((const float*)p.out + h * 128))[lane];
+    u32* xq = (u32*)b.xq + z * (u64)((q_dim >> 5) * QXW) + h * 4 * QXW;
+    quant_store(xq, lane, v, true);
+    float* xf = (float*)b.xf + z * (u64)padded_len(q_dim);
+    *(float4*)(xf + pad_idx(h * 128 + 4 * lane)) = v;
+}
 
 extern "C" __global__ void __launch_bounds__(256, 1) bt_attn_gqa_tc(const BtGqaParams b) {
 #if defined(KV_F16) && __CUDA_ARCH__ >= 800
@@ -347,6 +365,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) bt_attn_gqa_tc(const BtGqaP
     GqaSpan w = gqa_span(p);
     if (u.y >= w.n_act) return;
     attn_tc_unit(p, sm, tc_staged, u, w.span, w.n_act == 1);
-    if (w.n_act > 1) attn_gqa_merge<128, 8>(p, sm.ml, u.x, w.n_act);
+    // The block that wrote the KV head's outputs: alone (direct), or the merge's last.
+    bool wrote = w.n_act == 1 || attn_gqa_merge<128, 8>(p, sm.ml, u.x, w.n_act);
+    if (wrote) bt_quant_head(b, p, z, u.x);
 #endif
 }

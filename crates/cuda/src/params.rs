@@ -341,6 +341,8 @@ pub struct BtGqaParams {
     pub kv: u64,
     pub qkv_stride: u32,
     pub part_stride: u32,
+    pub xq: u64,
+    pub xf: u64,
 }
 
 /// `SampleConfig` in sample.cu: the device sampler's settings, uploaded per request.
@@ -543,7 +545,8 @@ layout!(HeadArgmaxParams, 208; mv @ 0, am @ 152, counter @ 200);
 layout!(AttnGqaParams, 112; qkv @ 0, q_norm @ 8, k_norm @ 16, k_cache @ 24, v_cache @ 32,
     part @ 40, state @ 48, out @ 56, done @ 64, n_head @ 72, n_kv_head @ 76, head_dim @ 80,
     n_split @ 84, scale @ 88, eps @ 92, theta @ 96, max_blocks @ 100, min_span @ 104, stage @ 108);
-layout!(BtGqaParams, 128; g @ 0, kv @ 112, qkv_stride @ 120, part_stride @ 124);
+layout!(BtGqaParams, 144; g @ 0, kv @ 112, qkv_stride @ 120, part_stride @ 124, xq @ 128,
+    xf @ 136);
 layout!(SampleConfig, 32; temperature @ 0, top_k @ 4, top_p @ 8, min_p @ 12, repetition @ 16,
     presence @ 20, frequency @ 24, pad @ 28);
 layout!(SampleParams, 88; logits @ 0, state @ 8, publish @ 16, cfg @ 24, rng @ 32, work @ 40,

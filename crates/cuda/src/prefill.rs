@@ -369,10 +369,13 @@ impl Prefill {
             }
         }
         match (keys, self.bt_gqa) {
+            // Its launch quantises its outputs too.
             (Keys::Rows(tab, len), Some(g)) => self.rows_attention_tc(c, lw, (tab, len), n, g, out),
-            _ => self.split_heads(c, lw, keys, n, out),
+            _ => {
+                self.split_heads(c, lw, keys, n, out);
+                out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
+            }
         }
-        out.push(self.quant(c, self.att.ptr, 0, q_dim, n));
         let o = self.dense(lw.o, c.d_model, self.x.ptr, c.d_model, n, true);
         out.push(named(o, "pf o"));
     }
@@ -440,7 +443,8 @@ impl Prefill {
     }
 
     /// The batched step's attention of `n` rows on tensor cores (bt_attn_gqa_tc: norm, RoPE,
-    /// the KV append, the chunks and their merge in one launch), each row's cache in the table
+    /// the KV append, the chunks and their merge in one launch, and the outputs quantised for
+    /// the o projection as `quant` would without a norm), each row's cache in the table
     /// at `tab`, contexts up to `len`: in sub-batches whose partials fit the budget, as the
     /// generic path's (the partials are laid out as its: n_split(len) chunks a head).
     fn rows_attention_tc(
@@ -468,6 +472,8 @@ impl Prefill {
         let stride = q_dim + 2 * kv_dim;
         let part_stride = (part_bytes(c, len) / 4) as u32;
         let sub = self.part_tokens(c, len);
+        // A row's quantised groups and padded floats (bytes), as `quant` lays them out.
+        let (xq_row, xf_row) = (4 * quant_words(q_dim) as u64, 4 * padded_len(q_dim) as u64);
         for z0 in (0..n).step_by(sub) {
             let z = z0 as u64;
             let b = BtGqaParams {
@@ -480,6 +486,8 @@ impl Prefill {
                 kv: tab + z * 2 * 8, // a row's K and V addresses
                 qkv_stride: stride as u32,
                 part_stride,
+                xq: self.xq.ptr + z * xq_row,
+                xf: self.xf.ptr + z * xf_row,
             };
             let grid = (c.n_kv_head as u32, blocks, sub.min(n - z0) as u32);
             let k = Kernel::BtAttnGqaTc;
