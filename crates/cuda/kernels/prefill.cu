@@ -517,7 +517,7 @@ extern "C" __global__ void __launch_bounds__(256) pf_f32rows(const PfRowsParams 
 }
 
 // Each token's experts and weights from its router logits (topk_block, as moe_topk): grid
-// tokens, 32 threads.
+// tokens, TOPK_THREADS (step/moe.rs) threads.
 extern "C" __global__ void pf_route(const TopkParams p) {
     __shared__ float pr[4096];
     __shared__ float red[1];
@@ -546,7 +546,7 @@ FIELD_AT(PfListsParams, list_cap, 44);
 // pf_route does, and the last block to finish (a counter at `done`, which it resets) lists
 // every expert's slots in token order as pf_lists does (the same lists and counts), from the
 // ids in shared memory. Why: at B = 1 the batched step ran ~14 launches a layer, each a few
-// microseconds of latency with little work. grid tokens, 32 threads; tokens x n_used <= 256.
+// microseconds of latency with little work. grid tokens, TOPK_THREADS (step/moe.rs) threads; tokens x n_used <= 256.
 #define BT_ROUTE_SLOTS 256
 struct BtRouteParams {
     TopkParams t;

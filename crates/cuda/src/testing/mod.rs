@@ -465,7 +465,7 @@ impl TestDevice {
             Kernel::MoeTopk,
             "moe_topk",
             (1, 1, 1),
-            32,
+            crate::step::TOPK_THREADS,
             0,
             &p,
             0,
