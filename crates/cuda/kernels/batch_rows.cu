@@ -229,6 +229,64 @@ extern "C" __global__ void __launch_bounds__(256, 2) bt_rows(const BtRowsParams 
     }
 }
 
+// bt_rows' launches (the same params and grid, parts and groups) on pf_mma's tensor-core tiles:
+// a block BTM_W warps of 16 rows against its group's entries in tiles of 8 (one n-tile), each
+// tile over every super-block through pf_mma's two staged buffers, so its outputs are pf_mma's
+// (and bt_rows') bits. Why: bt_rows' lanes take a block's integer sums entry by entry with
+// dp4a, reading each entry's 80-byte group for every 2 rows, so at B = 8 a launch read ~17x
+// its weight bytes of activations through L1 (the head at B = 8: 289 us against ~60 to read
+// it, H200 eager); a tile reads an entry's group once for its rows (and the mma take 8 entries
+// at once). A dense launch issues its first stage's weight copies before pdl_wait.
+// grid (blocks of every part at BTM_ROWS rows, groups or routed slots, 1), 32 * BTM_W threads,
+// 2 * BtmShape::STAGE_BYTES of dynamic shared memory.
+#define BTM_W 2
+#define BTM_ROWS (16 * BTM_W)
+typedef PfmShape<BTM_W, 1> BtmShape;
+
+extern "C" __global__ void __launch_bounds__(32 * BTM_W) bt_mma(const BtRowsParams bp) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) u8 btm_smem[];
+    __shared__ int in[8], out[8];
+    PfRowsParams p = bp.p;
+    int bx = blockIdx.x;
+    if (bx >= bp.blocks0) {
+        bool one = bx < bp.blocks0 + bp.blocks1;
+        p.w = one ? bp.w1 : bp.w2;
+        p.out = one ? bp.out1 : bp.out2;
+        p.rows = one ? bp.rows1 : bp.rows2;
+        bx -= one ? bp.blocks0 : bp.blocks0 + bp.blocks1;
+    }
+    int rb = bx * BTM_ROWS, grp = 0, n;
+    const int2* list = nullptr;
+    bool w0 = !p.counts;
+    if (w0) {  // dense: the weights never change, so the first stage's copies go out now
+        pfm_load<BtmShape>(p, 0, rb, in, 0, pfm_stage<BtmShape>(btm_smem, 0), PFM_LOAD_W);
+        pdl_start();
+        n = p.n_dense;
+    } else {
+        pdl_start();
+        grp = btr_group((const int*)bp.ids);
+        if (grp < 0) return;
+        n = ((const int*)p.counts)[grp];
+        if (n == 0) return;
+        list = (const int2*)p.list + (u64)grp * p.list_cap;
+    }
+    for (int e_lo = 0; e_lo < n; e_lo += 8) {
+        int e_hi = min(n, e_lo + 8);
+        if (threadIdx.x < 8) {
+            int2 io = pf_entry(p, list, min(e_lo + (int)threadIdx.x, e_hi - 1));
+            in[threadIdx.x] = io.x;
+            out[threadIdx.x] = io.y;
+        }
+        __syncthreads();
+        float acc[1][4] = {};
+        pfm_tile_any<BtmShape>(p, grp, rb, in, btm_smem, acc, w0 && e_lo == 0);
+        pfm_store<BtmShape>(p, rb, e_lo, e_hi, out, acc);
+        __syncthreads();  // in and out are rewritten for the next tile
+    }
+#endif
+}
+
 // F32 rows (the router) against few tokens' padded activations, in pf_f32rows' order (chains
 // of F32_CHAIN values, then the chains in order). A block takes BTF_R rows x BTF_E entries, a
 // thread an output, over one chain (blockIdx.z) whose values of its rows and entries it stages

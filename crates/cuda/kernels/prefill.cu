@@ -245,22 +245,31 @@ __device__ __forceinline__ void idot_k16(int (&c)[4], u32 a0, u32 a1, u32 hi, u3
 #define PFM_WROW 144                        // a row's nibbles: 8 blocks x 16 bytes + 16
 #define PFM_AROW 104                        // a row's aux, at most (Q6_K: 96 + 8)
 #define PFM_XENT 576                        // an entry's words 0..15 of 8 groups (64 bytes) + 64
-#define PFM_STAGE_BYTES (PFM_ROWS * (PFM_WROW + PFM_AROW) + PFM_ENTRIES * (PFM_XENT + 16 * PFM_STAGE))
 
 // The staged stride of a super-block's (8 blocks') aux bytes (split_aux) of a row: an odd number
 // of 8-byte words, so 8 rows' reads hit distinct banks.
 __device__ __forceinline__ int pfm_aux_stride(int type) { return type == T_Q4_0 ? 24 : type == T_Q4_K ? 24 : 104; }
 
-struct PfmStage {
-    u8* w;       // [PFM_ROWS][PFM_WROW] nibbles
-    u8* aux;     // [PFM_ROWS][aux stride]
-    u8* x;       // [PFM_ENTRIES][PFM_XENT] words 0..15 of each group
-    uint4* tail; // [PFM_STAGE][PFM_ENTRIES] words 16..19 (scale, half sums)
+// A tile of the tensor-core kernels: W warps of 16 rows, NT n-tiles of 8 entries (pf_mma: 8 x
+// 4; bt_mma in batch_rows.cu: fewer of each).
+template <int W, int NT>
+struct PfmShape {
+    static constexpr int ROWS = 16 * W, ENTRIES = 8 * NT;
+    static constexpr int STAGE_BYTES = ROWS * (PFM_WROW + PFM_AROW) + ENTRIES * (PFM_XENT + 16 * PFM_STAGE);
 };
+typedef PfmShape<PFM_WARPS, PFM_NT> PfmFull;
+
+struct PfmStage {
+    u8* w;       // [ROWS][PFM_WROW] nibbles
+    u8* aux;     // [ROWS][aux stride]
+    u8* x;       // [ENTRIES][PFM_XENT] words 0..15 of each group
+    uint4* tail; // [PFM_STAGE][ENTRIES] words 16..19 (scale, half sums)
+};
+template <class S>
 __device__ __forceinline__ PfmStage pfm_stage(u8* smem, int s) {
-    u8* b = smem + s * PFM_STAGE_BYTES;
-    return PfmStage{b, b + PFM_ROWS * PFM_WROW, b + PFM_ROWS * (PFM_WROW + PFM_AROW),
-                    (uint4*)(b + PFM_ROWS * (PFM_WROW + PFM_AROW) + PFM_ENTRIES * PFM_XENT)};
+    u8* b = smem + s * S::STAGE_BYTES;
+    return PfmStage{b, b + S::ROWS * PFM_WROW, b + S::ROWS * (PFM_WROW + PFM_AROW),
+                    (uint4*)(b + S::ROWS * (PFM_WROW + PFM_AROW) + S::ENTRIES * PFM_XENT)};
 }
 
 // The 4-bit types' add: the integer sums of the rows' nibbles, then each output's term (the
@@ -350,51 +359,60 @@ struct PfmQ6_K {
     }
 };
 
-// The whole block's copies of super-block kb into st: its PFM_ROWS rows from r0 (rows past the
-// end read as the last) and the tile's entries' groups (activation rows `in`).
-__device__ void pfm_load(const PfRowsParams& p, int grp, int r0, const int* in, int kb, const PfmStage& st) {
+// The whole block's copies of super-block kb into st: its S::ROWS rows from r0 (rows past the
+// end read as the last; with PFM_LOAD_W) and the tile's entries' groups (activation rows `in`;
+// with PFM_LOAD_X, which commits the copies as one group). Apart so a launch whose weights
+// never change can issue its first stage's weight copies before pdl_wait.
+#define PFM_LOAD_W 1
+#define PFM_LOAD_X 2
+template <class S>
+__device__ void pfm_load(const PfRowsParams& p, int grp, int r0, const int* in, int kb, const PfmStage& st, int what) {
     // The aux copies in 8-byte words where the super-block's aux is a whole number of them,
     // else in 4-byte ones (Q4_K's 20 bytes).
     int nb = p.w.k >> 5, aux = split_aux(p.w.type), as = pfm_aux_stride(p.w.type);
     int unit = aux & 7 ? 4 : 8, na = aux / unit;
     u64 base = (u64)grp * p.rows;
-    for (int i = threadIdx.x; i < PFM_ROWS * PFM_STAGE; i += blockDim.x) {
-        int r = i >> 3, j = i & 7;
-        u64 row = base + min(r0 + r, p.rows - 1);
-        cp_async16((uint4*)(st.w + r * PFM_WROW + 16 * j), (const uint4*)p.w.data + row * nb + kb * PFM_STAGE + j, true);
+    if (what & PFM_LOAD_W) {
+        for (int i = threadIdx.x; i < S::ROWS * PFM_STAGE; i += blockDim.x) {
+            int r = i >> 3, j = i & 7;
+            u64 row = base + min(r0 + r, p.rows - 1);
+            cp_async16((uint4*)(st.w + r * PFM_WROW + 16 * j), (const uint4*)p.w.data + row * nb + kb * PFM_STAGE + j, true);
+        }
+        for (int i = threadIdx.x; i < S::ROWS * na; i += blockDim.x) {
+            int r = i / na, c = i - r * na;
+            u64 row = base + min(r0 + r, p.rows - 1);
+            const u8* src = (const u8*)p.w.scales + (row * (nb >> 3) + kb) * aux + unit * c;
+            if (unit == 8) cp_async8(st.aux + r * as + 8 * c, src);
+            else cp_async4(st.aux + r * as + 4 * c, src);
+        }
     }
-    for (int i = threadIdx.x; i < PFM_ROWS * na; i += blockDim.x) {
-        int r = i / na, c = i - r * na;
-        u64 row = base + min(r0 + r, p.rows - 1);
-        const u8* src = (const u8*)p.w.scales + (row * (nb >> 3) + kb) * aux + unit * c;
-        if (unit == 8) cp_async8(st.aux + r * as + 8 * c, src);
-        else cp_async4(st.aux + r * as + 4 * c, src);
-    }
-    for (int i = threadIdx.x; i < PFM_ENTRIES * PFM_STAGE * 5; i += blockDim.x) {
+    if (!(what & PFM_LOAD_X)) return;
+    for (int i = threadIdx.x; i < S::ENTRIES * PFM_STAGE * 5; i += blockDim.x) {
         int e = i / (PFM_STAGE * 5), r = i - e * (PFM_STAGE * 5), j = r / 5, c = r - j * 5;
         const u32* src = (const u32*)p.xq + ((u64)in[e] * nb + kb * PFM_STAGE + j) * QXW + 4 * c;
-        uint4* dst = c < 4 ? (uint4*)(st.x + e * PFM_XENT + 64 * j + 16 * c) : st.tail + j * PFM_ENTRIES + e;
+        uint4* dst = c < 4 ? (uint4*)(st.x + e * PFM_XENT + 64 * j + 16 * c) : st.tail + j * S::ENTRIES + e;
         cp_async16(dst, src, true);
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
 // A warp's 16 rows (from r0 within the block's rows) against one tile of entries, over every
-// super-block in two staged buffers; the outputs this lane holds in acc.
-template <class F>
-__device__ void pfm_tile(const PfRowsParams& p, int grp, int rb, const int* in, u8* smem, float (&acc)[PFM_NT][4]) {
+// super-block in two staged buffers; the outputs this lane holds in acc. `w0`: the first
+// stage's weights were issued already (pfm_load with PFM_LOAD_W).
+template <class F, class S>
+__device__ void pfm_tile(const PfRowsParams& p, int grp, int rb, const int* in, u8* smem, float (&acc)[S::ENTRIES / 8][4], bool w0) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wr = (threadIdx.x >> 5) * 16 + g;
     int nk = p.w.k >> 8, as = pfm_aux_stride(p.w.type);
-    pfm_load(p, grp, rb, in, 0, pfm_stage(smem, 0));
+    pfm_load<S>(p, grp, rb, in, 0, pfm_stage<S>(smem, 0), w0 ? PFM_LOAD_X : PFM_LOAD_W | PFM_LOAD_X);
     for (int kb = 0; kb < nk; kb++) {
         if (kb + 1 < nk) {
-            pfm_load(p, grp, rb, in, kb + 1, pfm_stage(smem, (kb + 1) & 1));
+            pfm_load<S>(p, grp, rb, in, kb + 1, pfm_stage<S>(smem, (kb + 1) & 1), PFM_LOAD_W | PFM_LOAD_X);
             asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         } else {
             asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         }
         __syncthreads();
-        PfmStage st = pfm_stage(smem, kb & 1);
+        PfmStage st = pfm_stage<S>(smem, kb & 1);
         const u8* const w[2] = {st.w + wr * PFM_WROW, st.w + (wr + 8) * PFM_WROW};
         const u8* const aux[2] = {st.aux + wr * as, st.aux + (wr + 8) * as};
 #pragma unroll 2
@@ -402,9 +420,9 @@ __device__ void pfm_tile(const PfRowsParams& p, int grp, int rb, const int* in, 
             F f;
             f.load(w, aux, j, t);
 #pragma unroll
-            for (int n = 0; n < PFM_NT; n++) {
+            for (int n = 0; n < S::ENTRIES / 8; n++) {
                 uint4 x = *(const uint4*)(st.x + (n * 8 + g) * PFM_XENT + 64 * j + 16 * t);
-                const uint4* tl = st.tail + j * PFM_ENTRIES + n * 8 + 2 * t;
+                const uint4* tl = st.tail + j * S::ENTRIES + n * 8 + 2 * t;
                 f.add(x, tl[0], tl[1], acc[n]);
             }
         }
@@ -412,8 +430,34 @@ __device__ void pfm_tile(const PfRowsParams& p, int grp, int rb, const int* in, 
     }
 }
 
+// The tile's type dispatch (pfm_tile for the weights' type).
+template <class S>
+__device__ __forceinline__ void pfm_tile_any(const PfRowsParams& p, int grp, int rb, const int* in, u8* smem, float (&acc)[S::ENTRIES / 8][4], bool w0) {
+    switch (p.w.type) {
+        case T_Q4_0: pfm_tile<PfmQ4_0, S>(p, grp, rb, in, smem, acc, w0); break;
+        case T_Q4_K: pfm_tile<PfmQ4_K, S>(p, grp, rb, in, smem, acc, w0); break;
+        default: pfm_tile<PfmQ6_K, S>(p, grp, rb, in, smem, acc, w0);
+    }
+}
+
+// The tile's outputs this lane holds (entries e_lo.. below e_hi, rows from the warp's first,
+// rb + 16 * warp), to their rows of `out` (the entries' output rows, from e_lo).
+template <class S>
+__device__ __forceinline__ void pfm_store(const PfRowsParams& p, int rb, int e_lo, int e_hi, const int* out, const float (&acc)[S::ENTRIES / 8][4]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, r0 = rb + (threadIdx.x >> 5) * 16 + g;
+#pragma unroll
+    for (int n = 0; n < S::ENTRIES / 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int e = e_lo + n * 8 + 2 * t + (i & 1), r = r0 + 8 * (i >> 1);
+            if (e >= e_hi || r >= p.rows) continue;
+            float* dst = (float*)p.out + (u64)out[e - e_lo] * p.out_stride + r;
+            *dst = p.accumulate ? *dst + acc[n][i] : acc[n][i];
+        }
+}
+
 // grid (ceil(rows / PFM_ROWS), 1, entry tiles) dense (z_entries = PFM_ENTRIES), or
-// (ceil(rows / PFM_ROWS), tiles at most, 1) grouped (p.tiles), 256 threads, 2 * PFM_STAGE_BYTES
+// (ceil(rows / PFM_ROWS), tiles at most, 1) grouped (p.tiles), 256 threads, 2 * PfmFull::STAGE_BYTES
 // of dynamic shared memory: pf_rows for the split types (k % 256 == 0; sm_80+), a tile of
 // PFM_ENTRIES entries a block. Rows and entries past the
 // ends are read as the last ones and not stored.
@@ -441,21 +485,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) pf_mma(const PfRowsParams p
     }
     __syncthreads();
     float acc[PFM_NT][4] = {};
-    switch (p.w.type) {
-        case T_Q4_0: pfm_tile<PfmQ4_0>(p, grp, rb, in, pfm_smem, acc); break;
-        case T_Q4_K: pfm_tile<PfmQ4_K>(p, grp, rb, in, pfm_smem, acc); break;
-        default: pfm_tile<PfmQ6_K>(p, grp, rb, in, pfm_smem, acc);
-    }
-    int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, r0 = rb + (threadIdx.x >> 5) * 16 + g;
-#pragma unroll
-    for (int n = 0; n < PFM_NT; n++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int e = e_lo + n * 8 + 2 * t + (i & 1), r = r0 + 8 * (i >> 1);
-            if (e >= e_hi || r >= p.rows) continue;
-            float* dst = (float*)p.out + (u64)out[e - e_lo] * p.out_stride + r;
-            *dst = p.accumulate ? *dst + acc[n][i] : acc[n][i];
-        }
+    pfm_tile_any<PfmFull>(p, grp, rb, in, pfm_smem, acc, false);
+    pfm_store<PfmFull>(p, rb, e_lo, e_hi, out, acc);
 #endif
 }
 

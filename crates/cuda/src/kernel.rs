@@ -203,6 +203,7 @@ pub enum Kernel {
     PfMma,
     /// pf_mma's launches on few tokens (batch_rows.cu).
     BtRows,
+    BtMma,
     PfF32Rows,
     /// pf_f32rows' launches on few tokens (batch_rows.cu).
     BtF32Rows,
@@ -226,7 +227,7 @@ pub enum Kernel {
 }
 
 /// The kernels with no mode.
-const SINGLE: [Kernel; 42] = [
+const SINGLE: [Kernel; 43] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -254,6 +255,7 @@ const SINGLE: [Kernel; 42] = [
     Kernel::PfRows,
     Kernel::PfMma,
     Kernel::BtRows,
+    Kernel::BtMma,
     Kernel::BtF32Rows,
     Kernel::PfF32Rows,
     Kernel::PfRoute,
@@ -353,6 +355,7 @@ impl Kernel {
             Kernel::PfRows => "pf_rows",
             Kernel::PfMma => "pf_mma",
             Kernel::BtRows => "bt_rows",
+            Kernel::BtMma => "bt_mma",
             Kernel::BtF32Rows => "bt_f32rows",
             Kernel::PfF32Rows => "pf_f32rows",
             Kernel::PfRoute => "pf_route",
@@ -399,7 +402,7 @@ mod tests {
     #[test]
     fn every_kernel_has_one_distinct_symbol() {
         let all = Kernel::all();
-        assert_eq!(all.len(), 90);
+        assert_eq!(all.len(), 91);
         let mut symbols: Vec<&str> = all.iter().map(|k| k.symbol()).collect();
         symbols.sort();
         symbols.dedup();

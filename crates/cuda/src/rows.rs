@@ -15,9 +15,12 @@ const XS: usize = 36;
 /// Rows of a pf_rows block (PF_ROWS) and of a pf_mma one (PFM_ROWS).
 const PF_ROWS: usize = 32;
 const PFM_ROWS: usize = 128;
-/// Rows a bt_rows block takes (batch_rows.cu BTR_ROWS), and bt_f32rows' rows and entries
-/// (BTF_R, BTF_E).
-const BTR_ROWS: usize = 16;
+/// Rows a bt_mma block takes (batch_rows.cu BTM_ROWS), its threads (32 * BTM_W) and its
+/// dynamic shared memory (two stages of PfmShape<BTM_W, 1>: 32 rows x (144 + 104) bytes and 8
+/// entries x (576 + 128)); and bt_f32rows' rows and entries (BTF_R, BTF_E).
+const BTM_ROWS: usize = 32;
+const BTM_THREADS: u32 = 64;
+const BTM_SMEM: u32 = 2 * (32 * (144 + 104) + 8 * (576 + 128));
 const BTF_R: u32 = 8;
 const BTF_E: u32 = 8;
 /// Tokens a dense F32 launch (the router) takes on bt_f32rows at most.
@@ -192,7 +195,7 @@ impl Groups {
 pub(crate) fn few_launch(base: PfRowsParams, parts: &[(Qw, usize, u64)], groups: Groups) -> Launch {
     assert!((1..=3).contains(&parts.len()) && parts.iter().all(|p| splits(&p.0)));
     let part = |i: usize| parts.get(i).copied().unwrap_or((Qw::default(), 0, 0));
-    let blocks = |i: usize| part(i).1.div_ceil(BTR_ROWS) as i32;
+    let blocks = |i: usize| part(i).1.div_ceil(BTM_ROWS) as i32;
     let (w0, rows0, out0) = part(0);
     let p = BtRowsParams {
         p: PfRowsParams {
@@ -216,7 +219,7 @@ pub(crate) fn few_launch(base: PfRowsParams, parts: &[(Qw, usize, u64)], groups:
     };
     let (Groups::Each(y) | Groups::Slots { slots: y, .. }) = groups;
     let grid = ((blocks(0) + blocks(1) + blocks(2)) as u32, y as u32, 1);
-    Launch::new(Kernel::BtRows, "bt_rows", grid, THREADS, 0, &p, 0)
+    Launch::new(Kernel::BtMma, "bt_mma", grid, BTM_THREADS, BTM_SMEM, &p, 0)
 }
 
 /// pf_quant over `rows` activation rows of `k` values at `src` (RMSNorm'd with `norm` unless 0)
@@ -329,8 +332,8 @@ mod tests {
     fn rows_kinds_pick_their_kernels() {
         use GgmlType::*;
         let cases = [
-            (Rows::Few, Q4_0, 2048, 1, 24, 128, "bt_rows", (48, 128, 1)),
-            (Rows::Few, Q6_K, 2048, 0, 3, 1, "bt_rows", (48, 1, 1)),
+            (Rows::Few, Q4_0, 2048, 1, 24, 128, "bt_mma", (24, 128, 1)),
+            (Rows::Few, Q6_K, 2048, 0, 3, 1, "bt_mma", (24, 1, 1)),
             (Rows::Mma, Q4_K, 2048, 0, 3, 1, "pf_mma", (6, 1, 1)),
             (Rows::Few, F32, 2048, 0, 9, 1, "bt_f32rows", (96, 2, 1)),
             (Rows::Mma, F32, 2048, 0, 9, 1, "pf_f32rows", (24, 1, 1)),
@@ -360,7 +363,7 @@ mod tests {
             let l = few_launch(p, &[w], g);
             assert_eq!(
                 l.grid,
-                (48, grid_y, 1),
+                (24, grid_y, 1),
                 "{slots} slots of {experts} experts"
             );
             let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -408,13 +411,13 @@ mod tests {
             (w(Q6_K, 3), 9, 300),
         ];
         let l = few_launch(params(Q4_0, 2048, 0), &parts, Groups::Each(1));
-        assert_eq!((l.name, l.grid), ("bt_rows", (3 + 9 + 1, 1, 1)));
+        assert_eq!((l.name, l.grid), ("bt_mma", (2 + 5 + 1, 1, 1)));
         let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
         // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.
         let p: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
         assert_eq!((p.p.w.data, p.p.rows, p.p.out), (1, 37, 100));
         assert_eq!((p.w1.data, p.rows1, p.out1), (2, 130, 200));
         assert_eq!((p.w2.data, p.rows2, p.out2), (3, 9, 300));
-        assert_eq!((p.blocks0, p.blocks1), (3, 9));
+        assert_eq!((p.blocks0, p.blocks1), (2, 5));
     }
 }
