@@ -199,11 +199,17 @@ struct BtRowsParams {
     int rows1, rows2;
     int blocks0, blocks1;
     u64 ids;  // const int* [slots]: grouped launches over the routed slots (btr_group), or 0
+    // With hcount (bt_mma, gate and up as parts 0 and 1): silu(gate) * up of each block's 32
+    // rows quantised as pf_quant's swiglu rows, by the second of the two blocks to finish.
+    u64 hq;      // u32* [slots][rows / 32 * QXW]
+    u64 hf;      // float* [slots][padded_len(rows)]
+    u64 hcount;  // int* [grid y][blocks0], zero between launches
 };
-SIZE_IS(BtRowsParams, 192); FIELD_AT(BtRowsParams, p, 0); FIELD_AT(BtRowsParams, w1, 104);
+SIZE_IS(BtRowsParams, 216); FIELD_AT(BtRowsParams, p, 0); FIELD_AT(BtRowsParams, w1, 104);
 FIELD_AT(BtRowsParams, w2, 128); FIELD_AT(BtRowsParams, out1, 152); FIELD_AT(BtRowsParams, out2, 160);
 FIELD_AT(BtRowsParams, rows1, 168); FIELD_AT(BtRowsParams, rows2, 172); FIELD_AT(BtRowsParams, blocks0, 176);
-FIELD_AT(BtRowsParams, blocks1, 180); FIELD_AT(BtRowsParams, ids, 184);
+FIELD_AT(BtRowsParams, blocks1, 180); FIELD_AT(BtRowsParams, ids, 184); FIELD_AT(BtRowsParams, hq, 192);
+FIELD_AT(BtRowsParams, hf, 200); FIELD_AT(BtRowsParams, hcount, 208);
 
 // grid (blocks of every part, groups or routed slots, 1), 256 threads: pf_mma's launches
 // (dense: n_dense entries; grouped: a group's counts[g] entries of its list) on few entries, a
@@ -242,6 +248,42 @@ extern "C" __global__ void __launch_bounds__(256, 2) bt_rows(const BtRowsParams 
 #define BTM_W 2
 #define BTM_ROWS (16 * BTM_W)
 typedef PfmShape<BTM_W, 1> BtmShape;
+
+// After a gate or up block of bt_mma's gate-and-up launch stored its rows [rb, rb + 32) of
+// its n entries: the second of the two blocks of those rows to finish quantises silu(gate) *
+// up of them into each entry's slot row of hq / hf, with pf_quant's arithmetic (the same
+// expression, quant_store from lane i's values 4i..4i+3 of the group, the padded floats): 8
+// lanes an entry, the block's entries 8 at a time. Why: pf_quant was a launch of its own
+// between gate_up and down in every layer (~6 us eager, H200). BTM_ROWS is the group's 32.
+__device__ void btm_swiglu(const BtRowsParams& bp, const PfRowsParams& p, int bx, int rb, const int2* list, int n) {
+    __shared__ int second;
+    __threadfence();  // this block's outputs, published before its count
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int* count = (int*)bp.hcount + (u64)blockIdx.y * bp.blocks0 + bx;
+        second = atomicAdd(count, 1) == 1;
+        if (second) *count = 0;  // for the next launch
+    }
+    __syncthreads();
+    if (!second) return;
+    __threadfence();  // the other block's outputs
+    int dff = bp.p.rows, l8 = threadIdx.x & 7;
+    for (int e0 = 0; e0 < n; e0 += 32 * BTM_W / 8) {  // the same trips for every lane (quant_store's shuffles)
+        int e = e0 + (threadIdx.x >> 3);
+        bool valid = e < n;
+        int o = valid ? pf_entry(p, list, e).y : 0;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (valid) {
+            u64 at = (u64)o * p.out_stride + rb + 4 * l8;
+            float4 g = __ldcg((const float4*)((const float*)bp.p.out + at));
+            float4 u = __ldcg((const float4*)((const float*)bp.out1 + at));
+            v = make_float4(g.x / (1.f + expf(-g.x)) * u.x, g.y / (1.f + expf(-g.y)) * u.y,
+                            g.z / (1.f + expf(-g.z)) * u.z, g.w / (1.f + expf(-g.w)) * u.w);
+        }
+        quant_store((u32*)bp.hq + (u64)o * ((dff >> 5) * QXW), (rb >> 2) + l8, v, valid);
+        if (valid) *(float4*)((float*)bp.hf + (u64)o * padded_len(dff) + pad_idx(rb + 4 * l8)) = v;
+    }
+}
 
 extern "C" __global__ void __launch_bounds__(32 * BTM_W) bt_mma(const BtRowsParams bp) {
 #if __CUDA_ARCH__ >= 800
@@ -284,6 +326,7 @@ extern "C" __global__ void __launch_bounds__(32 * BTM_W) bt_mma(const BtRowsPara
         pfm_store<BtmShape>(p, rb, e_lo, e_hi, out, acc);
         __syncthreads();  // in and out are rewritten for the next tile
     }
+    if (bp.hcount) btm_swiglu(bp, p, bx, rb, list, n);
 #endif
 }
 

@@ -443,6 +443,11 @@ pub struct BtRowsParams {
     pub blocks1: i32,
     /// const int* [slots]: a grouped launch over the routed slots (`Groups::Slots`), or 0.
     pub ids: u64,
+    /// bt_mma's gate-and-up launch with `hcount`: silu(gate) * up quantised into `hq` / `hf`
+    /// (`rows::Swiglu`).
+    pub hq: u64,
+    pub hf: u64,
+    pub hcount: u64,
 }
 
 /// `BtF32Params` in batch_rows.cu: a dense F32 launch on bt_f32rows, with the split form's
@@ -556,8 +561,8 @@ layout!(PfQuantParams, 48; src @ 0, norm @ 8, xq @ 16, xf @ 24, n @ 32, stride @
 layout!(PfRowsParams, 104; w @ 0, xq @ 24, xf @ 32, out @ 40, list @ 48, counts @ 56,
     tiles @ 64, rows @ 72, out_stride @ 76, list_cap @ 80, n_dense @ 84, accumulate @ 88,
     in_is_out @ 92, z_entries @ 96, pad @ 100);
-layout!(BtRowsParams, 192; p @ 0, w1 @ 104, w2 @ 128, out1 @ 152, out2 @ 160, rows1 @ 168,
-    rows2 @ 172, blocks0 @ 176, blocks1 @ 180, ids @ 184);
+layout!(BtRowsParams, 216; p @ 0, w1 @ 104, w2 @ 128, out1 @ 152, out2 @ 160, rows1 @ 168,
+    rows2 @ 172, blocks0 @ 176, blocks1 @ 180, ids @ 184, hq @ 192, hf @ 200, hcount @ 208);
 layout!(BtF32Params, 120; p @ 0, part @ 104, count @ 112);
 layout!(PfListsParams, 48; ids @ 0, list @ 8, counts @ 16, tiles @ 24, tokens @ 32, n_used @ 36,
     n_expert @ 40, list_cap @ 44);

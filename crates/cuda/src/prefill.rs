@@ -13,8 +13,8 @@ use crate::memory::DevBuf;
 use crate::params::*;
 use crate::rows::{
     dense_launch, dense_params, f32_few_launch, f32_split_sizes, few_launch, padded_len,
-    quant_launch, quant_params, quant_words, rows_launch, splits, Groups, Rows, F32_FEW,
-    PFM_ENTRIES,
+    quant_launch, quant_params, quant_words, rows_launch, splits, swiglu_counters, swiglu_fuses,
+    Groups, Rows, Swiglu, F32_FEW, PFM_ENTRIES,
 };
 use crate::step::{
     att_rows, attn_params, gqa_params, rope_params, split_attention, topk, topk_params, Kv,
@@ -34,9 +34,9 @@ const BT_ROUTE_SLOTS: usize = 256;
 
 /// Floats of each of Prefill's buffers for `chunk` tokens, in `new`'s order (x, xq, xf, qkv, q,
 /// att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count,
-/// route_done, bt_done): `new` allocates them and
+/// route_done, bt_done, h_count): `new` allocates them and
 /// `bytes` sums them, so the memory check counts what is allocated.
-fn buffer_floats(c: &Config, chunk: usize) -> [usize; 20] {
+fn buffer_floats(c: &Config, chunk: usize) -> [usize; 21] {
     let (t, slots) = (chunk, chunk * c.n_expert_used);
     let (k_max, dff) = (c.d_model.max(c.q_dim()), c.d_ff_expert);
     let (f32_part, f32_count) = f32_split_sizes(c.n_expert, c.d_model, F32_FEW.min(chunk));
@@ -61,6 +61,7 @@ fn buffer_floats(c: &Config, chunk: usize) -> [usize; 20] {
         f32_count,
         1,
         t * (c.n_kv_head + c.n_head),
+        swiglu_counters(slots.max(c.n_expert), dff),
     ]
 }
 
@@ -121,6 +122,9 @@ pub struct Prefill {
     /// bt_attn_gqa_tc's merge counters and maxima, [rows][n_kv_head + n_head] (zero between
     /// launches).
     bt_done: DevBuf,
+    /// The fused gate-and-up launches' counters of block pairs (rows::Swiglu; zero between
+    /// launches).
+    h_count: DevBuf,
 }
 
 /// The batched step's attention on tensor cores (bt_attn_gqa_tc, Qwen3-MoE's shape over an f16
@@ -153,7 +157,7 @@ impl Prefill {
             16 if tc => Some((Kernel::PfAttnTcG16, 8)),
             _ => None,
         };
-        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count, route_done, bt_done] =
+        let [x, xq, xf, qkv, q, att, logits, ids, weights, list, counts, tiles, gu, hq, hf, y, f32_part, f32_count, route_done, bt_done, h_count] =
             buffer_floats(c, chunk);
         let f32_count = f(f32_count)?;
         f32_count.fill(dev, 0)?; // bt_f32rows' counters start at zero and end each launch there
@@ -161,6 +165,8 @@ impl Prefill {
         route_done.fill(dev, 0)?; // bt_route's too
         let bt_done = f(bt_done)?;
         bt_done.fill(dev, 0)?; // and bt_attn_gqa_tc's
+        let h_count = f(h_count)?;
+        h_count.fill(dev, 0)?; // and the fused gate-and-up launches'
         Ok(Prefill {
             chunk,
             part_budget,
@@ -190,6 +196,7 @@ impl Prefill {
             route_done,
             bt_gqa: bt_gqa.filter(|_| attn_tc.is_some_and(|(k, _)| k == Kernel::PfAttnTc)),
             bt_done,
+            h_count,
         })
     }
 
@@ -361,7 +368,10 @@ impl Prefill {
                 ..Default::default()
             };
             let parts = cols.map(|(m, col, rows)| (m, rows, self.qkv.ptr + 4 * col as u64));
-            out.push(named(few_launch(base, &parts, Groups::Each(1)), "pf qkv"));
+            out.push(named(
+                few_launch(base, &parts, Groups::Each(1), None),
+                "pf qkv",
+            ));
         } else {
             for ((m, col, rows), name) in cols.into_iter().zip(["pf q", "pf k", "pf v"]) {
                 let l = self.dense(m, rows, self.qkv.ptr + 4 * col as u64, stride, n, false);
@@ -605,45 +615,62 @@ impl Prefill {
         let x = (self.xq.ptr, self.xf.ptr);
         let up = self.gu.ptr + 4 * dff as u64;
         let gate = params(lw.gate, dff, x, self.gu.ptr, false);
+        // Whether gate and up's launch quantises their product for down itself (bt_mma, whose
+        // blocks are its groups' rows): then no pf_quant launch.
+        let mut fused = false;
         if on == Rows::Few && splits(&lw.gate) && splits(&lw.up) {
             // One launch for both: gate's blocks, then up's.
             let parts = [(lw.gate, dff, self.gu.ptr), (lw.up, dff, up)];
-            out.push(named(few_launch(gate, &parts, slots), "pf gate_up"));
+            let h = swiglu_fuses(dff).then_some(Swiglu {
+                hq: self.hq.ptr,
+                hf: self.hf.ptr,
+                count: self.h_count.ptr,
+            });
+            fused = h.is_some();
+            out.push(named(few_launch(gate, &parts, slots, h), "pf gate_up"));
         } else {
             out.push(named(grouped(gate), "pf gate"));
             let l = grouped(params(lw.up, dff, x, up, false));
             out.push(named(l, "pf up"));
         }
-        let h = PfQuantParams {
-            src: self.gu.ptr,
-            norm: 0,
-            xq: self.hq.ptr,
-            xf: self.hf.ptr,
-            n: dff as i32,
-            stride: 2 * dff as i32,
-            swiglu: 1,
-            eps: c.rms_eps,
-        };
-        let smem = 4 * dff as u32;
-        out.push(Launch::new(
-            Kernel::PfQuant,
-            "pf_quant",
-            ((n * nu) as u32, 1, 1),
-            THREADS,
-            smem,
-            &h,
-            0,
-        ));
+        if !fused {
+            let h = PfQuantParams {
+                src: self.gu.ptr,
+                norm: 0,
+                xq: self.hq.ptr,
+                xf: self.hf.ptr,
+                n: dff as i32,
+                stride: 2 * dff as i32,
+                swiglu: 1,
+                eps: c.rms_eps,
+            };
+            let smem = 4 * dff as u32;
+            out.push(Launch::new(
+                Kernel::PfQuant,
+                "pf_quant",
+                ((n * nu) as u32, 1, 1),
+                THREADS,
+                smem,
+                &h,
+                0,
+            ));
+        }
         let hs = (self.hq.ptr, self.hf.ptr);
         let down = grouped(params(lw.down, c.d_model, hs, self.y.ptr, true));
         out.push(named(down, "pf down"));
+        out.push(self.combine(c, next_norm, n));
+    }
+
+    /// Each of the n tokens' weighted sum of its experts' outputs into the residual, quantised
+    /// with `next_norm` for what follows.
+    fn combine(&self, c: &Config, next_norm: u64, n: usize) -> Launch {
         let comb = PfCombineQuantParams {
             c: PfCombineParams {
                 x: self.x.ptr,
                 y: self.y.ptr,
                 weights: self.weights.ptr,
                 d: c.d_model as i32,
-                n_used: nu as i32,
+                n_used: c.n_expert_used as i32,
             },
             q: quant_params(
                 self.x.ptr,
@@ -653,7 +680,7 @@ impl Prefill {
                 c.rms_eps,
             ),
         };
-        out.push(Launch::new(
+        Launch::new(
             Kernel::PfCombineQuant,
             "pf_combine_quant",
             (n as u32, 1, 1),
@@ -661,7 +688,7 @@ impl Prefill {
             0,
             &comb,
             0,
-        ));
+        )
     }
 }
 

@@ -83,7 +83,7 @@ pub(crate) fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups:
     let on = if splits(&p.w) { on } else { Rows::Plain };
     let blocks = |rows: usize| (p.rows as u32).div_ceil(rows as u32);
     if on == Rows::Few {
-        return few_launch(p, &[(p.w, p.rows as usize, p.out)], groups);
+        return few_launch(p, &[(p.w, p.rows as usize, p.out)], groups, None);
     }
     let groups = groups.count();
     let mma = on == Rows::Mma;
@@ -189,11 +189,39 @@ impl Groups {
     }
 }
 
-/// bt_rows over up to three matrices of split types (`parts`: weights, rows, output) against
+/// Where bt_mma's gate-and-up launch quantises silu(gate) * up (pf_quant's swiglu rows): the
+/// quantised groups and padded floats of each slot, and a counter of each pair of blocks (zero
+/// between launches: `swiglu_counters` of them).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Swiglu {
+    pub hq: u64,
+    pub hf: u64,
+    pub count: u64,
+}
+
+/// Counters a fused gate-and-up launch of `dff` rows a part takes over `groups` (grid y).
+pub(crate) fn swiglu_counters(groups: usize, dff: usize) -> usize {
+    groups * dff.div_ceil(BTM_ROWS)
+}
+
+/// Whether gate and up (`dff` rows each) can quantise their product in their launch: bt_mma's
+/// blocks are a quantised group's 32 rows.
+pub(crate) fn swiglu_fuses(dff: usize) -> bool {
+    dff.is_multiple_of(BTM_ROWS) && BTM_ROWS == 32
+}
+
+/// bt_mma over up to three matrices of split types (`parts`: weights, rows, output) against
 /// `base`'s activations, entries, output stride and lists (the first part replaces its
-/// weights, rows and output), over `groups`: one launch where pf_mma would take one each.
-pub(crate) fn few_launch(base: PfRowsParams, parts: &[(Qw, usize, u64)], groups: Groups) -> Launch {
+/// weights, rows and output), over `groups`: one launch where pf_mma would take one each; with
+/// `swiglu` (gate and up, `swiglu_fuses`), their product quantised too.
+pub(crate) fn few_launch(
+    base: PfRowsParams,
+    parts: &[(Qw, usize, u64)],
+    groups: Groups,
+    swiglu: Option<Swiglu>,
+) -> Launch {
     assert!((1..=3).contains(&parts.len()) && parts.iter().all(|p| splits(&p.0)));
+    assert!(swiglu.is_none() || (parts.len() == 2 && parts[0].1 == parts[1].1));
     let part = |i: usize| parts.get(i).copied().unwrap_or((Qw::default(), 0, 0));
     let blocks = |i: usize| part(i).1.div_ceil(BTM_ROWS) as i32;
     let (w0, rows0, out0) = part(0);
@@ -216,6 +244,9 @@ pub(crate) fn few_launch(base: PfRowsParams, parts: &[(Qw, usize, u64)], groups:
             Groups::Each(_) => 0,
             Groups::Slots { ids, .. } => ids,
         },
+        hq: swiglu.map_or(0, |h| h.hq),
+        hf: swiglu.map_or(0, |h| h.hf),
+        hcount: swiglu.map_or(0, |h| h.count),
     };
     let (Groups::Each(y) | Groups::Slots { slots: y, .. }) = groups;
     let grid = ((blocks(0) + blocks(1) + blocks(2)) as u32, y as u32, 1);
@@ -360,7 +391,7 @@ mod tests {
         ];
         for (slots, experts, grid_y, ids) in cases {
             let g = Groups::routed(77, slots, experts);
-            let l = few_launch(p, &[w], g);
+            let l = few_launch(p, &[w], g, None);
             assert_eq!(
                 l.grid,
                 (24, grid_y, 1),
@@ -410,7 +441,7 @@ mod tests {
             (w(Q4_K, 2), 130, 200),
             (w(Q6_K, 3), 9, 300),
         ];
-        let l = few_launch(params(Q4_0, 2048, 0), &parts, Groups::Each(1));
+        let l = few_launch(params(Q4_0, 2048, 0), &parts, Groups::Each(1), None);
         assert_eq!((l.name, l.grid), ("bt_mma", (2 + 5 + 1, 1, 1)));
         let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
         // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.

@@ -332,8 +332,12 @@ impl TestDevice {
             self.dev.launch(&l)?;
             col += rows as u64;
         }
-        self.dev
-            .launch(&rows::few_launch(base, &fused_parts, rows::Groups::Each(1)))?;
+        self.dev.launch(&rows::few_launch(
+            base,
+            &fused_parts,
+            rows::Groups::Each(1),
+            None,
+        ))?;
         self.dev.sync()?;
         Ok((self.read(&fused, n * total)?, self.read(&apart, n * total)?))
     }
