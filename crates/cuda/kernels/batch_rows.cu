@@ -237,17 +237,18 @@ extern "C" __global__ void __launch_bounds__(256, 2) bt_rows(const BtRowsParams 
 
 // bt_rows' launches (the same params and grid, parts and groups) on pf_mma's tensor-core tiles:
 // a block BTM_W warps of 16 rows against its group's entries in tiles of 8 (one n-tile), each
-// tile over every super-block through pf_mma's two staged buffers, so its outputs are pf_mma's
+// tile over every super-block through pf_mma's staged buffers (three here), so its outputs are pf_mma's
 // (and bt_rows') bits. Why: bt_rows' lanes take a block's integer sums entry by entry with
 // dp4a, reading each entry's 80-byte group for every 2 rows, so at B = 8 a launch read ~17x
 // its weight bytes of activations through L1 (the head at B = 8: 289 us against ~60 to read
 // it, H200 eager); a tile reads an entry's group once for its rows (and the mma take 8 entries
 // at once). A dense launch issues its first stage's weight copies before pdl_wait.
 // grid (blocks of every part at BTM_ROWS rows, groups or routed slots, 1), 32 * BTM_W threads,
-// 2 * BtmShape::STAGE_BYTES of dynamic shared memory.
+// BTM_STAGES * BtmShape::STAGE_BYTES of dynamic shared memory.
 #define BTM_W 2
 #define BTM_ROWS (16 * BTM_W)
-typedef PfmShape<BTM_W, 1> BtmShape;
+#define BTM_STAGES 3
+typedef PfmShape<BTM_W, 1, BTM_STAGES, true> BtmShape;
 
 // After a gate or up block of bt_mma's gate-and-up launch stored its rows [rb, rb + 32) of
 // its n entries: the second of the two blocks of those rows to finish quantises silu(gate) *
@@ -302,7 +303,7 @@ extern "C" __global__ void __launch_bounds__(32 * BTM_W) bt_mma(const BtRowsPara
     const int2* list = nullptr;
     bool w0 = !p.counts;
     if (w0) {  // dense: the weights never change, so the first stage's copies go out now
-        pfm_load<BtmShape>(p, 0, rb, in, 0, pfm_stage<BtmShape>(btm_smem, 0), PFM_LOAD_W);
+        pfm_load<BtmShape>(p, 0, rb, in, 0, 0, pfm_stage<BtmShape>(btm_smem, 0), PFM_LOAD_W);
         pdl_start();
         n = p.n_dense;
     } else {
@@ -322,7 +323,7 @@ extern "C" __global__ void __launch_bounds__(32 * BTM_W) bt_mma(const BtRowsPara
         }
         __syncthreads();
         float acc[1][4] = {};
-        pfm_tile_any<BtmShape>(p, grp, rb, in, btm_smem, acc, w0 && e_lo == 0);
+        pfm_tile_any<BtmShape>(p, grp, rb, in, e_hi - e_lo, btm_smem, acc, w0 && e_lo == 0);
         pfm_store<BtmShape>(p, rb, e_lo, e_hi, out, acc);
         __syncthreads();  // in and out are rewritten for the next tile
     }

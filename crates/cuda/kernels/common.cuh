@@ -284,6 +284,11 @@ __device__ __forceinline__ void cp_async16(uint4* dst, const void* src, bool in)
     u32 d = (u32)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(in ? 16 : 0));
 }
+// cp_async16 through L1 (.ca): copies that many blocks of an SM make of the same lines.
+__device__ __forceinline__ void cp_async16_ca(uint4* dst, const void* src) {
+    u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
     u32 d = (u32)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src));

@@ -252,12 +252,15 @@ __device__ __forceinline__ int pfm_aux_stride(int type) { return type == T_Q4_0 
 
 // A tile of the tensor-core kernels: W warps of 16 rows, NT n-tiles of 8 entries (pf_mma: 8 x
 // 4; bt_mma in batch_rows.cu: fewer of each).
-template <int W, int NT>
+// STAGES super-blocks are in flight at once (staged buffers); FEW: the tile's entries are few
+// and may repeat (the batched step's), so only the distinct ones are copied, through L1.
+template <int W, int NT, int STAGES_, bool FEW_>
 struct PfmShape {
-    static constexpr int ROWS = 16 * W, ENTRIES = 8 * NT;
+    static constexpr int ROWS = 16 * W, ENTRIES = 8 * NT, STAGES = STAGES_;
+    static constexpr bool FEW = FEW_;
     static constexpr int STAGE_BYTES = ROWS * (PFM_WROW + PFM_AROW) + ENTRIES * (PFM_XENT + 16 * PFM_STAGE);
 };
-typedef PfmShape<PFM_WARPS, PFM_NT> PfmFull;
+typedef PfmShape<PFM_WARPS, PFM_NT, 2, false> PfmFull;
 
 struct PfmStage {
     u8* w;       // [ROWS][PFM_WROW] nibbles
@@ -366,7 +369,7 @@ struct PfmQ6_K {
 #define PFM_LOAD_W 1
 #define PFM_LOAD_X 2
 template <class S>
-__device__ void pfm_load(const PfRowsParams& p, int grp, int r0, const int* in, int kb, const PfmStage& st, int what) {
+__device__ void pfm_load(const PfRowsParams& p, int grp, int r0, const int* in, int ne, int kb, const PfmStage& st, int what) {
     // The aux copies in 8-byte words where the super-block's aux is a whole number of them,
     // else in 4-byte ones (Q4_K's 20 bytes).
     int nb = p.w.k >> 5, aux = split_aux(p.w.type), as = pfm_aux_stride(p.w.type);
@@ -387,32 +390,40 @@ __device__ void pfm_load(const PfRowsParams& p, int grp, int r0, const int* in, 
         }
     }
     if (!(what & PFM_LOAD_X)) return;
-    for (int i = threadIdx.x; i < S::ENTRIES * PFM_STAGE * 5; i += blockDim.x) {
+    // FEW: the first ne entries only (the others' outputs are never stored), through L1: at B
+    // = 1 every block of a launch copied the one token's groups at once, 8 times over, all
+    // from the same few L2 lines.
+    int n_x = S::FEW ? ne : S::ENTRIES;
+    for (int i = threadIdx.x; i < n_x * PFM_STAGE * 5; i += blockDim.x) {
         int e = i / (PFM_STAGE * 5), r = i - e * (PFM_STAGE * 5), j = r / 5, c = r - j * 5;
         const u32* src = (const u32*)p.xq + ((u64)in[e] * nb + kb * PFM_STAGE + j) * QXW + 4 * c;
         uint4* dst = c < 4 ? (uint4*)(st.x + e * PFM_XENT + 64 * j + 16 * c) : st.tail + j * S::ENTRIES + e;
-        cp_async16(dst, src, true);
+        if (S::FEW) cp_async16_ca(dst, src);
+        else cp_async16(dst, src, true);
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-// A warp's 16 rows (from r0 within the block's rows) against one tile of entries, over every
-// super-block in two staged buffers; the outputs this lane holds in acc. `w0`: the first
-// stage's weights were issued already (pfm_load with PFM_LOAD_W).
+// A warp's 16 rows (from r0 within the block's rows) against one tile of entries (the first ne
+// of them distinct), over every super-block through S::STAGES staged buffers (S::STAGES - 1
+// super-blocks ahead); the outputs this lane holds in acc. `w0`: the first stage's weights
+// were issued already (pfm_load with PFM_LOAD_W).
 template <class F, class S>
-__device__ void pfm_tile(const PfRowsParams& p, int grp, int rb, const int* in, u8* smem, float (&acc)[S::ENTRIES / 8][4], bool w0) {
+__device__ void pfm_tile(const PfRowsParams& p, int grp, int rb, const int* in, int ne, u8* smem, float (&acc)[S::ENTRIES / 8][4], bool w0) {
     int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, wr = (threadIdx.x >> 5) * 16 + g;
     int nk = p.w.k >> 8, as = pfm_aux_stride(p.w.type);
-    pfm_load<S>(p, grp, rb, in, 0, pfm_stage<S>(smem, 0), w0 ? PFM_LOAD_X : PFM_LOAD_W | PFM_LOAD_X);
+#pragma unroll
+    for (int s = 0; s < S::STAGES - 1; s++) {
+        if (s < nk) pfm_load<S>(p, grp, rb, in, ne, s, pfm_stage<S>(smem, s), s == 0 && w0 ? PFM_LOAD_X : PFM_LOAD_W | PFM_LOAD_X);
+        else asm volatile("cp.async.commit_group;\n" ::);  // empty: every iteration waits on the same count
+    }
     for (int kb = 0; kb < nk; kb++) {
-        if (kb + 1 < nk) {
-            pfm_load<S>(p, grp, rb, in, kb + 1, pfm_stage<S>(smem, (kb + 1) & 1), PFM_LOAD_W | PFM_LOAD_X);
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        } else {
-            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        }
+        int ahead = kb + S::STAGES - 1;
+        if (ahead < nk) pfm_load<S>(p, grp, rb, in, ne, ahead, pfm_stage<S>(smem, ahead % S::STAGES), PFM_LOAD_W | PFM_LOAD_X);
+        else asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(S::STAGES - 1) : "memory");  // super-block kb's copies landed
         __syncthreads();
-        PfmStage st = pfm_stage<S>(smem, kb & 1);
+        PfmStage st = pfm_stage<S>(smem, kb % S::STAGES);
         const u8* const w[2] = {st.w + wr * PFM_WROW, st.w + (wr + 8) * PFM_WROW};
         const u8* const aux[2] = {st.aux + wr * as, st.aux + (wr + 8) * as};
 #pragma unroll 2
@@ -426,17 +437,17 @@ __device__ void pfm_tile(const PfRowsParams& p, int grp, int rb, const int* in, 
                 f.add(x, tl[0], tl[1], acc[n]);
             }
         }
-        __syncthreads();  // the buffer is refilled two stages on
+        __syncthreads();  // the buffer is refilled S::STAGES stages on
     }
 }
 
 // The tile's type dispatch (pfm_tile for the weights' type).
 template <class S>
-__device__ __forceinline__ void pfm_tile_any(const PfRowsParams& p, int grp, int rb, const int* in, u8* smem, float (&acc)[S::ENTRIES / 8][4], bool w0) {
+__device__ __forceinline__ void pfm_tile_any(const PfRowsParams& p, int grp, int rb, const int* in, int ne, u8* smem, float (&acc)[S::ENTRIES / 8][4], bool w0) {
     switch (p.w.type) {
-        case T_Q4_0: pfm_tile<PfmQ4_0, S>(p, grp, rb, in, smem, acc, w0); break;
-        case T_Q4_K: pfm_tile<PfmQ4_K, S>(p, grp, rb, in, smem, acc, w0); break;
-        default: pfm_tile<PfmQ6_K, S>(p, grp, rb, in, smem, acc, w0);
+        case T_Q4_0: pfm_tile<PfmQ4_0, S>(p, grp, rb, in, ne, smem, acc, w0); break;
+        case T_Q4_K: pfm_tile<PfmQ4_K, S>(p, grp, rb, in, ne, smem, acc, w0); break;
+        default: pfm_tile<PfmQ6_K, S>(p, grp, rb, in, ne, smem, acc, w0);
     }
 }
 
@@ -485,7 +496,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) pf_mma(const PfRowsParams p
     }
     __syncthreads();
     float acc[PFM_NT][4] = {};
-    pfm_tile_any<PfmFull>(p, grp, rb, in, pfm_smem, acc, false);
+    pfm_tile_any<PfmFull>(p, grp, rb, in, PFM_ENTRIES, pfm_smem, acc, false);
     pfm_store<PfmFull>(p, rb, e_lo, e_hi, out, acc);
 #endif
 }

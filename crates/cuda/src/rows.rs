@@ -16,11 +16,11 @@ const XS: usize = 36;
 const PF_ROWS: usize = 32;
 const PFM_ROWS: usize = 128;
 /// Rows a bt_mma block takes (batch_rows.cu BTM_ROWS), its threads (32 * BTM_W) and its
-/// dynamic shared memory (two stages of PfmShape<BTM_W, 1>: 32 rows x (144 + 104) bytes and 8
+/// dynamic shared memory (BTM_STAGES stages of its PfmShape: 32 rows x (144 + 104) bytes and 8
 /// entries x (576 + 128)); and bt_f32rows' rows and entries (BTF_R, BTF_E).
 const BTM_ROWS: usize = 32;
 const BTM_THREADS: u32 = 64;
-const BTM_SMEM: u32 = 2 * (32 * (144 + 104) + 8 * (576 + 128));
+const BTM_SMEM: u32 = 3 * (32 * (144 + 104) + 8 * (576 + 128));
 const BTF_R: u32 = 8;
 const BTF_E: u32 = 8;
 /// Tokens a dense F32 launch (the router) takes on bt_f32rows at most.
