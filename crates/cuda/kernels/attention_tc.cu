@@ -367,6 +367,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) bt_attn_gqa_tc(const BtGqaP
     attn_tc_unit(p, sm, tc_staged, u, w.span, w.n_act == 1);
     // The block that wrote the KV head's outputs: alone (direct), or the merge's last.
     bool wrote = w.n_act == 1 || attn_gqa_merge<128, 8>(p, sm.ml, u.x, w.n_act);
-    if (wrote) bt_quant_head(b, p, z, u.x);
+    if (wrote && b.xq) bt_quant_head(b, p, z, u.x);
 #endif
 }

@@ -84,12 +84,13 @@ pub const ATT_TC_STAGE_DEFAULT: usize = 1;
 /// 1,024, 0.82 s at 2,048 (6.09 s a token at a time); 1,024 keeps its buffers near 250 MB.
 pub const PREFILL_CHUNK_DEFAULT: usize = 1024;
 
-/// CudaOptions::few_tokens' default: launches of at most this many tokens run on bt_rows.
-/// H100, synthetic Qwen3-30B-A3B Q4_0, batched step, prompt 128, 64 tokens, median of 5
-/// (bench/results/batch-bt-rows-h100-2026-12-05.json): bt_rows through 32 gave 109.6 / 500.5
-/// / 667.2 / 798.2 tok/s at B = 1 / 8 / 16 / 32, pf_mma 56.1 / 489.9 / 986.0 / 1,935.5: its
-/// passes of 8 tokens cost more than pf_mma's idle blocks past 8.
-pub const FEW_TOKENS_DEFAULT: usize = 8;
+/// CudaOptions::few_tokens' default: launches of at most this many tokens run on bt_mma.
+/// H100, synthetic Qwen3-30B-A3B Q4_0, batched step, prompt 128, 64 tokens, median of 5, one
+/// call (bench/results/batch-bt-mma-h100-2026-12-06.json): at B = 16, 1,880.9 tok/s with 64
+/// and 1,861.3 with 32 (bt_mma) against 1,360.9 with 8 (pf_mma); at B = 32 bt_mma gave 1,889.6
+/// (pf_mma: 2,846.1 in the last session's H100 record), at B = 64 2,063.7 against pf_mma's
+/// 4,343.2: bt_mma's passes of 8 entries re-read an expert's weights for each.
+pub const FEW_TOKENS_DEFAULT: usize = 16;
 /// Chunks a tensor-core attention block takes at least (8 tiles, one a warp; session 16: 1 and 8
 /// were both ~4% slower at the bench's context).
 pub const ATT_TC_MIN_SPAN_DEFAULT: usize = 4;
