@@ -354,8 +354,7 @@ struct PfmQ6_K {
             acc[i] += term(d[r], sc0[r], sc1[r], c0[i], c1[i], (i & 1) ? s1 : s0);
         }
     }
-    // A block's term from its halves' integer sums c0, c1 against a group (tail s); bt_rows
-    // (batch_rows.cu) adds the same expression, so both give the same bits.
+    // A block's term from its halves' integer sums c0, c1 against a group (tail s).
     __device__ __forceinline__ static float term(float d, float sc0, float sc1, int c0, int c1, uint4 s) {
         float a = sc0 * (float)(c0 - 32 * (int)s.y), b = sc1 * (float)(c1 - 32 * (int)s.z);
         return d * (__uint_as_float(s.x) * (a + b));

@@ -202,7 +202,6 @@ pub enum Kernel {
     PfRows,
     PfMma,
     /// pf_mma's launches on few tokens (batch_rows.cu).
-    BtRows,
     BtMma,
     PfF32Rows,
     /// pf_f32rows' launches on few tokens (batch_rows.cu).
@@ -227,7 +226,7 @@ pub enum Kernel {
 }
 
 /// The kernels with no mode.
-const SINGLE: [Kernel; 43] = [
+const SINGLE: [Kernel; 42] = [
     Kernel::Embed,
     Kernel::QkNormRope,
     Kernel::AttnSplit,
@@ -254,7 +253,6 @@ const SINGLE: [Kernel; 43] = [
     Kernel::PfQuant,
     Kernel::PfRows,
     Kernel::PfMma,
-    Kernel::BtRows,
     Kernel::BtMma,
     Kernel::BtF32Rows,
     Kernel::PfF32Rows,
@@ -354,7 +352,6 @@ impl Kernel {
             Kernel::PfQuant => "pf_quant",
             Kernel::PfRows => "pf_rows",
             Kernel::PfMma => "pf_mma",
-            Kernel::BtRows => "bt_rows",
             Kernel::BtMma => "bt_mma",
             Kernel::BtF32Rows => "bt_f32rows",
             Kernel::PfF32Rows => "pf_f32rows",
@@ -402,7 +399,7 @@ mod tests {
     #[test]
     fn every_kernel_has_one_distinct_symbol() {
         let all = Kernel::all();
-        assert_eq!(all.len(), 91);
+        assert_eq!(all.len(), 90);
         let mut symbols: Vec<&str> = all.iter().map(|k| k.symbol()).collect();
         symbols.sort();
         symbols.dedup();

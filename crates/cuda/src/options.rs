@@ -58,8 +58,8 @@ pub struct CudaOptions {
     /// pf_attn_tc does not take) holds at once; it runs a chunk's tokens in sub-batches that
     /// fit. The parity tests set it small to reach the sub-batches.
     pub prefill_part_budget: usize,
-    /// The batched kernels' weight rows run on bt_rows (batch_rows.cu: a warp 2 rows, lanes
-    /// along k) instead of pf_mma (128 rows a block) where a launch has at most this many
+    /// The batched kernels' weight rows run on bt_mma (batch_rows.cu: 32 rows and 8 entries a
+    /// block) instead of pf_mma (128 rows and 32 entries a block) where a launch has at most this many
     /// tokens: the batched decode step's B and short prompt chunks. Both give the same bits,
     /// so this moves speed only. 0: pf_mma always.
     pub few_tokens: usize,
@@ -168,7 +168,7 @@ impl CudaOptions {
         ),
         (
             "few_tokens",
-            "<n>: tokens a batched launch at most for bt_rows, 0 = pf_mma always (default 8)",
+            "<n>: tokens a batched launch at most for bt_mma, 0 = pf_mma always (default 16)",
         ),
         (
             "gate_up_cols",

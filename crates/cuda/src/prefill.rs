@@ -85,7 +85,7 @@ pub struct Prefill {
     /// need 8.7 GB at once).
     part_budget: usize,
     /// How the split types' rows run: tensor cores (sm_80+: pf_mma), and the most tokens a
-    /// launch takes on bt_rows instead (CudaOptions::few_tokens).
+    /// launch takes on bt_mma instead (CudaOptions::few_tokens).
     mma: bool,
     few_tokens: usize,
     /// Attention on tensor cores (pf_attn_tc, Qwen3-MoE's shapes over an f16 cache): the
@@ -547,7 +547,7 @@ impl Prefill {
             list_cap: self.chunk as i32,
         };
         if self.rows_on(n) == Rows::Few && n * nu <= BT_ROUTE_SLOTS {
-            // Both in one launch (bt_rows takes an expert or a slot a blockIdx.y: no work list).
+            // Both in one launch (bt_mma takes an expert or a slot a blockIdx.y: no work list).
             let p = BtRouteParams {
                 t: topk_params(c, bufs),
                 l: lists,
@@ -576,7 +576,7 @@ impl Prefill {
             0,
         ));
         if self.rows_on(n) == Rows::Few {
-            return; // bt_rows takes an expert a blockIdx.y: no work list
+            return; // bt_mma takes an expert a blockIdx.y: no work list
         }
         let tiles = Kernel::PfTiles;
         out.push(Launch::new(

@@ -1,5 +1,5 @@
 //! Which kernel takes a launch's weight rows against activation rows, and its grid and params:
-//! pf_rows and pf_f32rows (any device), pf_mma (the split types on int8 tensor cores), bt_rows
+//! pf_rows and pf_f32rows (any device), pf_mma (the split types on int8 tensor cores), bt_mma
 //! and bt_f32rows (few tokens, pf_mma's and pf_f32rows' bits), and pf_quant, which writes the
 //! activation rows they read (kernels/prefill.cu, kernels/batch_rows.cu). The batched prefill
 //! and the batched decode step build their launches from these.
@@ -45,7 +45,7 @@ pub(crate) fn quant_words(n: usize) -> usize {
 
 /// Which kernels take a launch's rows: `Plain` pf_rows and pf_f32rows; `Mma` pf_mma for the
 /// split types (Q4_0, Q4_K, Q6_K with k % 256 == 0; sm_80+); `Few` (sm_80+, launches of few
-/// tokens) bt_rows for the split types and bt_f32rows for F32, the same bits as pf_mma and
+/// tokens) bt_mma for the split types and bt_f32rows for F32, the same bits as pf_mma and
 /// pf_f32rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rows {
@@ -70,7 +70,7 @@ impl Rows {
 /// Weight rows against `entries` activation rows (dense: `p.list` 0) or expert slots: F32 on
 /// pf_f32rows (dense), the split types as `on` says (`Rows`), the others on pf_rows. Dense
 /// launches tile the entries over blockIdx.z, grouped pf_mma launches take the work list's
-/// tiles (blockIdx.y), grouped pf_rows and bt_rows launches a group a blockIdx.y.
+/// tiles (blockIdx.y), grouped pf_rows and bt_mma launches a group a blockIdx.y.
 pub(crate) fn rows_launch(on: Rows, mut p: PfRowsParams, entries: usize, groups: Groups) -> Launch {
     if p.list == 0 && is_f32(p.w.ty) && on == Rows::Few {
         return f32_few_launch(p, entries, None);
@@ -145,13 +145,13 @@ pub(crate) fn f32_few_launch(p: PfRowsParams, entries: usize, split: Option<(u64
     )
 }
 
-/// Whether a weight's rows take the split types' kernels (pf_mma, bt_rows).
+/// Whether a weight's rows take the split types' kernels (pf_mma, bt_mma).
 pub(crate) fn splits(w: &Qw) -> bool {
     Quant::of(w.ty).is_some() && w.k % 256 == 0
 }
 
 /// The groups of a launch: `Each` of n groups (1 for a dense launch, the experts), or
-/// `Slots`: a grouped launch's `experts`, whose bt_rows launch takes the routed slots (`ids`,
+/// `Slots`: a grouped launch's `experts`, whose bt_mma launch takes the routed slots (`ids`,
 /// token-major) a blockIdx.y, a slot taking its expert unless an earlier slot chose it too
 /// (btr_group); the other kernels take the experts. Slots where they are at
 /// most a quarter of the experts: at B = 1, 8 rows of blocks instead of 128 mostly idle ones.
@@ -181,7 +181,7 @@ impl Groups {
         }
     }
 
-    /// The groups themselves (the kernels other than bt_rows take a group a blockIdx.y or a
+    /// The groups themselves (the kernels other than bt_mma take a group a blockIdx.y or a
     /// work list over them).
     fn count(self) -> usize {
         let (Groups::Each(n) | Groups::Slots { experts: n, .. }) = self;
@@ -356,9 +356,9 @@ mod tests {
         }
     }
 
-    /// Each `Rows` takes the kernels its doc names, with those kernels' grids: bt_rows a group a
-    /// blockIdx.y and 16 rows a block, bt_f32rows 8 rows x 8 entries a block, and the types
-    /// bt_rows does not take (or k not a multiple of 256) on pf_rows.
+    /// Each `Rows` takes the kernels its doc names, with those kernels' grids: bt_mma a group a
+    /// blockIdx.y and 32 rows a block, bt_f32rows 8 rows x 8 entries a block, and the types
+    /// bt_mma does not take (or k not a multiple of 256) on pf_rows.
     #[test]
     fn rows_kinds_pick_their_kernels() {
         use GgmlType::*;
@@ -377,7 +377,7 @@ mod tests {
         }
     }
 
-    /// A grouped bt_rows launch takes the routed slots where they are at most a quarter of the
+    /// A grouped bt_mma launch takes the routed slots where they are at most a quarter of the
     /// experts (blockIdx.y a slot, BtRowsParams::ids their experts), else an expert a blockIdx.y.
     #[test]
     fn few_tokens_take_their_routed_slots() {
@@ -401,7 +401,7 @@ mod tests {
             // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.
             let b: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
             assert_eq!(b.ids, ids, "{slots} slots of {experts} experts");
-            // rows_launch takes the same grid for bt_rows, and the experts for pf_mma.
+            // rows_launch takes the same grid for bt_mma, and the experts for pf_mma.
             assert_eq!(rows_launch(Rows::Few, p, slots, g).grid, l.grid);
             let mma = rows_launch(Rows::Mma, p, slots, g).grid;
             assert_eq!(mma.1 as usize, slots.div_ceil(PFM_ENTRIES) + experts);
@@ -425,7 +425,7 @@ mod tests {
         assert_eq!(f32_split_sizes(128, 768, 64), (3 * 64 * 128, 16 * 8));
     }
 
-    /// One bt_rows launch over three parts: each part's blocks in turn along x, and each
+    /// One bt_mma launch over three parts: each part's blocks in turn along x, and each
     /// part's weights, rows and output where BtRowsParams puts them.
     #[test]
     fn parts_take_their_blocks_in_turn() {

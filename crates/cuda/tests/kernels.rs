@@ -77,7 +77,7 @@ fn matvec_every_type_matches_host() {
 /// The batched prefill's weight rows (prefill.rs dense_launch: pf_mma for the split types,
 /// pf_f32rows for F32, pf_rows for the others) against the host in f64, over activation-row
 /// counts that fill no, one and several 32-entry tiles, and row counts past a block's rows;
-/// and bt_rows bit-identical to pf_mma.
+/// and bt_mma bit-identical to pf_mma.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn prefill_rows_match_host() {
@@ -90,13 +90,13 @@ fn prefill_rows_match_host() {
             quantize_row(ty, &wf, &mut bytes).unwrap();
             let x = randn(&mut rng, n * k, 1.0);
             let got = dev.prefill_rows(ty, &bytes, (rows, k), &x, false).unwrap();
-            // bt_rows (the batched step's few-token launches) gives pf_mma's bits exactly: the
+            // bt_mma (the batched step's few-token launches) gives pf_mma's bits exactly: the
             // batch size may pick either without changing a sequence's output.
             let few = dev.prefill_rows(ty, &bytes, (rows, k), &x, true).unwrap();
             for (i, (a, b)) in got.iter().zip(&few).enumerate() {
                 assert!(
                     a.to_bits() == b.to_bits() && a.is_finite(),
-                    "{ty:?} {rows}x{k}, {n} tokens: output {i}: {a} (pf kernels), {b} (bt_rows)"
+                    "{ty:?} {rows}x{k}, {n} tokens: output {i}: {a} (pf kernels), {b} (bt_mma)"
                 );
             }
             if ty == GgmlType::F32 {
@@ -141,12 +141,12 @@ fn prefill_rows_match_host() {
     }
 }
 
-/// bt_rows' launch over several matrices at once (q, k and v; gate and up) gives each matrix's
+/// bt_mma' launch over several matrices at once (q, k and v; gate and up) gives each matrix's
 /// outputs the bits of its own pf_mma launch, for parts of different types and row counts past
 /// a block's rows, and token counts of one and several passes.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn bt_rows_parts_match_a_launch_each() {
+fn bt_mma_parts_match_a_launch_each() {
     let dev = device();
     use GgmlType::*;
     for (k, n) in [(256, 1), (2048, 3), (4096, 11)] {
@@ -169,7 +169,7 @@ fn bt_rows_parts_match_a_launch_each() {
             for (i, (a, b)) in fused.iter().zip(&apart).enumerate() {
                 assert!(
                     a.to_bits() == b.to_bits() && a.is_finite(),
-                    "k {k}, {n} tokens, {m} parts: output {i}: {a} (bt_rows), {b} (pf_mma)"
+                    "k {k}, {n} tokens, {m} parts: output {i}: {a} (bt_mma), {b} (pf_mma)"
                 );
             }
         }

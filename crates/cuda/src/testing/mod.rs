@@ -224,7 +224,7 @@ impl TestDevice {
 
     /// `n` activation rows `x` ([n, k]) through pf_quant and the batched prefill's weight rows
     /// (pf_mma, pf_f32rows or pf_rows: the kernel prefill.rs picks for the type and device; with
-    /// `few`, bt_rows and bt_f32rows where it would pick pf_mma and pf_f32rows): out[t * rows
+    /// `few`, bt_mma and bt_f32rows where it would pick pf_mma and pf_f32rows): out[t * rows
     /// + r].
     pub fn prefill_rows(
         &self,
@@ -286,7 +286,7 @@ impl TestDevice {
 
     /// `n` activation rows `x` ([n, k]) against up to three matrices (`parts`: type, ggml bytes,
     /// rows) side by side in one output ([n][sum of rows], a part's columns after the one
-    /// before's): (bt_rows' one launch over all parts, pf_mma a launch each). sm_80+.
+    /// before's): (bt_mma' one launch over all parts, pf_mma a launch each). sm_80+.
     pub fn rows_parts(
         &self,
         parts: &[(GgmlType, &[u8], usize)],
