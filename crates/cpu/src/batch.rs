@@ -57,8 +57,10 @@ pub struct Batch {
 pub(crate) enum Seats<'a> {
     /// A prompt's chunk: token i at position `kv.len() + i` of one cache.
     Chunk(&'a mut KvCache),
-    /// One token a session: token i at the next position of `kvs[i]`.
-    Sessions(&'a mut [KvCache]),
+    /// Tokens of several sessions: token i goes to `kvs[of[i]]`, at its next position after
+    /// the batch's earlier tokens of that cache (a session's tokens in order). One token a
+    /// session is the batched decode step; runs of several, prompts prefilled together.
+    Runs(&'a mut [KvCache], &'a [usize]),
 }
 
 impl Seats<'_> {
@@ -66,9 +68,13 @@ impl Seats<'_> {
         out.clear();
         match self {
             Seats::Chunk(kv) => out.extend((0..t).map(|i| kv.len() + i)),
-            Seats::Sessions(kvs) => {
-                assert_eq!(kvs.len(), t, "one cache a token");
-                out.extend(kvs.iter().map(KvCache::len));
+            Seats::Runs(kvs, of) => {
+                assert_eq!(of.len(), t, "a cache a token");
+                let mut next: Vec<usize> = kvs.iter().map(KvCache::len).collect();
+                out.extend(of.iter().map(|&c| {
+                    next[c] += 1;
+                    next[c] - 1
+                }));
             }
         }
     }
@@ -76,14 +82,14 @@ impl Seats<'_> {
     fn kv(&mut self, i: usize) -> &mut KvCache {
         match self {
             Seats::Chunk(kv) => kv,
-            Seats::Sessions(kvs) => &mut kvs[i],
+            Seats::Runs(kvs, of) => &mut kvs[of[i]],
         }
     }
 
     fn kv_ref(&self, i: usize) -> &KvCache {
         match self {
             Seats::Chunk(kv) => kv,
-            Seats::Sessions(kvs) => &kvs[i],
+            Seats::Runs(kvs, of) => &kvs[of[i]],
         }
     }
 }

@@ -126,6 +126,41 @@ impl CpuBackend {
         }
         Ok(())
     }
+
+    /// Several sessions' tokens through every layer together (`prefill_many`), in runs of at
+    /// most a chunk (batch.rs `Seats::Runs`): every span checked first, then every session's
+    /// pages reserved (a refusal runs no token), each session's KV the bits of `advance_batched`.
+    fn advance_many(&mut self, items: &[(SessionId, &[u32])]) -> BackendResult<()> {
+        for (i, &(session, tokens)) in items.iter().enumerate() {
+            if items[..i].iter().any(|&(s, _)| s == session) {
+                return Err(BackendError::Invalid(format!(
+                    "session {session} appears twice in one prefill"
+                )));
+            }
+            self.check_span(session, tokens)?;
+        }
+        for &(session, tokens) in items {
+            self.reserve(session, tokens.len())?;
+        }
+        let mut kvs: Vec<KvCache> = items
+            .iter()
+            .map(|&(s, _)| self.sessions.remove(&s).expect("reserved"))
+            .collect();
+        let tokens: Vec<u32> = items.iter().flat_map(|&(_, t)| t.iter().copied()).collect();
+        let of: Vec<usize> = (items.iter().enumerate())
+            .flat_map(|(i, &(_, t))| std::iter::repeat_n(i, t.len()))
+            .collect();
+        for (run, of) in tokens.chunks(batch::CHUNK).zip(of.chunks(batch::CHUNK)) {
+            let seats = &mut batch::Seats::Runs(&mut kvs, of);
+            let (model, weights) = (&self.model, &self.weights);
+            self.batch
+                .run(model, weights, seats, run, &mut self.scratch);
+        }
+        for (&(session, _), kv) in items.iter().zip(kvs) {
+            self.sessions.insert(session, kv);
+        }
+        Ok(())
+    }
 }
 
 /// The error a refused reservation of `session`'s pages gives, in bytes.
@@ -240,6 +275,15 @@ impl Backend for CpuBackend {
                 Ok(self.step(session, *last)?.to_vec())
             }
         }
+    }
+
+    fn prefill_many(&mut self, items: &[(SessionId, &[u32])]) -> BackendResult<()> {
+        if items.iter().any(|(_, t)| t.is_empty()) {
+            return Err(BackendError::Invalid(
+                "a session of a batched prefill has no tokens".into(),
+            ));
+        }
+        self.advance_many(items)
     }
 
     fn decode(

@@ -43,11 +43,12 @@ impl CpuBackend {
             .find_map(|(r, kv)| kv.reserve(1).err().map(|e| (r.session, e)));
         if refused.is_none() {
             let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
+            let of: Vec<usize> = (0..rows.len()).collect();
             let (model, weights) = (&self.model, &self.weights);
             self.batch.run(
                 model,
                 weights,
-                &mut Seats::Sessions(&mut kvs),
+                &mut Seats::Runs(&mut kvs, &of),
                 &tokens,
                 &mut self.scratch,
             );

@@ -235,6 +235,7 @@ impl Batcher {
         let mut budget = self.opts.prefill_budget;
         let page = engine.backend.kv_pool().map_or(0, |p| p.page_positions);
         let running = self.decoding(page);
+        self.prefill_together(engine, &mut budget, &running);
         let mut failed = Vec::new();
         for i in 0..self.seqs.len() {
             if budget == 0 {
@@ -309,6 +310,73 @@ impl Batcher {
         }
         for (i, e) in failed.into_iter().rev() {
             self.fail(engine, i, e);
+        }
+    }
+
+    /// The chunks of the first sequences whose prompts are going in (first come, first
+    /// served, under the budget) through one `Backend::prefill_many`, where at least two can go
+    /// and the pool holds all of them beside the running sequences: every weight row read once
+    /// for all their tokens (a batch of prompts arriving together is one pass, not one a
+    /// prompt). Gathering stops at the first sequence that cannot go with them (it waits on a
+    /// shared prefix, wants its prompt's logprobs, or fails); `prefill` then takes it and the
+    /// rest one at a time, with its handling of a full pool and of errors. On an error here
+    /// the sequences the backend did prefill (`kv_len` says) count as fed, and the others
+    /// are left to `prefill`, which meets the error again for the one refused.
+    fn prefill_together(
+        &mut self,
+        engine: &mut Engine,
+        budget: &mut usize,
+        running: &[(SessionId, usize)],
+    ) {
+        let mut left = *budget;
+        let mut group: Vec<(usize, usize)> = Vec::new(); // (sequence, end of its chunk)
+        for i in 0..self.seqs.len() {
+            if left == 0 {
+                break;
+            }
+            if self.seqs[i].req.logprobs.is_some_and(|o| o.prompt) {
+                break;
+            }
+            match self.share(engine, i) {
+                Ok(Share::None | Share::Forked) => {}
+                Ok(Share::Wait) | Err(_) => break,
+            }
+            let s = &self.seqs[i];
+            let end = (s.fed + left).min(s.context.len() - 1);
+            if end > s.fed {
+                left -= end - s.fed;
+                group.push((i, end));
+            }
+        }
+        if group.len() < 2 {
+            return;
+        }
+        let mut needs: Vec<(SessionId, usize)> = group
+            .iter()
+            .map(|&(i, end)| (self.seqs[i].session, end - self.seqs[i].fed))
+            .collect();
+        needs.extend_from_slice(running);
+        if !engine.sessions.make_room(engine.backend.as_mut(), &needs) {
+            return;
+        }
+        let before: Vec<usize> = group
+            .iter()
+            .map(|&(i, _)| engine.backend.kv_len(self.seqs[i].session))
+            .collect();
+        let items: Vec<(SessionId, &[u32])> = group
+            .iter()
+            .map(|&(i, end)| {
+                let s = &self.seqs[i];
+                (s.session, &s.context[s.fed..end])
+            })
+            .collect();
+        let all = engine.backend.prefill_many(&items).is_ok();
+        for (&(i, end), held) in group.iter().zip(before) {
+            let s = &mut self.seqs[i];
+            if all || engine.backend.kv_len(s.session) == held + (end - s.fed) {
+                *budget -= end - s.fed;
+                s.fed = end;
+            }
         }
     }
 

@@ -143,6 +143,38 @@ fn four_sequences_in_a_batch_give_what_each_gives_alone() {
     assert_ne!(h.out(0).tokens, h.out(2).tokens[..h.out(0).tokens.len()]);
 }
 
+/// Sequences admitted together have their prompts prefilled together (`prefill_many`: one
+/// pass for all their chunks under the budget, cut where the budget ends), and each still gives
+/// what it gives alone: with a budget that takes every prompt at once, and one that cuts them.
+#[test]
+fn prompts_admitted_together_prefill_together_and_give_what_each_gives_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = tiny_engine(&dir, SynthQuant::Q4_0);
+    let reqs = requests(&engine);
+    let alone: Vec<GenerateOutput> = reqs
+        .iter()
+        .map(|r| engine.generate(r, &mut |_| Flow::Continue).unwrap())
+        .collect();
+    for budget in [512, 7] {
+        engine.reset_sessions();
+        let h = Harness::new(reqs.len());
+        let opts = BatchOptions {
+            max_batch: 4,
+            prefill_budget: budget,
+        };
+        let mut batch = Batcher::new(opts).unwrap();
+        for (i, r) in reqs.iter().enumerate() {
+            batch.admit(&mut engine, r.clone(), h.sink(i));
+        }
+        run_to_end(&mut engine, &mut batch);
+        for (i, a) in alone.iter().enumerate() {
+            let b = h.out(i);
+            assert_eq!(b.tokens, a.tokens, "budget {budget}, sequence {i}: tokens");
+            assert_eq!(b.text, a.text, "budget {budget}, sequence {i}: text");
+        }
+    }
+}
+
 #[test]
 fn a_long_prompt_coming_in_does_not_stop_running_streams() {
     let dir = tempfile::tempdir().unwrap();

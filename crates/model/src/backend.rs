@@ -396,6 +396,18 @@ pub trait Backend: Send {
         logits: Logits,
     ) -> BackendResult<Vec<f32>>;
 
+    /// `prefill` with `Logits::None` for several sessions (distinct, each with tokens): where
+    /// the backend batches them (the CPU), their tokens go through every layer together, each
+    /// weight row read once for all of them; each session's KV is the bits of its own
+    /// `prefill`. On an error the sessions before the refused one may be prefilled and the
+    /// rest are not: `kv_len` tells which. This default prefills them one after another.
+    fn prefill_many(&mut self, items: &[(SessionId, &[u32])]) -> BackendResult<()> {
+        for &(session, tokens) in items {
+            self.prefill(session, tokens, Logits::None)?;
+        }
+        Ok(())
+    }
+
     /// Decode-n (see `DecodeRequest`): every step's token is chosen where the backend likes
     /// (on a GPU, on the device) and handed to `on_token`. On return the session's KV holds
     /// `first_token` and every token handed to `on_token` except the last, whatever was
