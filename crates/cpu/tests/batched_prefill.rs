@@ -67,50 +67,14 @@ fn refused_prompts_leave_the_session_as_it_was() {
 }
 
 /// Several sessions prefilled together (`prefill_many`: their tokens in runs of a chunk that
-/// cross sessions) against each prefilled alone: the next steps' logits bit for bit, for a
-/// session with a prefix held, one whose prompt spans two chunks, and a one-token prompt; a
-/// refused call (a session twice, a token past the vocabulary, no tokens) changes no session.
+/// cross sessions) against each prefilled alone (the shared body), at either precision.
 #[test]
 fn prompts_prefilled_together_are_each_prefilled_alone() {
     let cfg = Config::tiny();
     let (_dir, m) = model(&cfg, SynthQuant::Q4_0, "many");
-    let v = cfg.vocab_size as u32;
-    let prompt = |len: u32, seed: u32| -> Vec<u32> {
-        (0..len).map(|i| (i * 53 + seed * 31 + 7) % v).collect()
-    };
     for precision in [Precision::Q8, Precision::Exact] {
         let mut b = CpuBackend::with_precision(m.clone(), 512, precision);
-        let prompts = [prompt(9, 1), prompt(100, 2), prompt(1, 3)];
-        // Session 1 (and 11, its twin alone) already holds a prefix.
-        for s in [1, 11] {
-            b.prefill(s, &prompt(20, 4), Logits::None).unwrap();
-        }
-        let items: Vec<(u64, &[u32])> = (1..=3).zip(prompts.iter().map(|p| &p[..])).collect();
-        for bad in [
-            vec![(1, &prompts[0][..]), (1, &prompts[1][..])],
-            vec![(1, &prompts[0][..]), (2, &[v][..])],
-            vec![(1, &prompts[0][..]), (2, &[][..])],
-        ] {
-            let before: Vec<usize> = (1..=3).map(|s| b.kv_len(s)).collect();
-            assert!(b.prefill_many(&bad).is_err(), "{bad:?} is refused");
-            let after: Vec<usize> = (1..=3).map(|s| b.kv_len(s)).collect();
-            assert_eq!(before, after, "a refused prefill changes no session");
-        }
-        b.prefill_many(&items).unwrap();
-        for (s, p) in (11..=13).zip(&prompts) {
-            b.prefill(s, p, Logits::None).unwrap();
-        }
-        for s in 1..=3 {
-            assert_eq!(b.kv_len(s), b.kv_len(s + 10), "session {s}'s length");
-            for t in [5u32, 17] {
-                let together = b.prefill(s, &[t], Logits::Last).unwrap();
-                let alone = b.prefill(s + 10, &[t], Logits::Last).unwrap();
-                assert!(together.iter().all(|x| x.is_finite()));
-                assert_eq!(
-                    together, alone,
-                    "{precision:?}: session {s} after token {t}"
-                );
-            }
-        }
+        let tag = format!("{precision:?}");
+        shared::prompts_prefilled_together_are_each_alone(&mut b, cfg.vocab_size, 100, &tag);
     }
 }

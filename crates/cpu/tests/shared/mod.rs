@@ -58,3 +58,51 @@ pub fn refused_prompts_leave_the_session(
         "relative logit error {e} against a fresh backend (bound {tol})"
     );
 }
+
+/// Several sessions prefilled together (`prefill_many`) against each prefilled alone on the same
+/// backend: the next steps' logits bit for bit, for a session with a prefix held, one whose
+/// prompt spans `long` tokens (past a chunk), and a one-token prompt; a refused call (a session
+/// twice, a token past the vocabulary, no tokens) changes no session. Sessions 1-3 and 11-13.
+pub fn prompts_prefilled_together_are_each_alone(
+    b: &mut dyn Backend,
+    vocab: usize,
+    long: u32,
+    tag: &str,
+) {
+    let v = vocab as u32;
+    let prompt = |len: u32, seed: u32| -> Vec<u32> {
+        (0..len).map(|i| (i * 53 + seed * 31 + 7) % v).collect()
+    };
+    let prompts = [prompt(9, 1), prompt(long, 2), prompt(1, 3)];
+    // Session 1 (and 11, its twin alone) already holds a prefix.
+    for s in [1, 11] {
+        b.prefill(s, &prompt(20, 4), Logits::None).unwrap();
+    }
+    for bad in [
+        vec![(1, &prompts[0][..]), (1, &prompts[1][..])],
+        vec![(1, &prompts[0][..]), (2, &[v][..])],
+        vec![(1, &prompts[0][..]), (2, &[][..])],
+    ] {
+        let before: Vec<usize> = (1..=3).map(|s| b.kv_len(s)).collect();
+        assert!(b.prefill_many(&bad).is_err(), "{tag}: {bad:?} is refused");
+        let after: Vec<usize> = (1..=3).map(|s| b.kv_len(s)).collect();
+        assert_eq!(before, after, "{tag}: a refused prefill changes no session");
+    }
+    let items: Vec<(u64, &[u32])> = (1..=3).zip(prompts.iter().map(|p| &p[..])).collect();
+    b.prefill_many(&items).unwrap();
+    for (s, p) in (11..=13).zip(&prompts) {
+        b.prefill(s, p, Logits::None).unwrap();
+    }
+    for s in 1..=3 {
+        assert_eq!(b.kv_len(s), b.kv_len(s + 10), "{tag}: session {s}'s length");
+        for t in [5u32, 17] {
+            let together = b.prefill(s, &[t], Logits::Last).unwrap();
+            let alone = b.prefill(s + 10, &[t], Logits::Last).unwrap();
+            assert!(
+                together.iter().all(|x| x.is_finite()),
+                "{tag}: finite logits"
+            );
+            assert_eq!(together, alone, "{tag}: session {s} after token {t}");
+        }
+    }
+}
