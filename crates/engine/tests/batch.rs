@@ -113,11 +113,7 @@ fn four_sequences_in_a_batch_give_what_each_gives_alone() {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = tiny_engine(&dir, SynthQuant::Q4_0);
     let reqs = requests(&engine);
-    let alone: Vec<GenerateOutput> = reqs
-        .iter()
-        .map(|r| engine.generate(r, &mut |_| Flow::Continue).unwrap())
-        .collect();
-    engine.reset_sessions();
+    let outs = alone(&mut engine, &reqs);
     let h = Harness::new(reqs.len());
     let opts = BatchOptions {
         max_batch: 4,
@@ -131,7 +127,7 @@ fn four_sequences_in_a_batch_give_what_each_gives_alone() {
     }
     assert_eq!(batch.running(), 4);
     run_to_end(&mut engine, &mut batch);
-    for (i, a) in alone.iter().enumerate() {
+    for (i, a) in outs.iter().enumerate() {
         let b = h.out(i);
         assert_eq!(
             b.tokens, a.tokens,
@@ -151,10 +147,7 @@ fn prompts_admitted_together_prefill_together_and_give_what_each_gives_alone() {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = tiny_engine(&dir, SynthQuant::Q4_0);
     let reqs = requests(&engine);
-    let alone: Vec<GenerateOutput> = reqs
-        .iter()
-        .map(|r| engine.generate(r, &mut |_| Flow::Continue).unwrap())
-        .collect();
+    let outs = alone(&mut engine, &reqs);
     for budget in [512, 7] {
         engine.reset_sessions();
         let h = Harness::new(reqs.len());
@@ -167,7 +160,7 @@ fn prompts_admitted_together_prefill_together_and_give_what_each_gives_alone() {
             batch.admit(&mut engine, r.clone(), h.sink(i));
         }
         run_to_end(&mut engine, &mut batch);
-        for (i, a) in alone.iter().enumerate() {
+        for (i, a) in outs.iter().enumerate() {
             let b = h.out(i);
             assert_eq!(b.tokens, a.tokens, "budget {budget}, sequence {i}: tokens");
             assert_eq!(b.text, a.text, "budget {budget}, sequence {i}: text");
