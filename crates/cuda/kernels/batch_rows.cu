@@ -94,8 +94,7 @@ __device__ void btm_swiglu(const BtRowsParams& bp, const PfRowsParams& p, int bx
             u64 at = (u64)o * p.out_stride + rb + 4 * l8;
             float4 g = __ldcg((const float4*)((const float*)bp.p.out + at));
             float4 u = __ldcg((const float4*)((const float*)bp.out1 + at));
-            v = make_float4(g.x / (1.f + expf(-g.x)) * u.x, g.y / (1.f + expf(-g.y)) * u.y,
-                            g.z / (1.f + expf(-g.z)) * u.z, g.w / (1.f + expf(-g.w)) * u.w);
+            v = make_float4(swiglu(g.x, u.x), swiglu(g.y, u.y), swiglu(g.z, u.z), swiglu(g.w, u.w));
         }
         quant_store((u32*)bp.hq + (u64)o * ((dff >> 5) * QXW), (rb >> 2) + l8, v, valid);
         if (valid) *(float4*)((float*)bp.hf + (u64)o * padded_len(dff) + pad_idx(rb + 4 * l8)) = v;

@@ -191,6 +191,10 @@ __device__ __forceinline__ void pdl_launch() {
 }
 __device__ __forceinline__ void pdl_start() { pdl_wait(); pdl_launch(); }
 
+// silu(g) * u, the experts' activation: one expression for every kernel that forms it, so the
+// single-stream step, the batched prefill and the batched step's fused form agree bit for bit.
+__device__ __forceinline__ float swiglu(float g, float u) { return g / (1.f + expf(-g)) * u; }
+
 // Larger wins; on equal values the lower index wins; NaN never wins.
 __device__ __forceinline__ void better(float& bv, int& bi, float v, int i) {
     if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }

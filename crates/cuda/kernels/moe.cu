@@ -498,7 +498,7 @@ struct GateUpUnit {
 #pragma unroll
         for (int i = 0; i < NR; i++) {
             float g = warp_sum(ag[i]) * s, u = warp_sum(au[i]) * s;
-            if (lane == 0 && rows[i] >= 0) ((float*)p.h)[slot * p.d_ff + first + i] = g / (1.f + expf(-g)) * u;
+            if (lane == 0 && rows[i] >= 0) ((float*)p.h)[slot * p.d_ff + first + i] = swiglu(g, u);
         }
     }
 };
@@ -596,7 +596,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) moe_gate_up(const GateUpPar
         u64 row = (u64)e * p.d_ff + r;
         float g = row_dot(p.gate, row, xs, lane);
         float up = row_dot(p.up, row, xs, lane);
-        if (lane == 0) ((float*)p.h)[slot * p.d_ff + r] = g / (1.f + expf(-g)) * up;
+        if (lane == 0) ((float*)p.h)[slot * p.d_ff + r] = swiglu(g, up);
     }
 }
 

@@ -47,7 +47,7 @@ extern "C" __global__ void pf_quant(const PfQuantParams p) {
     if (p.swiglu) {
         for (int i = threadIdx.x; i < p.n; i += blockDim.x) {
             float g = src[i];
-            hs[i] = g / (1.f + expf(-g)) * src[p.n + i];
+            hs[i] = swiglu(g, src[p.n + i]);
         }
         __syncthreads();
         src = hs;
