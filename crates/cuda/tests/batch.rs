@@ -149,6 +149,32 @@ fn qwen3_attention_long_rows_split_and_merge() {
     eprintln!("long rows: batched CUDA logits vs the CPU's: largest relative error {worst:.2e}");
 }
 
+/// Across the switch from the few-token kernels (bt_mma, whose gate-and-up launch quantises
+/// silu(gate) * up itself, and bt_route) to pf_mma (with pf_quant, pf_route, pf_lists and
+/// pf_tiles): with `few_tokens` 3, batches of 1 to 7 sequences put a sequence on either side,
+/// and each gives what it gives alone (a batch of one, the few-token side), bit for bit; on
+/// both quants.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_few_token_kernels_and_pf_mma_give_the_same_bits() {
+    require_gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = qwen3_attention();
+    for q in [SynthQuant::Q4_0, SynthQuant::Q4_K_M] {
+        let m = model(&cfg, q, &dir);
+        let opts = CudaOptions {
+            kv_capacity: 256,
+            prefill_chunk: 1024,
+            batched_step: true,
+            few_tokens: 3,
+            ..CudaOptions::default()
+        };
+        let mut gpu = CudaBackend::new(m, opts).unwrap();
+        let tag = format!("{q:?}, few_tokens 3");
+        body::invariance(&mut gpu, cfg.vocab_size, 7, AloneBy::BatchOfOne, &tag);
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn refused_steps_change_no_session() {
