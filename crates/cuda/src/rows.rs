@@ -425,6 +425,33 @@ mod tests {
         assert_eq!(f32_split_sizes(128, 768, 64), (3 * 64 * 128, 16 * 8));
     }
 
+    /// A gate-and-up launch with its product's quantisation: the pointers in the params, a
+    /// counter for each pair of blocks over the launch's groups, and only where a block's rows
+    /// are a quantised group's 32 (so the two parts' blocks pair up).
+    #[test]
+    fn gate_and_up_carry_their_product_s_buffers() {
+        let p = params(GgmlType::Q4_0, 2048, 1);
+        let parts = [(p.w, 768, 10), (p.w, 768, 20)];
+        let h = Swiglu {
+            hq: 1,
+            hf: 2,
+            count: 3,
+        };
+        let l = few_launch(p, &parts, Groups::Each(128), Some(h));
+        let bytes: Vec<u8> = l.params.iter().flat_map(|x| x.to_le_bytes()).collect();
+        // SAFETY: the launch's params are a BtRowsParams (plain integers), 8-byte aligned.
+        let b: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        assert_eq!((b.hq, b.hf, b.hcount), (1, 2, 3));
+        assert_eq!((b.blocks0, b.blocks1, l.grid), (24, 24, (48, 128, 1)));
+        assert_eq!(swiglu_counters(128, 768), 128 * 24);
+        assert!(swiglu_fuses(768) && swiglu_fuses(512) && !swiglu_fuses(784));
+        let plain = few_launch(p, &parts, Groups::Each(128), None);
+        let bytes: Vec<u8> = plain.params.iter().flat_map(|x| x.to_le_bytes()).collect();
+        // SAFETY: as above.
+        let b: BtRowsParams = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        assert_eq!((b.hq, b.hf, b.hcount), (0, 0, 0));
+    }
+
     /// One bt_mma launch over three parts: each part's blocks in turn along x, and each
     /// part's weights, rows and output where BtRowsParams puts them.
     #[test]
