@@ -58,7 +58,7 @@ impl Staged {
     }
 
     /// The symbols of this mode's forms: [matvec, walking matvec, walking head with the
-    /// greedy choice (sample.cu), o_proj with the folded router (moe.cu)].
+    /// greedy choice (greedy.cu), o_proj with the folded router (moe.cu)].
     fn symbols(self) -> [&'static str; 4] {
         use Quant::*;
         match (self.quant, self.width) {
@@ -166,7 +166,7 @@ pub enum Kernel {
     Matvec(MatvecMode),
     /// o_proj with the router folded in, by o_proj's staged mode (moe.cu OPROJ_ROUTER_KERNEL).
     OprojRouter(Staged),
-    /// The walking output head with the greedy choice in its tail (sample.cu head_argmax).
+    /// The walking output head with the greedy choice in its tail (greedy.cu head_argmax).
     HeadArgmax(Staged),
     MoeGateUp(GateUpMode),
     MoeDown(DownMode),
@@ -221,7 +221,7 @@ pub enum Kernel {
     /// The batched decode step's attention over each token's own session (prefill_attn.cu).
     BtQkNormRope,
     BtAttnSplit,
-    /// The batched decode step's greedy choice, a row a block (sample.cu).
+    /// The batched decode step's greedy choice, a row a block (greedy.cu).
     BtArgmax,
 }
 

@@ -10,7 +10,7 @@ use crate::{CudaError, Result};
 
 /// Kernel sources, one file per op family; compiled as one program behind `common.cuh` (the
 /// shared plumbing) and `quant.cuh` (the quantised dots).
-pub(crate) const SOURCES: [(&str, &str); 11] = [
+pub(crate) const SOURCES: [(&str, &str); 12] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("matvec.cu", include_str!("../kernels/matvec.cu")),
@@ -21,6 +21,7 @@ pub(crate) const SOURCES: [(&str, &str); 11] = [
     ),
     ("moe.cu", include_str!("../kernels/moe.cu")),
     ("sample.cu", include_str!("../kernels/sample.cu")),
+    ("greedy.cu", include_str!("../kernels/greedy.cu")),
     ("probe.cu", include_str!("../kernels/probe.cu")),
     // Last, so the decode kernels' code keeps its place in the module.
     ("prefill.cu", include_str!("../kernels/prefill.cu")),

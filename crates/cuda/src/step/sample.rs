@@ -178,7 +178,7 @@ pub fn tail(c: &Config, w: &Weights, s: &Scratch, ending: Ending) -> Vec<Launch>
 }
 
 /// The head (`head`, one matrix) walking its rows on at most `blocks` blocks with the greedy
-/// choice in its tail (sample.cu head_argmax): the logits as the head writes them and the
+/// choice in its tail (greedy.cu head_argmax): the logits as the head writes them and the
 /// state as `am`'s arg-max (its partials at least the grid's; `counter` a zeroed u32). None
 /// where the rows have no staged mode or `blocks` is 0 (a block a unit of rows: no walk).
 pub(crate) fn head_argmax(
