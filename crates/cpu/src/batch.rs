@@ -187,6 +187,17 @@ fn column(out: &[f32], n: usize, t: usize, dst: &mut [f32]) {
         .for_each(|(r, d)| *d = out[r * n + t]);
 }
 
+/// `src` ([rows, n]) as [n, rows] into `dst`: a row of `src` read at a time (n writes of
+/// sequential rows), where `column` a vector at a time strides through all of `src`.
+fn transpose(src: &[f32], n: usize, dst: &mut [f32]) {
+    let rows = src.len() / n;
+    for (r, row) in src.chunks_exact(n).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            dst[j * rows + r] = v;
+        }
+    }
+}
+
 /// The `n` vectors of `k` values at `x` prepared for `ty`'s rows, one Act a vector.
 fn acts<'a>(
     s: &Scratch,
@@ -335,10 +346,10 @@ impl Batch {
 
     /// Each residual += its column of `self.out` ([d_model, t]).
     fn add_out(&mut self, d: usize, t: usize) {
-        for (i, x) in self.x.chunks_mut(d).enumerate() {
-            x.iter_mut()
-                .enumerate()
-                .for_each(|(r, x)| *x += self.out[r * t + i]);
+        for (r, row) in self.out.chunks_exact(t).enumerate() {
+            for (i, &o) in row.iter().enumerate() {
+                self.x[i * d + r] += o;
+            }
         }
     }
 
@@ -367,18 +378,19 @@ impl Batch {
         self.n = n;
         self.down(m, l, s, &groups, t * nu);
         self.groups = groups;
-        // out: [d_model, slots]; each token's experts summed in its order, as moe_block does.
-        let mut proj = vec![0f32; c.d_model];
-        for (i, (_, weights)) in picks.iter().enumerate() {
-            proj.fill(0.0);
-            for (k, &p) in weights.iter().enumerate() {
-                let slot = i * nu + k;
-                proj.iter_mut()
-                    .enumerate()
-                    .for_each(|(r, o)| *o += p * self.out[r * t * nu + slot]);
+        // out: [d_model, slots]; each token's experts summed in its order from 0, then added
+        // to its residual, as moe_block does (the same operations on each value), a row of
+        // `out` at a time: its slots are contiguous (a token's own column strided through the
+        // whole of `out`, a cache line a value).
+        let d = c.d_model;
+        for (r, row) in self.out.chunks_exact(t * nu).enumerate() {
+            for (i, (_, weights)) in picks.iter().enumerate() {
+                let mut proj = 0f32;
+                for (k, &p) in weights.iter().enumerate() {
+                    proj += p * row[i * nu + k];
+                }
+                self.x[i * d + r] += proj;
             }
-            let x = &mut self.x[i * c.d_model..(i + 1) * c.d_model];
-            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += p);
         }
         self.picks = picks;
     }
@@ -424,14 +436,7 @@ impl Batch {
             }
         });
         self.hidden_t.resize(total * ff, 0.0);
-        for slot in 0..total {
-            column(
-                &self.hidden,
-                total,
-                slot,
-                &mut self.hidden_t[slot * ff..(slot + 1) * ff],
-            );
-        }
+        transpose(&self.hidden, total, &mut self.hidden_t);
     }
 
     /// Every slot's down rows of its expert into `self.out` ([d_model, slots]).
