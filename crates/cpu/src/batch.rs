@@ -13,9 +13,10 @@ use q4moe_gguf::quant::vec_dot_q4_0x_rows_acts;
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
+use crate::attend::{attend_heads, heads_a_task};
 use crate::forward::{
-    attend_head, choose, prepare, push_token, rows_dot, up_shares_act, Act, HostWeights,
-    LayerNorms, Scratch, MIN_ROWS, RUN_ROWS,
+    choose, prepare, push_token, rows_dot, up_shares_act, Act, HostWeights, LayerNorms, Scratch,
+    MIN_ROWS, RUN_ROWS,
 };
 use crate::group::ExpertGroups;
 use crate::kv::KvCache;
@@ -322,24 +323,27 @@ impl Batch {
     }
 
     /// Token i's queries (`self.q`) over its cache's first `pos[i] + 1` positions of layer
-    /// `li`, every head of every token in one parallel region, into `self.attn`.
+    /// `li`, a few heads of a group of a token a task (`heads_a_task`), every token's in one
+    /// parallel region, into `self.attn`.
     fn attend(&mut self, c: &Config, seats: &Seats<'_>, li: usize, pos: &[usize]) {
-        let (hd, heads) = (c.head_dim, c.n_head);
+        let hd = c.head_dim;
+        let each = heads_a_task(c, pos.len(), par::threads());
+        let tasks = c.n_head / each;
         let longest = pos.iter().max().map_or(0, |p| p + 1);
         self.attn.resize(pos.len() * c.q_dim(), 0.0);
-        self.scores.resize(pos.len() * heads * longest, 0.0);
+        self.scores.resize(pos.len() * c.n_head * longest, 0.0);
         let q = &self.q;
         par::chunks_mut2(
             &mut self.attn,
-            hd,
+            each * hd,
             &mut self.scores,
-            longest,
+            each * longest,
             |j, o, scores| {
-                let (i, h) = (j / heads, j % heads);
+                let (i, h) = (j / tasks, j % tasks * each);
                 let len = pos[i] + 1;
                 let cached = seats.kv_ref(i).view(li, len);
                 let q = &q[i * c.q_dim()..(i + 1) * c.q_dim()];
-                attend_head(c, h, q, &cached, &mut scores[..len], o);
+                attend_heads(c, h, q, &cached, len, scores, o);
             },
         );
     }

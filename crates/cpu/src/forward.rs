@@ -8,8 +8,9 @@ use q4moe_gguf::quant::{
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
+use crate::attend::{attend_heads, heads_a_task};
 use crate::kv::{KvCache, KvView};
-use crate::ops::{dot_f32, rmsnorm, rmsnorm_heads, rope_neox, silu, softmax, top_k};
+use crate::ops::{rmsnorm, rmsnorm_heads, rope_neox, silu, softmax, top_k};
 use crate::par;
 
 /// How activations meet quantised weights.
@@ -364,41 +365,16 @@ pub(crate) fn push_token(
     kv.push(li, &s.k, &s.v);
 }
 
-/// Grouped-query attention of one query position over every cached position, head-parallel.
-/// `scores` is scratch (resized to heads x positions, so no allocation per head or token).
+/// Grouped-query attention of one query position over every cached position, a few heads of
+/// a group a task (`heads_a_task`). `scores` is scratch (resized to heads x positions, so no
+/// allocation per head or token).
 fn attend(c: &Config, q: &[f32], cached: &KvView<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let len = cached.len();
-    scores.resize((out.len() / c.head_dim) * len, 0.0);
-    par::chunks_mut2(out, c.head_dim, scores, len, |h, o, scores| {
-        attend_head(c, h, q, cached, scores, o)
+    let (len, hd) = (cached.len(), c.head_dim);
+    let each = heads_a_task(c, 1, par::threads());
+    scores.resize((out.len() / hd) * len, 0.0);
+    par::chunks_mut2(out, each * hd, scores, each * len, |j, o, scores| {
+        attend_heads(c, j * each, q, cached, len, scores, o)
     });
-}
-
-/// Query head `h` of `q` over the `cached` keys and values (as many positions as `scores`
-/// holds) into `o`: the one body every attention path runs, so a head's output is the same
-/// bits alone or in a batch.
-pub(crate) fn attend_head(
-    c: &Config,
-    h: usize,
-    q: &[f32],
-    cached: &KvView<'_>,
-    scores: &mut [f32],
-    o: &mut [f32],
-) {
-    let hd = c.head_dim;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let g = h / c.n_group();
-    let qh = &q[h * hd..(h + 1) * hd];
-    for (t, sc) in scores.iter_mut().enumerate() {
-        let kt = &cached.key(t)[g * hd..(g + 1) * hd];
-        *sc = dot_f32(qh, kt) * scale;
-    }
-    softmax(scores);
-    o.fill(0.0);
-    for (t, &p) in scores.iter().enumerate() {
-        let vt = &cached.value(t)[g * hd..(g + 1) * hd];
-        o.iter_mut().zip(vt).for_each(|(a, b)| *a += p * b);
-    }
 }
 
 /// The router's logits as probabilities (in place), the chosen experts and their weights

@@ -1,6 +1,7 @@
 //! CPU backend: the reference Qwen3-MoE forward pass, computing directly on the quantised
 //! weights (each row is dequantised block by block inside the dot product), threaded by a small spinning fork-join pool (`par`).
 
+mod attend;
 mod batch;
 mod forward;
 mod group;
