@@ -15,8 +15,8 @@ use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
 use crate::attend::{attend_heads, heads_a_task};
 use crate::forward::{
-    choose, prepare, push_token, rows_dot, up_shares_act, Act, HostWeights, LayerNorms, Scratch,
-    MIN_ROWS, RUN_ROWS,
+    choose, norm_and_rotate, prepare, rows_dot, up_shares_act, Act, HostWeights, LayerNorms,
+    Scratch, MIN_ROWS, RUN_ROWS,
 };
 use crate::group::ExpertGroups;
 use crate::kv::KvCache;
@@ -35,6 +35,8 @@ pub struct Batch {
     n: Vec<f32>,
     /// [rows, t] a matrix's outputs, row-major over the tokens (`matmul`)
     out: Vec<f32>,
+    /// [rows, t] the Q, K and V projections' outputs
+    qkv: [Vec<f32>; 3],
     /// [t, q_dim] queries (normed, rotated), then attention outputs
     q: Vec<f32>,
     attn: Vec<f32>,
@@ -47,6 +49,8 @@ pub struct Batch {
     xq: Vec<u8>,
     /// [t] each token's position in its cache
     pos: Vec<usize>,
+    /// [t, head_dim / 2] each token's RoPE angles (`Rope::angles`), for every layer
+    angles: Vec<(f32, f32)>,
     /// [t] each token's experts and their weights, in its own top-k order
     picks: Vec<(Vec<usize>, Vec<f32>)>,
     groups: ExpertGroups,
@@ -188,15 +192,25 @@ fn column(out: &[f32], n: usize, t: usize, dst: &mut [f32]) {
         .for_each(|(r, d)| *d = out[r * n + t]);
 }
 
-/// `src` ([rows, n]) as [n, rows] into `dst`: a row of `src` read at a time (n writes of
-/// sequential rows), where `column` a vector at a time strides through all of `src`.
-fn transpose(src: &[f32], n: usize, dst: &mut [f32]) {
-    let rows = src.len() / n;
-    for (r, row) in src.chunks_exact(n).enumerate() {
-        for (j, &v) in row.iter().enumerate() {
-            dst[j * rows + r] = v;
+/// Rows a tile of `tiled`: a tile reads TILE rows along and writes runs of TILE values, whole
+/// cache lines both ways (a row at a time, the writes of a [64, 1024] result strode 4 KB, into
+/// one cache set).
+const TILE: usize = 16;
+
+/// `f(r, j)` for every row r < rows and column j < n of a [rows, n] matrix, a tile of TILE
+/// rows by every column at a time: the order for moving it into [n, rows].
+fn tiled(rows: usize, n: usize, mut f: impl FnMut(usize, usize)) {
+    for r0 in (0..rows).step_by(TILE) {
+        for j in 0..n {
+            (r0..(r0 + TILE).min(rows)).for_each(|r| f(r, j));
         }
     }
+}
+
+/// `src` ([rows, n]) as [n, rows] into `dst`.
+fn transpose(src: &[f32], n: usize, dst: &mut [f32]) {
+    let rows = src.len() / n;
+    tiled(rows, n, |r, j| dst[j * rows + r] = src[r * n + j]);
 }
 
 /// The `n` vectors of `k` values at `x` prepared for `ty`'s rows, one Act a vector.
@@ -246,6 +260,8 @@ impl Batch {
         }
         let mut pos = std::mem::take(&mut self.pos);
         seats.positions(t, &mut pos);
+        self.angles.clear();
+        pos.iter().for_each(|&p| s.rope.angles(p, &mut self.angles));
         self.experts_read = 0;
         for (li, l) in m.layers.iter().enumerate() {
             self.attention(m, l, &w.layers[li], seats, li, &pos, s);
@@ -299,22 +315,38 @@ impl Batch {
         let t = self.x.len() / c.d_model;
         self.norm(c, &w.attn_norm);
         let n = std::mem::take(&mut self.n);
-        let mut qkv = [Vec::new(), Vec::new(), Vec::new()];
-        for (tensor, dst) in [&l.attn_q, &l.attn_k, &l.attn_v].into_iter().zip(&mut qkv) {
-            self.project(m, s, tensor, &n, c.d_model);
-            std::mem::swap(dst, &mut self.out);
+        // Q, K and V of one weight type take one preparation of the normed activations.
+        let mut qkv = std::mem::take(&mut self.qkv);
+        let tensors = [&l.attn_q, &l.attn_k, &l.attn_v];
+        let shared = tensors.iter().all(|x| x.ty == l.attn_q.ty);
+        let mut a = Vec::new();
+        for (tensor, dst) in tensors.into_iter().zip(&mut qkv) {
+            if a.is_empty() || !shared {
+                a = acts(s, tensor.ty, &n, c.d_model, &mut self.xq);
+            }
+            dst.resize(tensor.rows() * t, 0.0);
+            matmul(Rows::of(m, tensor), &a, dst);
         }
+        drop(a);
         self.n = n;
-        // Every token's queries (normed, rotated) into `q`, its keys and values into its cache;
-        // then one parallel region over every (token, head): a region a layer, not a token.
-        self.q.resize(t * c.q_dim(), 0.0);
-        for (i, &pos) in pos.iter().enumerate() {
-            column(&qkv[0], t, i, &mut s.q);
-            column(&qkv[1], t, i, &mut s.k);
-            column(&qkv[2], t, i, &mut s.v);
-            push_token(c, w, seats.kv(i), li, pos, s);
-            self.q[i * c.q_dim()..(i + 1) * c.q_dim()].copy_from_slice(&s.q);
+        // Every token's queries and keys normed and rotated (a parallel region over the
+        // tokens, their outputs token-major first), its keys and values into its cache, its
+        // queries left in `q`; then one parallel region over every (token, head).
+        for out in &mut qkv {
+            self.hidden_t.resize(out.len(), 0.0);
+            transpose(out, t, &mut self.hidden_t);
+            std::mem::swap(out, &mut self.hidden_t);
         }
+        let [q, k, v] = &mut qkv;
+        let (angles, half) = (&self.angles, c.head_dim / 2);
+        par::chunks_mut2(q, c.q_dim(), k, c.kv_dim(), |i, q, k| {
+            norm_and_rotate(c, w, q, k, &angles[i * half..(i + 1) * half])
+        });
+        for (i, (k, v)) in k.chunks(c.kv_dim()).zip(v.chunks(c.kv_dim())).enumerate() {
+            seats.kv(i).push(li, k, v);
+        }
+        std::mem::swap(&mut self.q, q);
+        self.qkv = qkv;
         self.attend(c, seats, li, pos);
         let attn = std::mem::take(&mut self.attn);
         self.project(m, s, &l.attn_output, &attn, c.q_dim());
@@ -350,11 +382,8 @@ impl Batch {
 
     /// Each residual += its column of `self.out` ([d_model, t]).
     fn add_out(&mut self, d: usize, t: usize) {
-        for (r, row) in self.out.chunks_exact(t).enumerate() {
-            for (i, &o) in row.iter().enumerate() {
-                self.x[i * d + r] += o;
-            }
-        }
+        let (x, out) = (&mut self.x, &self.out);
+        tiled(d, t, |r, i| x[i * d + r] += out[r * t + i]);
     }
 
     /// Router, top-k, then each chosen expert's SwiGLU FFN over the slots that chose it,
@@ -383,19 +412,16 @@ impl Batch {
         self.down(m, l, s, &groups, t * nu);
         self.groups = groups;
         // out: [d_model, slots]; each token's experts summed in its order from 0, then added
-        // to its residual, as moe_block does (the same operations on each value), a row of
-        // `out` at a time: its slots are contiguous (a token's own column strided through the
-        // whole of `out`, a cache line a value).
-        let d = c.d_model;
-        for (r, row) in self.out.chunks_exact(t * nu).enumerate() {
-            for (i, (_, weights)) in picks.iter().enumerate() {
-                let mut proj = 0f32;
-                for (k, &p) in weights.iter().enumerate() {
-                    proj += p * row[i * nu + k];
-                }
-                self.x[i * d + r] += proj;
+        // to its residual, as moe_block does (the same operations on each value), in tiles:
+        // a token's slots are contiguous in a row of `out`.
+        let (d, x, out) = (c.d_model, &mut self.x, &self.out);
+        tiled(d, t, |r, i| {
+            let mut proj = 0f32;
+            for (k, &p) in picks[i].1.iter().enumerate() {
+                proj += p * out[r * t * nu + i * nu + k];
             }
-        }
+            x[i * d + r] += proj;
+        });
         self.picks = picks;
     }
 

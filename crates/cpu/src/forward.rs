@@ -10,7 +10,7 @@ use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
 use crate::attend::{attend_heads, heads_a_task};
 use crate::kv::{KvCache, KvView};
-use crate::ops::{rmsnorm, rmsnorm_heads, rope_neox, silu, softmax, top_k};
+use crate::ops::{rmsnorm, rmsnorm_heads, rope_neox, silu, softmax, top_k, Rope};
 use crate::par;
 
 /// How activations meet quantised weights.
@@ -165,6 +165,9 @@ pub struct Scratch {
     hidden: Vec<f32>,
     /// [vocab]
     pub(crate) logits: Vec<f32>,
+    pub(crate) rope: Rope,
+    /// The current token's RoPE angles (`Rope::angles`)
+    angles: Vec<(f32, f32)>,
     /// Quantised activations (Q8 precision), reused across products.
     pub(crate) xq: Vec<u8>,
     pub(crate) precision: Precision,
@@ -187,6 +190,8 @@ impl Scratch {
             router: vec![0.0; c.n_expert],
             hidden: vec![0.0; c.n_expert_used * c.d_ff_expert],
             logits: vec![0.0; c.vocab_size],
+            rope: Rope::new(c.head_dim, c.rope_theta),
+            angles: Vec::new(),
         }
     }
 }
@@ -283,6 +288,8 @@ pub fn token_layers(m: &Model, w: &HostWeights, kv: &mut KvCache, token: u32, s:
         &mut s.x,
     )
     .expect("embedding type validated at load");
+    s.angles.clear();
+    s.rope.angles(pos, &mut s.angles);
     for (li, l) in m.layers.iter().enumerate() {
         attention_block(m, l, &w.layers[li], kv, li, pos, s);
         moe_block(m, l, &w.layers[li], s);
@@ -344,25 +351,40 @@ pub(crate) fn attend_token(
     pos: usize,
     s: &mut Scratch,
 ) {
-    push_token(c, w, kv, li, pos, s);
+    let angles = std::mem::take(&mut s.angles);
+    push_token(c, w, kv, li, &angles, s);
+    s.angles = angles;
     attend(c, &s.q, &kv.view(li, pos + 1), &mut s.scores, &mut s.attn);
 }
 
-/// The head norms and RoPE of the token's `s.q` and `s.k` (in place), and its keys and values
-/// appended to layer `li` of `kv`: what attention needs before it runs.
+/// The head norms and RoPE (its position's `angles`) of the token's `s.q` and `s.k` (in
+/// place), and its keys and values appended to layer `li` of `kv`: what attention needs
+/// before it runs.
 pub(crate) fn push_token(
     c: &Config,
     w: &LayerNorms,
     kv: &mut KvCache,
     li: usize,
-    pos: usize,
+    angles: &[(f32, f32)],
     s: &mut Scratch,
 ) {
-    rmsnorm_heads(&mut s.q, &w.q_norm, c.rms_eps);
-    rmsnorm_heads(&mut s.k, &w.k_norm, c.rms_eps);
-    rope_neox(&mut s.q, c.head_dim, pos, c.rope_theta);
-    rope_neox(&mut s.k, c.head_dim, pos, c.rope_theta);
+    norm_and_rotate(c, w, &mut s.q, &mut s.k, angles);
     kv.push(li, &s.k, &s.v);
+}
+
+/// A token's queries `q` and keys `k` (in place): the per-head norms, then RoPE at its
+/// position's `angles`.
+pub(crate) fn norm_and_rotate(
+    c: &Config,
+    w: &LayerNorms,
+    q: &mut [f32],
+    k: &mut [f32],
+    angles: &[(f32, f32)],
+) {
+    rmsnorm_heads(q, &w.q_norm, c.rms_eps);
+    rmsnorm_heads(k, &w.k_norm, c.rms_eps);
+    rope_neox(q, angles);
+    rope_neox(k, angles);
 }
 
 /// Grouped-query attention of one query position over every cached position, a few heads of

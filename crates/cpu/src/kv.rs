@@ -219,12 +219,8 @@ impl KvCache {
             layer.pages.push(Arc::new(fresh));
         }
         let p = Arc::get_mut(&mut layer.pages[page]).expect("a page written is this cache's alone");
-        for (dst, &x) in p.k[at..at + kv_dim].iter_mut().zip(k) {
-            *dst = t.round(x);
-        }
-        for (dst, &x) in p.v[at..at + kv_dim].iter_mut().zip(v) {
-            *dst = t.round(x);
-        }
+        t.round_into(k, &mut p.k[at..at + kv_dim]);
+        t.round_into(v, &mut p.v[at..at + kv_dim]);
         layer.len += 1;
     }
 

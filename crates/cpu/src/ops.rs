@@ -11,42 +11,47 @@ pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
 /// In-place RMSNorm of each `head_dim` slice (Qwen3's q_norm / k_norm).
 pub fn rmsnorm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
     let hd = weight.len();
-    let mut tmp = vec![0f32; hd];
+    let mut stack = [0f32; 256];
+    let mut heap = Vec::new();
+    let tmp = if hd <= stack.len() {
+        &mut stack[..hd]
+    } else {
+        heap.resize(hd, 0.0);
+        &mut heap[..]
+    };
     for head in x.chunks_exact_mut(hd) {
-        rmsnorm(head, weight, eps, &mut tmp);
-        head.copy_from_slice(&tmp);
+        rmsnorm(head, weight, eps, tmp);
+        head.copy_from_slice(tmp);
     }
 }
 
-/// Rotate-half (NeoX) RoPE on each head, angles as Hugging Face computes them in f32.
-pub fn rope_neox(x: &mut [f32], head_dim: usize, pos: usize, theta: f32) {
-    let half = head_dim / 2;
-    // The angles are the same for every head: computed once per call (same f32 operations).
-    let mut sc = [(0f32, 0f32); 256];
-    if half > sc.len() {
-        return rope_neox_slow(x, head_dim, pos, theta);
+/// RoPE's angles as Hugging Face computes them in f32: the inverse frequencies once (per model),
+/// then each position's (sin, cos) once for its queries and keys of every layer.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f32) -> Rope {
+        let inv_freq = (0..head_dim / 2)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+            .collect();
+        Rope { inv_freq }
     }
-    for (i, sc) in sc.iter_mut().enumerate().take(half) {
-        let inv_freq = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
-        let angle = pos as f32 * inv_freq;
-        *sc = angle.sin_cos();
-    }
-    for head in x.chunks_exact_mut(head_dim) {
-        for (i, &(sin, cos)) in sc.iter().enumerate().take(half) {
-            let (a, b) = (head[i], head[i + half]);
-            head[i] = a * cos - b * sin;
-            head[i + half] = b * cos + a * sin;
-        }
+
+    /// `pos`'s (sin, cos) of each of a head's pairs, appended to `out`.
+    pub fn angles(&self, pos: usize, out: &mut Vec<(f32, f32)>) {
+        out.extend(self.inv_freq.iter().map(|&f| (pos as f32 * f).sin_cos()));
     }
 }
 
-fn rope_neox_slow(x: &mut [f32], head_dim: usize, pos: usize, theta: f32) {
-    let half = head_dim / 2;
-    for head in x.chunks_exact_mut(head_dim) {
-        for i in 0..half {
-            let inv_freq = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
-            let angle = pos as f32 * inv_freq;
-            let (sin, cos) = angle.sin_cos();
+/// Rotate-half (NeoX) RoPE on each head of `x` by one position's `angles` (`Rope::angles`:
+/// a head is twice as long).
+pub fn rope_neox(x: &mut [f32], angles: &[(f32, f32)]) {
+    let half = angles.len();
+    for head in x.chunks_exact_mut(2 * half) {
+        for (i, &(sin, cos)) in angles.iter().enumerate() {
             let (a, b) = (head[i], head[i + half]);
             head[i] = a * cos - b * sin;
             head[i + half] = b * cos + a * sin;
@@ -84,9 +89,14 @@ mod tests {
     fn rope_at_position_zero_is_identity_and_preserves_norm() {
         let x: Vec<f32> = (0..16).map(|i| (i as f32 * 0.37).sin() + 0.1).collect();
         let mut y = x.clone();
-        rope_neox(&mut y, 8, 0, 1e6);
+        let at = |pos, theta| {
+            let mut a = Vec::new();
+            Rope::new(8, theta).angles(pos, &mut a);
+            a
+        };
+        rope_neox(&mut y, &at(0, 1e6));
         assert_eq!(x, y);
-        rope_neox(&mut y, 8, 17, 1e4);
+        rope_neox(&mut y, &at(17, 1e4));
         let n = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
         assert!((n(&x) - n(&y)).abs() < 1e-4);
         assert_ne!(x, y);

@@ -34,23 +34,25 @@ pub(crate) fn from_q8_0(ys: &[BlockQ8_0], out: &mut Vec<u8>) {
     );
     out.reserve(ys.len() / GROUP_BLOCKS * GROUP_BYTES);
     for g in ys.chunks_exact(GROUP_BLOCKS) {
+        // A group at a time in a fixed array, then one append (not 96 small ones).
+        let mut group = [0u8; GROUP_BYTES];
         for p in 0..2 {
-            for high in [0, 16] {
+            for (hi, high) in [0, 16].into_iter().enumerate() {
                 for h in 0..2 {
                     let q = 2 * p + h;
-                    for y in g {
-                        out.extend_from_slice(&y.qs[high + 4 * q..high + 4 * q + 4]);
+                    for (b, y) in g.iter().enumerate() {
+                        let at = 128 * p + 64 * hi + 32 * h + 4 * b;
+                        group[at..at + 4].copy_from_slice(&y.qs[high + 4 * q..high + 4 * q + 4]);
                     }
                 }
             }
         }
-        for y in g {
+        for (b, y) in g.iter().enumerate() {
             let sum: i32 = y.qs.iter().map(|&q| q as i8 as i32).sum();
-            out.extend_from_slice(&(-8 * sum).to_le_bytes());
+            group[256 + 4 * b..260 + 4 * b].copy_from_slice(&(-8 * sum).to_le_bytes());
+            group[288 + 4 * b..292 + 4 * b].copy_from_slice(&f16_to_f32(y.d).to_le_bytes());
         }
-        for y in g {
-            out.extend_from_slice(&f16_to_f32(y.d).to_le_bytes());
-        }
+        out.extend_from_slice(&group);
     }
 }
 
