@@ -9,7 +9,7 @@
 //! (thread splits cut between rows, never inside one row's dot product), which is what makes
 //! the batched step batch-invariant.
 
-use q4moe_gguf::quant::vec_dot_q4_0x_rows_acts;
+use q4moe_gguf::quant::{vec_dot_q4_0x_rows, vec_dot_q4_0x_rows_acts};
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
@@ -153,7 +153,7 @@ fn dots(
             }
             let n = chunk.len();
             let out = &mut buf[..len * n];
-            vec_dot_q4_0x_rows_acts(&w.data[r * rb..(r + len) * rb], rb, &q[..n], out);
+            vec_dot_q4_0x_rows_acts(&w.data[r * rb..], rb, &q[..n], out);
             for (i, o) in out.chunks(n).enumerate() {
                 o.iter()
                     .enumerate()
@@ -164,7 +164,10 @@ fn dots(
     }
     let mut buf = [0f32; RUN_ROWS];
     for (j, &act) in acts.iter().enumerate() {
-        rows_dot(w.ty, w.data, rb, r, act, &mut buf[..len]);
+        match act {
+            Act::Q4x(q, _) => vec_dot_q4_0x_rows(&w.data[r * rb..], rb, q, &mut buf[..len]),
+            _ => rows_dot(w.ty, w.data, rb, r, act, &mut buf[..len]),
+        }
         buf[..len]
             .iter()
             .enumerate()

@@ -313,11 +313,14 @@ pub fn choose_tokens(rows: &mut [BatchRow<'_>], out: &mut BatchOut, copies: &mut
 pub struct RowCopies(Vec<Vec<f32>>);
 
 /// The rows `host` marks choose their tokens into `tokens` (row i from row i of `logits`,
-/// [rows][vocab], through `choose_row`); the others' entries are left as they are. The rows
-/// draw in parallel: each row's choice is its own (its sampler, its logits), so the order they
-/// run in changes no token. Why: a draw over 151,936 logits is 0.4-1.3 ms on the 2-core
-/// development machine (`cargo bench -p q4moe-model --bench sampler`), and a step's sampled
-/// rows drew one after another.
+/// [rows][vocab], through `choose_row`); the others' entries are left as they are. A large
+/// step's rows draw in parallel: each row's choice is its own (its sampler, its logits), so the
+/// order they run in changes no token. Why: a draw over 151,936 logits is 0.4-1.3 ms on the
+/// 2-core development machine (`cargo bench -p q4moe-model --bench sampler`), and a step's
+/// sampled rows drew one after another. A small step draws on the calling thread: on the CPU
+/// backend, waking rayon's threads for a few thousand logits made the batched step at one row
+/// ~40% slower than the single-token path (their spinning took the cores from the forward
+/// pass's pool; mid geometry, 2 cores).
 pub fn choose_on_host(
     rows: &mut [BatchRow<'_>],
     logits: &[f32],
@@ -332,15 +335,33 @@ pub fn choose_on_host(
     );
     let vocab = logits.len() / n.max(1);
     copies.0.resize_with(n, Vec::new);
+    let draw = |(i, ((row, token), copy)): (
+        usize,
+        ((&mut BatchRow<'_>, &mut Option<u32>), &mut Vec<f32>),
+    )| {
+        if host[i] {
+            *token = choose_row(row, &logits[i * vocab..][..vocab], copy);
+        }
+    };
+    // Small steps draw on this thread: handing a few thousand logits to the pool costs more
+    // than the draws (and wakes its threads beside the forward pass's).
+    if n * vocab < PARALLEL_DRAW_LOGITS {
+        let rows = rows
+            .iter_mut()
+            .zip(tokens.iter_mut())
+            .zip(copies.0.iter_mut());
+        return rows.enumerate().for_each(draw);
+    }
     rows.par_iter_mut()
         .zip(tokens.par_iter_mut())
         .zip(copies.0.par_iter_mut())
         .enumerate()
-        .filter(|(i, _)| host[*i])
-        .for_each(|(i, ((row, token), copy))| {
-            *token = choose_row(row, &logits[i * vocab..][..vocab], copy);
-        });
+        .for_each(draw);
 }
+
+/// Logits a step holds (rows x vocabulary) from which its rows draw in parallel: two rows of
+/// Qwen3's 151,936.
+const PARALLEL_DRAW_LOGITS: usize = 1 << 18;
 
 /// One row's token with its sampler, from a copy of its `logits` (None without a sampler).
 pub fn choose_row(row: &mut BatchRow<'_>, logits: &[f32], tmp: &mut Vec<f32>) -> Option<u32> {

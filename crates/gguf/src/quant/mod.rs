@@ -485,6 +485,7 @@ const GROUP_ROW_BYTES: usize = std::mem::size_of::<BlockQ4_0>() * q4_0x::GROUP_B
 
 /// `out[i] = vec_dot_q4_0x(row i of rows, act)` for `out.len()` consecutive rows of `row_bytes`
 /// bytes each: one dispatch for many rows (rows of 768 weights are only ~100 cycles of work).
+/// The rest of `rows` (what the caller reads next) is only prefetched.
 pub fn vec_dot_q4_0x_rows(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]) {
     vec_dot_q4_0x_rows_isa(detected_isa(), rows, row_bytes, act, out)
 }

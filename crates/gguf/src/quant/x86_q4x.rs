@@ -359,13 +359,13 @@ macro_rules! q4x_kernels {
             }
 
             /// `out[i] = q4_0x(row i, act)` for `out.len()` consecutive rows of `row_bytes`,
-            /// prefetching ahead (never past the last row).
+            /// prefetching ahead (never past `rows`).
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn rows(rows: &[u8], row_bytes: usize, act: &[u8], out: &mut [f32]) {
                 debug_assert!(rows.len() >= out.len() * row_bytes);
                 let nb = row_bytes / std::mem::size_of::<BlockQ4_0>();
                 let base = rows.as_ptr();
-                let limit = base as usize + out.len() * row_bytes;
+                let limit = base as usize + rows.len();
                 for (i, o) in out.iter_mut().enumerate() {
                     let r = base.add(i * row_bytes);
                     prefetch_row(r, row_bytes, limit);
