@@ -3,7 +3,7 @@
 //! `attend_head` is the definition: a head's scores are `dot_f32(q, key) * scale` (eight
 //! running sums, combined pairwise), softmax, then the values summed position by position from
 //! 0 with a multiply and an add per element. `attend_heads` computes exactly those operations
-//! for several heads of one group: on AVX2 the keys are read once for all of them, two
+//! for several heads of one group: on AVX2 the keys are read once for all of them, four
 //! positions' dot products run side by side (independent add chains instead of one chain a
 //! dot), and the output accumulates in registers, a 64-value half at a time. No FMA, no other
 //! order: every path gives the same bits, alone or in a batch, so attention stays
@@ -115,25 +115,27 @@ mod avx2 {
         let qp = q.as_ptr().add(h0 * hd);
         let key = |t: usize| cached.key(t)[g * hd..(g + 1) * hd].as_ptr();
         let value = |t: usize| cached.value(t)[g * hd..(g + 1) * hd].as_ptr();
-        // Scores: positions in pairs, every head against each key chunk as it is loaded.
+        // Scores: four positions at a time (four independent add chains: one chain a dot
+        // would wait on each add), each head's query chunk loaded once for the four keys; a
+        // last block of fewer repeats its last key and keeps only its own.
         let mut t = 0;
         while t < len {
-            let two = t + 1 < len;
-            let (k0, k1) = (key(t), if two { key(t + 1) } else { key(t) });
+            let m = (len - t).min(4);
+            let ks: [*const f32; 4] = std::array::from_fn(|j| key(t + j.min(m - 1)));
             for i in 0..n {
                 let qh = qp.add(i * hd);
-                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut a = [_mm256_setzero_ps(); 4];
                 for ch in (0..hd).step_by(8) {
                     let x = _mm256_loadu_ps(qh.add(ch));
-                    a0 = _mm256_add_ps(a0, _mm256_mul_ps(x, _mm256_loadu_ps(k0.add(ch))));
-                    a1 = _mm256_add_ps(a1, _mm256_mul_ps(x, _mm256_loadu_ps(k1.add(ch))));
+                    for (a, k) in a.iter_mut().zip(&ks) {
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(x, _mm256_loadu_ps(k.add(ch))));
+                    }
                 }
-                scores[i * len + t] = reduce(a0) * scale;
-                if two {
-                    scores[i * len + t + 1] = reduce(a1) * scale;
+                for (j, a) in a.iter().enumerate().take(m) {
+                    scores[i * len + t + j] = reduce(*a) * scale;
                 }
             }
-            t += 2;
+            t += 4;
         }
         // Softmax, then each head's output a 64-value half at a time in eight registers.
         for i in 0..n {
