@@ -9,6 +9,8 @@
 //! order: every path gives the same bits, alone or in a batch, so attention stays
 //! batch-invariant and the single-token, prefill and batched paths agree.
 
+#[cfg(target_arch = "x86_64")]
+use q4moe_model::backend::KvType;
 use q4moe_model::Config;
 
 use crate::kv::KvView;
@@ -28,15 +30,17 @@ pub(crate) fn attend_head(
     let scale = 1.0 / (hd as f32).sqrt();
     let g = h / c.n_group();
     let qh = &q[h * hd..(h + 1) * hd];
+    // A position's head as f32 (exact, whatever the cache stores).
+    let mut row = vec![0f32; hd];
     for (t, sc) in scores.iter_mut().enumerate() {
-        let kt = &cached.key(t)[g * hd..(g + 1) * hd];
-        *sc = dot_f32(qh, kt) * scale;
+        cached.key_into(t, g * hd, &mut row);
+        *sc = dot_f32(qh, &row) * scale;
     }
     softmax(scores);
     o.fill(0.0);
     for (t, &p) in scores.iter().enumerate() {
-        let vt = &cached.value(t)[g * hd..(g + 1) * hd];
-        o.iter_mut().zip(vt).for_each(|(a, b)| *a += p * b);
+        cached.value_into(t, g * hd, &mut row);
+        o.iter_mut().zip(&row).for_each(|(a, b)| *a += p * b);
     }
 }
 
@@ -55,9 +59,14 @@ pub(crate) fn attend_heads(
     let (hd, n) = (c.head_dim, o.len() / c.head_dim);
     debug_assert_eq!(h0 / c.n_group(), (h0 + n - 1) / c.n_group(), "one KV group");
     #[cfg(target_arch = "x86_64")]
-    if hd % 64 == 0 && std::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present; the slices are sized as the asserts in `avx2::heads` check.
-        return unsafe { avx2::heads(c, h0, q, cached, len, scores, o) };
+    if hd % 64 == 0 && avx2::usable() {
+        // SAFETY: AVX2 and F16C are present; the slices are sized as `avx2::heads` asserts.
+        return unsafe {
+            match cached.kv_type() {
+                KvType::F16 => avx2::heads::<true>(c, h0, q, cached, len, scores, o),
+                KvType::F32 => avx2::heads::<false>(c, h0, q, cached, len, scores, o),
+            }
+        };
     }
     for (i, o) in o.chunks_mut(hd).enumerate() {
         let scores = &mut scores[i * len..(i + 1) * len];
@@ -96,9 +105,26 @@ mod avx2 {
         _mm_cvtss_f32(_mm_hadd_ps(h, h)) + tail
     }
 
-    /// See `attend_heads`; `hd` is a multiple of 64.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn heads(
+    pub(super) fn usable() -> bool {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"))
+    }
+
+    /// Eight elements from `p` (element `i` on) as f32: f16 (`F16`, converted exactly) or f32.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8<const F16: bool>(p: *const u8, i: usize) -> __m256 {
+        if F16 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(2 * i).cast()))
+        } else {
+            _mm256_loadu_ps(p.add(4 * i).cast())
+        }
+    }
+
+    /// See `attend_heads`; `hd` is a multiple of 64; the cache stores f16 where `F16`, else f32.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn heads<const F16: bool>(
         c: &Config,
         h0: usize,
         q: &[f32],
@@ -113,22 +139,22 @@ mod avx2 {
         let scale = 1.0 / (hd as f32).sqrt();
         let g = h0 / c.n_group();
         let qp = q.as_ptr().add(h0 * hd);
-        let key = |t: usize| cached.key(t)[g * hd..(g + 1) * hd].as_ptr();
-        let value = |t: usize| cached.value(t)[g * hd..(g + 1) * hd].as_ptr();
+        let key = |t: usize| cached.key_ptr(t, g * hd);
+        let value = |t: usize| cached.value_ptr(t, g * hd);
         // Scores: four positions at a time (four independent add chains: one chain a dot
         // would wait on each add), each head's query chunk loaded once for the four keys; a
         // last block of fewer repeats its last key and keeps only its own.
         let mut t = 0;
         while t < len {
             let m = (len - t).min(4);
-            let ks: [*const f32; 4] = std::array::from_fn(|j| key(t + j.min(m - 1)));
+            let ks: [*const u8; 4] = std::array::from_fn(|j| key(t + j.min(m - 1)));
             for i in 0..n {
                 let qh = qp.add(i * hd);
                 let mut a = [_mm256_setzero_ps(); 4];
                 for ch in (0..hd).step_by(8) {
                     let x = _mm256_loadu_ps(qh.add(ch));
                     for (a, k) in a.iter_mut().zip(&ks) {
-                        *a = _mm256_add_ps(*a, _mm256_mul_ps(x, _mm256_loadu_ps(k.add(ch))));
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(x, load8::<F16>(*k, ch)));
                     }
                 }
                 for (j, a) in a.iter().enumerate().take(m) {
@@ -144,9 +170,10 @@ mod avx2 {
             for half in (0..hd).step_by(64) {
                 let mut acc = [_mm256_setzero_ps(); 8];
                 for (t, &p) in sc.iter().enumerate() {
-                    let (p, v) = (_mm256_set1_ps(p), value(t).add(half));
+                    let (p, v) = (_mm256_set1_ps(p), value(t));
                     for (j, a) in acc.iter_mut().enumerate() {
-                        *a = _mm256_add_ps(*a, _mm256_mul_ps(p, _mm256_loadu_ps(v.add(8 * j))));
+                        let x = load8::<F16>(v, half + 8 * j);
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(p, x));
                     }
                 }
                 let out = o.as_mut_ptr().add(i * hd + half);
@@ -171,15 +198,19 @@ mod tests {
     }
 
     /// Every way of splitting a group into tasks gives each head `attend_head`'s bits, on the
-    /// vector path (head dims 64, 128) and the plain one (40), over caches of 1 to 2 pages
-    /// and odd lengths (a last position without a partner).
+    /// vector path (head dims 64, 128) and the plain one (40), over f16 and f32 caches of 1 to 2
+    /// pages and odd lengths (a last block of fewer than four positions).
     #[test]
     fn heads_together_give_each_head_s_own_bits() {
-        for (n_head, n_kv_head, hd) in [(16, 4, 128), (8, 1, 64), (4, 4, 128), (6, 2, 40)] {
+        let shapes = [(16, 4, 128), (8, 1, 64), (4, 4, 128), (6, 2, 40)];
+        for ((n_head, n_kv_head, hd), kv_type) in shapes
+            .into_iter()
+            .flat_map(|s| [(s, KvType::F16), (s, KvType::F32)])
+        {
             let mut c = Config::tiny();
             (c.n_head, c.n_kv_head, c.head_dim, c.n_layer) = (n_head, n_kv_head, hd, 1);
-            let pool = KvPool::new(&c, usize::MAX);
-            let mut kv = KvCache::new(&c, KvType::F16, &pool);
+            let pool = KvPool::new(&c, kv_type, usize::MAX);
+            let mut kv = KvCache::new(&c, &pool);
             let q = random(c.q_dim(), 1);
             for len in [1, 2, 7, 33, crate::kv::PAGE + 3] {
                 while kv.len() < len {
@@ -208,10 +239,8 @@ mod tests {
                         .iter()
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(
-                        same,
-                        "heads {n_head}/{n_kv_head} x {hd}, {len} positions, {each} a task"
-                    );
+                    let what = format!("{n_head}/{n_kv_head} heads x {hd}, {kv_type:?}");
+                    assert!(same, "{what}, {len} positions, {each} a task");
                 }
             }
         }

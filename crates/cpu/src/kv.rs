@@ -9,6 +9,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use q4moe_model::backend::KvType;
 use q4moe_model::Config;
 
@@ -21,8 +23,13 @@ pub const PAGE: usize = 16;
 #[derive(Clone)]
 pub struct KvPool {
     inner: Arc<PoolCount>,
-    /// f32 keys (and as many values) a page holds: PAGE x kv_dim.
-    page_floats: usize,
+    /// Keys (and as many values) a page holds: PAGE x kv_dim.
+    page_elems: usize,
+    /// What a page stores a value as (f16: half the bytes of f32, and half what attention
+    /// reads a position).
+    kv_type: KvType,
+    /// The bound it was made with.
+    max_bytes: usize,
 }
 
 struct PoolCount {
@@ -38,21 +45,33 @@ pub struct PoolFull {
 }
 
 impl KvPool {
-    /// A pool of at most `max_bytes` of pages (at least one page) for `c`'s layers.
-    pub fn new(c: &Config, max_bytes: usize) -> Self {
-        let page_floats = PAGE * c.kv_dim();
+    /// A pool of at most `max_bytes` of pages (at least one page) of `kv_type` values for
+    /// `c`'s layers.
+    pub fn new(c: &Config, kv_type: KvType, max_bytes: usize) -> Self {
+        let page_elems = PAGE * c.kv_dim();
         KvPool {
             inner: Arc::new(PoolCount {
-                capacity: (max_bytes / page_bytes(page_floats)).max(1),
+                capacity: (max_bytes / page_bytes(page_elems, kv_type)).max(1),
                 used: AtomicUsize::new(0),
             }),
-            page_floats,
+            page_elems,
+            kv_type,
+            max_bytes,
         }
     }
 
-    /// Bytes one page takes (keys and values, f32).
+    /// Bytes one page takes (keys and values).
     pub fn page_bytes(&self) -> usize {
-        page_bytes(self.page_floats)
+        page_bytes(self.page_elems, self.kv_type)
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
+    /// The bound in bytes it was made with.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
     }
 
     pub fn capacity_pages(&self) -> usize {
@@ -83,30 +102,78 @@ impl KvPool {
     /// (`KvCache::push`'s fallback counts it first).
     fn counted_page(&self) -> Page {
         Page {
-            k: vec![0.0; self.page_floats],
-            v: vec![0.0; self.page_floats],
+            k: Store::zeroed(self.kv_type, self.page_elems),
+            v: Store::zeroed(self.kv_type, self.page_elems),
             count: self.inner.clone(),
         }
     }
 }
 
-/// Bytes of a page of `page_floats` keys and as many values (f32).
-fn page_bytes(page_floats: usize) -> usize {
-    2 * page_floats * std::mem::size_of::<f32>()
+/// Bytes of a page of `page_elems` keys and as many values of `kv_type`.
+fn page_bytes(page_elems: usize, kv_type: KvType) -> usize {
+    2 * page_elems * kv_type.bytes()
+}
+
+/// A page's keys or values as the cache's type stores them.
+enum Store {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Store {
+    fn zeroed(kv_type: KvType, n: usize) -> Store {
+        match kv_type {
+            KvType::F32 => Store::F32(vec![0.0; n]),
+            KvType::F16 => Store::F16(vec![f16::ZERO; n]),
+        }
+    }
+
+    fn copy_from(&mut self, other: &Store) {
+        match (self, other) {
+            (Store::F32(a), Store::F32(b)) => a.copy_from_slice(b),
+            (Store::F16(a), Store::F16(b)) => a.copy_from_slice(b),
+            _ => unreachable!("the pages of one pool hold one type"),
+        }
+    }
+
+    /// `x` at elements `at..`, rounded to the type (as `KvType::round` rounds: to nearest,
+    /// ties to even; through F16C where the CPU has it).
+    fn write(&mut self, at: usize, x: &[f32]) {
+        match self {
+            Store::F32(a) => a[at..at + x.len()].copy_from_slice(x),
+            Store::F16(a) => a[at..at + x.len()].convert_from_f32_slice(x),
+        }
+    }
+
+    /// Elements `at..at + dst.len()` as f32 (exact: every f16 is an f32) into `dst`.
+    fn read(&self, at: usize, dst: &mut [f32]) {
+        match self {
+            Store::F32(a) => dst.copy_from_slice(&a[at..at + dst.len()]),
+            Store::F16(a) => a[at..at + dst.len()].convert_to_f32_slice(dst),
+        }
+    }
+
+    /// The address of element `at` (for the vector kernels, which read it as the type).
+    fn ptr(&self, at: usize) -> *const u8 {
+        match self {
+            Store::F32(a) => a[at..].as_ptr().cast(),
+            Store::F16(a) => a[at..].as_ptr().cast(),
+        }
+    }
 }
 
 /// PAGE positions of one layer: [PAGE, kv_dim] keys and values.
 struct Page {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Store,
+    v: Store,
     count: Arc<PoolCount>,
 }
 
 impl Page {
     /// `other`'s keys and values, in this page (a copy of a shared page one holder writes).
     fn copied_from(mut self, other: &Page) -> Page {
-        self.k.copy_from_slice(&other.k);
-        self.v.copy_from_slice(&other.v);
+        self.k.copy_from(&other.k);
+        self.v.copy_from(&other.v);
         self
     }
 }
@@ -144,18 +211,16 @@ impl Layer {
 pub struct KvCache {
     layers: Vec<Layer>,
     kv_dim: usize,
-    /// Values are stored as f32 rounded to this type (what the GPU's cache holds), so both
-    /// backends attend over the same numbers.
-    kv_type: KvType,
+    /// Its pages come from here and hold values of the pool's type (what the GPU's cache
+    /// holds), so both backends attend over the same numbers.
     pool: KvPool,
 }
 
 impl KvCache {
-    pub fn new(c: &Config, kv_type: KvType, pool: &KvPool) -> Self {
+    pub fn new(c: &Config, pool: &KvPool) -> Self {
         KvCache {
             layers: vec![Layer::default(); c.n_layer],
             kv_dim: c.kv_dim(),
-            kv_type,
             pool: pool.clone(),
         }
     }
@@ -205,7 +270,7 @@ impl KvCache {
     /// the pages `reserve` took. Unreserved (a bug, not an input), it takes the page past the
     /// pool's bound rather than fail mid-token.
     pub fn push(&mut self, li: usize, k: &[f32], v: &[f32]) {
-        let (t, kv_dim) = (self.kv_type, self.kv_dim);
+        let kv_dim = self.kv_dim;
         let layer = &mut self.layers[li];
         let (page, at) = (layer.len / PAGE, layer.len % PAGE * kv_dim);
         if page == layer.pages.len() || Arc::strong_count(&layer.pages[page]) > 1 {
@@ -219,8 +284,8 @@ impl KvCache {
             layer.pages.push(Arc::new(fresh));
         }
         let p = Arc::get_mut(&mut layer.pages[page]).expect("a page written is this cache's alone");
-        t.round_into(k, &mut p.k[at..at + kv_dim]);
-        t.round_into(v, &mut p.v[at..at + kv_dim]);
+        p.k.write(at, &k[..kv_dim]);
+        p.v.write(at, &v[..kv_dim]);
         layer.len += 1;
     }
 
@@ -245,6 +310,7 @@ impl KvCache {
             pages: &layer.pages,
             len,
             kv_dim: self.kv_dim,
+            kv_type: self.pool.kv_type,
         }
     }
 
@@ -276,8 +342,8 @@ impl KvCache {
             .collect();
         KvCache {
             layers,
+            kv_dim: self.kv_dim,
             pool: self.pool.clone(),
-            ..*self
         }
     }
 
@@ -296,6 +362,7 @@ pub struct KvView<'a> {
     pages: &'a [Arc<Page>],
     len: usize,
     kv_dim: usize,
+    kv_type: KvType,
 }
 
 impl KvView<'_> {
@@ -307,20 +374,42 @@ impl KvView<'_> {
         self.len == 0
     }
 
-    /// Position `t`'s keys, [kv_dim].
-    #[inline]
-    pub fn key(&self, t: usize) -> &[f32] {
-        debug_assert!(t < self.len);
-        let at = t % PAGE * self.kv_dim;
-        &self.pages[t / PAGE].k[at..at + self.kv_dim]
+    /// What the values are stored as.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
     }
 
-    /// Position `t`'s values, [kv_dim].
+    /// Position `t`'s keys `from..from + dst.len()` (of its kv_dim) as f32 into `dst`.
     #[inline]
-    pub fn value(&self, t: usize) -> &[f32] {
-        debug_assert!(t < self.len);
-        let at = t % PAGE * self.kv_dim;
-        &self.pages[t / PAGE].v[at..at + self.kv_dim]
+    pub fn key_into(&self, t: usize, from: usize, dst: &mut [f32]) {
+        debug_assert!(t < self.len && from + dst.len() <= self.kv_dim);
+        self.pages[t / PAGE]
+            .k
+            .read(t % PAGE * self.kv_dim + from, dst);
+    }
+
+    /// Position `t`'s values `from..from + dst.len()` as f32 into `dst`.
+    #[inline]
+    pub fn value_into(&self, t: usize, from: usize, dst: &mut [f32]) {
+        debug_assert!(t < self.len && from + dst.len() <= self.kv_dim);
+        self.pages[t / PAGE]
+            .v
+            .read(t % PAGE * self.kv_dim + from, dst);
+    }
+
+    /// The address of position `t`'s key element `from`, stored as `kv_type` (for the vector
+    /// kernels: the kv_dim - from elements from there are readable).
+    #[inline]
+    pub(crate) fn key_ptr(&self, t: usize, from: usize) -> *const u8 {
+        debug_assert!(t < self.len && from < self.kv_dim);
+        self.pages[t / PAGE].k.ptr(t % PAGE * self.kv_dim + from)
+    }
+
+    /// As `key_ptr`, for the values.
+    #[inline]
+    pub(crate) fn value_ptr(&self, t: usize, from: usize) -> *const u8 {
+        debug_assert!(t < self.len && from < self.kv_dim);
+        self.pages[t / PAGE].v.ptr(t % PAGE * self.kv_dim + from)
     }
 }
 
@@ -351,7 +440,15 @@ mod tests {
     }
 
     fn unbounded(c: &Config) -> KvPool {
-        KvPool::new(c, usize::MAX)
+        KvPool::new(c, KvType::F32, usize::MAX)
+    }
+
+    /// Position `t`'s keys and values as f32.
+    fn at(view: &KvView<'_>, t: usize, kv_dim: usize) -> (Vec<f32>, Vec<f32>) {
+        let (mut k, mut v) = (vec![f32::NAN; kv_dim], vec![f32::NAN; kv_dim]);
+        view.key_into(t, 0, &mut k);
+        view.value_into(t, 0, &mut v);
+        (k, v)
     }
 
     #[test]
@@ -362,30 +459,55 @@ mod tests {
         let ulp = 2f32.powi(-12);
         let k: Vec<f32> = (0..n).map(|i| 1.0 + [1.0, 3.0][i % 2] * ulp).collect();
         let v: Vec<f32> = (0..n).map(|i| -3.0 - (i % 2) as f32 * 8.0 * ulp).collect(); // f16 steps 2^-9 in [2, 4)
+        let half_pool = KvPool::new(&c, KvType::F16, usize::MAX);
         let pool = unbounded(&c);
-        let mut f16 = KvCache::new(&c, KvType::F16, &pool);
-        let mut f32 = KvCache::new(&c, KvType::F32, &pool);
+        assert_eq!(
+            half_pool.page_bytes() * 2,
+            pool.page_bytes(),
+            "f16 pages are half"
+        );
+        let mut f16 = KvCache::new(&c, &half_pool);
+        let mut f32 = KvCache::new(&c, &pool);
         for kv in [&mut f16, &mut f32] {
             kv.reserve(1).unwrap();
             kv.push(0, &k, &v);
         }
-        let (exact, rounded) = (f32.view(0, 1), f16.view(0, 1));
-        assert_eq!((exact.key(0), exact.value(0)), (&k[..], &v[..]));
-        for (i, &got) in rounded.key(0).iter().enumerate() {
+        let (exact, rounded) = (at(&f32.view(0, 1), 0, n), at(&f16.view(0, 1), 0, n));
+        assert_eq!(exact, (k.clone(), v.clone()));
+        for (i, &got) in rounded.0.iter().enumerate() {
             assert_eq!(got, [1.0, 1.0 + 4.0 * ulp][i % 2], "key {i}");
+            assert_eq!(got, KvType::F16.round(k[i]), "key {i} as KvType::round");
         }
-        assert_eq!(
-            rounded.value(0),
-            &v[..],
-            "values that are f16 already stay exact"
-        );
+        assert_eq!(rounded.1, v, "values that are f16 already stay exact");
+    }
+
+    /// The slice conversion a push rounds with rounds each value as `KvType::round` does:
+    /// random values over f16's range, its subnormals, past its largest (to infinity), signed
+    /// zeros; read back exactly.
+    #[test]
+    fn an_f16_push_rounds_each_value_as_kv_type_round() {
+        let c = Config::tiny();
+        let n = c.kv_dim();
+        let mut rng = q4moe_model::sampling::Rng::new(5);
+        let mut x: Vec<f32> = (0..2 * n - 7)
+            .map(|i| (rng.next_f32() * 2.0 - 1.0) * [1.0, 1e-6, 7e4, 3.3e-5, 6e4][i % 5])
+            .collect();
+        x.extend([0.0, -0.0, 65504.0, 65520.0, -1e9, 5.96e-8, 2.98e-8]);
+        let pool = KvPool::new(&c, KvType::F16, usize::MAX);
+        let mut kv = KvCache::new(&c, &pool);
+        kv.reserve(1).unwrap();
+        kv.push(0, &x[..n], &x[n..]);
+        let (k, v) = at(&kv.view(0, 1), 0, n);
+        for (got, want) in k.iter().chain(&v).zip(&x) {
+            assert_eq!(got.to_bits(), KvType::F16.round(*want).to_bits(), "{want}");
+        }
     }
 
     #[test]
     fn positions_read_back_across_pages() {
         let c = Config::tiny();
         let pool = unbounded(&c);
-        let mut kv = KvCache::new(&c, KvType::F32, &pool);
+        let mut kv = KvCache::new(&c, &pool);
         let n = 2 * PAGE + 5;
         let rows = fill(&mut kv, &c, n, 7);
         assert_eq!(kv.len(), n);
@@ -398,8 +520,9 @@ mod tests {
         for li in 0..c.n_layer {
             let view = kv.view(li, n);
             for t in 0..n {
-                assert_eq!(view.key(t), &rows[2 * t][..], "layer {li} key {t}");
-                assert_eq!(view.value(t), &rows[2 * t + 1][..], "layer {li} value {t}");
+                let (k, v) = at(&view, t, c.kv_dim());
+                assert_eq!(k, rows[2 * t], "layer {li} key {t}");
+                assert_eq!(v, rows[2 * t + 1], "layer {li} value {t}");
             }
         }
         kv.truncate(PAGE + 1);
@@ -412,7 +535,7 @@ mod tests {
     fn a_fork_shares_its_prefix_until_it_writes() {
         let c = Config::tiny();
         let pool = unbounded(&c);
-        let mut a = KvCache::new(&c, KvType::F32, &pool);
+        let mut a = KvCache::new(&c, &pool);
         let n = 2 * PAGE + 3;
         let rows = fill(&mut a, &c, n, 11);
         let before = pool.used_pages();
@@ -427,13 +550,18 @@ mod tests {
         assert_eq!(pool.used_pages(), before + c.n_layer);
         for li in 0..c.n_layer {
             let (va, vb) = (a.view(li, n), b.view(li, len + 1));
+            let d = c.kv_dim();
             for t in 0..len {
-                assert_eq!(vb.key(t), va.key(t), "layer {li}: shared position {t}");
+                assert_eq!(
+                    at(&vb, t, d),
+                    at(&va, t, d),
+                    "layer {li}: shared position {t}"
+                );
             }
-            assert_eq!(vb.key(len), &theirs[0][..]);
+            assert_eq!(at(&vb, len, d).0, theirs[0]);
             assert_eq!(
-                va.key(len),
-                &rows[2 * len][..],
+                at(&va, len, d).0,
+                rows[2 * len],
                 "a's own position {len} untouched"
             );
         }
@@ -449,13 +577,20 @@ mod tests {
     #[test]
     fn the_pool_refuses_what_it_cannot_hold_and_takes_nothing() {
         let c = Config::tiny();
-        let pool = KvPool::new(&c, 0);
+        let pool = KvPool::new(&c, KvType::F32, 0);
         assert_eq!(pool.capacity_pages(), 1, "at least one page");
-        let pool = KvPool::new(&c, 3 * c.n_layer * 2 * PAGE * c.kv_dim() * 4 + 5);
+        let bytes = 3 * c.n_layer * 2 * PAGE * c.kv_dim() * 4 + 5;
+        let half = KvPool::new(&c, KvType::F16, bytes);
+        assert_eq!(
+            half.capacity_pages(),
+            6 * c.n_layer,
+            "f16 pages: twice as many"
+        );
+        let pool = KvPool::new(&c, KvType::F32, bytes);
         assert_eq!(pool.capacity_pages(), 3 * c.n_layer);
-        let mut a = KvCache::new(&c, KvType::F32, &pool);
+        let mut a = KvCache::new(&c, &pool);
         fill(&mut a, &c, 2 * PAGE, 3);
-        let mut b = KvCache::new(&c, KvType::F32, &pool);
+        let mut b = KvCache::new(&c, &pool);
         let err = b.reserve(PAGE + 1).unwrap_err();
         assert_eq!(
             err,

@@ -32,7 +32,6 @@ pub struct CpuBackend {
     model: Arc<Model>,
     weights: forward::HostWeights,
     kv_capacity: usize,
-    kv_type: KvType,
     /// Every session's KV pages come from here (kv.rs).
     pool: KvPool,
     sessions: HashMap<SessionId, KvCache>,
@@ -52,7 +51,7 @@ impl CpuBackend {
 
     pub fn with_precision(model: Arc<Model>, kv_capacity: usize, precision: Precision) -> Self {
         let kv_capacity = kv_capacity.min(model.config.context_length).max(1);
-        let pool = KvPool::new(&model.config, usize::MAX);
+        let pool = KvPool::new(&model.config, KvType::default(), usize::MAX);
         populate(model.file.bytes());
         let weights = forward::HostWeights::new(&model);
         let scratch = Scratch::new(&model.config, precision);
@@ -60,7 +59,6 @@ impl CpuBackend {
             model,
             weights,
             kv_capacity,
-            kv_type: KvType::default(),
             pool,
             sessions: HashMap::new(),
             scratch,
@@ -69,9 +67,11 @@ impl CpuBackend {
         }
     }
 
-    /// Stores keys and values rounded to `kv_type` (default f16, as the GPU's cache).
+    /// Stores keys and values as `kv_type` (default f16, as the GPU's cache: half the bytes
+    /// of f32). Keeps the pool's bound in bytes; set before the first session.
     pub fn with_kv_type(mut self, kv_type: KvType) -> Self {
-        self.kv_type = kv_type;
+        self.sessions.clear();
+        self.pool = KvPool::new(&self.model.config, kv_type, self.pool.max_bytes());
         self
     }
 
@@ -79,15 +79,15 @@ impl CpuBackend {
     /// before the first session.
     pub fn with_kv_pool(mut self, max_bytes: usize) -> Self {
         self.sessions.clear();
-        self.pool = KvPool::new(&self.model.config, max_bytes);
+        self.pool = KvPool::new(&self.model.config, self.pool.kv_type(), max_bytes);
         self
     }
 
     /// Takes the pages `n` more positions of `session` need (a new session starts empty), or
     /// refuses with `KvFull`, the session unchanged.
     fn reserve(&mut self, session: SessionId, n: usize) -> BackendResult<()> {
-        let (c, kv_type, pool) = (&self.model.config, self.kv_type, &self.pool);
-        let kv = session_kv(&mut self.sessions, c, kv_type, pool, session);
+        let (c, pool) = (&self.model.config, &self.pool);
+        let kv = session_kv(&mut self.sessions, c, pool, session);
         kv.reserve(n).map_err(|e| pool_full(pool, session, e))
     }
 
@@ -178,13 +178,12 @@ pub(crate) fn pool_full(pool: &KvPool, session: SessionId, e: kv::PoolFull) -> B
 fn session_kv<'a>(
     sessions: &'a mut HashMap<SessionId, KvCache>,
     c: &Config,
-    kv_type: KvType,
     pool: &KvPool,
     session: SessionId,
 ) -> &'a mut KvCache {
     sessions
         .entry(session)
-        .or_insert_with(|| KvCache::new(c, kv_type, pool))
+        .or_insert_with(|| KvCache::new(c, pool))
 }
 
 /// Maps every page of the (page-cached) model into this process's page tables up front, as
@@ -234,7 +233,7 @@ impl Backend for CpuBackend {
             device: cpu_description(),
             resident_bytes: self.model.weight_bytes(),
             kv_capacity: self.kv_capacity,
-            kv_type: self.kv_type,
+            kv_type: self.pool.kv_type(),
             cache_policy: String::new(),
             step_readback: String::new(),
             batched_step: true,
@@ -375,7 +374,7 @@ impl Backend for CpuBackend {
         let kv = self.sessions.get(&src).map(|kv| kv.fork(len));
         self.sessions.insert(
             dst,
-            kv.unwrap_or_else(|| KvCache::new(&self.model.config, self.kv_type, &self.pool)),
+            kv.unwrap_or_else(|| KvCache::new(&self.model.config, &self.pool)),
         );
         Ok(())
     }

@@ -32,7 +32,7 @@ impl CpuBackend {
             .map(|r| {
                 self.sessions
                     .remove(&r.session)
-                    .unwrap_or_else(|| KvCache::new(c, self.kv_type, &self.pool))
+                    .unwrap_or_else(|| KvCache::new(c, &self.pool))
             })
             .collect();
         // Every row's page first: a refused step runs no row (its reserved pages stay with

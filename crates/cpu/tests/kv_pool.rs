@@ -34,7 +34,11 @@ fn a_fork_shares_the_prefix_pages_and_copies_only_the_page_it_writes() {
     let c = m.config.clone();
     let mut b = CpuBackend::new(m, 128);
     let page = b.kv_pool().unwrap().page_bytes;
-    assert_eq!(page, 2 * PAGE * c.kv_dim() * 4);
+    assert_eq!(
+        page,
+        2 * PAGE * c.kv_dim() * 2,
+        "keys and values, f16 (the default)"
+    );
     let prompt = tokens(40, 1, c.vocab_size);
     b.prefill(1, &prompt, Logits::None).unwrap();
     assert_eq!(
@@ -93,8 +97,8 @@ fn a_fork_shares_the_prefix_pages_and_copies_only_the_page_it_writes() {
 fn a_full_pool_refuses_with_kv_full_and_changes_nothing() {
     let (_dir, m) = model();
     let c = m.config.clone();
-    let page = 2 * PAGE * c.kv_dim() * 4;
-    // Four pages a layer: 64 positions of one session, or 48 of one and 16 of another.
+    let page = 2 * PAGE * c.kv_dim() * 2; // keys and values, f16 (the default)
+                                          // Four pages a layer: 64 positions of one session, or 48 of one and 16 of another.
     let mut b = CpuBackend::new(m.clone(), 128).with_kv_pool(4 * c.n_layer * page);
     let mut free = CpuBackend::new(m, 128);
     let pool = b.kv_pool().unwrap();

@@ -387,7 +387,8 @@ fn the_session_store_is_bounded_in_bytes() {
     q4moe_model::synth::write(&path, &cfg, SynthQuant::Q4_0, 5, false).unwrap();
     // One conversation (40 prompt tokens, 4 generated) holds three 16-position pages a layer on
     // the CPU; the pool holds eight (129 positions' worth, rounded down to pages).
-    let per_position = 2 * cfg.n_layer * cfg.kv_dim() * 4;
+    // Keys and values of every layer, f16 (the default).
+    let per_position = 2 * cfg.n_layer * cfg.kv_dim() * 2;
     let opts = q4moe_engine::EngineOptions {
         device: q4moe_engine::Device::Cpu,
         kv_cache_bytes: 2 * 64 * per_position + per_position,

@@ -152,23 +152,6 @@ impl KvType {
             KvType::F16 => half::f16::from_f32(x).to_f32(),
         }
     }
-
-    /// `src` as the cache holds it, into `dst`: `round` of each value, through the slice
-    /// conversions (F16C eight at a time where the CPU has it; the same rounding).
-    pub fn round_into(self, src: &[f32], dst: &mut [f32]) {
-        use half::slice::HalfFloatSliceExt;
-        match self {
-            KvType::F32 => dst.copy_from_slice(src),
-            KvType::F16 => {
-                let mut tmp = [half::f16::ZERO; 64];
-                for (s, d) in src.chunks(64).zip(dst.chunks_mut(64)) {
-                    let t = &mut tmp[..s.len()];
-                    t.convert_from_f32_slice(s);
-                    t.convert_to_f32_slice(d);
-                }
-            }
-        }
-    }
 }
 
 /// What a backend is and holds, for summaries and benchmark records.
@@ -527,29 +510,6 @@ pub fn check_fork(src: SessionId, dst: SessionId, len: usize, held: usize) -> Ba
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The slice conversion rounds each value as `round` does: random values over f16's range,
-    /// its subnormals, past its largest (to infinity), and signed zeros; slices of odd lengths.
-    #[test]
-    fn round_into_rounds_each_value_as_round() {
-        let mut rng = crate::sampling::Rng::new(5);
-        let mut src: Vec<f32> = (0..1000)
-            .map(|i| {
-                let x = rng.next_f32() * 2.0 - 1.0;
-                x * [1.0, 1e-6, 7e4, 3.3e-5, 6e4][i % 5]
-            })
-            .collect();
-        src.extend([0.0, -0.0, 65504.0, 65520.0, -1e9, 5.96e-8, 2.98e-8]);
-        for len in [src.len(), 63, 65, 1] {
-            for t in [KvType::F16, KvType::F32] {
-                let mut got = vec![f32::NAN; len];
-                t.round_into(&src[..len], &mut got);
-                for (x, g) in src.iter().zip(&got) {
-                    assert_eq!(g.to_bits(), t.round(*x).to_bits(), "{t:?} {x}");
-                }
-            }
-        }
-    }
 
     #[test]
     fn check_span_names_what_would_overrun() {

@@ -20,8 +20,8 @@ fn body(i: usize) -> Value {
 #[tokio::test]
 async fn concurrent_requests_past_the_pool_all_complete_and_one_too_large_is_a_400() {
     let cfg = q4moe_model::Config::tiny();
-    let page = 2 * 16 * cfg.kv_dim() * 4;
-    // Eight pages a layer, 128 positions: one request (about 90) fits, two do not.
+    let page = 2 * 16 * cfg.kv_dim() * 2; // keys and values, f16 (the default)
+                                          // Eight pages a layer, 128 positions: one request (about 90) fits, two do not.
     let opts = EngineOptions {
         device: Device::Cpu,
         kv_cache_bytes: 8 * cfg.n_layer * page,
