@@ -25,6 +25,18 @@ impl CpuBackend {
         if rows.is_empty() {
             return Ok(());
         }
+        if let [row] = rows {
+            // One row: the single-token path, the same bits as `Batch::run` with one token
+            // (batch.rs) with less around them (one region for Q, K and V, no reshapes).
+            self.reserve(row.session, 1)?;
+            self.advance(row.session, row.token);
+            let logits = crate::forward::head(&self.model, &self.weights, &mut self.scratch);
+            out.logits.extend_from_slice(logits);
+            let experts: usize = self.model.layers.iter().map(|l| l.expert_bytes()).sum();
+            out.expert_bytes = Some((experts * self.model.config.n_expert_used) as u64);
+            choose_tokens(rows, out, &mut self.row_copies);
+            return Ok(());
+        }
         // The rows' caches, moved out of the map for the step (sessions are distinct: checked)
         // and back after; a new session starts empty.
         let mut kvs: Vec<KvCache> = rows
