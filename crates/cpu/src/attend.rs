@@ -91,7 +91,7 @@ mod avx2 {
 
     use q4moe_model::Config;
 
-    use crate::kv::KvView;
+    use crate::kv::{KvView, PAGE};
     use crate::ops::softmax;
 
     /// `dot_f32`'s eight running sums combined as it combines them:
@@ -139,8 +139,17 @@ mod avx2 {
         let scale = 1.0 / (hd as f32).sqrt();
         let g = h0 / c.n_group();
         let qp = q.as_ptr().add(h0 * hd);
-        let key = |t: usize| cached.key_ptr(t, g * hd);
-        let value = |t: usize| cached.value_ptr(t, g * hd);
+        // Each page's first position once; a position is then a stride on from it.
+        let stride = c.kv_dim() * if F16 { 2 } else { 4 };
+        let pages = len.div_ceil(PAGE);
+        let kp: Vec<*const u8> = (0..pages)
+            .map(|p| cached.key_ptr(p * PAGE, g * hd))
+            .collect();
+        let vp: Vec<*const u8> = (0..pages)
+            .map(|p| cached.value_ptr(p * PAGE, g * hd))
+            .collect();
+        let key = |t: usize| kp.get_unchecked(t / PAGE).add(t % PAGE * stride);
+        let value = |t: usize| vp.get_unchecked(t / PAGE).add(t % PAGE * stride);
         // Scores: four positions at a time (four independent add chains: one chain a dot
         // would wait on each add), each head's query chunk loaded once for the four keys; a
         // last block of fewer repeats its last key and keeps only its own.
