@@ -9,7 +9,7 @@
 //! (thread splits cut between rows, never inside one row's dot product), which is what makes
 //! the batched step batch-invariant.
 
-use q4moe_gguf::quant::{vec_dot_q4_0x_rows, vec_dot_q4_0x_rows_acts};
+use q4moe_gguf::quant::{vec_dot_q4_0x_rows, vec_dot_q4_0x_rows_acts, vec_dot_q8_rows_acts};
 use q4moe_gguf::GgmlType;
 use q4moe_model::{Config, LayerTensors, Model, QTensor};
 
@@ -125,13 +125,14 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// Activations the batched Q4_0 kernel takes at a call.
+/// Activations the batched kernels take at a call.
 const ACTS_AT_ONCE: usize = 32;
 
 /// Rows [r, r + len) of `w` (len <= RUN_ROWS) against every one of `acts`: `put(i, j, v)` with
-/// v = row r + i . acts[j]. Q4_0 rows with Q8_0x8 activations go through the batched kernel
-/// (each row read and unpacked once for all of them), the rest through a `rows_dot` an
-/// activation; either way v is bit for bit what `rows_dot` computes for that row alone.
+/// v = row r + i . acts[j]. Several quantised activations go through a batched kernel (Q4_0
+/// rows with Q8_0x8 activations, Q4_K rows with Q8_K: each row unpacked once for all of them),
+/// one activation through its single kernel; either way v is bit for bit what `rows_dot`
+/// computes for that row alone. The kernels may prefetch the rows past the run.
 fn dots(
     w: Rows<'_>,
     r: usize,
@@ -139,39 +140,55 @@ fn dots(
     acts: &[Act<'_>],
     mut put: impl FnMut(usize, usize, f32),
 ) {
-    let rb = w.row_bytes;
-    // One activation: the one-activation kernel (the same values, less bookkeeping).
-    if let (Some(Act::Q4x(..)), 2..) = (acts.first(), acts.len()) {
-        let mut q = [&[][..]; ACTS_AT_ONCE];
-        let mut buf = [0f32; ACTS_AT_ONCE * RUN_ROWS];
-        for (c, chunk) in acts.chunks(ACTS_AT_ONCE).enumerate() {
-            for (q, a) in q.iter_mut().zip(chunk) {
-                *q = match a {
-                    Act::Q4x(bytes, _) => bytes,
-                    _ => panic!("a matrix's activations are prepared alike"),
-                };
-            }
-            let n = chunk.len();
-            let out = &mut buf[..len * n];
-            vec_dot_q4_0x_rows_acts(&w.data[r * rb..], rb, &q[..n], out);
-            for (i, o) in out.chunks(n).enumerate() {
-                o.iter()
+    let (rb, rows) = (w.row_bytes, &w.data[r * w.row_bytes..]);
+    match acts {
+        [Act::Q4x(..), _, ..] => several(acts, len, &mut put, |q, out| {
+            vec_dot_q4_0x_rows_acts(rows, rb, q, out)
+        }),
+        [Act::Q8(..), _, ..] => several(acts, len, &mut put, |q, out| {
+            vec_dot_q8_rows_acts(w.ty, rows, rb, q, out)
+        }),
+        _ => {
+            let mut buf = [0f32; RUN_ROWS];
+            for (j, &act) in acts.iter().enumerate() {
+                match act {
+                    Act::Q4x(q, _) => vec_dot_q4_0x_rows(rows, rb, q, &mut buf[..len]),
+                    _ => rows_dot(w.ty, w.data, rb, r, act, &mut buf[..len]),
+                }
+                buf[..len]
+                    .iter()
                     .enumerate()
-                    .for_each(|(j, &v)| put(i, c * ACTS_AT_ONCE + j, v));
+                    .for_each(|(i, &v)| put(i, j, v));
             }
         }
-        return;
     }
-    let mut buf = [0f32; RUN_ROWS];
-    for (j, &act) in acts.iter().enumerate() {
-        match act {
-            Act::Q4x(q, _) => vec_dot_q4_0x_rows(&w.data[r * rb..], rb, q, &mut buf[..len]),
-            _ => rows_dot(w.ty, w.data, rb, r, act, &mut buf[..len]),
+}
+
+/// `dots` through a batched kernel: `kernel(acts' bytes, out)` fills `out[i * n + j]` for `len`
+/// rows and n <= ACTS_AT_ONCE activations at a call.
+fn several(
+    acts: &[Act<'_>],
+    len: usize,
+    put: &mut impl FnMut(usize, usize, f32),
+    kernel: impl Fn(&[&[u8]], &mut [f32]),
+) {
+    let mut q = [&[][..]; ACTS_AT_ONCE];
+    let mut buf = [0f32; ACTS_AT_ONCE * RUN_ROWS];
+    for (c, chunk) in acts.chunks(ACTS_AT_ONCE).enumerate() {
+        for (q, a) in q.iter_mut().zip(chunk) {
+            *q = match *a {
+                Act::Q4x(bytes, _) | Act::Q8(bytes, _) => bytes,
+                Act::F32(_) => panic!("a matrix's activations are prepared alike"),
+            };
         }
-        buf[..len]
-            .iter()
-            .enumerate()
-            .for_each(|(i, &v)| put(i, j, v));
+        let n = chunk.len();
+        let out = &mut buf[..len * n];
+        kernel(&q[..n], out);
+        for (i, o) in out.chunks(n).enumerate() {
+            o.iter()
+                .enumerate()
+                .for_each(|(j, &v)| put(i, c * ACTS_AT_ONCE + j, v));
+        }
     }
 }
 

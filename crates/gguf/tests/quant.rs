@@ -454,3 +454,39 @@ fn q4_0x_kernels_are_bit_exact_with_the_lane_model() {
         }
     }
 }
+
+/// Several activations against a run of rows give each (row, activation) pair `vec_dot_q8`'s
+/// bits: Q4_K (rows unpacked once for up to four activations; 1 to 9 activations, so every
+/// group size and a remainder) and the other integer types (a `vec_dot_q8` a pair), over rows of
+/// quantised data and random bytes, with a slice reaching past the rows computed.
+#[test]
+fn vec_dot_q8_rows_acts_gives_each_pair_vec_dot_q8_bits() {
+    let mut rng = StdRng::seed_from_u64(21);
+    for ty in INT {
+        let n = 512;
+        let rows: Vec<u8> = (0..6)
+            .flat_map(|r| random_rows(&mut rng, ty, n).swap_remove(r % 2))
+            .collect();
+        let row_bytes = rows.len() / 6;
+        for k in 1..=9 {
+            let acts: Vec<Vec<u8>> = (0..k)
+                .map(|_| {
+                    let mut q = Vec::new();
+                    quant::quantize_activation_q8(ty, &randn(&mut rng, n), &mut q);
+                    q
+                })
+                .collect();
+            let refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
+            let mut out = vec![f32::NAN; 5 * k];
+            quant::vec_dot_q8_rows_acts(ty, &rows, row_bytes, &refs, &mut out);
+            for (i, o) in out.chunks(k).enumerate() {
+                let row = &rows[i * row_bytes..(i + 1) * row_bytes];
+                for (j, (&got, a)) in o.iter().zip(&refs).enumerate() {
+                    let want = quant::vec_dot_q8(ty, row, a);
+                    assert!(want.is_finite(), "{ty} row {i} act {j}: {want}");
+                    assert_eq!(got.to_bits(), want.to_bits(), "{ty} row {i} act {j} of {k}");
+                }
+            }
+        }
+    }
+}

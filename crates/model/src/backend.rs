@@ -318,10 +318,7 @@ pub fn choose_on_host(
     );
     let vocab = logits.len() / n.max(1);
     copies.0.resize_with(n, Vec::new);
-    let draw = |(i, ((row, token), copy)): (
-        usize,
-        ((&mut BatchRow<'_>, &mut Option<u32>), &mut Vec<f32>),
-    )| {
+    let draw = |i: usize, row: &mut BatchRow<'_>, token: &mut Option<u32>, copy: &mut Vec<f32>| {
         if host[i] {
             *token = choose_row(row, &logits[i * vocab..][..vocab], copy);
         }
@@ -329,17 +326,20 @@ pub fn choose_on_host(
     // Small steps draw on this thread: handing a few thousand logits to the pool costs more
     // than the draws (and wakes its threads beside the forward pass's).
     if n * vocab < PARALLEL_DRAW_LOGITS {
-        let rows = rows
+        let each = rows
             .iter_mut()
             .zip(tokens.iter_mut())
             .zip(copies.0.iter_mut());
-        return rows.enumerate().for_each(draw);
+        for (i, ((row, token), copy)) in each.enumerate() {
+            draw(i, row, token, copy);
+        }
+        return;
     }
     rows.par_iter_mut()
         .zip(tokens.par_iter_mut())
         .zip(copies.0.par_iter_mut())
         .enumerate()
-        .for_each(draw);
+        .for_each(|(i, ((row, token), copy))| draw(i, row, token, copy));
 }
 
 /// Logits a step holds (rows x vocabulary) from which its rows draw in parallel: two rows of

@@ -336,6 +336,41 @@ pub fn vec_dot_q8_isa(isa: Isa, ty: GgmlType, row: &[u8], xq: &[u8]) -> f32 {
     vec_dot_q8_ref(ty, row, xq)
 }
 
+/// `out[i * acts.len() + j] = vec_dot_q8(ty, row i, acts[j])` bit for bit, for the first
+/// `out.len() / acts.len()` rows of `rows` (`row_bytes` each): a batch's tokens against a run of
+/// rows. Q4_K rows are unpacked once for several activations (the rows' blocks and scales are
+/// most of a Q4_K dot's work); other types take one `vec_dot_q8` a pair.
+pub fn vec_dot_q8_rows_acts(
+    ty: GgmlType,
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
+    let n = out.len() / acts.len().max(1);
+    assert!(
+        !acts.is_empty() && out.len() == n * acts.len() && rows.len() >= n * row_bytes,
+        "vec_dot_q8_rows_acts: rows, activations and outputs differ"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if ty == GgmlType::Q4_K && detected_isa() >= Isa::Avx2 {
+        let act_bytes = activation_type(ty).row_bytes(row_bytes / ty.type_size() * ty.block_size());
+        assert!(
+            row_bytes % ty.type_size() == 0 && acts.iter().all(|a| Some(a.len()) == act_bytes),
+            "vec_dot_q8_rows_acts: row and activations differ"
+        );
+        // SAFETY: AVX2 (with FMA and F16C) detected; whole blocks, activations of the rows'
+        // length (asserted).
+        return unsafe { x86_q8::q4_k_rows_acts(rows, row_bytes, acts, out) };
+    }
+    for (i, o) in out.chunks_mut(acts.len()).enumerate() {
+        let row = &rows[i * row_bytes..(i + 1) * row_bytes];
+        for (o, a) in o.iter_mut().zip(acts) {
+            *o = vec_dot_q8(ty, row, a);
+        }
+    }
+}
+
 fn debug_assert_q8_lengths(ty: GgmlType, row: &[u8], xq: &[u8]) {
     if cfg!(debug_assertions) {
         let act = activation_type(ty);

@@ -192,6 +192,92 @@ unsafe fn q4_k(bs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
     hsum(acc) - acc_m
 }
 
+/// Activations `q4_k_acts` takes at a call (each costs an accumulator register).
+pub(crate) const Q4K_ACTS: usize = 4;
+
+/// `out[j] = q4_k(bs, ys[j])` bit for bit, for up to `Q4K_ACTS` activations: a chunk's nibbles
+/// and scales are unpacked once for all of them; each activation's integer sums are `q4_k`'s
+/// (exact, in any order) and its f32 steps `q4_k`'s, in its order.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_acts<const N: usize>(bs: &[BlockQ4K], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+    let m4 = _mm256_set1_epi8(15);
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut acc_m = [0f32; N];
+    for (k, bc) in bs.chunks(4).enumerate() {
+        let ds = f16x8_array(2 * bc.len(), |i| {
+            if i % 2 == 0 {
+                bc[i / 2].d
+            } else {
+                bc[i / 2].dmin
+            }
+        });
+        for (i, b) in bc.iter().enumerate() {
+            // Integer sums are exact, so a chunk's nibbles and scales serve every activation
+            // before the next chunk's; the f32 steps below run per block in `q4_k`'s order.
+            let y: [&BlockQ8K; N] = std::array::from_fn(|j| &ys[j][4 * k + i]);
+            let mut sumi = [_mm256_setzero_si256(); N];
+            let mut summ = [0i32; N];
+            for c in 0..4 {
+                let ((sc0, m0), (sc1, m1)) = (b.scale_min(2 * c), b.scale_min(2 * c + 1));
+                let q4 = _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast());
+                let lo = _mm256_and_si256(q4, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+                let (s0, s1) = (_mm256_set1_epi16(sc0 as i16), _mm256_set1_epi16(sc1 as i16));
+                for j in 0..N {
+                    let y = y[j];
+                    summ[j] += m0 as i32 * (y.bsum(4 * c) + y.bsum(4 * c + 1))
+                        + m1 as i32 * (y.bsum(4 * c + 2) + y.bsum(4 * c + 3));
+                    let q8 = y.qs.as_ptr().add(64 * c);
+                    let pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(q8.cast()));
+                    let ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(q8.add(32).cast()));
+                    sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(pl, s0));
+                    sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(ph, s1));
+                }
+            }
+            for j in 0..N {
+                let dy = y[j].d();
+                acc[j] = _mm256_fmadd_ps(
+                    _mm256_set1_ps(ds[2 * i] * dy),
+                    _mm256_cvtepi32_ps(sumi[j]),
+                    acc[j],
+                );
+                acc_m[j] += ds[2 * i + 1] * dy * summ[j] as f32;
+            }
+        }
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]) - acc_m[j];
+    }
+}
+
+/// Q4_K rows x Q8_K activations: `out[i * acts.len() + j]` = row i . acts[j], each
+/// `q4_k`'s bits, for the first `out.len() / acts.len()` rows of `rows`; each row unpacked once
+/// for every `Q4K_ACTS` activations.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; the rows are whole Q4_K blocks and every activation holds
+/// as many Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn q4_k_rows_acts(
+    rows: &[u8],
+    row_bytes: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
+    let ys: Vec<&[BlockQ8K]> = acts.iter().map(|a| blocks(a)).collect();
+    for (i, o) in out.chunks_mut(acts.len()).enumerate() {
+        let bs: &[BlockQ4K] = blocks(&rows[i * row_bytes..(i + 1) * row_bytes]);
+        for (ys, o) in ys.chunks(Q4K_ACTS).zip(o.chunks_mut(Q4K_ACTS)) {
+            match ys.len() {
+                4 => q4_k_acts::<4>(bs, ys, o),
+                3 => q4_k_acts::<3>(bs, ys, o),
+                2 => q4_k_acts::<2>(bs, ys, o),
+                _ => q4_k_acts::<1>(bs, ys, o),
+            }
+        }
+    }
+}
+
 /// For Q6_K scale pair `p` (0..8): bytes selecting scales 2p (low 8) and 2p+1 (high 8).
 static Q6_SCALE_SHUFFLE: [[u8; 16]; 8] = {
     let mut t = [[0u8; 16]; 8];
