@@ -338,8 +338,8 @@ pub fn vec_dot_q8_isa(isa: Isa, ty: GgmlType, row: &[u8], xq: &[u8]) -> f32 {
 
 /// `out[i * acts.len() + j] = vec_dot_q8(ty, row i, acts[j])` bit for bit, for the first
 /// `out.len() / acts.len()` rows of `rows` (`row_bytes` each): a batch's tokens against a run of
-/// rows. Q4_K rows are unpacked once for several activations (the rows' blocks and scales are
-/// most of a Q4_K dot's work); other types take one `vec_dot_q8` a pair.
+/// rows. Q4_K and Q6_K rows are unpacked once for several activations; other types take one
+/// `vec_dot_q8` a pair.
 pub fn vec_dot_q8_rows_acts(
     ty: GgmlType,
     rows: &[u8],
@@ -353,7 +353,7 @@ pub fn vec_dot_q8_rows_acts(
         "vec_dot_q8_rows_acts: rows, activations and outputs differ"
     );
     #[cfg(target_arch = "x86_64")]
-    if ty == GgmlType::Q4_K && detected_isa() >= Isa::Avx2 {
+    if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) && detected_isa() >= Isa::Avx2 {
         let act_bytes = activation_type(ty).row_bytes(row_bytes / ty.type_size() * ty.block_size());
         assert!(
             row_bytes % ty.type_size() == 0 && acts.iter().all(|a| Some(a.len()) == act_bytes),
@@ -361,7 +361,7 @@ pub fn vec_dot_q8_rows_acts(
         );
         // SAFETY: AVX2 (with FMA and F16C) detected; whole blocks, activations of the rows'
         // length (asserted).
-        return unsafe { x86_q8::q4_k_rows_acts(rows, row_bytes, acts, out) };
+        return unsafe { x86_q8::k_rows_acts(ty, rows, row_bytes, acts, out) };
     }
     for (i, o) in out.chunks_mut(acts.len()).enumerate() {
         let row = &rows[i * row_bytes..(i + 1) * row_bytes];

@@ -192,7 +192,7 @@ unsafe fn q4_k(bs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
     hsum(acc) - acc_m
 }
 
-/// Activations `q4_k_acts` takes at a call (each costs an accumulator register).
+/// Activations `q4_k_acts` and `q6_k_acts` take at a call (each costs an accumulator register).
 pub(crate) const Q4K_ACTS: usize = 4;
 
 /// `out[j] = q4_k(bs, ys[j])` bit for bit, for up to `Q4K_ACTS` activations: a chunk's nibbles
@@ -250,15 +250,16 @@ unsafe fn q4_k_acts<const N: usize>(bs: &[BlockQ4K], ys: &[&[BlockQ8K]], out: &m
     }
 }
 
-/// Q4_K rows x Q8_K activations: `out[i * acts.len() + j]` = row i . acts[j], each
-/// `q4_k`'s bits, for the first `out.len() / acts.len()` rows of `rows`; each row unpacked once
-/// for every `Q4K_ACTS` activations.
+/// Q4_K or Q6_K rows x Q8_K activations: `out[i * acts.len() + j]` = row i . acts[j], each
+/// `q4_k`'s or `q6_k`'s bits, for the first `out.len() / acts.len()` rows of `rows`; each row
+/// unpacked once for every `Q4K_ACTS` activations.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; the rows are whole Q4_K blocks and every activation holds
+/// The CPU has AVX2, FMA and F16C; the rows are whole blocks of `ty` and every activation holds
 /// as many Q8_K blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn q4_k_rows_acts(
+pub(crate) unsafe fn k_rows_acts(
+    ty: GgmlType,
     rows: &[u8],
     row_bytes: usize,
     acts: &[&[u8]],
@@ -266,13 +267,18 @@ pub(crate) unsafe fn q4_k_rows_acts(
 ) {
     let ys: Vec<&[BlockQ8K]> = acts.iter().map(|a| blocks(a)).collect();
     for (i, o) in out.chunks_mut(acts.len()).enumerate() {
-        let bs: &[BlockQ4K] = blocks(&rows[i * row_bytes..(i + 1) * row_bytes]);
+        let row = &rows[i * row_bytes..(i + 1) * row_bytes];
         for (ys, o) in ys.chunks(Q4K_ACTS).zip(o.chunks_mut(Q4K_ACTS)) {
-            match ys.len() {
-                4 => q4_k_acts::<4>(bs, ys, o),
-                3 => q4_k_acts::<3>(bs, ys, o),
-                2 => q4_k_acts::<2>(bs, ys, o),
-                _ => q4_k_acts::<1>(bs, ys, o),
+            match (ty, ys.len()) {
+                (GgmlType::Q4_K, 4) => q4_k_acts::<4>(blocks(row), ys, o),
+                (GgmlType::Q4_K, 3) => q4_k_acts::<3>(blocks(row), ys, o),
+                (GgmlType::Q4_K, 2) => q4_k_acts::<2>(blocks(row), ys, o),
+                (GgmlType::Q4_K, _) => q4_k_acts::<1>(blocks(row), ys, o),
+                (GgmlType::Q6_K, 4) => q6_k_acts::<4>(blocks(row), ys, o),
+                (GgmlType::Q6_K, 3) => q6_k_acts::<3>(blocks(row), ys, o),
+                (GgmlType::Q6_K, 2) => q6_k_acts::<2>(blocks(row), ys, o),
+                (GgmlType::Q6_K, _) => q6_k_acts::<1>(blocks(row), ys, o),
+                _ => panic!("k_rows_acts: {ty} is not a K-quant with a batched kernel"),
             }
         }
     }
@@ -342,6 +348,67 @@ unsafe fn q6_k(bs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
         }
     }
     hsum(acc)
+}
+
+/// `out[j] = q6_k(bs, ys[j])` bit for bit, for up to `Q4K_ACTS` activations: a half-block's
+/// 6-bit values and scales are built once for all of them; each activation's integer sums are
+/// `q6_k`'s (exact, in any order) and its f32 step `q6_k`'s, in its order.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_acts<const N: usize>(bs: &[BlockQ6K], ys: &[&[BlockQ8K]], out: &mut [f32]) {
+    let (m4, m2, m32) = (
+        _mm256_set1_epi8(15),
+        _mm256_set1_epi8(3),
+        _mm256_set1_epi8(32),
+    );
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (k8, bc) in bs.chunks(8).enumerate() {
+        let ds = f16x8_array(bc.len(), |i| bc[i].d);
+        for (i, (b, d)) in bc.iter().zip(ds).enumerate() {
+            let y: [&BlockQ8K; N] = std::array::from_fn(|j| &ys[j][8 * k8 + i]);
+            let scales = _mm_loadu_si128(b.scales.as_ptr().cast());
+            let mut sumi = [_mm256_setzero_si256(); N];
+            for h in 0..2 {
+                let ql0 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast());
+                let ql1 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast());
+                let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast());
+                let high = |shift: i32| {
+                    let v = match shift {
+                        0 => qh,
+                        2 => _mm256_srli_epi16(qh, 2),
+                        4 => _mm256_srli_epi16(qh, 4),
+                        _ => _mm256_srli_epi16(qh, 6),
+                    };
+                    _mm256_slli_epi16(_mm256_and_si256(v, m2), 4)
+                };
+                let q = [
+                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
+                ];
+                for (k, q) in q.into_iter().enumerate() {
+                    let shuf = _mm_loadu_si128(Q6_SCALE_SHUFFLE[4 * h + k].as_ptr().cast());
+                    let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
+                    for j in 0..N {
+                        let q8 = _mm256_loadu_si256(y[j].qs.as_ptr().add(128 * h + 32 * k).cast());
+                        let p = _mm256_sub_epi16(
+                            _mm256_maddubs_epi16(q, q8),
+                            _mm256_maddubs_epi16(m32, q8),
+                        );
+                        sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(p, sc));
+                    }
+                }
+            }
+            for j in 0..N {
+                let dy = y[j].d();
+                acc[j] =
+                    _mm256_fmadd_ps(_mm256_set1_ps(d * dy), _mm256_cvtepi32_ps(sumi[j]), acc[j]);
+            }
+        }
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
 }
 
 /// One Q8_0 block of `x` (32 values), bit-exact with `q8_0::quantize` (round half away from
