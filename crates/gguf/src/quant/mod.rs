@@ -336,6 +336,16 @@ pub fn vec_dot_q8_isa(isa: Isa, ty: GgmlType, row: &[u8], xq: &[u8]) -> f32 {
     vec_dot_q8_ref(ty, row, xq)
 }
 
+/// A rows-by-activations call's shapes: `out` a value for each of `out.len() / acts.len()`
+/// rows and each activation, and `rows` holding those rows.
+fn check_rows_acts(rows: &[u8], row_bytes: usize, acts: &[&[u8]], out: &[f32], what: &str) {
+    let n = out.len() / acts.len().max(1);
+    assert!(
+        !acts.is_empty() && out.len() == n * acts.len() && rows.len() >= n * row_bytes,
+        "{what}: rows, activations and outputs differ"
+    );
+}
+
 /// `out[i * acts.len() + j] = vec_dot_q8(ty, row i, acts[j])` bit for bit, for the first
 /// `out.len() / acts.len()` rows of `rows` (`row_bytes` each): a batch's tokens against a run of
 /// rows. Q4_K and Q6_K rows are unpacked once for several activations; other types take one
@@ -347,11 +357,7 @@ pub fn vec_dot_q8_rows_acts(
     acts: &[&[u8]],
     out: &mut [f32],
 ) {
-    let n = out.len() / acts.len().max(1);
-    assert!(
-        !acts.is_empty() && out.len() == n * acts.len() && rows.len() >= n * row_bytes,
-        "vec_dot_q8_rows_acts: rows, activations and outputs differ"
-    );
+    check_rows_acts(rows, row_bytes, acts, out, "vec_dot_q8_rows_acts");
     #[cfg(target_arch = "x86_64")]
     if matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K) && detected_isa() >= Isa::Avx2 {
         let act_bytes = activation_type(ty).row_bytes(row_bytes / ty.type_size() * ty.block_size());
@@ -485,13 +491,10 @@ pub fn vec_dot_q4_0x_rows_acts_isa(
     acts: &[&[u8]],
     out: &mut [f32],
 ) {
-    let n = out.len() / acts.len().max(1);
+    check_rows_acts(rows, row_bytes, acts, out, "vec_dot_q4_0x_rows_acts");
     assert!(
-        !acts.is_empty()
-            && out.len() == n * acts.len()
-            && rows.len() >= n * row_bytes
-            && row_bytes % GROUP_ROW_BYTES == 0,
-        "vec_dot_q4_0x_rows_acts: rows, activations and outputs differ"
+        row_bytes % GROUP_ROW_BYTES == 0,
+        "vec_dot_q4_0x_rows_acts: rows of whole groups"
     );
     let act_bytes = row_bytes / GROUP_ROW_BYTES * q4_0x::GROUP_BYTES;
     assert!(

@@ -152,44 +152,9 @@ q8_0_kernels!(
 /// |q| <= 127, so no saturation) scaled by `vpmaddwd`; the min term comes from `bsums`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k(bs: &[BlockQ4K], ys: &[BlockQ8K]) -> f32 {
-    let m4 = _mm256_set1_epi8(15);
-    let mut acc = _mm256_setzero_ps();
-    let mut acc_m = 0f32;
-    for (bc, yc) in bs.chunks(4).zip(ys.chunks(4)) {
-        let ds = f16x8_array(2 * bc.len(), |i| {
-            if i % 2 == 0 {
-                bc[i / 2].d
-            } else {
-                bc[i / 2].dmin
-            }
-        });
-        for (i, (b, y)) in bc.iter().zip(yc).enumerate() {
-            let dy = y.d();
-            let mut sumi = _mm256_setzero_si256();
-            let mut summ = 0i32;
-            for c in 0..4 {
-                let (sc0, m0) = b.scale_min(2 * c);
-                let (sc1, m1) = b.scale_min(2 * c + 1);
-                summ += m0 as i32 * (y.bsum(4 * c) + y.bsum(4 * c + 1))
-                    + m1 as i32 * (y.bsum(4 * c + 2) + y.bsum(4 * c + 3));
-                let q4 = _mm256_loadu_si256(b.qs.as_ptr().add(32 * c).cast());
-                let lo = _mm256_and_si256(q4, m4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
-                let q8 = y.qs.as_ptr().add(64 * c);
-                let pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(q8.cast()));
-                let ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(q8.add(32).cast()));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pl, _mm256_set1_epi16(sc0 as i16)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(ph, _mm256_set1_epi16(sc1 as i16)));
-            }
-            acc = _mm256_fmadd_ps(
-                _mm256_set1_ps(ds[2 * i] * dy),
-                _mm256_cvtepi32_ps(sumi),
-                acc,
-            );
-            acc_m += ds[2 * i + 1] * dy * summ as f32;
-        }
-    }
-    hsum(acc) - acc_m
+    let mut out = [0f32];
+    q4_k_acts::<1>(bs, &[ys], &mut out);
+    out[0]
 }
 
 /// Activations `q4_k_acts` and `q6_k_acts` take at a call (each costs an accumulator register).
@@ -303,51 +268,9 @@ static Q6_SCALE_SHUFFLE: [[u8; 16]; 8] = {
 /// `vpmaddubsw`; each 32-weight group spans two scales, one per 128-bit lane.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k(bs: &[BlockQ6K], ys: &[BlockQ8K]) -> f32 {
-    let (m4, m2, m32) = (
-        _mm256_set1_epi8(15),
-        _mm256_set1_epi8(3),
-        _mm256_set1_epi8(32),
-    );
-    let mut acc = _mm256_setzero_ps();
-    for (bc, yc) in bs.chunks(8).zip(ys.chunks(8)) {
-        let ds = f16x8_array(bc.len(), |i| bc[i].d);
-        for ((b, y), d) in bc.iter().zip(yc).zip(ds) {
-            let scales = _mm_loadu_si128(b.scales.as_ptr().cast());
-            let mut sumi = _mm256_setzero_si256();
-            for h in 0..2 {
-                let ql0 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h).cast());
-                let ql1 = _mm256_loadu_si256(b.ql.as_ptr().add(64 * h + 32).cast());
-                let qh = _mm256_loadu_si256(b.qh.as_ptr().add(32 * h).cast());
-                let high = |shift: i32| {
-                    let v = match shift {
-                        0 => qh,
-                        2 => _mm256_srli_epi16(qh, 2),
-                        4 => _mm256_srli_epi16(qh, 4),
-                        _ => _mm256_srli_epi16(qh, 6),
-                    };
-                    _mm256_slli_epi16(_mm256_and_si256(v, m2), 4)
-                };
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0)),
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6)),
-                ];
-                for (k, q) in q.into_iter().enumerate() {
-                    let q8 = _mm256_loadu_si256(y.qs.as_ptr().add(128 * h + 32 * k).cast());
-                    let p = _mm256_sub_epi16(
-                        _mm256_maddubs_epi16(q, q8),
-                        _mm256_maddubs_epi16(m32, q8),
-                    );
-                    let shuf = _mm_loadu_si128(Q6_SCALE_SHUFFLE[4 * h + k].as_ptr().cast());
-                    let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuf));
-                    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
-                }
-            }
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d()), _mm256_cvtepi32_ps(sumi), acc);
-        }
-    }
-    hsum(acc)
+    let mut out = [0f32];
+    q6_k_acts::<1>(bs, &[ys], &mut out);
+    out[0]
 }
 
 /// `out[j] = q6_k(bs, ys[j])` bit for bit, for up to `Q4K_ACTS` activations: a half-block's
