@@ -60,11 +60,14 @@ pub(crate) fn attend_heads(
     debug_assert_eq!(h0 / c.n_group(), (h0 + n - 1) / c.n_group(), "one KV group");
     #[cfg(target_arch = "x86_64")]
     if hd % 64 == 0 && avx2::usable() {
-        // SAFETY: AVX2 and F16C are present; the slices are sized as `avx2::heads` asserts.
+        let (qh, g) = (&q[h0 * hd..(h0 + n) * hd], h0 / c.n_group());
+        let scores = &mut scores[..n * len];
+        // SAFETY: AVX2 and F16C are present; the heads' queries, scores and outputs are sized
+        // alike (`avx2::heads` asserts it).
         return unsafe {
             match cached.kv_type() {
-                KvType::F16 => avx2::heads::<true>(c, h0, q, cached, len, scores, o),
-                KvType::F32 => avx2::heads::<false>(c, h0, q, cached, len, scores, o),
+                KvType::F16 => avx2::heads::<true>(c, g, qh, cached, scores, o),
+                KvType::F32 => avx2::heads::<false>(c, g, qh, cached, scores, o),
             }
         };
     }
@@ -122,23 +125,24 @@ mod avx2 {
         }
     }
 
-    /// See `attend_heads`; `hd` is a multiple of 64; the cache stores f16 where `F16`, else f32.
+    /// `attend_heads` for the heads whose queries are `qh` (of KV group `g`): as many
+    /// positions as `scores` holds for each; `hd` is a multiple of 64; the cache stores f16
+    /// where `F16`, else f32.
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn heads<const F16: bool>(
         c: &Config,
-        h0: usize,
-        q: &[f32],
+        g: usize,
+        qh: &[f32],
         cached: &KvView<'_>,
-        len: usize,
         scores: &mut [f32],
         o: &mut [f32],
     ) {
         let hd = c.head_dim;
         let n = o.len() / hd;
-        assert!(scores.len() >= n * len && q.len() >= (h0 + n) * hd);
+        let len = scores.len() / n;
+        assert!(qh.len() == n * hd && scores.len() == n * len && len <= cached.len());
         let scale = 1.0 / (hd as f32).sqrt();
-        let g = h0 / c.n_group();
-        let qp = q.as_ptr().add(h0 * hd);
+        let qp = qh.as_ptr();
         // Each page's first position once; a position is then a stride on from it.
         let stride = c.kv_dim() * if F16 { 2 } else { 4 };
         let pages = len.div_ceil(PAGE);
