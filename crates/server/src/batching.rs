@@ -4,7 +4,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use q4moe_engine::{Batcher, Engine, EngineError, Flow, GenerateOutput, Piece, SequenceSink};
 use tokio::sync::mpsc;
@@ -33,6 +33,9 @@ impl SequenceSink for JobSink {
     }
 }
 
+/// How often a running batch refreshes the KV byte gauges.
+const KV_GAUGES_EVERY: Duration = Duration::from_millis(200);
+
 pub(crate) fn worker(
     mut engine: Engine,
     mut batch: Batcher,
@@ -40,6 +43,7 @@ pub(crate) fn worker(
     metrics: Arc<Metrics>,
 ) {
     let mut order = Order::default();
+    let mut kv_counted: Option<Instant> = None;
     loop {
         // Admit at the step boundary; wait for work only when nothing runs.
         while batch.has_room() {
@@ -68,7 +72,13 @@ pub(crate) fn worker(
             engine.reset_sessions();
         }
         metrics.batch_size(batch.running());
-        metrics.kv_bytes(batch.kv_bytes(&engine), engine.cached_kv_bytes());
+        // The KV byte gauges walk every kept session's pages (the CPU counts shared pages once
+        // through a set of page ids): a few times a second, not every step, and when the batch
+        // empties.
+        if batch.is_empty() || kv_counted.is_none_or(|t| t.elapsed() >= KV_GAUGES_EVERY) {
+            metrics.kv_bytes(batch.kv_bytes(&engine), engine.cached_kv_bytes());
+            kv_counted = Some(Instant::now());
+        }
         metrics.kv_pool(engine.kv_pool());
         metrics.preemptions(batch.preemptions());
     }
