@@ -77,9 +77,9 @@ pub(crate) fn attend_heads(
     }
 }
 
-/// Heads a task takes: a whole group where that still gives each of `threads` at least two
-/// tasks among `tasks_per_group * n_kv_head` groups' worth, else halves of it (down to one
-/// head), so a many-core machine keeps every core busy on a single token.
+/// Heads a task takes for `tokens` tokens: a whole KV group where that still gives each of
+/// `threads` at least two tasks, else halves of it (down to one head, or an odd group whole),
+/// so a many-core machine keeps every core busy on a single token.
 pub(crate) fn heads_a_task(c: &Config, tokens: usize, threads: usize) -> usize {
     let mut n = c.n_group();
     while n % 2 == 0 && tokens * c.n_head / n < 2 * threads {

@@ -1,27 +1,25 @@
 //! Small vector operations of the forward pass, in f32 as the reference computes them.
 
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let scale = 1.0 / (ms + eps).sqrt();
+    let scale = inv_rms(x, eps);
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
         *o = v * scale * w;
     }
 }
 
-/// In-place RMSNorm of each `head_dim` slice (Qwen3's q_norm / k_norm).
+/// 1 / sqrt(mean(x^2) + eps), RMSNorm's scale.
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    1.0 / (ms + eps).sqrt()
+}
+
+/// In-place RMSNorm of each `head_dim` slice (Qwen3's q_norm / k_norm): `rmsnorm`'s operations.
 pub fn rmsnorm_heads(x: &mut [f32], weight: &[f32], eps: f32) {
-    let hd = weight.len();
-    let mut stack = [0f32; 256];
-    let mut heap = Vec::new();
-    let tmp = if hd <= stack.len() {
-        &mut stack[..hd]
-    } else {
-        heap.resize(hd, 0.0);
-        &mut heap[..]
-    };
-    for head in x.chunks_exact_mut(hd) {
-        rmsnorm(head, weight, eps, tmp);
-        head.copy_from_slice(tmp);
+    for head in x.chunks_exact_mut(weight.len()) {
+        let scale = inv_rms(head, eps);
+        head.iter_mut()
+            .zip(weight)
+            .for_each(|(v, &w)| *v = *v * scale * w);
     }
 }
 
